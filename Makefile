@@ -1,0 +1,52 @@
+# All set-up happens here: `make demo` and `make test` create .venv on a fresh machine.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check
+# Isolated caches and no Hub traffic: nothing in the demo or the tests needs the network.
+export HF_HOME ?= $(CURDIR)/.cache/hf
+export HF_HUB_DISABLE_TELEMETRY := 1
+export HF_HUB_DISABLE_XET := 1
+export HF_HUB_OFFLINE ?= 1
+export TOKENIZERS_PARALLELISM := false
+PYTEST_ARGS ?= -n 2 --dist loadfile --durations=15
+
+.PHONY: demo test test-slow lint format bench clean venv venv-test
+
+$(VENV)/.stamp-base: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e .
+	touch $@
+
+$(VENV)/.stamp-test: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e ".[test]"
+	touch $(VENV)/.stamp-base $@
+
+venv: $(VENV)/.stamp-base
+venv-test: $(VENV)/.stamp-test
+
+demo: $(VENV)/.stamp-base
+	$(VENV)/bin/hf-vit-plus demo --output_dir outputs/demo
+
+test: $(VENV)/.stamp-test
+	OMP_NUM_THREADS=1 $(PY) -m pytest $(PYTEST_ARGS) tests
+
+test-slow: $(VENV)/.stamp-test
+	$(PY) -m pytest -m slow tests
+
+lint: $(VENV)/.stamp-test
+	$(VENV)/bin/ruff check .
+
+
+format: $(VENV)/.stamp-test
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+bench: $(VENV)/.stamp-test
+	$(PY) scripts/benchmarks/bench_vit.py
+
+clean:
+	rm -rf $(VENV) .cache outputs .pytest_cache

@@ -1,0 +1,20 @@
+"""hf_vit_plus: the Vision Transformer, the encoder-decoder Transformer and the Sparse Transformer as
+first-class Hugging Face models. Importing the package registers every class with the Auto classes."""
+
+from .models.configuration_vit_plus import ViTPlusConfig
+from .models.image_processing_vit_plus import ViTPlusImageProcessor
+from .models.modeling_vit_plus import ViTPlusForImageClassification, ViTPlusModel, ViTPlusPreTrainedModel
+from .registration import register_auto_classes
+
+register_auto_classes()
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ViTPlusConfig",
+    "ViTPlusForImageClassification",
+    "ViTPlusImageProcessor",
+    "ViTPlusModel",
+    "ViTPlusPreTrainedModel",
+    "register_auto_classes",
+]

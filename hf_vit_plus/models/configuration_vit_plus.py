@@ -1,0 +1,163 @@
+"""Configuration of the Vision Transformer (Dosovitskiy et al., ICLR 2021, arXiv 2010.11929).
+
+Field names follow transformers' `ViTConfig`; the presets are the paper's Table 1.
+"""
+
+from __future__ import annotations
+
+import re
+
+from transformers import PretrainedConfig
+from transformers.activations import ACT2FN
+
+# Table 1 of the paper: (layers, hidden size D, MLP size, heads). Patch size and resolution come from the name.
+VIT_PLUS_SIZES: dict[str, tuple[int, int, int, int]] = {
+    "tiny": (12, 192, 768, 3),  # DeiT-Ti, not in the paper; handy for experiments
+    "small": (12, 384, 1536, 6),  # DeiT-S, not in the paper
+    "base": (12, 768, 3072, 12),
+    "large": (24, 1024, 4096, 16),
+    "huge": (32, 1280, 5120, 16),
+}
+VIT_PLUS_PATCH_SIZES = (14, 16, 32)
+_PRESET_RE = re.compile(r"^(?P<size>[a-z]+)-patch(?P<patch>\d+)-(?P<res>\d+)$")
+CLASSIFIER_HEADS = ("linear", "mlp_tanh")
+
+
+def _check_positive_int(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
+
+
+def _check_probability(name: str, value) -> None:
+    if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+        raise ValueError(f"`{name}` must be a probability in [0, 1), got {value!r}.")
+
+
+class ViTPlusConfig(PretrainedConfig):
+    r"""Configuration of a [`ViTPlusModel`].
+
+    Args:
+        hidden_size: width D of the encoder.
+        num_hidden_layers: number of encoder blocks L.
+        num_attention_heads: attention heads per block.
+        intermediate_size: hidden size of the MLP.
+        hidden_act: activation of the MLP (the paper: GELU).
+        hidden_dropout_prob: dropout on the embeddings and on each residual branch.
+        attention_probs_dropout_prob: dropout on the attention probabilities.
+        initializer_range: std of the truncated-normal initialisation.
+        layer_norm_eps: LayerNorm epsilon. 1e-6 as in the paper's JAX code and timm (transformers' ViT: 1e-12).
+        image_size: input resolution (square).
+        patch_size: patch size P; the sequence has (image_size / P)^2 + 1 tokens.
+        num_channels: input channels.
+        qkv_bias: bias in the query/key/value projections.
+        classifier_head: "linear" (fine-tuning head of the paper) or "mlp_tanh" (the pre-training head: one hidden
+            layer of `classifier_hidden_size` units with tanh).
+        classifier_hidden_size: width of the tanh layer of the "mlp_tanh" head (defaults to `hidden_size`).
+        attention_type / sparse_*: attention pattern (see the Sparse Transformer family); "dense" by default.
+    """
+
+    model_type = "vit_plus"
+
+    def __init__(
+        self,
+        hidden_size: int = 768,
+        num_hidden_layers: int = 12,
+        num_attention_heads: int = 12,
+        intermediate_size: int = 3072,
+        hidden_act: str = "gelu",
+        hidden_dropout_prob: float = 0.0,
+        attention_probs_dropout_prob: float = 0.0,
+        initializer_range: float = 0.02,
+        layer_norm_eps: float = 1e-6,
+        image_size: int = 224,
+        patch_size: int = 16,
+        num_channels: int = 3,
+        qkv_bias: bool = True,
+        classifier_head: str = "linear",
+        classifier_hidden_size: int | None = None,
+        **kwargs,
+    ):
+        self.hidden_size = hidden_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_attention_heads = num_attention_heads
+        self.intermediate_size = intermediate_size
+        self.hidden_act = hidden_act
+        self.hidden_dropout_prob = hidden_dropout_prob
+        self.attention_probs_dropout_prob = attention_probs_dropout_prob
+        self.initializer_range = initializer_range
+        self.layer_norm_eps = layer_norm_eps
+        self.image_size = image_size
+        self.patch_size = patch_size
+        self.num_channels = num_channels
+        self.qkv_bias = qkv_bias
+        self.classifier_head = classifier_head
+        self.classifier_hidden_size = classifier_hidden_size
+        super().__init__(**kwargs)
+        self.validate_vit_plus()
+
+    def validate_vit_plus(self) -> None:
+        """Raise a `ValueError` naming the offending values if the fields do not describe a valid ViT."""
+        for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"):
+            _check_positive_int(name, getattr(self, name))
+        for name in ("image_size", "patch_size", "num_channels"):
+            _check_positive_int(name, getattr(self, name))
+        if self.hidden_size % self.num_attention_heads != 0:
+            raise ValueError(
+                f"`hidden_size` ({self.hidden_size}) must be divisible by `num_attention_heads` "
+                f"({self.num_attention_heads})."
+            )
+        if self.image_size % self.patch_size != 0:
+            raise ValueError(
+                f"`image_size` ({self.image_size}) must be divisible by `patch_size` ({self.patch_size}): "
+                "the paper splits the image into non-overlapping patches."
+            )
+        if self.hidden_act not in ACT2FN:
+            raise ValueError(f"`hidden_act` {self.hidden_act!r} is not a known activation ({sorted(ACT2FN)}).")
+        _check_probability("hidden_dropout_prob", self.hidden_dropout_prob)
+        _check_probability("attention_probs_dropout_prob", self.attention_probs_dropout_prob)
+        if self.classifier_head not in CLASSIFIER_HEADS:
+            raise ValueError(f"`classifier_head` must be one of {CLASSIFIER_HEADS}, got {self.classifier_head!r}.")
+        if self.classifier_hidden_size is not None:
+            _check_positive_int("classifier_hidden_size", self.classifier_hidden_size)
+        if not isinstance(self.layer_norm_eps, (int, float)) or self.layer_norm_eps <= 0:
+            raise ValueError(f"`layer_norm_eps` must be a positive number, got {self.layer_norm_eps!r}.")
+
+    @property
+    def num_patches(self) -> int:
+        return (self.image_size // self.patch_size) ** 2
+
+    @classmethod
+    def preset_names(cls) -> list[str]:
+        return [
+            f"{size}-patch{patch}-{res}"
+            for size in VIT_PLUS_SIZES
+            for patch in VIT_PLUS_PATCH_SIZES
+            for res in (224, 384)
+        ]
+
+    @classmethod
+    def from_preset(cls, name: str, **kwargs) -> ViTPlusConfig:
+        """A config from the paper's table, e.g. `from_preset("base-patch16-224", num_labels=10)`.
+
+        Names are `{tiny,small,base,large,huge}-patch{P}-{resolution}`; keyword arguments override fields.
+        """
+        match = _PRESET_RE.match(name)
+        if match is None or match["size"] not in VIT_PLUS_SIZES:
+            raise ValueError(
+                f"Unknown ViT preset {name!r}: expected '<size>-patch<P>-<resolution>' with size in "
+                f"{list(VIT_PLUS_SIZES)}, e.g. 'base-patch16-224'."
+            )
+        layers, hidden, mlp, heads = VIT_PLUS_SIZES[match["size"]]
+        fields = dict(
+            num_hidden_layers=layers,
+            hidden_size=hidden,
+            intermediate_size=mlp,
+            num_attention_heads=heads,
+            patch_size=int(match["patch"]),
+            image_size=int(match["res"]),
+        )
+        fields.update(kwargs)
+        return cls(**fields)
+
+
+__all__ = ["ViTPlusConfig", "VIT_PLUS_SIZES"]

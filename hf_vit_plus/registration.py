@@ -1,0 +1,45 @@
+"""The one place that registers hf_vit_plus's classes with transformers' Auto classes.
+
+Two registrations per class:
+- `AutoX.register(Config, Cls)` so that `AutoX.from_pretrained(dir)` works when the package is installed;
+- `Cls.register_for_auto_class(...)` so that `save_pretrained` copies the model folder's modules next to the
+  weights; each family's models also write their whole `auto_map` (see `AUTO_MAP` in each modeling file),
+  so `trust_remote_code=True` works where the package is not installed.
+"""
+
+from __future__ import annotations
+
+import transformers
+from transformers import AutoConfig, AutoImageProcessor
+
+from .models.configuration_vit_plus import ViTPlusConfig
+from .models.image_processing_vit_plus import ViTPlusImageProcessor
+from .models.modeling_vit_plus import ViTPlusForImageClassification, ViTPlusModel
+
+_REGISTERED = False
+
+
+def register_family(config_cls, models: dict[str, type]) -> None:
+    """Register a config class and its models, `models` mapping an Auto class name to the model class."""
+    AutoConfig.register(config_cls.model_type, config_cls, exist_ok=True)
+    config_cls.register_for_auto_class("AutoConfig")
+    for auto_name, model_cls in models.items():
+        getattr(transformers, auto_name).register(config_cls, model_cls, exist_ok=True)
+        model_cls.register_for_auto_class(auto_name)
+
+
+def register_auto_classes() -> None:
+    global _REGISTERED
+    if _REGISTERED:
+        return
+    # --- ViT (issue 2)
+    register_family(
+        ViTPlusConfig,
+        {"AutoModel": ViTPlusModel, "AutoModelForImageClassification": ViTPlusForImageClassification},
+    )
+    AutoImageProcessor.register(
+        ViTPlusConfig, image_processor_classes={"torchvision": ViTPlusImageProcessor}, exist_ok=True
+    )
+    ViTPlusImageProcessor.register_for_auto_class("AutoImageProcessor")
+    # --- other families register below, one block each
+    _REGISTERED = True
