@@ -44,5 +44,9 @@ def eager_attention_forward(
 
 
 def get_attention_function(attn_implementation: str | None) -> Callable:
-    """The kernel registered under `attn_implementation`, falling back to the eager reference."""
+    """The kernel registered under `attn_implementation`, falling back to the eager reference.
+
+    Modeling files call `ALL_ATTENTION_FUNCTIONS.get_interface(...)` themselves: transformers inspects their
+    source for that call before it lets `set_attn_implementation` switch kernels at run time.
+    """
     return ALL_ATTENTION_FUNCTIONS.get_interface(attn_implementation or "eager", eager_attention_forward)

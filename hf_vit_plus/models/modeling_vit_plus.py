@@ -16,9 +16,10 @@ from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import ImageClassifierOutput, ModelOutput
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import logging
 
-from .attention import eager_attention_forward, get_attention_function
+from .attention import eager_attention_forward
 from .configuration_vit_plus import ViTPlusConfig
 from .positional import resample_patch_position_embeddings
 
@@ -56,10 +57,6 @@ class ViTPlusPatchEmbeddings(nn.Module):
         )
 
     def forward(self, pixel_values: torch.Tensor, interpolate_pos_encoding: bool = False) -> torch.Tensor:
-        if pixel_values.dim() != 4:
-            raise ValueError(
-                f"`pixel_values` must have shape (batch, channels, height, width), got {tuple(pixel_values.shape)}."
-            )
         _, channels, height, width = pixel_values.shape
         if channels != self.num_channels:
             raise ValueError(
@@ -145,7 +142,9 @@ class ViTPlusAttention(nn.Module):
         if output_attentions:
             attention_fn = eager_attention_forward
         else:
-            attention_fn = get_attention_function(self.config._attn_implementation)
+            attention_fn = ALL_ATTENTION_FUNCTIONS.get_interface(
+                self.config._attn_implementation, eager_attention_forward
+            )
         attn_output, attn_weights = attention_fn(
             self,
             query,
@@ -264,6 +263,10 @@ class ViTPlusModel(ViTPlusPreTrainedModel):
     ) -> ViTPlusModelOutput | tuple:
         if pixel_values is None:
             raise ValueError("`pixel_values` is required: a float tensor of shape (batch, channels, height, width).")
+        if torch.is_tensor(pixel_values) and pixel_values.dim() != 4:
+            raise ValueError(
+                f"`pixel_values` must have shape (batch, channels, height, width), got {tuple(pixel_values.shape)}."
+            )
         if not torch.is_tensor(pixel_values) or not pixel_values.is_floating_point():
             raise TypeError(
                 f"`pixel_values` must be a floating-point tensor, got "
@@ -353,7 +356,9 @@ class ViTPlusForImageClassification(ViTPlusPreTrainedModel):
             return nn.functional.mse_loss(logits.squeeze(-1), labels.to(logits.dtype).view(-1))
         if problem_type == "multi_label_classification":
             if labels.shape != logits.shape:
-                raise ValueError(f"Multi-label `labels` must have shape {tuple(logits.shape)}, got {tuple(labels.shape)}.")
+                raise ValueError(
+                    f"Multi-label `labels` must have shape {tuple(logits.shape)}, got {tuple(labels.shape)}."
+                )
             return nn.functional.binary_cross_entropy_with_logits(logits, labels.to(logits.dtype))
         labels = labels.view(-1)
         if labels.shape[0] != logits.shape[0]:

@@ -1,0 +1,93 @@
+"""`hf-vit-plus convert`: turn a saved timm or transformers ViT checkpoint into a ViTPlus checkpoint folder."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "convert",
+        help="convert a timm or transformers ViT checkpoint to a ViTPlus checkpoint folder",
+        description=__doc__,
+    )
+    parser.add_argument("source", choices=["timm", "transformers"], help="where the checkpoint comes from")
+    parser.add_argument(
+        "checkpoint",
+        help="timm: a .safetensors state dict (or 'pretrained' to let timm download the named weights); "
+        "transformers: a folder or Hub id of a ViTForImageClassification",
+    )
+    parser.add_argument("output_dir", type=Path)
+    parser.add_argument("--timm_name", default="vit_base_patch16_224", help="timm architecture name")
+    parser.add_argument("--num_classes", type=int, default=None, help="timm: number of classes of the checkpoint")
+    parser.add_argument("--image_size", type=int, default=None, help="timm: input resolution of the checkpoint")
+    parser.set_defaults(func=run)
+
+
+def convert_checkpoint(
+    source: str,
+    checkpoint: str,
+    output_dir: str | Path,
+    timm_name: str = "vit_base_patch16_224",
+    num_classes: int | None = None,
+    image_size: int | None = None,
+) -> Path:
+    """Convert and save model + image processor (with the model code, for trust_remote_code)."""
+    from ..models.image_processing_vit_plus import ViTPlusImageProcessor
+    from .vit import vit_plus_from_timm, vit_plus_from_transformers
+
+    if source == "timm":
+        import timm
+        from safetensors.torch import load_file
+
+        kwargs = {}
+        if num_classes is not None:
+            kwargs["num_classes"] = num_classes
+        if image_size is not None:
+            kwargs["img_size"] = image_size
+        if checkpoint == "pretrained":
+            timm_model = timm.create_model(timm_name, pretrained=True, **kwargs)
+        else:
+            path = Path(checkpoint)
+            if path.suffix != ".safetensors":
+                raise ValueError(
+                    f"{checkpoint!r}: only .safetensors state dicts are read (pickled checkpoints can run code); "
+                    "convert it with safetensors.torch.save_file first."
+                )
+            timm_model = timm.create_model(timm_name, pretrained=False, **kwargs)
+            state = load_file(path)
+            missing, unexpected = timm_model.load_state_dict(state, strict=False)
+            if missing or unexpected:
+                raise ValueError(
+                    f"{checkpoint!r} does not fit timm's {timm_name!r}: missing {missing[:5]}, unexpected "
+                    f"{unexpected[:5]}. Pass the right --timm_name / --num_classes / --image_size."
+                )
+        model = vit_plus_from_timm(timm_model.eval())
+        mean, std = timm_model.pretrained_cfg.get("mean"), timm_model.pretrained_cfg.get("std")
+        processor = ViTPlusImageProcessor.from_model_config(
+            model.config, **({"image_mean": list(mean), "image_std": list(std)} if mean and std else {})
+        )
+    elif source == "transformers":
+        from transformers import ViTForImageClassification
+
+        model = vit_plus_from_transformers(ViTForImageClassification.from_pretrained(checkpoint))
+        processor = ViTPlusImageProcessor.from_model_config(model.config)
+    else:
+        raise ValueError(f"Unknown source {source!r}: expected 'timm' or 'transformers'.")
+    output_dir = Path(output_dir)
+    model.save_pretrained(output_dir)
+    processor.save_pretrained(output_dir)
+    logger.info("wrote %s", output_dir)
+    return output_dir
+
+
+def run(args: argparse.Namespace) -> int:
+    out = convert_checkpoint(
+        args.source, args.checkpoint, args.output_dir, args.timm_name, args.num_classes, args.image_size
+    )
+    print(f"ViTPlus checkpoint written to {out}")
+    return 0
