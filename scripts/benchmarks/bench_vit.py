@@ -1,0 +1,161 @@
+"""ViT throughput: hf_vit_plus against timm and transformers' ViT with the same weights, measured interleaved.
+
+    python scripts/benchmarks/bench_vit.py                       # ViT-B/16 at 224, batch 1/8/32, fp32 + bf16
+    python scripts/benchmarks/bench_vit.py --preset tiny-patch16-224 --batch_sizes 1 8 --repeats 5
+
+For each (precision, batch) the three models run round-robin, `--repeats` times each, after warm-up; the table
+gives the median images/s, our ratio to each peer, and the achieved GFLOP/s as a share of a measured GEMM peak
+(a (B*T x D) @ (D x 4D) matmul in the same precision, the shape of the MLP's first layer).
+Precisions: fp32; bf16-autocast (fp32 weights, `torch.autocast("cpu", torch.bfloat16)`); bf16 (bf16 weights).
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+from contextlib import nullcontext
+
+import torch
+
+
+def build_models(preset: str):
+    import timm
+    from transformers import ViTConfig, ViTForImageClassification
+
+    from hf_vit_plus import ViTPlusConfig
+    from hf_vit_plus.conversion import vit_plus_from_timm
+
+    config = ViTPlusConfig.from_preset(preset, num_labels=1000)
+    size = preset.split("-")[0]
+    timm_name = f"vit_{size}_patch{config.patch_size}_{config.image_size}"
+    torch.manual_seed(0)
+    timm_model = timm.create_model(
+        timm_name,
+        pretrained=False,
+        patch_size=config.patch_size,
+        img_size=config.image_size,
+        embed_dim=config.hidden_size,
+        depth=config.num_hidden_layers,
+        num_heads=config.num_attention_heads,
+    ).eval()
+    ours = vit_plus_from_timm(timm_model).eval()
+    ours.set_attn_implementation("sdpa")
+    hf_config = ViTConfig(
+        **{k: getattr(ours.config, k) for k in ("hidden_size", "num_hidden_layers", "num_attention_heads")},
+        intermediate_size=ours.config.intermediate_size,
+        image_size=ours.config.image_size,
+        patch_size=ours.config.patch_size,
+        layer_norm_eps=1e-6,
+        num_labels=1000,
+    )
+    reference = ViTForImageClassification(hf_config).eval()
+    reference.load_state_dict(ours.state_dict(), strict=True)
+    reference.set_attn_implementation("sdpa")
+    return config, {"hf_vit_plus": ours, "timm": timm_model, "transformers": reference}
+
+
+def forward_flops(config, batch: int) -> float:
+    """Multiply-adds x 2 of one forward pass (GEMMs and attention; norms and activations ignored)."""
+    d, t = config.hidden_size, config.num_patches + 1
+    per_layer = 2 * t * d * (3 * d) + 2 * t * d * d + 2 * 2 * t * t * d + 2 * 2 * t * d * config.intermediate_size
+    patch = 2 * config.num_patches * (config.num_channels * config.patch_size**2) * d
+    return batch * (config.num_hidden_layers * per_layer + patch + 2 * d * config.num_labels)
+
+
+def gemm_peak(config, batch: int, dtype: torch.dtype, repeats: int = 5) -> float:
+    m = batch * (config.num_patches + 1)
+    a = torch.randn(m, config.hidden_size, dtype=dtype)
+    b = torch.randn(config.hidden_size, config.intermediate_size, dtype=dtype)
+    for _ in range(2):
+        a @ b
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - start)
+    return 2 * m * config.hidden_size * config.intermediate_size / min(times)
+
+
+def run(args) -> None:
+    config, fp32_models = build_models(args.preset)
+    print(f"# {args.preset}: torch {torch.__version__}, {torch.get_num_threads()} threads, {platform.processor()}")
+    print(f"# CPU: {_cpu_name()}")
+    header = (
+        "| precision | batch | ours img/s | timm img/s | transformers img/s | vs timm | vs transformers "
+        "| ours GFLOP/s | % of GEMM peak | timm % | transformers % |"
+    )
+    print(header)
+    print("|---" * (header.count("|") - 1) + "|")
+    for precision in args.precisions:
+        if precision == "bf16":
+            models = {name: _copy_to(m, torch.bfloat16) for name, m in fp32_models.items()}
+        else:
+            models = fp32_models
+        context = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if precision == "bf16-autocast" else nullcontext
+        peak_dtype = torch.float32 if precision == "fp32" else torch.bfloat16
+        for batch in args.batch_sizes:
+            dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+            x = torch.randn(batch, config.num_channels, config.image_size, config.image_size, dtype=dtype)
+            times = {name: [] for name in models}
+            with torch.inference_mode(), context():
+                for _ in range(args.warmup):
+                    for name, model in models.items():
+                        _call(name, model, x)
+                for r in range(args.repeats):
+                    order = list(models.items())
+                    order = order[r % len(order) :] + order[: r % len(order)]  # rotate so no model always goes first
+                    for name, model in order:
+                        start = time.perf_counter()
+                        _call(name, model, x)
+                        times[name].append(time.perf_counter() - start)
+            ips = {name: batch / statistics.median(t) for name, t in times.items()}
+            flops = forward_flops(config, batch)
+            peak = gemm_peak(config, batch, peak_dtype)
+            share = {name: 100 * flops * ips[name] / batch / peak for name in models}
+            print(
+                f"| {precision} | {batch} | {ips['hf_vit_plus']:.1f} | {ips['timm']:.1f} | {ips['transformers']:.1f} "
+                f"| {ips['hf_vit_plus'] / ips['timm']:.2f}x | {ips['hf_vit_plus'] / ips['transformers']:.2f}x "
+                f"| {flops * ips['hf_vit_plus'] / batch / 1e9:.0f} | {share['hf_vit_plus']:.0f}% "
+                f"| {share['timm']:.0f}% | {share['transformers']:.0f}% |",
+                flush=True,
+            )
+
+
+def _call(name: str, model, x: torch.Tensor):
+    return model(x) if name == "timm" else model(pixel_values=x).logits
+
+
+def _copy_to(model, dtype):
+    import copy
+
+    return copy.deepcopy(model).to(dtype)
+
+
+def _cpu_name() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--preset", default="base-patch16-224")
+    parser.add_argument("--batch_sizes", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16-autocast", "bf16"])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    run(args)
+
+
+if __name__ == "__main__":
+    main()
