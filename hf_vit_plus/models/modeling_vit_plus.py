@@ -21,6 +21,7 @@ from transformers.utils import logging
 
 from .attention import eager_attention_forward
 from .configuration_vit_plus import ViTPlusConfig
+from .linear import Linear, PatchConv2d
 from .positional import resample_patch_position_embeddings
 
 logger = logging.get_logger(__name__)
@@ -52,7 +53,7 @@ class ViTPlusPatchEmbeddings(nn.Module):
         self.patch_size = config.patch_size
         self.num_channels = config.num_channels
         self.num_patches = config.num_patches
-        self.projection = nn.Conv2d(
+        self.projection = PatchConv2d(
             config.num_channels, config.hidden_size, kernel_size=config.patch_size, stride=config.patch_size
         )
 
@@ -120,10 +121,10 @@ class ViTPlusAttention(nn.Module):
         self.scaling = self.head_dim**-0.5
         self.attention_dropout = config.attention_probs_dropout_prob
         self.is_causal = False  # an encoder: sdpa must not assume a causal mask
-        self.q_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=config.qkv_bias)
-        self.k_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=config.qkv_bias)
-        self.v_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=config.qkv_bias)
-        self.o_proj = nn.Linear(config.hidden_size, config.hidden_size)
+        self.q_proj = Linear(config.hidden_size, config.hidden_size, bias=config.qkv_bias)
+        self.k_proj = Linear(config.hidden_size, config.hidden_size, bias=config.qkv_bias)
+        self.v_proj = Linear(config.hidden_size, config.hidden_size, bias=config.qkv_bias)
+        self.o_proj = Linear(config.hidden_size, config.hidden_size)
 
     def forward(
         self,
@@ -164,9 +165,9 @@ class ViTPlusMLP(nn.Module):
 
     def __init__(self, config: ViTPlusConfig):
         super().__init__()
-        self.fc1 = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.fc1 = Linear(config.hidden_size, config.intermediate_size)
         self.activation_fn = ACT2FN[config.hidden_act]
-        self.fc2 = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.fc2 = Linear(config.intermediate_size, config.hidden_size)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.activation_fn(self.fc1(hidden_states)))
@@ -308,11 +309,11 @@ class ViTPlusForImageClassification(ViTPlusPreTrainedModel):
         self.vit = ViTPlusModel(config)
         if config.classifier_head == "mlp_tanh":
             hidden = config.classifier_hidden_size or config.hidden_size
-            self.pre_logits = nn.Sequential(nn.Linear(config.hidden_size, hidden), nn.Tanh())
+            self.pre_logits = nn.Sequential(Linear(config.hidden_size, hidden), nn.Tanh())
         else:
             hidden = config.hidden_size
             self.pre_logits = nn.Identity()
-        self.classifier = nn.Linear(hidden, config.num_labels) if config.num_labels > 0 else nn.Identity()
+        self.classifier = Linear(hidden, config.num_labels) if config.num_labels > 0 else nn.Identity()
         self.post_init()
 
     def forward(
