@@ -1,0 +1,198 @@
+"""Configuration of the encoder-decoder Transformer (Vaswani et al., NeurIPS 2017, "Attention Is All You Need",
+arXiv 1706.03762).
+
+Field names follow transformers' BART/Marian configs; the presets are the paper's Table 3 ("base" and "big").
+"""
+
+from __future__ import annotations
+
+from transformers import PretrainedConfig
+from transformers.activations import ACT2FN
+
+# Table 3 of the paper: (N layers, d_model, d_ff, h heads, P_drop). Both use label smoothing 0.1.
+SEQ2SEQ_TRANSFORMER_PRESETS: dict[str, tuple[int, int, int, int, float]] = {
+    "base": (6, 512, 2048, 8, 0.1),
+    "big": (6, 1024, 4096, 16, 0.3),
+}
+
+
+def _check_positive_int(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
+
+
+def _check_probability(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+        raise ValueError(f"`{name}` must be a probability in [0, 1), got {value!r}.")
+
+
+def _check_token_id(name: str, value, vocab_size: int) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab_size:
+        raise ValueError(f"`{name}` must be None or a token id in [0, vocab_size={vocab_size}), got {value!r}.")
+
+
+class Seq2SeqTransformerConfig(PretrainedConfig):
+    r"""Configuration of a [`Seq2SeqTransformerModel`] / [`Seq2SeqTransformerForConditionalGeneration`].
+
+    The defaults are the paper's base model (sec. 3, Table 3): post-norm sub-layers, ReLU feed-forward network,
+    sinusoidal positions, embeddings scaled by sqrt(d_model), one matrix shared by the source embedding, the target
+    embedding and the pre-softmax projection (sec. 3.4), dropout 0.1 and label smoothing 0.1 (sec. 5.4).
+
+    Args:
+        vocab_size: size of the shared source/target vocabulary (the paper: ~37,000 BPE tokens for EN-DE).
+        d_model: model width.
+        encoder_layers / decoder_layers: N, the number of layers of each stack.
+        encoder_attention_heads / decoder_attention_heads: h, heads per attention sub-layer.
+        encoder_ffn_dim / decoder_ffn_dim: d_ff, the inner width of the feed-forward networks.
+        activation_function: activation of the feed-forward networks (the paper: ReLU).
+        dropout: P_drop, on the sum of embeddings and positions and on each sub-layer output.
+        attention_dropout: dropout on the attention probabilities (0 in the paper).
+        activation_dropout: dropout after the activation of the feed-forward network (0 in the paper).
+        max_position_embeddings: longest source or target sequence; longer inputs raise a `ValueError`.
+        scale_embedding: multiply token embeddings by sqrt(d_model) (sec. 3.4).
+        normalize_before: pre-norm sub-layers plus a final LayerNorm on each stack (a later, more stable variant);
+            the paper's model is post-norm (`False`).
+        tie_word_embeddings: share one matrix between both embeddings and the output projection (sec. 3.4).
+        label_smoothing: epsilon_ls of the training loss computed by the model (sec. 5.4).
+        init_std: std of the normal initialisation of linear layers and embeddings.
+        layer_norm_eps: LayerNorm epsilon.
+        pad_token_id / bos_token_id / eos_token_id / decoder_start_token_id: special token ids.
+        use_cache: whether the decoder returns a key/value cache by default.
+
+    Generation settings (beam size 4, length penalty 0.6 in the paper) belong in a `GenerationConfig`: see
+    `Seq2SeqTransformerForConditionalGeneration.paper_generation_config()`.
+    """
+
+    model_type = "seq2seq_transformer"
+    keys_to_ignore_at_inference = ["past_key_values"]
+    attribute_map = {
+        "hidden_size": "d_model",
+        "num_attention_heads": "encoder_attention_heads",
+        "num_hidden_layers": "encoder_layers",
+    }
+
+    def __init__(
+        self,
+        vocab_size: int = 37000,
+        d_model: int = 512,
+        encoder_layers: int = 6,
+        decoder_layers: int = 6,
+        encoder_attention_heads: int = 8,
+        decoder_attention_heads: int = 8,
+        encoder_ffn_dim: int = 2048,
+        decoder_ffn_dim: int = 2048,
+        activation_function: str = "relu",
+        dropout: float = 0.1,
+        attention_dropout: float = 0.0,
+        activation_dropout: float = 0.0,
+        max_position_embeddings: int = 1024,
+        scale_embedding: bool = True,
+        normalize_before: bool = False,
+        tie_word_embeddings: bool = True,
+        label_smoothing: float = 0.1,
+        init_std: float = 0.02,
+        layer_norm_eps: float = 1e-5,
+        pad_token_id: int | None = 0,
+        bos_token_id: int | None = 1,
+        eos_token_id: int | None = 2,
+        decoder_start_token_id: int | None = 1,
+        use_cache: bool = True,
+        is_encoder_decoder: bool = True,
+        **kwargs,
+    ):
+        self.vocab_size = vocab_size
+        self.d_model = d_model
+        self.encoder_layers = encoder_layers
+        self.decoder_layers = decoder_layers
+        self.encoder_attention_heads = encoder_attention_heads
+        self.decoder_attention_heads = decoder_attention_heads
+        self.encoder_ffn_dim = encoder_ffn_dim
+        self.decoder_ffn_dim = decoder_ffn_dim
+        self.activation_function = activation_function
+        self.dropout = dropout
+        self.attention_dropout = attention_dropout
+        self.activation_dropout = activation_dropout
+        self.max_position_embeddings = max_position_embeddings
+        self.scale_embedding = scale_embedding
+        self.normalize_before = normalize_before
+        self.tie_word_embeddings = tie_word_embeddings
+        self.label_smoothing = label_smoothing
+        self.init_std = init_std
+        self.layer_norm_eps = layer_norm_eps
+        self.pad_token_id = pad_token_id
+        self.bos_token_id = bos_token_id
+        self.eos_token_id = eos_token_id
+        self.decoder_start_token_id = decoder_start_token_id
+        self.use_cache = use_cache
+        super().__init__(is_encoder_decoder=is_encoder_decoder, **kwargs)
+        self.validate_seq2seq_transformer()
+
+    def validate_seq2seq_transformer(self) -> None:
+        """Raise a `ValueError` naming the offending values if the fields do not describe a valid model."""
+        for name in (
+            "vocab_size",
+            "d_model",
+            "encoder_layers",
+            "decoder_layers",
+            "encoder_attention_heads",
+            "decoder_attention_heads",
+            "encoder_ffn_dim",
+            "decoder_ffn_dim",
+            "max_position_embeddings",
+        ):
+            _check_positive_int(name, getattr(self, name))
+        for heads_name in ("encoder_attention_heads", "decoder_attention_heads"):
+            heads = getattr(self, heads_name)
+            if self.d_model % heads != 0:
+                raise ValueError(f"`d_model` ({self.d_model}) must be divisible by `{heads_name}` ({heads}).")
+        if self.d_model % 2 != 0:
+            raise ValueError(f"`d_model` ({self.d_model}) must be even: the sinusoidal table pairs sin and cos.")
+        if self.activation_function not in ACT2FN:
+            raise ValueError(
+                f"`activation_function` {self.activation_function!r} is not a known activation ({sorted(ACT2FN)})."
+            )
+        for name in ("dropout", "attention_dropout", "activation_dropout", "label_smoothing"):
+            _check_probability(name, getattr(self, name))
+        for name in ("init_std", "layer_norm_eps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise ValueError(f"`{name}` must be a positive number, got {value!r}.")
+        for name in ("pad_token_id", "bos_token_id", "decoder_start_token_id"):
+            _check_token_id(name, getattr(self, name), self.vocab_size)
+        eos = self.eos_token_id
+        for token in eos if isinstance(eos, (list, tuple)) else [eos]:
+            _check_token_id("eos_token_id", token, self.vocab_size)
+
+    @classmethod
+    def preset_names(cls) -> list[str]:
+        return list(SEQ2SEQ_TRANSFORMER_PRESETS)
+
+    @classmethod
+    def from_preset(cls, name: str, **kwargs) -> Seq2SeqTransformerConfig:
+        """A config from the paper's Table 3, e.g. `from_preset("base", vocab_size=37000)`.
+
+        Keyword arguments override fields.
+        """
+        if name not in SEQ2SEQ_TRANSFORMER_PRESETS:
+            raise ValueError(
+                f"Unknown Transformer preset {name!r}: expected one of {list(SEQ2SEQ_TRANSFORMER_PRESETS)}."
+            )
+        layers, d_model, d_ff, heads, dropout = SEQ2SEQ_TRANSFORMER_PRESETS[name]
+        fields = dict(
+            encoder_layers=layers,
+            decoder_layers=layers,
+            d_model=d_model,
+            encoder_ffn_dim=d_ff,
+            decoder_ffn_dim=d_ff,
+            encoder_attention_heads=heads,
+            decoder_attention_heads=heads,
+            dropout=dropout,
+            label_smoothing=0.1,
+        )
+        fields.update(kwargs)
+        return cls(**fields)
+
+
+__all__ = ["SEQ2SEQ_TRANSFORMER_PRESETS", "Seq2SeqTransformerConfig"]

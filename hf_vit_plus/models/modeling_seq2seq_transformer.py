@@ -1,0 +1,657 @@
+"""The encoder-decoder Transformer (Vaswani et al., NeurIPS 2017, "Attention Is All You Need", arXiv 1706.03762).
+
+Read top to bottom: multi-head attention (sec. 3.2) -> one layer class for both stacks (sec. 3.1: self-attention,
+cross-attention in the decoder only, position-wise feed-forward network, each sub-layer wrapped as
+LayerNorm(x + Dropout(Sublayer(x)))) -> one stack class with an `is_decoder` flag (embeddings scaled by
+sqrt(d_model) plus sinusoidal positions, sec. 3.4-3.5) -> the pre-trained base -> the bare model -> the model
+with the tied pre-softmax projection and the label-smoothed loss (sec. 5.4). Parameter names follow
+transformers' BART/Marian, so `model.encoder.layers.0.self_attn.q_proj.weight` means what it means there.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
+from transformers import initialization as init
+from transformers.activations import ACT2FN
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import (
+    BaseModelOutput,
+    BaseModelOutputWithPastAndCrossAttentions,
+    Seq2SeqLMOutput,
+    Seq2SeqModelOutput,
+)
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.utils import logging
+
+from .attention import eager_attention_forward
+from .configuration_seq2seq_transformer import Seq2SeqTransformerConfig
+from .positional import sinusoidal_position_table
+
+logger = logging.get_logger(__name__)
+
+# Written into every saved config, so each Auto class can open a checkpoint with trust_remote_code.
+AUTO_MAP = {
+    "AutoConfig": "configuration_seq2seq_transformer.Seq2SeqTransformerConfig",
+    "AutoModel": "modeling_seq2seq_transformer.Seq2SeqTransformerModel",
+    "AutoModelForSeq2SeqLM": "modeling_seq2seq_transformer.Seq2SeqTransformerForConditionalGeneration",
+}
+
+# The paper's decoding (sec. 6.1): beam size 4, length penalty alpha = 0.6. Its maximum output length,
+# "input length + 50", depends on each input: pass `max_new_tokens=input_ids.shape[1] + 50` to `generate`.
+PAPER_GENERATION_SETTINGS = {"num_beams": 4, "length_penalty": 0.6}
+
+
+def shift_tokens_right(labels: torch.Tensor, pad_token_id: int | None, decoder_start_token_id: int | None):
+    """Decoder inputs are the targets shifted right by one position (sec. 3.1): prepend `decoder_start_token_id`,
+    drop the last label and replace the loss's ignore index -100 by the pad id."""
+    if decoder_start_token_id is None:
+        raise ValueError(
+            "`config.decoder_start_token_id` is None: it is needed to build `decoder_input_ids` from `labels`. "
+            "Set it on the config (e.g. to the tokenizer's bos or pad id)."
+        )
+    if pad_token_id is None:
+        raise ValueError(
+            "`config.pad_token_id` is None: it is needed to replace the ignored label -100 in `decoder_input_ids`."
+        )
+    shifted = labels.new_zeros(labels.shape)
+    shifted[:, 1:] = labels[:, :-1].clone()
+    shifted[:, 0] = decoder_start_token_id
+    return shifted.masked_fill(shifted == -100, pad_token_id)
+
+
+class Seq2SeqTransformerAttention(nn.Module):
+    """Multi-head attention (sec. 3.2.2): MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O.
+
+    Self-attention when `key_value_states` is None, else cross-attention with queries from the decoder and keys and
+    values from the encoder output. The kernel (eager reference or sdpa) is chosen by `config._attn_implementation`.
+    """
+
+    def __init__(self, config: Seq2SeqTransformerConfig, num_heads: int, layer_idx: int, is_causal: bool):
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        self.num_heads = num_heads
+        self.head_dim = config.d_model // num_heads
+        self.scaling = self.head_dim**-0.5  # 1 / sqrt(d_k), eq. 1
+        self.attention_dropout = config.attention_dropout
+        # sdpa assumes a causal mask when it gets none: only the decoder's self-attention is causal.
+        self.is_causal = is_causal
+        self.q_proj = nn.Linear(config.d_model, config.d_model)
+        self.k_proj = nn.Linear(config.d_model, config.d_model)
+        self.v_proj = nn.Linear(config.d_model, config.d_model)
+        self.o_proj = nn.Linear(config.d_model, config.d_model)
+
+    def _project(self, states: torch.Tensor, proj: nn.Linear) -> torch.Tensor:
+        batch_size, seq_len, _ = states.shape
+        return proj(states).view(batch_size, seq_len, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        key_value_states: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: EncoderDecoderCache | None = None,
+        output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        batch_size, seq_len, _ = hidden_states.shape
+        is_cross_attention = key_value_states is not None
+        query = self._project(hidden_states, self.q_proj)  # (B, H, Tq, Dh)
+
+        if is_cross_attention and past_key_values is not None and past_key_values.is_updated.get(self.layer_idx):
+            # The encoder output does not change while decoding: its keys/values were computed at the first step.
+            layer_cache = past_key_values.cross_attention_cache.layers[self.layer_idx]
+            key, value = layer_cache.keys, layer_cache.values
+        else:
+            source = key_value_states if is_cross_attention else hidden_states
+            key = self._project(source, self.k_proj)  # (B, H, Tk, Dh)
+            value = self._project(source, self.v_proj)
+            if past_key_values is not None:
+                if is_cross_attention:
+                    key, value = past_key_values.cross_attention_cache.update(key, value, self.layer_idx)
+                    past_key_values.is_updated[self.layer_idx] = True
+                else:
+                    key, value = past_key_values.self_attention_cache.update(key, value, self.layer_idx)
+
+        # Fused kernels do not return the probabilities; the reference kernel does. The interface is called here
+        # directly (as `get_attention_function` does) because `PreTrainedModel.set_attn_implementation` only
+        # switches kernels of models whose source shows this call.
+        if output_attentions:
+            attention_fn = eager_attention_forward
+        else:
+            attention_fn = ALL_ATTENTION_FUNCTIONS.get_interface(
+                self.config._attn_implementation or "eager", eager_attention_forward
+            )
+        attn_output, attn_weights = attention_fn(
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=self.attention_dropout if self.training else 0.0,
+            scaling=self.scaling,
+        )
+        attn_output = attn_output.reshape(batch_size, seq_len, -1).contiguous()  # (B, Tq, H*Dh)
+        return self.o_proj(attn_output), attn_weights
+
+
+class Seq2SeqTransformerLayer(GradientCheckpointingLayer):
+    """One encoder layer (self-attention, FFN) or decoder layer (masked self-attention, cross-attention, FFN).
+
+    Each sub-layer is LayerNorm(x + Dropout(Sublayer(x))) (post-norm, sec. 3.1 and 5.4); with
+    `config.normalize_before` it is x + Dropout(Sublayer(LayerNorm(x))) (pre-norm). The FFN is
+    max(0, x W_1 + b_1) W_2 + b_2 (eq. 2).
+    """
+
+    def __init__(self, config: Seq2SeqTransformerConfig, layer_idx: int, is_decoder: bool):
+        super().__init__()
+        self.is_decoder = is_decoder
+        self.normalize_before = config.normalize_before
+        num_heads = config.decoder_attention_heads if is_decoder else config.encoder_attention_heads
+        ffn_dim = config.decoder_ffn_dim if is_decoder else config.encoder_ffn_dim
+        self.self_attn = Seq2SeqTransformerAttention(config, num_heads, layer_idx, is_causal=is_decoder)
+        self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        if is_decoder:
+            self.encoder_attn = Seq2SeqTransformerAttention(config, num_heads, layer_idx, is_causal=False)
+            self.encoder_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.fc1 = nn.Linear(config.d_model, ffn_dim)
+        self.activation_fn = ACT2FN[config.activation_function]
+        self.fc2 = nn.Linear(ffn_dim, config.d_model)
+        self.final_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.dropout)
+        self.activation_dropout = nn.Dropout(config.activation_dropout)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        encoder_hidden_states: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        past_key_values: EncoderDecoderCache | None = None,
+        use_cache: bool = False,
+        output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        # hidden_states and encoder_hidden_states are positional: activation checkpointing needs that.
+        if not use_cache:
+            past_key_values = None
+
+        residual = hidden_states
+        if self.normalize_before:
+            hidden_states = self.self_attn_layer_norm(hidden_states)
+        hidden_states, self_attn_weights = self.self_attn(
+            hidden_states,
+            attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            output_attentions=output_attentions,
+        )
+        hidden_states = residual + self.dropout(hidden_states)
+        if not self.normalize_before:
+            hidden_states = self.self_attn_layer_norm(hidden_states)
+
+        cross_attn_weights = None
+        if self.is_decoder:
+            residual = hidden_states
+            if self.normalize_before:
+                hidden_states = self.encoder_attn_layer_norm(hidden_states)
+            hidden_states, cross_attn_weights = self.encoder_attn(
+                hidden_states,
+                key_value_states=encoder_hidden_states,
+                attention_mask=encoder_attention_mask,
+                past_key_values=past_key_values,
+                output_attentions=output_attentions,
+            )
+            hidden_states = residual + self.dropout(hidden_states)
+            if not self.normalize_before:
+                hidden_states = self.encoder_attn_layer_norm(hidden_states)
+
+        residual = hidden_states
+        if self.normalize_before:
+            hidden_states = self.final_layer_norm(hidden_states)
+        hidden_states = self.fc2(self.activation_dropout(self.activation_fn(self.fc1(hidden_states))))  # (B, T, D)
+        hidden_states = residual + self.dropout(hidden_states)
+        if not self.normalize_before:
+            hidden_states = self.final_layer_norm(hidden_states)
+        return hidden_states, self_attn_weights, cross_attn_weights
+
+
+class Seq2SeqTransformerStack(nn.Module):
+    """The encoder (`is_decoder=False`) or the decoder (`is_decoder=True`): token embeddings times sqrt(d_model)
+    plus sinusoidal positions, dropout (sec. 3.4, 3.5, 5.4), then N layers; pre-norm adds a final LayerNorm."""
+
+    def __init__(self, config: Seq2SeqTransformerConfig, is_decoder: bool):
+        super().__init__()
+        self.config = config
+        self.is_decoder = is_decoder
+        self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
+        self.max_positions = config.max_position_embeddings
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model, padding_idx=config.pad_token_id)
+        # Not a parameter and not saved: rebuilt by `_init_weights`, also after loading on the meta device.
+        self.register_buffer(
+            "embed_positions",
+            sinusoidal_position_table(config.max_position_embeddings, config.d_model),
+            persistent=False,
+        )
+        num_layers = config.decoder_layers if is_decoder else config.encoder_layers
+        self.layers = nn.ModuleList(
+            [Seq2SeqTransformerLayer(config, layer_idx=i, is_decoder=is_decoder) for i in range(num_layers)]
+        )
+        self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.normalize_before else None
+        self.dropout = nn.Dropout(config.dropout)
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.embed_tokens = value
+
+    def embed(self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, past_length: int = 0):
+        """Scaled token embeddings + positions past_length .. past_length+T-1, then dropout. Returns (B, T, D)."""
+        if (input_ids is None) == (inputs_embeds is None):
+            name = "decoder_input_ids" if self.is_decoder else "input_ids"
+            raise ValueError(f"Pass exactly one of `{name}` and `{name.replace('input_ids', 'inputs_embeds')}`.")
+        if input_ids is not None:
+            if not torch.is_tensor(input_ids) or input_ids.is_floating_point() or input_ids.dim() != 2:
+                raise TypeError(
+                    f"Token ids must be an integer tensor of shape (batch, seq_len), got "
+                    f"{getattr(input_ids, 'dtype', type(input_ids).__name__)} of shape "
+                    f"{tuple(getattr(input_ids, 'shape', ()))}."
+                )
+            inputs_embeds = self.embed_tokens(input_ids)
+        batch_size, seq_len = inputs_embeds.shape[:2]
+        what = "target" if self.is_decoder else "source"
+        if batch_size == 0 or seq_len == 0:
+            raise ValueError(f"Got an empty {what} batch of shape {tuple(inputs_embeds.shape[:2])}.")
+        if past_length + seq_len > self.max_positions:
+            raise ValueError(
+                f"The {what} sequence has {past_length + seq_len} positions but max_position_embeddings is "
+                f"{self.max_positions}; shorten or split the input (no silent truncation)."
+            )
+        positions = self.embed_positions[past_length : past_length + seq_len].to(inputs_embeds.dtype)  # (T, D)
+        return self.dropout(inputs_embeds * self.embed_scale + positions)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        past_key_values: EncoderDecoderCache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPastAndCrossAttentions | BaseModelOutput | tuple:
+        output_attentions = _flag(output_attentions, self.config, "output_attentions")
+        output_hidden_states = _flag(output_hidden_states, self.config, "output_hidden_states")
+        return_dict = _flag(return_dict, self.config, "return_dict", default=True)
+        use_cache = self.is_decoder and _flag(use_cache, self.config, "use_cache")
+        if self.is_decoder and encoder_hidden_states is None:
+            raise ValueError("The decoder needs `encoder_hidden_states` (the encoder output) to attend to.")
+        if use_cache and past_key_values is None:
+            past_key_values = EncoderDecoderCache(DynamicCache(), DynamicCache())
+        if past_key_values is not None and not isinstance(past_key_values, EncoderDecoderCache):
+            raise TypeError(
+                f"`past_key_values` must be an EncoderDecoderCache(DynamicCache(), DynamicCache()), got "
+                f"{type(past_key_values).__name__}."
+            )
+        if not use_cache:
+            past_key_values = None
+        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        hidden_states = self.embed(input_ids, inputs_embeds, past_length)  # (B, T, D)
+        batch_size, seq_len = hidden_states.shape[:2]
+
+        # Returning attention probabilities goes through the eager kernel, which needs every mask materialised.
+        skip = not output_attentions
+        if self.is_decoder:
+            if attention_mask is None:
+                attention_mask = torch.ones(batch_size, past_length + seq_len, device=hidden_states.device)
+            self_mask = create_causal_mask(
+                config=self.config,
+                inputs_embeds=hidden_states,
+                attention_mask=attention_mask,
+                past_key_values=past_key_values.self_attention_cache if past_key_values is not None else None,
+                allow_is_causal_skip=skip,
+            )
+            cross_mask = create_bidirectional_mask(
+                config=self.config,
+                inputs_embeds=hidden_states,
+                attention_mask=encoder_attention_mask,
+                encoder_hidden_states=encoder_hidden_states,
+                allow_is_bidirectional_skip=skip,
+            )
+        else:
+            self_mask = create_bidirectional_mask(
+                config=self.config,
+                inputs_embeds=hidden_states,
+                attention_mask=attention_mask,
+                allow_is_bidirectional_skip=skip,
+            )
+            cross_mask = None
+
+        all_hidden_states = (hidden_states,) if output_hidden_states else None
+        all_self_attentions = () if output_attentions else None
+        all_cross_attentions = () if output_attentions and self.is_decoder else None
+        for layer in self.layers:
+            hidden_states, self_weights, cross_weights = layer(
+                hidden_states,
+                encoder_hidden_states,
+                attention_mask=self_mask,
+                encoder_attention_mask=cross_mask,
+                past_key_values=past_key_values,
+                use_cache=use_cache,
+                output_attentions=output_attentions,
+            )
+            if output_hidden_states:
+                all_hidden_states += (hidden_states,)
+            if output_attentions:
+                all_self_attentions += (self_weights,)
+                if self.is_decoder:
+                    all_cross_attentions += (cross_weights,)
+        if self.layer_norm is not None:
+            hidden_states = self.layer_norm(hidden_states)
+            if output_hidden_states:
+                all_hidden_states = all_hidden_states[:-1] + (hidden_states,)
+
+        if self.is_decoder:
+            output = BaseModelOutputWithPastAndCrossAttentions(
+                last_hidden_state=hidden_states,
+                past_key_values=past_key_values,
+                hidden_states=all_hidden_states,
+                attentions=all_self_attentions,
+                cross_attentions=all_cross_attentions,
+            )
+        else:
+            output = BaseModelOutput(
+                last_hidden_state=hidden_states, hidden_states=all_hidden_states, attentions=all_self_attentions
+            )
+        return output if return_dict else output.to_tuple()
+
+
+class Seq2SeqTransformerPreTrainedModel(PreTrainedModel):
+    config_class = Seq2SeqTransformerConfig
+    base_model_prefix = "model"
+    main_input_name = "input_ids"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["Seq2SeqTransformerLayer"]
+    _supports_sdpa = True
+    _supports_flash_attn = False
+    _supports_flex_attn = False
+    _supports_attention_backend = True
+
+    def __init__(self, config: Seq2SeqTransformerConfig, *inputs, **kwargs):
+        super().__init__(config, *inputs, **kwargs)
+        self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **AUTO_MAP}
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        std = self.config.init_std
+        if isinstance(module, nn.Linear):
+            init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            init.normal_(module.weight, mean=0.0, std=std)
+            if module.padding_idx is not None and not getattr(module.weight, "_is_hf_initialized", False):
+                init.zeros_(module.weight[module.padding_idx])
+        elif isinstance(module, nn.LayerNorm):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+        elif isinstance(module, Seq2SeqTransformerStack):
+            table = sinusoidal_position_table(self.config.max_position_embeddings, self.config.d_model)
+            init.copy_(module.embed_positions, table.to(module.embed_positions.device))
+
+
+class Seq2SeqTransformerModel(Seq2SeqTransformerPreTrainedModel):
+    """The bare encoder-decoder: returns the decoder's last hidden states (before the output projection)."""
+
+    def __init__(self, config: Seq2SeqTransformerConfig):
+        super().__init__(config)
+        # Sec. 3.4: one matrix for both embeddings (and the output projection, in the LM head model). Untied, each
+        # stack keeps its own embedding and there is no `shared` module left unused.
+        self.shared = None
+        if config.tie_word_embeddings:
+            self.shared = nn.Embedding(config.vocab_size, config.d_model, padding_idx=config.pad_token_id)
+        self._tied_weights_keys = {
+            "encoder.embed_tokens.weight": "shared.weight",
+            "decoder.embed_tokens.weight": "shared.weight",
+        }
+        self.encoder = Seq2SeqTransformerStack(config, is_decoder=False)
+        self.decoder = Seq2SeqTransformerStack(config, is_decoder=True)
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.shared if self.shared is not None else self.encoder.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        if self.shared is not None:
+            self.shared = value
+            self.decoder.embed_tokens = value
+        self.encoder.embed_tokens = value
+
+    def get_encoder(self, modality: str | None = None) -> Seq2SeqTransformerStack:
+        return self.encoder
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: BaseModelOutput | tuple | None = None,
+        past_key_values: EncoderDecoderCache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> Seq2SeqModelOutput | tuple:
+        return_dict = _flag(return_dict, self.config, "return_dict", default=True)
+        if encoder_outputs is None:
+            if input_ids is None and inputs_embeds is None:
+                raise ValueError("Pass `input_ids` (the source tokens), `inputs_embeds` or `encoder_outputs`.")
+            encoder_outputs = self.encoder(
+                input_ids,
+                attention_mask=attention_mask,
+                inputs_embeds=inputs_embeds,
+                output_attentions=output_attentions,
+                output_hidden_states=output_hidden_states,
+                return_dict=True,
+            )
+        elif not isinstance(encoder_outputs, BaseModelOutput):
+            encoder_outputs = BaseModelOutput(
+                last_hidden_state=encoder_outputs[0],
+                hidden_states=encoder_outputs[1] if len(encoder_outputs) > 1 else None,
+                attentions=encoder_outputs[2] if len(encoder_outputs) > 2 else None,
+            )
+        if decoder_input_ids is None and decoder_inputs_embeds is None:
+            raise ValueError(
+                "Pass `decoder_input_ids` (the targets shifted right) or, to the ...ForConditionalGeneration model, "
+                "`labels` from which they are built."
+            )
+
+        decoder_outputs = self.decoder(
+            decoder_input_ids,
+            attention_mask=decoder_attention_mask,
+            encoder_hidden_states=encoder_outputs.last_hidden_state,
+            encoder_attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        output = Seq2SeqModelOutput(
+            last_hidden_state=decoder_outputs.last_hidden_state,
+            past_key_values=decoder_outputs.past_key_values,
+            decoder_hidden_states=decoder_outputs.hidden_states,
+            decoder_attentions=decoder_outputs.attentions,
+            cross_attentions=decoder_outputs.cross_attentions,
+            encoder_last_hidden_state=encoder_outputs.last_hidden_state,
+            encoder_hidden_states=encoder_outputs.hidden_states,
+            encoder_attentions=encoder_outputs.attentions,
+        )
+        return output if return_dict else output.to_tuple()
+
+
+class Seq2SeqTransformerForConditionalGeneration(Seq2SeqTransformerPreTrainedModel, GenerationMixin):
+    """The Transformer for translation: the decoder output times the shared embedding matrix gives the
+    pre-softmax logits (sec. 3.4); with `labels`, the label-smoothed cross-entropy (sec. 5.4)."""
+
+    _tied_weights_keys = {
+        "lm_head.weight": "model.shared.weight",
+        "model.encoder.embed_tokens.weight": "model.shared.weight",
+        "model.decoder.embed_tokens.weight": "model.shared.weight",
+    }
+
+    def __init__(self, config: Seq2SeqTransformerConfig):
+        super().__init__(config)
+        self.model = Seq2SeqTransformerModel(config)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.post_init()
+        self.generation_config = self.paper_generation_config(config)
+
+    @staticmethod
+    def paper_generation_config(config: Seq2SeqTransformerConfig, **overrides) -> GenerationConfig:
+        """Beam search with the paper's beam size 4 and length penalty 0.6 (sec. 6.1). The paper's maximum output
+        length is the input length + 50, which one config cannot express: pass
+        `max_new_tokens=input_ids.shape[1] + 50` to `generate` (otherwise transformers' default `max_length` of 20
+        tokens applies)."""
+        settings = dict(
+            PAPER_GENERATION_SETTINGS,
+            bos_token_id=config.bos_token_id,
+            eos_token_id=config.eos_token_id,
+            pad_token_id=config.pad_token_id,
+            decoder_start_token_id=config.decoder_start_token_id,
+        )
+        settings.update(overrides)
+        return GenerationConfig(**settings)
+
+    def get_encoder(self, modality: str | None = None) -> Seq2SeqTransformerStack:
+        return self.model.encoder
+
+    def get_decoder(self) -> Seq2SeqTransformerStack:
+        return self.model.decoder
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.model.get_input_embeddings()
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.model.set_input_embeddings(value)
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def set_output_embeddings(self, value: nn.Linear) -> None:
+        self.lm_head = value
+
+    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: BaseModelOutput | tuple | None = None,
+        past_key_values: EncoderDecoderCache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> Seq2SeqLMOutput | tuple:
+        r"""labels: (B, T) target token ids, -100 where no loss is wanted (padding). When given and
+        `decoder_input_ids` is not, the decoder inputs are the labels shifted right.
+        num_items_in_batch (keyword, passed by Trainer): the number of non-ignored target tokens in the whole
+        accumulated batch; the loss is then the sum over this batch divided by it."""
+        return_dict = _flag(return_dict, self.config, "return_dict", default=True)
+        if labels is not None:
+            use_cache = False
+            if decoder_input_ids is None and decoder_inputs_embeds is None:
+                decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
+
+        outputs = self.model(
+            input_ids,
+            attention_mask=attention_mask,
+            decoder_input_ids=decoder_input_ids,
+            decoder_attention_mask=decoder_attention_mask,
+            encoder_outputs=encoder_outputs,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            decoder_inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        logits = self.lm_head(outputs.last_hidden_state)  # (B, T, V)
+        loss = None
+        if labels is not None:
+            loss = self.compute_loss(logits, labels, num_items_in_batch=kwargs.get("num_items_in_batch"))
+        output = Seq2SeqLMOutput(
+            loss=loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            decoder_hidden_states=outputs.decoder_hidden_states,
+            decoder_attentions=outputs.decoder_attentions,
+            cross_attentions=outputs.cross_attentions,
+            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
+            encoder_hidden_states=outputs.encoder_hidden_states,
+            encoder_attentions=outputs.encoder_attentions,
+        )
+        return output if return_dict else output.to_tuple()
+
+    def compute_loss(
+        self, logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch: int | torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Cross-entropy with label smoothing `config.label_smoothing` (sec. 5.4), ignoring labels equal to -100.
+
+        Without `num_items_in_batch`: the mean over the non-ignored tokens. With it (Trainer under gradient
+        accumulation): the sum over this batch divided by `num_items_in_batch`, so that the accumulated gradient is
+        that of the mean over all the tokens of the accumulated batch.
+        """
+        if labels.shape != logits.shape[:2]:
+            raise ValueError(f"`labels` has shape {tuple(labels.shape)}, expected {tuple(logits.shape[:2])}.")
+        labels = labels.to(logits.device)
+        summed = nn.functional.cross_entropy(
+            logits.float().reshape(-1, logits.shape[-1]),
+            labels.reshape(-1),
+            ignore_index=-100,
+            reduction="sum",
+            label_smoothing=self.config.label_smoothing,
+        )
+        if num_items_in_batch is None:
+            num_items_in_batch = (labels != -100).sum()
+        if torch.is_tensor(num_items_in_batch):
+            num_items_in_batch = num_items_in_batch.to(summed.device)
+        return summed / num_items_in_batch
+
+
+def _flag(value: bool | None, config, name: str, default: bool = False) -> bool:
+    if value is not None:
+        return value
+    return bool(getattr(config, name, default))
+
+
+__all__ = [
+    "PAPER_GENERATION_SETTINGS",
+    "Seq2SeqTransformerForConditionalGeneration",
+    "Seq2SeqTransformerModel",
+    "Seq2SeqTransformerPreTrainedModel",
+    "shift_tokens_right",
+]
