@@ -1,0 +1,369 @@
+"""Model cards: render README.md for a checkpoint folder from the family's template, and check card metadata.
+
+The templates are Jinja files for huggingface_hub's `ModelCard.from_template`; their one copy lives in
+`hf_vit_plus/hub/templates/` (shipped with the package; `model_cards/` at the repository root links to them).
+`ModelCard.validate()` needs the real Hub, so `validate_card_metadata` checks the metadata offline.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import shutil
+from numbers import Real
+from pathlib import Path
+from typing import Any
+
+import yaml
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
+logger = logging.getLogger(__name__)
+
+TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
+
+
+def _family(pipeline_tag: str, task_name: str, model_types: tuple[str, ...], tags: list[str], arch: tuple[str, ...]):
+    return dict(pipeline_tag=pipeline_tag, task_name=task_name, model_types=model_types, tags=tags, arch=arch)
+
+
+FAMILIES: dict[str, dict[str, Any]] = {
+    "vit": _family(
+        "image-classification",
+        "Image Classification",
+        ("vit_plus",),
+        ["vision", "image-classification", "vit", "hf_vit_plus", "custom_code"],
+        ("image_size", "patch_size", "num_channels", "hidden_size", "num_hidden_layers", "num_attention_heads",
+         "intermediate_size", "hidden_act", "layer_norm_eps", "qkv_bias", "classifier_head", "attention_type"),
+    ),
+    "seq2seq": _family(
+        "translation",
+        "Translation",
+        ("seq2seq_transformer",),
+        ["translation", "seq2seq", "transformer", "hf_vit_plus", "custom_code"],
+        ("vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
+         "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "activation_function",
+         "max_position_embeddings", "normalize_before", "scale_embedding", "tie_word_embeddings", "dropout",
+         "label_smoothing"),
+    ),
+    "sparse_lm": _family(
+        "text-generation",
+        "Text Generation",
+        ("sparse_transformer",),
+        ["text-generation", "sparse-attention", "sparse-transformer", "hf_vit_plus", "custom_code"],
+        ("vocab_size", "max_position_embeddings", "hidden_size", "num_hidden_layers", "num_attention_heads",
+         "intermediate_size", "hidden_act", "attention_type", "sparse_stride", "sparse_summary_size",
+         "sparse_num_summary_blocks", "sparse_pattern_mode"),
+    ),
+}  # fmt: skip
+
+# Keys of `trainer.evaluate()` output that describe the run, not the model: kept out of the model-index.
+_BOOKKEEPING = re.compile(r"(^|_)(runtime|samples_per_second|steps_per_second|model_preparation_time)$|^(epoch|step)$")
+_SPLIT_PREFIXES = {"eval_": "validation", "test_": "test", "predict_": "test"}
+
+# The Hub's pipeline tags (huggingface.js `PIPELINE_DATA`), for `validate_card_metadata`.
+PIPELINE_TAGS = frozenset(
+    """text-classification token-classification table-question-answering question-answering zero-shot-classification
+    translation summarization feature-extraction text-generation text2text-generation fill-mask sentence-similarity
+    text-to-speech text-to-audio automatic-speech-recognition audio-to-audio audio-classification audio-text-to-text
+    voice-activity-detection depth-estimation image-classification object-detection image-segmentation text-to-image
+    image-to-text image-to-image image-to-video unconditional-image-generation video-classification
+    reinforcement-learning robotics tabular-classification tabular-regression tabular-to-text table-to-text
+    multiple-choice text-ranking text-retrieval time-series-forecasting text-to-video image-text-to-text
+    visual-question-answering document-question-answering zero-shot-image-classification graph-ml mask-generation
+    zero-shot-object-detection text-to-3d image-to-3d image-feature-extraction video-text-to-text keypoint-detection
+    visual-document-retrieval any-to-any video-to-video other""".split()
+)
+FIGURE_SUFFIXES = (".png", ".jpg", ".jpeg", ".svg", ".gif")
+
+
+def template_path(family: str) -> Path:
+    """The Jinja template of `family` ("vit", "seq2seq" or "sparse_lm")."""
+    if family not in FAMILIES:
+        raise ValueError(f"Unknown model family {family!r}; expected one of {sorted(FAMILIES)}.")
+    return TEMPLATES_DIR / f"{family}.md"
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, Real) and not isinstance(value, bool)
+
+
+def _config_dict(model_config) -> dict:
+    if isinstance(model_config, dict):
+        return dict(model_config)
+    if hasattr(model_config, "to_dict"):
+        return model_config.to_dict()
+    raise ValueError(f"model_config must be a PretrainedConfig or a dict, got {type(model_config).__name__}.")
+
+
+def _cell(value) -> str:
+    """A value formatted for a markdown table cell."""
+    if isinstance(value, float):
+        text = f"{value:.6g}"
+    elif isinstance(value, (list, tuple)):
+        text = ", ".join(_cell(v) for v in value)
+    elif isinstance(value, dict):
+        text = ", ".join(f"{k}={_cell(v)}" for k, v in value.items())
+    else:
+        text = str(value)
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _split_metric(key: str) -> tuple[str, str | None]:
+    for prefix, split in _SPLIT_PREFIXES.items():
+        if key.startswith(prefix):
+            return key[len(prefix) :], split
+    return key, None
+
+
+def _eval_results(
+    eval_results: dict[str, float], family: str, dataset_name: str, dataset_config: str | None
+) -> list[EvalResult]:
+    if not isinstance(eval_results, dict):
+        raise ValueError(f"eval_results must be a dict of metric name -> number, got {type(eval_results).__name__}.")
+    results = []
+    for key, value in eval_results.items():
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"eval_results keys must be non-empty strings, got {key!r}.")
+        if _BOOKKEEPING.search(key):
+            continue
+        if not _is_number(value):
+            raise ValueError(f"eval_results[{key!r}] must be a number, got {value!r}.")
+        if not math.isfinite(value):
+            logger.warning("Leaving eval_results[%r] = %r out of the model-index (not finite).", key, value)
+            continue
+        metric, split = _split_metric(key)
+        results.append(
+            EvalResult(
+                task_type=FAMILIES[family]["pipeline_tag"],
+                task_name=FAMILIES[family]["task_name"],
+                dataset_type=dataset_name,
+                dataset_name=dataset_name,
+                dataset_config=dataset_config,
+                dataset_split=split,
+                metric_type=metric,
+                metric_name=key,
+                metric_value=float(value) if isinstance(value, float) else value,
+            )
+        )
+    return results
+
+
+def _place_figures(figures, output_dir: Path) -> list[str]:
+    """Relative paths (POSIX) of the figures inside `output_dir`; figures outside it are copied in."""
+    placed = []
+    for figure in figures:
+        src = Path(figure)
+        if not src.is_file():
+            raise FileNotFoundError(f"Figure {str(src)!r} does not exist.")
+        if src.suffix.lower() not in FIGURE_SUFFIXES:
+            raise ValueError(f"Figure {str(src)!r} is not an image ({', '.join(FIGURE_SUFFIXES)}).")
+        try:
+            rel = src.resolve().relative_to(output_dir.resolve())
+        except ValueError:
+            rel = Path(src.name)
+            if (output_dir / rel).exists() and not (output_dir / rel).samefile(src):
+                raise ValueError(f"Cannot copy figure {str(src)!r}: {output_dir / rel} exists already.") from None
+            shutil.copyfile(src, output_dir / rel)
+        placed.append(rel.as_posix())
+    return placed
+
+
+def write_model_card(
+    output_dir: str | Path,
+    *,
+    family: str,
+    model_config,
+    training_args: dict,
+    eval_results: dict[str, float],
+    dataset_name: str,
+    dataset_config: str | None = None,
+    figures: list[str | Path] = (),
+    base_model: str | None = None,
+    repo_id: str | None = None,
+    license: str = "apache-2.0",
+    language: list[str] | None = None,
+) -> Path:
+    """Render the family's model card into `output_dir/README.md` and return its path.
+
+    Args:
+        output_dir: the checkpoint folder (it must exist; figures outside it are copied into it).
+        family: "vit", "seq2seq" or "sparse_lm".
+        model_config: the model's `PretrainedConfig` (or its dict); its architecture fields go in a table.
+        training_args: hyperparameters for the table (e.g. selected `TrainingArguments` fields).
+        eval_results: metric name -> number, e.g. `trainer.evaluate()`; numbers go into the model-index
+            (an "eval_"/"test_" prefix sets the split and is dropped from the metric type; runtime/throughput/epoch
+            entries are skipped; non-finite values are left out with a warning).
+        dataset_name: the dataset id (goes in `datasets` and in the model-index).
+        dataset_config: the dataset configuration, if any.
+        figures: image files to embed (relative paths from the folder).
+        base_model: the checkpoint this one was fine-tuned from, if any.
+        repo_id: the Hub id used in the loading examples (default: the folder's name).
+        license: a Hub license id.
+        language: language codes for the metadata (text models).
+    """
+    output_dir = Path(output_dir)
+    if not output_dir.is_dir():
+        raise FileNotFoundError(f"output_dir {str(output_dir)!r} is not an existing folder.")
+    template = template_path(family)
+    spec = FAMILIES[family]
+    if not isinstance(dataset_name, str) or not dataset_name.strip():
+        raise ValueError(f"dataset_name must be a non-empty string, got {dataset_name!r}.")
+    if not isinstance(training_args, dict):
+        raise ValueError(f"training_args must be a dict, got {type(training_args).__name__}.")
+    config = _config_dict(model_config)
+    model_type = config.get("model_type")
+    known = {t for f in FAMILIES.values() for t in f["model_types"]}
+    if model_type in known and model_type not in spec["model_types"]:
+        raise ValueError(f"family {family!r} does not match the config's model_type {model_type!r}.")
+
+    model_id = repo_id or output_dir.resolve().name
+    results = _eval_results(eval_results, family, dataset_name, dataset_config)
+    metrics = sorted({r.metric_type for r in results if "loss" not in r.metric_type})
+    card_data = ModelCardData(
+        language=language,
+        license=license,
+        library_name="transformers",
+        tags=list(spec["tags"]),
+        datasets=[dataset_name],
+        metrics=metrics or None,
+        pipeline_tag=spec["pipeline_tag"],
+        base_model=base_model,
+        model_name=model_id,
+        eval_results=results or None,
+    )
+    arch = [(k, _cell(config[k])) for k in spec["arch"] if k in config and config[k] is not None]
+    if family == "vit" and config.get("id2label"):
+        arch.append(("num_labels", str(len(config["id2label"]))))
+    card = ModelCard.from_template(
+        card_data,
+        template_path=template,
+        model_id=model_id,
+        repo_id=repo_id or "path/to/this/folder",
+        dataset_name=dataset_name,
+        dataset_config=dataset_config,
+        base_model=base_model,
+        architecture=arch,
+        hyperparameters=[(str(k), _cell(v)) for k, v in sorted(training_args.items(), key=lambda kv: str(kv[0]))],
+        results=[(r.metric_name, _cell(r.metric_value), r.dataset_split or "") for r in results],
+        figures=_place_figures(figures, output_dir),
+    )
+    path = output_dir / "README.md"
+    card.save(path)
+    problems = validate_card_metadata(path)
+    if problems:  # a bug in a template or in this function, not in the caller's input
+        raise RuntimeError(f"The rendered card {path} has invalid metadata: {problems}")
+    return path
+
+
+def load_card_metadata(path: str | Path) -> dict:
+    """The YAML metadata block of a model card (README.md) as a dict.
+
+    Raises:
+        ValueError: no metadata block, invalid YAML, or not a mapping.
+    """
+    text = Path(path).read_text(encoding="utf-8")
+    match = re.match(r"^---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(\r?\n|$)", text, re.DOTALL)
+    if match is None:
+        raise ValueError(f"{path} has no YAML metadata block (a first line '---', the YAML, then '---').")
+    try:
+        metadata = yaml.safe_load(match.group(1))
+    except yaml.YAMLError as err:
+        raise ValueError(f"{path}: invalid YAML metadata: {err}") from err
+    if not isinstance(metadata, dict):
+        raise ValueError(f"{path}: the YAML metadata must be a mapping, got {type(metadata).__name__}.")
+    return metadata
+
+
+def _check_str_list(metadata: dict, key: str, errors: list[str], required: bool) -> None:
+    value = metadata.get(key)
+    if value is None:
+        if required:
+            errors.append(f"missing required key '{key}'")
+        return
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v.strip() for v in value):
+        errors.append(f"'{key}' must be a non-empty list of non-empty strings, got {metadata[key]!r}")
+
+
+def _check_model_index(model_index, errors: list[str]) -> None:
+    if not isinstance(model_index, list) or not model_index:
+        errors.append("'model-index' must be a non-empty list")
+        return
+    for i, model in enumerate(model_index):
+        where = f"model-index[{i}]"
+        if not isinstance(model, dict):
+            errors.append(f"{where} must be a mapping")
+            continue
+        if not isinstance(model.get("name"), str) or not model["name"]:
+            errors.append(f"{where}.name must be a non-empty string")
+        results = model.get("results")
+        if not isinstance(results, list) or not results:
+            errors.append(f"{where}.results must be a non-empty list")
+            continue
+        for j, result in enumerate(results):
+            rwhere = f"{where}.results[{j}]"
+            if not isinstance(result, dict):
+                errors.append(f"{rwhere} must be a mapping")
+                continue
+            task = result.get("task")
+            if not isinstance(task, dict) or not isinstance(task.get("type"), str):
+                errors.append(f"{rwhere}.task.type must be a string")
+            elif task["type"] not in PIPELINE_TAGS:
+                errors.append(f"{rwhere}.task.type {task['type']!r} is not a Hub task")
+            dataset = result.get("dataset")
+            if not isinstance(dataset, dict) or not all(isinstance(dataset.get(k), str) for k in ("name", "type")):
+                errors.append(f"{rwhere}.dataset must have string 'name' and 'type'")
+            metrics = result.get("metrics")
+            if not isinstance(metrics, list) or not metrics:
+                errors.append(f"{rwhere}.metrics must be a non-empty list")
+                continue
+            for k, metric in enumerate(metrics):
+                mwhere = f"{rwhere}.metrics[{k}]"
+                if not isinstance(metric, dict) or not isinstance(metric.get("type"), str) or not metric["type"]:
+                    errors.append(f"{mwhere}.type must be a non-empty string")
+                    continue
+                value = metric.get("value")
+                if not _is_number(value) or not math.isfinite(value):
+                    errors.append(f"{mwhere}.value must be a finite number, got {value!r}")
+
+
+def validate_card_metadata(path: str | Path) -> list[str]:
+    """Check a model card's metadata offline; return the problems found (an empty list when it is valid).
+
+    Checks: a YAML mapping; the keys license, library_name, pipeline_tag, tags, datasets present and well typed;
+    pipeline_tag one of the Hub's tasks; metrics a list of strings; base_model a string or list of strings; a
+    model-index (when present) with a name and results whose task type is a Hub task, whose dataset has a name
+    and type, and whose metric values are finite numbers.
+    """
+    path = Path(path)
+    if not path.is_file():
+        return [f"{path} does not exist"]
+    try:
+        metadata = load_card_metadata(path)
+    except (ValueError, UnicodeDecodeError) as err:
+        return [str(err)]
+    errors: list[str] = []
+    for key in ("license", "library_name", "pipeline_tag"):
+        value = metadata.get(key)
+        if value is None:
+            errors.append(f"missing required key '{key}'")
+        elif not isinstance(value, str) or not value.strip():
+            errors.append(f"'{key}' must be a non-empty string, got {value!r}")
+    license_id = metadata.get("license")
+    if isinstance(license_id, str) and not re.fullmatch(r"[a-z0-9][a-z0-9.\-]*", license_id):
+        errors.append(f"'license' must be a Hub license id (lowercase, e.g. 'apache-2.0'), got {license_id!r}")
+    if license_id == "other" and not metadata.get("license_name"):
+        errors.append("'license: other' needs a 'license_name'")
+    pipeline_tag = metadata.get("pipeline_tag")
+    if isinstance(pipeline_tag, str) and pipeline_tag not in PIPELINE_TAGS:
+        errors.append(f"'pipeline_tag' {pipeline_tag!r} is not a Hub task")
+    _check_str_list(metadata, "tags", errors, required=True)
+    _check_str_list(metadata, "datasets", errors, required=True)
+    _check_str_list(metadata, "metrics", errors, required=False)
+    _check_str_list(metadata, "base_model", errors, required=False)
+    _check_str_list(metadata, "language", errors, required=False)
+    if "model-index" in metadata:
+        _check_model_index(metadata["model-index"], errors)
+    return errors

@@ -1,0 +1,204 @@
+"""Push a saved checkpoint folder to the Hugging Face Hub (or any endpoint set with `HF_ENDPOINT`).
+
+One call does: check the folder (a config, safetensors weights, no pickles) -> `create_repo(exist_ok=True)` ->
+`create_branch` when a revision is given -> `upload_folder` as one commit. Everything in the folder goes up: the
+weights, config.json, the model-code files that `save_pretrained` copies for `trust_remote_code`, the
+processor/tokenizer files, figures and the README.md model card. The local folder is only read, never written.
+
+Call it from the main process only (e.g. under `if accelerator.is_main_process:` or
+`trainer.is_world_process_zero()`): several processes pushing the same folder make several commits.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from huggingface_hub import HfApi
+from huggingface_hub.errors import HfHubHTTPError
+from huggingface_hub.hf_api import DEFAULT_IGNORE_PATTERNS
+from huggingface_hub.utils import filter_repo_objects
+
+logger = logging.getLogger(__name__)
+
+# Formats that `torch.load` / `pickle` read by running code embedded in the file.
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+
+
+class HubPushError(RuntimeError):
+    """A push failed on the Hub side. `step` names the failing step ("create_repo", "create_branch",
+    "validate README.md metadata", "preupload", "LFS batch", "LFS upload of <file>", "commit", ...)."""
+
+    def __init__(self, message: str, step: str):
+        super().__init__(message)
+        self.step = step
+
+
+def files_to_push(folder: str | Path) -> list[str]:
+    """The files `upload_folder` would send from `folder` (paths relative to it, POSIX style)."""
+    folder = Path(folder)
+    paths = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+    return list(filter_repo_objects(paths, ignore_patterns=DEFAULT_IGNORE_PATTERNS))
+
+
+def check_checkpoint_folder(folder: str | Path) -> list[str]:
+    """Check that `folder` is a pushable checkpoint and return the files that would be pushed.
+
+    Raises:
+        FileNotFoundError: the folder does not exist.
+        ValueError: not a folder, no config.json, no safetensors weights, or pickled files in it.
+    """
+    folder = Path(folder)
+    if not folder.exists():
+        raise FileNotFoundError(f"Checkpoint folder {str(folder)!r} does not exist.")
+    if not folder.is_dir():
+        raise ValueError(f"{str(folder)!r} is not a folder; push_checkpoint pushes a `save_pretrained` folder.")
+    files = files_to_push(folder)
+    pickled = [f for f in files if f.lower().endswith(PICKLE_SUFFIXES)]
+    if pickled:
+        raise ValueError(
+            f"Refusing to push pickled files from {str(folder)!r}: {', '.join(pickled)}. Loading a pickle runs "
+            "code from the file, so this project only publishes safetensors weights. Save with "
+            "`save_pretrained` (safetensors by default) and move these files out of the folder (for a Trainer "
+            "output dir, push the final model folder, not the one holding checkpoint-*/ and training_args.bin)."
+        )
+    if "config.json" not in files:
+        raise ValueError(f"{str(folder)!r} has no config.json: is it a `save_pretrained` folder?")
+    if not any(f.endswith(".safetensors") and "/" not in f for f in files):
+        raise ValueError(f"{str(folder)!r} has no *.safetensors weights at its top level.")
+    if "README.md" not in files:
+        logger.warning("%s has no README.md: the repository will have no model card.", folder)
+    return files
+
+
+def _request_of(err: BaseException) -> tuple[str, str] | None:
+    """(method, url) of the HTTP request behind a Hub error, when there is one."""
+    if not isinstance(err, HfHubHTTPError):
+        return None
+    try:
+        request = err.response.request
+        return request.method, str(request.url)
+    except (AttributeError, RuntimeError):  # httpx raises RuntimeError for a response without a request
+        return None
+
+
+_STEPS_BY_URL = (
+    ("/api/repos/create", "create_repo"),
+    ("/api/validate-yaml", "validate README.md metadata"),
+    ("/preupload/", "preupload"),
+    ("/info/lfs/objects/batch", "LFS batch"),
+    ("/commit/", "commit"),
+    ("/branch/", "create_branch"),
+)
+
+
+def _failed_step(err: BaseException) -> tuple[str, str]:
+    """(step, where) for an error raised inside `upload_folder`: walks the exception chain."""
+    cause, seen = err, set()
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, RuntimeError) and str(cause).startswith("Error while uploading '"):
+            request = _request_of(cause.__cause__)
+            return f"LFS upload of {str(cause).split(chr(39))[1]}", " ".join(request) if request else ""
+        if isinstance(cause, ValueError) and "Invalid metadata in README.md" in str(cause):
+            return "validate README.md metadata", "POST /api/validate-yaml"
+        if isinstance(cause, ValueError) and "LFS batch API returned errors" in str(cause):
+            return "LFS batch", ""
+        request = _request_of(cause)
+        if request is not None:
+            path = request[1].split("?")[0]
+            step = next((step for marker, step in _STEPS_BY_URL if marker in path), "upload")
+            return step, " ".join(request)
+        cause = cause.__cause__ or cause.__context__
+    return "upload", ""
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(line.strip() for line in str(err).splitlines() if line.strip()).rstrip(".")
+
+
+def _push_error(err: BaseException, step: str, where: str, folder: Path, repo_id: str, revision: str) -> HubPushError:
+    detail = f"{type(err).__name__}: {_one_line(err)}"
+    cause, seen = err.__cause__ or err.__context__, set()
+    while cause is not None and id(cause) not in seen:  # the Hub's own answer, when it is deeper in the chain
+        seen.add(id(cause))
+        if isinstance(cause, HfHubHTTPError):
+            detail += f" <- {type(cause).__name__}: {_one_line(cause)}"
+            break
+        cause = cause.__cause__ or cause.__context__
+    outcome = "The Hub did not confirm the commit" if step in ("commit", "upload") else "No commit was made"
+    return HubPushError(
+        f"Pushing {str(folder)!r} to {repo_id!r} (revision {revision!r}) failed at step '{step}'"
+        + (f" ({where})" if where else "")
+        + f": {detail[:1000]}. {outcome} on {revision!r}. The local folder was not modified; run the push again "
+        "to retry.",
+        step,
+    )
+
+
+def push_checkpoint(
+    folder: str | Path,
+    repo_id: str,
+    *,
+    revision: str | None = None,
+    create_branch: bool = True,
+    private: bool = False,
+    token: str | None = None,
+    commit_message: str | None = None,
+) -> str:
+    """Push the checkpoint `folder` to the Hub repository `repo_id` as one commit.
+
+    Main process only: call it once per training run (e.g. under `accelerator.is_main_process`).
+
+    Args:
+        folder: a `save_pretrained` folder (safetensors weights, config.json, model code, processor or tokenizer,
+            README.md card, figures). Pickled files (*.bin, *.pt, *.pth, *.pkl, *.pickle, *.ckpt) are refused.
+        repo_id: "namespace/name"; created if missing (an existing repository is reused).
+        revision: branch to commit to (default: "main"). Created from main's head if missing and
+            `create_branch` is true.
+        create_branch: create `revision` when it does not exist yet.
+        private: create the repository private (ignored when it already exists).
+        token: Hub token (default: the saved token or `HF_TOKEN`).
+        commit_message: the commit title (default: "Upload <folder name> with hf_vit_plus").
+
+    Returns:
+        The commit URL (a `huggingface_hub.CommitInfo`, a `str` whose `.oid` is the 40-hex commit id).
+
+    Raises:
+        FileNotFoundError / ValueError: bad folder (nothing is sent to the Hub).
+        HubPushError: a Hub request failed; the message names the step (and the file for LFS uploads). The local
+            folder is never modified.
+    """
+    folder = Path(folder)
+    if not isinstance(repo_id, str) or repo_id.count("/") != 1 or not all(repo_id.split("/")):
+        raise ValueError(f"repo_id must look like 'namespace/name', got {repo_id!r}.")
+    if revision is not None and (not isinstance(revision, str) or not revision.strip()):
+        raise ValueError(f"revision must be a non-empty branch name or None, got {revision!r}.")
+    files = check_checkpoint_folder(folder)
+    branch = revision or "main"
+    api = HfApi(token=token)
+    message = commit_message or f"Upload {folder.resolve().name} with hf_vit_plus"
+
+    step = "create_repo"
+    try:
+        api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+        if revision is not None and revision != "main" and create_branch:
+            step = "create_branch"
+            api.create_branch(repo_id, branch=revision, exist_ok=True, repo_type="model")
+        step = "upload"
+        logger.info("Pushing %d files from %s to %s@%s", len(files), folder, repo_id, branch)
+        info = api.upload_folder(
+            repo_id=repo_id,
+            folder_path=folder,
+            revision=revision,
+            commit_message=message,
+            repo_type="model",
+        )
+    except Exception as err:
+        if step == "upload":
+            step, where = _failed_step(err)
+        else:
+            where = _failed_step(err)[1]
+        raise _push_error(err, step, where, folder, repo_id, branch) from err
+    logger.info("Pushed %s to %s@%s: %s", folder, repo_id, branch, info)
+    return info
