@@ -1,0 +1,144 @@
+"""User data for the training scripts: a Hub data set (`--dataset_name`), an image folder (`--train_dir`) or
+text/csv/json files (`--train_file`), always returned as a `DatasetDict` with "train" and "validation" splits.
+
+Columns are checked up front so that a typo fails with the names that do exist, not deep inside a collator.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+from datasets import ClassLabel, Dataset, DatasetDict, load_dataset
+
+logger = logging.getLogger(__name__)
+
+_FILE_BUILDERS = {".txt": "text", ".text": "text", ".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json"}
+VALIDATION_SPLIT_NAMES = ("validation", "valid", "val", "test", "dev")
+
+
+def file_builder(path: str | Path) -> str:
+    """The `load_dataset` builder of a data file, from its extension."""
+    suffix = Path(path).suffix.lower()
+    if suffix not in _FILE_BUILDERS:
+        raise ValueError(f"Cannot read {str(path)!r}: expected one of the extensions {sorted(_FILE_BUILDERS)}.")
+    return _FILE_BUILDERS[suffix]
+
+
+def load_user_dataset(
+    *,
+    dataset_name: str | None = None,
+    dataset_config: str | None = None,
+    train_dir: str | None = None,
+    validation_dir: str | None = None,
+    train_file: str | None = None,
+    validation_file: str | None = None,
+    validation_split_percentage: float = 10.0,
+    seed: int = 42,
+) -> DatasetDict:
+    """Load user data as a `DatasetDict` with "train" and "validation".
+
+    A missing validation split is carved out of "train" (`validation_split_percentage`, stratified when the
+    data has a `ClassLabel` column).
+    """
+    if dataset_name:
+        raw = load_dataset(dataset_name, dataset_config)
+    elif train_dir:
+        _require_exists(train_dir, "--train_dir")
+        data_files = {"train": str(Path(train_dir) / "**")}
+        if validation_dir:
+            _require_exists(validation_dir, "--validation_dir")
+            data_files["validation"] = str(Path(validation_dir) / "**")
+        raw = load_dataset("imagefolder", data_files=data_files)
+    elif train_file:
+        _require_exists(train_file, "--train_file")
+        builder = file_builder(train_file)
+        data_files = {"train": train_file}
+        if validation_file:
+            _require_exists(validation_file, "--validation_file")
+            if file_builder(validation_file) != builder:
+                raise ValueError(
+                    f"--train_file {train_file!r} and --validation_file {validation_file!r} have different formats."
+                )
+            data_files["validation"] = validation_file
+        kwargs = {"delimiter": "\t"} if Path(train_file).suffix.lower() == ".tsv" else {}
+        raw = load_dataset(builder, data_files=data_files, **kwargs)
+    else:
+        raise ValueError("No data given: pass --dataset_name, --train_dir or --train_file.")
+    return ensure_validation_split(raw, validation_split_percentage, seed)
+
+
+def ensure_validation_split(raw: DatasetDict, validation_split_percentage: float, seed: int) -> DatasetDict:
+    if "train" not in raw:
+        raise ValueError(f"The data set has no 'train' split (splits: {sorted(raw)}).")
+    for name in VALIDATION_SPLIT_NAMES:
+        if name in raw:
+            return DatasetDict(train=raw["train"], validation=raw[name])
+    train = raw["train"]
+    stratify = next((k for k, v in train.features.items() if isinstance(v, ClassLabel)), None)
+    test_size = validation_split_percentage / 100.0
+    try:
+        split = train.train_test_split(test_size=test_size, seed=seed, stratify_by_column=stratify)
+    except ValueError:  # too few examples of a class to stratify
+        split = train.train_test_split(test_size=test_size, seed=seed)
+    logger.info("No validation split: using %.1f%% of the training data.", validation_split_percentage)
+    return DatasetDict(train=split["train"], validation=split["test"])
+
+
+def check_columns(
+    dataset: Dataset | DatasetDict, required: dict[str, str | None], *, source: str = "data set"
+) -> None:
+    """`required` maps a role (e.g. "--image_column") to a column name; raise a `ValueError` naming every
+    missing one and the columns that exist."""
+    splits = dataset.values() if isinstance(dataset, DatasetDict) else [dataset]
+    for split in splits:
+        missing = {
+            role: name for role, name in required.items() if name is not None and name not in split.column_names
+        }
+        if missing:
+            wanted = ", ".join(f"{role}={name!r}" for role, name in missing.items())
+            raise ValueError(f"Unknown column(s) in the {source}: {wanted}. Available columns: {split.column_names}.")
+
+
+def pick_column(column_names: Sequence[str], requested: str | None, candidates: Sequence[str], role: str) -> str:
+    """The column to use for `role`: the requested one (checked) or the first of `candidates` present."""
+    if requested is not None:
+        if requested not in column_names:
+            raise ValueError(f"Unknown column {role}={requested!r}. Available columns: {list(column_names)}.")
+        return requested
+    for name in candidates:
+        if name in column_names:
+            return name
+    raise ValueError(
+        f"Cannot guess the {role}: none of {list(candidates)} is a column ({list(column_names)}); pass {role}."
+    )
+
+
+def label_names(dataset: DatasetDict, label_column: str) -> list[str]:
+    """Class names of `label_column`: the ClassLabel's names, else the sorted distinct values."""
+    feature = dataset["train"].features[label_column]
+    if isinstance(feature, ClassLabel):
+        return list(feature.names)
+    values = set()
+    for split in dataset.values():
+        values.update(split.unique(label_column))
+    if all(isinstance(v, int) for v in values):
+        if min(values) < 0:
+            raise ValueError(f"Label column {label_column!r} has negative labels ({min(values)}).")
+        return [str(i) for i in range(max(values) + 1)]
+    return sorted(str(v) for v in values)
+
+
+def check_labels(names: Sequence[str], num_labels: int, *, model: str, label_column: str) -> None:
+    if len(names) != num_labels:
+        raise ValueError(
+            f"The data set's label column {label_column!r} has {len(names)} classes but the model {model!r} "
+            f"has num_labels={num_labels}. Use a data set with {num_labels} classes, or pass "
+            "--ignore_mismatched_sizes to train a new head."
+        )
+
+
+def _require_exists(path: str, option: str) -> None:
+    if not Path(path).exists():
+        raise FileNotFoundError(f"{option} {path!r} does not exist.")

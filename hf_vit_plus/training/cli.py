@@ -1,0 +1,115 @@
+"""`hf-vit-plus train {vit,seq2seq,sparse-lm}` and `hf-vit-plus demo`.
+
+Both run the Accelerate loop of `hf_vit_plus.training.loop`; start them under `accelerate launch` (or torchrun)
+for several processes, e.g. `accelerate launch --multi_gpu --num_processes 2 -m hf_vit_plus.cli train vit ...`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from .args import FAMILIES, add_training_arguments, args_from_namespace, family_arguments
+
+DEMO_DEFAULTS = dict(num_train_epochs=30.0, checkpointing_steps="epoch", checkpoints_total_limit=1)
+
+
+def add_parser(subparsers) -> None:
+    train_parser = subparsers.add_parser(
+        "train", help="train a model with Accelerate (one loop for the three families)", description=__doc__
+    )
+    family_parsers = train_parser.add_subparsers(dest="family_command", required=True)
+    for family in FAMILIES:
+        parser = family_parsers.add_parser(
+            family,
+            help=f"train the {family} family",
+            formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        )
+        add_training_arguments(parser, family)
+        parser.set_defaults(func=run_train)
+
+    demo = subparsers.add_parser(
+        "demo",
+        help="train a small ViT on the built-in digits, evaluate, write the card and figures, reload and predict",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    demo.add_argument("--output_dir", default="outputs/demo")
+    demo.add_argument("--num_train_epochs", type=float, default=DEMO_DEFAULTS["num_train_epochs"])
+    demo.add_argument("--max_train_steps", type=int, default=None, help="stop after this many updates (quick runs)")
+    demo.add_argument("--seed", type=int, default=42)
+    demo.add_argument("--report_to", default="tensorboard", help="tracker(s), or 'none'")
+    demo.add_argument("--min_accuracy", type=float, default=0.0, help="exit with status 1 below this accuracy")
+    demo.add_argument(
+        "--num_threads",
+        type=int,
+        default=None,
+        help="torch threads per process (default: OMP_NUM_THREADS if set, else 1: the model is tiny, and one thread "
+        "per process avoids oversubscribing a shared machine)",
+    )
+    demo.add_argument("--push_to_hub", action="store_true", help="push the model folder (needs --hub_model_id)")
+    demo.add_argument("--hub_model_id", default=None)
+    demo.add_argument("--hub_revision", default=None)
+    demo.set_defaults(func=run_demo)
+
+
+def run_train(namespace: argparse.Namespace) -> int:
+    from .loop import train
+
+    result = train(args_from_namespace(namespace))
+    return 0 if result.stop_reason in ("finished", "stop_after_steps", "SIGTERM") else 1
+
+
+def run_demo(namespace: argparse.Namespace) -> int:
+    from .loop import train
+
+    args = family_arguments(
+        "vit",
+        output_dir=namespace.output_dir,
+        num_train_epochs=namespace.num_train_epochs,
+        max_train_steps=namespace.max_train_steps,
+        seed=namespace.seed,
+        report_to=namespace.report_to,
+        push_to_hub=namespace.push_to_hub,
+        hub_model_id=namespace.hub_model_id,
+        hub_revision=namespace.hub_revision,
+        checkpointing_steps=DEMO_DEFAULTS["checkpointing_steps"],
+        checkpoints_total_limit=DEMO_DEFAULTS["checkpoints_total_limit"],
+    )
+    import os
+
+    import torch
+
+    threads = namespace.num_threads or int(os.environ.get("OMP_NUM_THREADS") or 1)
+    torch.set_num_threads(max(1, threads))
+    start = time.perf_counter()
+    result = train(args)
+    if result.interrupted:
+        print(f"Demo interrupted ({result.stop_reason}); resume with: hf-vit-plus train vit --output_dir "
+              f"{args.output_dir} --resume_from_checkpoint latest")  # fmt: skip
+        return 0
+    from accelerate import PartialState
+
+    if not PartialState().is_main_process:
+        return 0
+    from .families import get_family
+
+    accuracy = result.eval_metrics["accuracy"]
+    output_dir = Path(args.output_dir)
+    print(f"\nHeld-out accuracy on {result.eval_metrics['samples']} digits: {accuracy:.2%} "
+          f"({result.global_step} updates, {result.train_seconds:.0f} s of training, "
+          f"{time.perf_counter() - start:.0f} s in all)")  # fmt: skip
+    print(f"Reloading {output_dir} with AutoModelForImageClassification.from_pretrained:")
+    preview = get_family("vit").predictions_preview(output_dir, result.raw_datasets, n=10)
+    for i, (predicted, truth) in enumerate(preview):
+        print(f"  digit {i}: predicted {predicted:<6} truth {truth:<6} {'ok' if predicted == truth else 'WRONG'}")
+    written = sorted(p.name for p in output_dir.iterdir() if p.is_file())
+    print(f"Files in {output_dir}: {', '.join(written)}")
+    (output_dir / "demo_summary.json").write_text(
+        json.dumps({"accuracy": accuracy, "updates": result.global_step, "train_seconds": result.train_seconds})
+    )
+    if accuracy < namespace.min_accuracy:
+        print(f"Accuracy {accuracy:.2%} is below --min_accuracy {namespace.min_accuracy:.2%}.")
+        return 1
+    return 0

@@ -1,0 +1,191 @@
+"""Two processes on CPU (gloo): the library loop and transformers' Trainer give what one process gives with the
+same global batch.
+
+Two processes are started with `accelerate.debug_launcher` (fork, file rendezvous: no port to collide on), and
+once with the README's `accelerate launch --multi_gpu` line. OMP_NUM_THREADS=1 keeps two processes on two cores.
+
+Tolerance: gradients are averaged by an all-reduce in another summation order than one process's mean, so weights
+agree to float32 rounding, amplified a little by Adam's normalisation: atol 2e-5 after 6 updates (observed 2.3e-6).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from accelerate import debug_launcher
+from safetensors.torch import load_file, save_file
+
+from hf_vit_plus.training.args import family_arguments
+from hf_vit_plus.training.loop import train
+from tests.utils import REPO_ROOT
+
+TINY_VIT = "hidden_size=32,num_hidden_layers=2,num_attention_heads=2,intermediate_size=64"
+TINY = {
+    "vit": TINY_VIT,
+    "seq2seq": "d_model=32,encoder_layers=1,decoder_layers=1,encoder_attention_heads=2,decoder_attention_heads=2,"
+    "encoder_ffn_dim=64,decoder_ffn_dim=64,dropout=0.0",
+    "sparse-lm": "hidden_size=32,num_hidden_layers=1,num_attention_heads=2,intermediate_size=64,sparse_stride=8",
+}
+WEIGHT_ATOL = 2e-5
+LOSS_RTOL = 1e-4
+
+
+@pytest.fixture(autouse=True)
+def fresh_accelerate_state():
+    """Forked workers must not inherit this process's (single-process) Accelerate singletons."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
+def vit_args(output_dir: Path, batch: int, **overrides):
+    values = dict(
+        output_dir=str(output_dir),
+        config_overrides=TINY_VIT,
+        report_to="none",
+        write_card=False,
+        max_train_samples=128,
+        max_eval_samples=63,  # odd: the last eval batch is padded on one process, and gather_for_metrics drops it
+        per_device_train_batch_size=batch,
+        per_device_eval_batch_size=16,
+        checkpointing_steps="none",
+        logging_steps=1,
+        max_train_steps=6,
+        learning_rate=3e-3,
+    )
+    values.update(overrides)
+    return family_arguments("vit", **values)
+
+
+def _train_on_each_rank(output_dir: str) -> None:
+    from accelerate import PartialState
+
+    result = train(vit_args(Path(output_dir), batch=8))
+    rank = PartialState().process_index
+    weights = {k: v.detach().contiguous() for k, v in result.model.state_dict().items()}
+    save_file(weights, str(Path(output_dir) / f"rank{rank}.safetensors"))
+    (Path(output_dir) / f"rank{rank}.json").write_text(
+        json.dumps({"eval": result.eval_metrics, "losses": [e["loss"] for e in result.log_history if "loss" in e]})
+    )
+
+
+def test_two_processes_equal_one_process_with_the_same_global_batch(tmp_path):
+    debug_launcher(_train_on_each_rank, args=(str(tmp_path / "ddp"),), num_processes=2)
+    rank0 = load_file(tmp_path / "ddp" / "rank0.safetensors")
+    rank1 = load_file(tmp_path / "ddp" / "rank1.safetensors")
+    for key in rank0:  # DDP keeps the replicas identical, bit for bit
+        assert torch.equal(rank0[key], rank1[key]), key
+
+    single = train(vit_args(tmp_path / "single", batch=16))
+    single_weights = single.model.state_dict()
+    worst = max((rank0[k] - single_weights[k]).abs().max().item() for k in rank0)
+    assert worst < WEIGHT_ATOL, f"2 processes vs 1: max |diff| = {worst:.2e}"
+    saved = load_file(tmp_path / "ddp" / "model.safetensors")  # written once, by the main process
+    assert set(saved) <= set(rank0) and all(torch.equal(saved[k], rank0[k]) for k in saved)
+
+    ddp = json.loads((tmp_path / "ddp" / "rank0.json").read_text())
+    assert ddp["losses"] == pytest.approx([e["loss"] for e in single.log_history if "loss" in e], rel=LOSS_RTOL)
+    # evaluation gathers each example exactly once
+    assert ddp["eval"]["samples"] == single.eval_metrics["samples"] == 63
+    assert ddp["eval"]["accuracy"] == pytest.approx(single.eval_metrics["accuracy"], abs=1e-6)
+    # the curve went down: the runs learned something (same data, same order)
+    assert ddp["losses"][-1] < ddp["losses"][0]
+
+
+# ---------------------------------------------------------------------------------------------------- Trainer
+def _available_families() -> list[str]:
+    import importlib.util
+
+    needed = {
+        "vit": "hf_vit_plus.models.modeling_vit_plus",
+        "seq2seq": "hf_vit_plus.models.modeling_seq2seq_transformer",
+        "sparse-lm": "hf_vit_plus.models.modeling_sparse_transformer",
+    }
+    return [name for name, module in needed.items() if importlib.util.find_spec(module) is not None]
+
+
+def _trainer_losses(family_name: str, output_dir: str, batch: int) -> None:
+    """Fine-tune with transformers' Trainer on the family's data pieces; rank 0 writes the logged losses."""
+    from accelerate import PartialState
+    from transformers import Trainer, set_seed
+    from transformers import TrainingArguments as HFTrainingArguments
+
+    from hf_vit_plus.training.families import get_family
+
+    family = get_family(family_name)
+    args = family_arguments(family_name, output_dir=output_dir, config_overrides=TINY[family_name],
+                            max_train_samples=64, max_eval_samples=8, block_size=32, vocab_size=300)  # fmt: skip
+    set_seed(0)
+    raw, _ = family.load_raw_data(args)
+    model, processor = family.build(args, raw)
+    datasets = family.transform(raw, processor, model, args)
+    trainer_args = HFTrainingArguments(
+        output_dir=output_dir,
+        per_device_train_batch_size=batch,
+        max_steps=4,
+        learning_rate=1e-3,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        seed=0,
+        remove_unused_columns=False,  # the transform reads the raw columns
+        dataloader_drop_last=True,
+        # the text models divide their summed loss by `num_items_in_batch` (all tokens of all processes); the ViT
+        # loss is a per-example mean and ignores it
+        average_tokens_across_devices=family_name != "vit",
+    )
+    trainer = Trainer(
+        model=model,
+        args=trainer_args,
+        train_dataset=datasets["train"],
+        data_collator=family.collate_fn(processor, model),
+    )
+    trainer.train()
+    if PartialState().is_main_process:
+        losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+        (Path(output_dir) / "losses.json").write_text(json.dumps(losses))
+
+
+@pytest.mark.parametrize("family_name", _available_families())
+def test_trainer_two_processes_match_one(tmp_path, family_name):
+    debug_launcher(_trainer_losses, args=(family_name, str(tmp_path / "ddp"), 4), num_processes=2)
+    two = json.loads((tmp_path / "ddp" / "losses.json").read_text())
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    _trainer_losses(family_name, str(tmp_path / "single"), 8)
+    one = json.loads((tmp_path / "single" / "losses.json").read_text())
+    assert len(one) == len(two) == 4
+    assert two == pytest.approx(one, rel=LOSS_RTOL), (two, one)
+
+
+def test_accelerate_launch_command_line(tmp_path):
+    """The README's launch line: `accelerate launch --multi_gpu --num_processes 2 ...` runs gloo on CPU."""
+    output_dir = tmp_path / "launched"
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+        str(REPO_ROOT / "scripts" / "train_vit.py"), "--output_dir", str(output_dir), "--config_overrides", TINY_VIT,
+        "--report_to", "none", "--max_train_samples", "64", "--max_eval_samples", "16",
+        "--per_device_train_batch_size", "8", "--max_train_steps", "2", "--checkpointing_steps", "none",
+        "--write_card", "false",
+    ]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO_ROOT))
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-4000:]
+    assert "2 process(es), global batch 16" in output
+    assert (output_dir / "model.safetensors").is_file()
+    assert json.loads((output_dir / "eval_results.json").read_text())["eval_samples"] == 16

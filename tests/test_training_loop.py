@@ -1,0 +1,318 @@
+"""The Accelerate training loop on one process: learning, gradient accumulation, exact resume, bad input, SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from hf_vit_plus.training.args import TrainingArguments, family_arguments, parse_args
+from hf_vit_plus.training.loop import checkpoint_dirs, train
+from tests.utils import REPO_ROOT
+
+TINY_VIT = "hidden_size=32,num_hidden_layers=2,num_attention_heads=2,intermediate_size=64"
+
+
+@pytest.fixture(autouse=True)
+def fresh_accelerate_state():
+    """Each `train` call builds its own Accelerator; Accelerate keeps process-wide singletons, so reset them."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
+def tiny_vit(tmp_path: Path, name: str = "run", **overrides) -> TrainingArguments:
+    values = dict(
+        output_dir=str(tmp_path / name),
+        config_overrides=TINY_VIT,
+        report_to="none",
+        write_card=False,
+        max_train_samples=96,
+        max_eval_samples=64,
+        per_device_train_batch_size=16,
+        checkpointing_steps="none",
+        logging_steps=1,
+        num_train_epochs=1.0,
+    )
+    values.update(overrides)
+    return family_arguments("vit", **values)
+
+
+def test_vit_learns_digits_and_logs_to_tensorboard(tmp_path):
+    args = tiny_vit(
+        tmp_path,
+        max_train_samples=None,
+        max_eval_samples=None,
+        per_device_train_batch_size=32,
+        num_train_epochs=10.0,
+        learning_rate=3e-3,
+        logging_steps=40,
+        report_to="tensorboard",
+    )
+    result = train(args)
+    assert result.global_step == result.total_steps == 10 * (1437 // 32)
+    # 10 classes: chance is 10%; a 2-block ViT of width 32 reaches over 85% in 10 epochs
+    assert result.eval_metrics["accuracy"] >= 0.85, result.eval_metrics
+    assert result.eval_metrics["samples"] == 360
+    losses = [e["loss"] for e in result.log_history if "loss" in e]
+    assert losses[-1] < 0.5 * losses[0]
+    events = list((tmp_path / "run" / "logs").rglob("events.out.tfevents.*"))
+    assert events, "no TensorBoard event file written"
+    saved = json.loads((tmp_path / "run" / "eval_results.json").read_text())
+    assert saved["eval_accuracy"] == pytest.approx(result.eval_metrics["accuracy"])
+
+
+def test_gradient_accumulation_equals_the_big_batch(tmp_path):
+    """2 micro-batches of 16 accumulated == one batch of 32: the first update happens after two micro-batches."""
+    accumulated = train(tiny_vit(tmp_path, "acc", per_device_train_batch_size=16, gradient_accumulation_steps=2))
+    big = train(tiny_vit(tmp_path, "big", per_device_train_batch_size=32, gradient_accumulation_steps=1))
+    assert accumulated.global_step == big.global_step == 3
+    a = load_file(tmp_path / "acc" / "model.safetensors")
+    b = load_file(tmp_path / "big" / "model.safetensors")
+    initial = train(tiny_vit(tmp_path, "zero", max_train_steps=1, learning_rate=1e-12))
+    z = load_file(tmp_path / "zero" / "model.safetensors")
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6)
+    assert any(not torch.allclose(a[k], z[k]) for k in a), "training did not change the weights"
+    assert initial.global_step == 1
+
+
+def test_activation_checkpointing_gives_the_same_updates(tmp_path):
+    plain = train(tiny_vit(tmp_path, "plain", max_train_steps=3))
+    checkpointed = train(tiny_vit(tmp_path, "ckpt", max_train_steps=3, activation_checkpointing=True))
+    a = load_file(tmp_path / "plain" / "model.safetensors")
+    b = load_file(tmp_path / "ckpt" / "model.safetensors")
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6)
+    assert [e["loss"] for e in plain.log_history if "loss" in e] == pytest.approx(
+        [e["loss"] for e in checkpointed.log_history if "loss" in e], rel=1e-5
+    )
+
+
+def _load_bin(path: Path):
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def _assert_same_tree(a, b, where=""):
+    if isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), f"tensors differ at {where}"
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            _assert_same_tree(a[key], b[key], f"{where}/{key}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _assert_same_tree(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def test_resume_mid_epoch_is_bitwise_identical(tmp_path):
+    """Stopped after 4 updates (mid-epoch 1, with dropout and gradient accumulation), then resumed from 'latest':
+    the weights, optimizer and scheduler state are bitwise those of an uninterrupted run."""
+    common = dict(
+        config_overrides=TINY_VIT + ",hidden_dropout_prob=0.1",
+        gradient_accumulation_steps=2,
+        num_train_epochs=3.0,  # 6 micro-batches = 3 updates per epoch, 9 in all
+        checkpointing_steps="100",  # only the final state is saved (plus the stop)
+    )
+    full = train(tiny_vit(tmp_path, "full", **common))
+    stopped = train(tiny_vit(tmp_path, "split", stop_after_steps=4, **common))
+    assert stopped.interrupted and stopped.global_step == 4
+    state = json.loads((stopped.last_checkpoint / "training_state.json").read_text())
+    assert (state["epoch"], state["batches_in_epoch"]) == (1, 2)  # mid-epoch
+    resumed = train(tiny_vit(tmp_path, "split", resume_from_checkpoint="latest", **common))
+    assert resumed.global_step == full.global_step == 9
+    final_full, final_resumed = full.last_checkpoint, resumed.last_checkpoint
+    assert final_full.name == final_resumed.name == "checkpoint-9"
+    _assert_same_tree(load_file(final_full / "model.safetensors"), load_file(final_resumed / "model.safetensors"))
+    for name in ("optimizer.bin", "scheduler.bin"):
+        _assert_same_tree(_load_bin(final_full / name), _load_bin(final_resumed / name), name)
+    losses = [e["loss"] for e in full.log_history if "loss" in e]
+    assert losses == [e["loss"] for e in resumed.log_history if "loss" in e]
+    # the interrupted run's checkpoint is complete (no temporary folder left behind)
+    assert not list((tmp_path / "split" / "checkpoints").glob(".tmp-*"))
+
+
+# ---------------------------------------------------------------------------------------------------- bad input
+def test_unknown_column_is_named(tmp_path):
+    with pytest.raises(ValueError, match=r"--image_column='photo'.*Available columns: \['image', 'label'\]"):
+        train(tiny_vit(tmp_path, image_column="photo"))
+    with pytest.raises(ValueError, match=r"--label_column='digit'"):
+        train(tiny_vit(tmp_path, label_column="digit"))
+
+
+def test_label_count_mismatch_is_named(tmp_path):
+    from hf_vit_plus import ViTPlusConfig, ViTPlusForImageClassification
+
+    config = ViTPlusConfig(image_size=8, patch_size=2, num_channels=1, hidden_size=32, num_hidden_layers=1,
+                           num_attention_heads=2, intermediate_size=64, num_labels=3)  # fmt: skip
+    ViTPlusForImageClassification(config).save_pretrained(tmp_path / "three_classes")
+    with pytest.raises(ValueError, match=r"10 classes but the model .*three_classes.* num_labels=3"):
+        train(tiny_vit(tmp_path, model_name_or_path=str(tmp_path / "three_classes")))
+
+
+def test_resume_refuses_missing_paths_and_other_models(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        train(tiny_vit(tmp_path, resume_from_checkpoint=str(tmp_path / "nowhere")))
+    with pytest.raises(FileNotFoundError, match="no checkpoint under"):
+        train(tiny_vit(tmp_path, "empty", resume_from_checkpoint="latest"))
+    (tmp_path / "not_a_checkpoint").mkdir()
+    with pytest.raises(ValueError, match="not a training checkpoint"):
+        train(tiny_vit(tmp_path, resume_from_checkpoint=str(tmp_path / "not_a_checkpoint")))
+    other = train(tiny_vit(tmp_path, "other", stop_after_steps=1))
+    wider = TINY_VIT.replace("hidden_size=32", "hidden_size=64")
+    with pytest.raises(ValueError, match=r"another model.*hidden_size: checkpoint=32, this run=64"):
+        train(tiny_vit(tmp_path, config_overrides=wider, resume_from_checkpoint=str(other.last_checkpoint)))
+    state = json.loads((other.last_checkpoint / "training_state.json").read_text())
+    state["family"] = "seq2seq"
+    (other.last_checkpoint / "training_state.json").write_text(json.dumps(state))
+    with pytest.raises(ValueError, match="belongs to the 'seq2seq' family"):
+        train(tiny_vit(tmp_path, resume_from_checkpoint=str(other.last_checkpoint)))
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(per_device_train_batch_size=0), "--per_device_train_batch_size must be a positive integer"),
+        (dict(checkpointing_steps="often"), "--checkpointing_steps must be"),
+        (dict(mixed_precision="fp8"), "--mixed_precision must be one of"),
+        (dict(push_to_hub=True), "--push_to_hub needs --hub_model_id"),
+        (dict(train_dir="a", train_file="b.csv"), "either --train_dir"),
+    ],
+)
+def test_bad_arguments(tmp_path, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        tiny_vit(tmp_path, **overrides)
+
+
+def test_cli_parser_uses_family_defaults():
+    vit = parse_args("vit", ["--output_dir", "x", "--max_train_steps", "5", "--activation_checkpointing"])
+    assert (vit.family, vit.max_train_steps, vit.activation_checkpointing, vit.learning_rate) == ("vit", 5, True, 2e-3)
+    s2s = parse_args("seq2seq", [])
+    assert (s2s.learning_rate, s2s.adam_beta2, s2s.adam_epsilon, s2s.label_smoothing) == (1.0, 0.98, 1e-9, 0.1)
+
+
+def test_image_folder_user_data(tmp_path):
+    """--train_dir: class names come from the folder names; a missing folder is named."""
+    from hf_vit_plus.data.digits import load_digits_dataset
+
+    digits = load_digits_dataset()["train"]
+    names = digits.features["label"].names
+    counts: dict[str, int] = {}
+    for row in digits.select(range(200)):
+        if row["label"] > 2:
+            continue
+        folder = tmp_path / "images" / names[row["label"]]
+        folder.mkdir(parents=True, exist_ok=True)
+        counts[names[row["label"]]] = counts.get(names[row["label"]], 0) + 1
+        row["image"].save(folder / f"{counts[names[row['label']]]}.png")
+    args = tiny_vit(
+        tmp_path,
+        train_dir=str(tmp_path / "images"),
+        max_train_samples=None,
+        max_train_steps=2,
+        per_device_train_batch_size=8,
+        config_overrides=TINY_VIT + ",image_size=8,patch_size=2",
+    )
+    result = train(args)
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert sorted(config["id2label"].values()) == ["one", "two", "zero"]
+    assert config["num_channels"] == 3 and result.global_step == 2
+    with pytest.raises(FileNotFoundError, match="--train_dir .*missing.* does not exist"):
+        train(tiny_vit(tmp_path, train_dir=str(tmp_path / "missing")))
+
+
+def test_sigterm_saves_the_state_and_exits_cleanly(tmp_path):
+    output_dir = tmp_path / "sigterm"
+    command = [
+        sys.executable, str(REPO_ROOT / "scripts" / "train_vit.py"), "--output_dir", str(output_dir),
+        "--config_overrides", TINY_VIT, "--report_to", "none", "--num_train_epochs", "1000",
+        "--max_train_samples", "64", "--per_device_train_batch_size", "16", "--checkpointing_steps", "none",
+    ]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO_ROOT))
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    lines = []
+    try:
+        for line in proc.stdout:  # wait until the loop runs (the handler is installed before this line)
+            lines.append(line)
+            if line.startswith("Training vit"):
+                break
+        time.sleep(3)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    output = "".join(lines) + out
+    assert proc.returncode == 0, output[-3000:]
+    assert "SIGTERM" in output
+    [checkpoint] = checkpoint_dirs(output_dir)
+    state = json.loads((checkpoint / "training_state.json").read_text())
+    assert state["global_step"] >= 1 and checkpoint.name == f"checkpoint-{state['global_step']}"
+    assert (checkpoint / "model.safetensors").is_file() and (checkpoint / "optimizer.bin").is_file()
+    assert not (output_dir / "model.safetensors").exists()  # no final model: the run did not finish
+
+
+def test_bf16_mixed_precision_trains(tmp_path):
+    result = train(tiny_vit(tmp_path, mixed_precision="bf16", max_train_steps=3))
+    losses = [e["loss"] for e in result.log_history if "loss" in e]
+    assert len(losses) == 3 and all(0 < loss < 10 for loss in losses)
+    weights = load_file(tmp_path / "run" / "model.safetensors")
+    assert all(w.dtype == torch.float32 for w in weights.values())  # autocast: the master weights stay fp32
+
+
+def test_text_columns_are_checked(tmp_path):
+    (tmp_path / "pairs.csv").write_text("question,answer\n1,one\n2,two\n3,three\n")
+    text_args = dict(output_dir=str(tmp_path / "t"), report_to="none", train_file=str(tmp_path / "pairs.csv"))
+    with pytest.raises(ValueError, match=r"Cannot guess the --source_column.*'question', 'answer'"):
+        train(family_arguments("seq2seq", **text_args))
+    with pytest.raises(ValueError, match=r"Unknown column --target_column='words'"):
+        train(family_arguments("seq2seq", source_column="question", target_column="words", **text_args))
+    (tmp_path / "lines.jsonl").write_text('{"body": "hello"}\n{"body": "world"}\n')
+    text_args["train_file"] = str(tmp_path / "lines.jsonl")
+    with pytest.raises(ValueError, match=r"Unknown column --text_column='text_'.*\['body'\]"):
+        train(family_arguments("sparse-lm", text_column="text_", **text_args))
+    with pytest.raises(ValueError, match="expected one of the extensions"):
+        train(family_arguments("sparse-lm", **dict(text_args, train_file=__file__)))
+
+
+TINY_SEQ2SEQ = (
+    "d_model=32,encoder_layers=1,decoder_layers=1,encoder_attention_heads=2,decoder_attention_heads=2,"
+    "encoder_ffn_dim=64,decoder_ffn_dim=64"
+)
+
+
+def test_seq2seq_stop_and_resume_reuses_the_trained_tokenizer(tmp_path):
+    common = dict(
+        output_dir=str(tmp_path / "s2s"),
+        config_overrides=TINY_SEQ2SEQ,
+        report_to="none",
+        write_card=False,
+        max_train_samples=128,
+        max_eval_samples=16,
+        max_train_steps=6,
+        checkpointing_steps="none",
+        logging_steps=1,
+    )
+    stopped = train(family_arguments("seq2seq", stop_after_steps=2, **common))
+    assert (stopped.last_checkpoint / "processor" / "tokenizer.json").is_file()
+    resumed = train(family_arguments("seq2seq", resume_from_checkpoint="latest", **common))
+    assert resumed.global_step == 6 and not resumed.interrupted
+    saved = json.loads((tmp_path / "s2s" / "tokenizer.json").read_text())
+    in_checkpoint = json.loads((stopped.last_checkpoint / "processor" / "tokenizer.json").read_text())
+    assert saved["model"]["vocab"] == in_checkpoint["model"]["vocab"]
+    assert set(resumed.eval_metrics) >= {"loss", "perplexity", "token_accuracy", "exact_match"}
