@@ -3,8 +3,6 @@ number -> English words on held-out numbers, and the saved folder serves `pipeli
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 from transformers import (
@@ -46,7 +44,6 @@ def test_number_words_dataset_is_deterministic_and_disjoint():
 
 
 def test_seq2seq_trainer_learns_number_words_and_pipeline_serves_it(tmp_path):
-    start = time.perf_counter()
     set_seed(0)
     torch.manual_seed(0)
     data = load_number_words_dataset(max_number=9999, num_test=200, seed=0)
@@ -129,7 +126,6 @@ def test_seq2seq_trainer_learns_number_words_and_pipeline_serves_it(tmp_path):
     assert correct >= 18, list(zip(sources, predicted))
     same = pipeline("translation", model=str(folder), pipeline_class=Text2TextGenerationPipeline)
     assert same(sources[0])[0]["generated_text"] == predicted[0]
-    assert time.perf_counter() - start < 240
 
 
 def test_noam_schedule_values_and_peak():

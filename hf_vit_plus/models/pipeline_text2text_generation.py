@@ -69,11 +69,18 @@ def save_text2text_pipeline(model, tokenizer, save_directory: str | Path, tasks:
         raise ValueError(f"tasks must be a non-empty tuple of task names, got {tasks!r}")
     save_directory = Path(save_directory)
     module = Path(__file__).stem
+    previous = getattr(model.config, "custom_pipelines", None)
     model.config.custom_pipelines = {
         task: {"impl": f"{module}.{Text2TextGenerationPipeline.__name__}", "pt": ["AutoModelForSeq2SeqLM"]}
         for task in tasks
     }
-    model.save_pretrained(save_directory)
+    try:
+        model.save_pretrained(save_directory)
+    finally:  # the declaration belongs to this folder, not to the model in memory
+        if previous is None:
+            del model.config.custom_pipelines
+        else:
+            model.config.custom_pipelines = previous
     tokenizer.save_pretrained(save_directory)
     shutil.copyfile(__file__, save_directory / f"{module}.py")
     return save_directory
