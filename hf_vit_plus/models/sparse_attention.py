@@ -1,0 +1,712 @@
+"""Sparse Transformer attention kernels (Child et al. 2019), registered with transformers' attention interface.
+
+Kernels (all `fn(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs)`,
+query/key/value (B, H, T, D), returning the output as (B, T, H, D) and the weights or None):
+
+- "sparse_dense": the dense masked reference (pattern mask AND padding mask); exact, O(n^2). Returns the weights.
+- "sparse_block": exact CPU kernel with forward and backward in O(n sqrt(n)): each part of the pattern is computed
+  in its own layout (strided residue classes in transposed order as causal attention over n/l tokens, the band as a
+  blocked local window, the fixed own block as block-diagonal attention, the summary columns as a compact gathered
+  key set) and the parts are merged exactly by their log-sum-exp. It uses PyTorch's private CPU flash ops (which
+  return the log-sum-exp) when their schema matches the pinned one, otherwise a plain-PyTorch path.
+- "sparse_flex": flex_attention (compiled) with a per-head BlockMask built from the layer's parts, in natural order
+  (inference on CPU; on CPU a call that needs gradients falls back to "sparse_block", logged once; GPU trains).
+
+Private ops: "sparse_block" calls `aten._scaled_dot_product_flash_attention_for_cpu` and its backward (the only
+CPU attention ops that return the log-sum-exp) only if their schemas equal `FLASH_FORWARD_SCHEMA` /
+`FLASH_BACKWARD_SCHEMA` (tested); otherwise (`FLASH_OPS_AVAILABLE` False) the same parts run on public matmul /
+logsumexp ops, about 2x slower, with the same results.
+
+Attribute contract of the attention `module` (kwargs of the same names override them):
+- `sparse_pattern`: a `SparsePattern` (required);
+- `sparse_mode`: "merged" (default), "interleaved" (layer i uses part i mod num_parts) or "heads" (head h uses part
+  h mod num_parts);
+- `layer_idx`: int (default 0), used by the interleaved mode;
+- `training`: attention dropout is applied only by "sparse_dense" ("sparse_block" falls back to it, logged once).
+Causality comes from the pattern (`SparsePattern.causal`); the kernels ignore `is_causal`. `scaling=None` is
+1/sqrt(D).
+
+`attention_mask` is what the registered mask function returns: None or a 2-D boolean padding mask (B, Tk), True
+for real tokens, positions absolute (left padding included). "sparse_dense" also accepts a 4-D boolean mask, which
+is ANDed with the pattern. Padding keys are masked for every query except on the diagonal, so no row is ever empty
+(padding rows give finite garbage, never NaN). Queries are the last Tq of the Tk positions (cached decoding);
+Tq < Tk is computed by the dense path, and `allowed_key_indices` gives the few cache positions one new query needs.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface
+
+from .attention import eager_attention_forward
+from .sparse_layouts import SparsePattern, allowed_key_indices, check_mode
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "FLASH_OPS_AVAILABLE",
+    "SPARSE_KERNELS",
+    "allowed_key_indices",
+    "block_sparse_attention",
+    "dense_sparse_attention",
+    "flex_sparse_attention",
+    "sparse_block_attention_forward",
+    "sparse_dense_attention_forward",
+    "sparse_flex_attention_forward",
+    "sparse_padding_mask",
+]
+
+# ------------------------------------------------------------------------------------- private CPU flash ops (pinned)
+FLASH_FORWARD_SCHEMA = (
+    "aten::_scaled_dot_product_flash_attention_for_cpu(Tensor query, Tensor key, Tensor value, float dropout_p=0., "
+    "bool is_causal=False, *, Tensor? attn_mask=None, float? scale=None) -> (Tensor output, Tensor logsumexp)"
+)
+FLASH_BACKWARD_SCHEMA = (
+    "aten::_scaled_dot_product_flash_attention_for_cpu_backward(Tensor grad_out, Tensor query, Tensor key, "
+    "Tensor value, Tensor out, Tensor logsumexp, float dropout_p, bool is_causal, *, Tensor? attn_mask=None, "
+    "float? scale=None) -> (Tensor grad_query, Tensor grad_key, Tensor grad_value)"
+)
+
+
+def _flash_ops():
+    """The private flash-for-cpu ops if their schemas are exactly the pinned ones, else None (public fallback)."""
+    try:
+        fwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+        bwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+    except (AttributeError, RuntimeError):
+        return None
+    if str(fwd._schema) != FLASH_FORWARD_SCHEMA or str(bwd._schema) != FLASH_BACKWARD_SCHEMA:
+        return None
+    return fwd, bwd
+
+
+_FLASH = _flash_ops()
+FLASH_OPS_AVAILABLE = _FLASH is not None
+_FLASH_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+_logged: set[str] = set()
+
+
+def _log_once(message: str) -> None:
+    if message not in _logged:
+        _logged.add(message)
+        logger.warning(message)
+
+
+# ------------------------------------------------------------------------ one attention call returning its log-sum-exp
+def _attend(q, k, v, mask, causal, scale, use_flash):
+    """softmax(q k^T * scale + mask) v and its log-sum-exp. q (N, H, Tq, D); mask additive, broadcastable."""
+    if use_flash:
+        out, lse = _FLASH[0](q, k, v, 0.0, causal, attn_mask=mask, scale=scale)
+        return out, lse
+    s = _scores(q, k, mask, causal, scale)
+    lse = torch.logsumexp(s, dim=-1)  # (N, H, Tq)
+    return torch.matmul(torch.exp(s - lse[..., None]), v), lse
+
+
+def _scores(q, k, mask, causal, scale):
+    s = torch.matmul(q, k.transpose(-2, -1)) * scale  # (N, H, Tq, Tk)
+    if mask is not None:
+        s = s + mask
+    if causal:
+        tq, tk = s.shape[-2:]
+        s = s.masked_fill(torch.ones(tq, tk, dtype=torch.bool, device=s.device).triu(1), torch.finfo(s.dtype).min)
+    return s
+
+
+def _attend_backward(do, q, k, v, out, lse, mask, causal, scale, use_flash):
+    """Gradients of one part given the GLOBAL output and log-sum-exp of the merged attention (flash identity:
+    dS = P (dP - rowsum(dO * O)) with P = exp(S - lse))."""
+    if use_flash:
+        return _FLASH[1](do, q, k, v, out, lse, 0.0, causal, attn_mask=mask, scale=scale)
+    p = torch.exp(_scores(q, k, mask, causal, scale) - lse[..., None])
+    dv = torch.matmul(p.transpose(-2, -1), do)
+    dp = torch.matmul(do, v.transpose(-2, -1))
+    ds = p * (dp - (do * out).sum(-1, keepdim=True))
+    return torch.matmul(ds, k) * scale, torch.matmul(ds.transpose(-2, -1), q) * scale, dv
+
+
+def _additive(allowed: torch.Tensor | None, dtype) -> torch.Tensor | None:
+    if allowed is None:
+        return None
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
+        ~allowed, torch.finfo(dtype).min
+    )
+
+
+def _merge(out, lse, o_p, lse_p):
+    """Exact merge of two disjoint key sets by their log-sum-exp."""
+    new = torch.logaddexp(lse, lse_p)
+    out = out * torch.exp(lse - new)[..., None] + o_p * torch.exp(lse_p - new)[..., None]
+    return out, new
+
+
+# ------------------------------------------------------------------------------------------------------ the parts
+class _Residue:
+    """Strided residue classes: positions p -> (p mod l, p div l); causal (or full) attention over m = N/l tokens,
+    on a strided view (B*Hg, l, m, D) of the natural layout (no copy)."""
+
+    def __init__(self, pattern, key_valid, B, Hg, N, dtype):
+        self.L, self.m = pattern.stride, N // pattern.stride
+        self.causal = pattern.causal
+        self.mask = None
+        if key_valid is not None:  # (B, N) -> (B*Hg, l, 1, m)
+            valid = key_valid.view(B, 1, self.m, self.L).transpose(2, 3).unsqueeze(3)  # (B, 1, l, 1, m)
+            self.mask = _additive(valid.expand(B, Hg, self.L, 1, self.m).reshape(B * Hg, self.L, 1, self.m), dtype)
+
+    def _t(self, x):  # (B, Hg, N, D) -> (B*Hg, l, m, D), a strided view
+        B, Hg, _, D = x.shape
+        return x.view(B, Hg, self.m, self.L, D).permute(0, 1, 3, 2, 4).reshape(B * Hg, self.L, self.m, D)
+
+    def _t_lse(self, x):
+        B, Hg, _ = x.shape
+        return x.view(B, Hg, self.m, self.L).permute(0, 1, 3, 2).reshape(B * Hg, self.L, self.m)
+
+    def forward(self, q, k, v, scale, use_flash):
+        t = self._t
+        o, lse = _attend(t(q), t(k), t(v), self.mask, self.causal, scale, use_flash)
+        B, Hg, N, D = q.shape
+        o = o.view(B, Hg, self.L, self.m, D).transpose(2, 3).reshape(B, Hg, N, D)
+        return o, lse.view(B, Hg, self.L, self.m).transpose(2, 3).reshape(B, Hg, N)
+
+    def backward(self, do, q, k, v, out, lse, grads, scale, use_flash):
+        t = self._t
+        d = _attend_backward(t(do), t(q), t(k), t(v), t(out), self._t_lse(lse), self.mask, self.causal, scale,
+                             use_flash)  # fmt: skip
+        for g, x in zip(grads, d):
+            t(g).add_(x)  # t(g) is a view of g
+
+
+class _Band:
+    """Strided local band in natural order: query blocks of w positions (w = l/2) against a window of keys
+    [b*w - l, b*w + w) (causal) or [b*w - l, b*w + w + l) (bidirectional), taken as a strided view of the padded
+    keys (no copy), with the band predicate as a mask. The exclusive form drops the offsets 0 and +-l, which the
+    residue part owns."""
+
+    def __init__(self, pattern, exclusive, key_valid, B, Hg, N, dtype, device):
+        L = pattern.stride
+        w = L // 2 if L % 2 == 0 else L
+        self.L, self.w, self.mw = L, w, N // w
+        self.back, self.after = L // w, (0 if pattern.causal else L // w)
+        self.W = (self.back + 1 + self.after) * w
+        i = torch.arange(N, device=device).view(self.mw, w, 1)
+        j = (torch.arange(self.mw, device=device) * w - L).view(self.mw, 1, 1) + torch.arange(self.W, device=device)
+        allowed = pattern.part_allowed(0, i, j, exclusive=exclusive) & (j >= 0) & (j < N)  # (mw, w, W)
+        if key_valid is not None:
+            allowed = allowed[None] & key_valid[:, j.clamp(0, N - 1)]  # (B, mw, w, W)
+            allowed = allowed[:, None].expand(B, Hg, self.mw, w, self.W).reshape(B * Hg, self.mw, w, self.W)
+        else:
+            allowed = allowed[None]
+        self.mask = _additive(allowed, dtype)
+
+    def _q(self, x):  # (B, Hg, N, D) -> (B*Hg, mw, w, D), a view
+        B, Hg, N, D = x.shape
+        return x.reshape(B * Hg, self.mw, self.w, D)
+
+    def _kv(self, x):  # (B, Hg, N, D) -> (B*Hg, mw, W, D): overlapping windows, a strided view of the padded x
+        B, Hg, N, D = x.shape
+        xp = F.pad(x, (0, 0, self.L, self.after * self.w))
+        Np = xp.shape[2]
+        return xp.as_strided((B * Hg, self.mw, self.W, D), (Np * D, self.w * D, D, 1))
+
+    def forward(self, q, k, v, scale, use_flash):
+        o, lse = _attend(self._q(q), self._kv(k), self._kv(v), self.mask, False, scale, use_flash)
+        return o.reshape(q.shape), lse.reshape(q.shape[:-1])
+
+    backward_chunk_tokens = 4096
+
+    def backward(self, do, q, k, v, out, lse, grads, scale, use_flash):
+        """In chunks of query blocks: the flash backward holds the gradients of the overlapping key windows, 1 + l/w
+        times the keys' size, so chunking bounds that buffer."""
+        B, Hg, N, D = q.shape
+        lse_q = lse.reshape(B * Hg, self.mw, self.w)
+        qv, dov, outv, kw, vw = self._q(q), self._q(do), self._q(out), self._kv(k), self._kv(v)
+        gq, gk, gv = (g.view(B * Hg, self.mw, self.w, D) for g in grads)
+        nb = self.back + 1 + self.after
+        step = max(1, self.backward_chunk_tokens // self.w)
+        for b0 in range(0, self.mw, step):
+            b1 = min(self.mw, b0 + step)
+            dq, dk, dv = _attend_backward(
+                dov[:, b0:b1], qv[:, b0:b1], kw[:, b0:b1], vw[:, b0:b1], outv[:, b0:b1],
+                lse_q[:, b0:b1].contiguous(), self.mask[:, b0:b1], False, scale, use_flash,
+            )  # fmt: skip
+            gq[:, b0:b1] += dq
+            for g, d in ((gk, dk), (gv, dv)):  # adjoint of _kv: overlapping windows summed
+                d = d.reshape(B * Hg, b1 - b0, nb, self.w, D)
+                for s_ in range(nb):  # window slot s_ of query block b holds key block b + s_ - back
+                    shift = s_ - self.back
+                    lo, hi = max(b0, -shift), min(b1, self.mw - shift)
+                    if hi > lo:
+                        g[:, lo + shift : hi + shift] += d[:, lo - b0 : hi - b0, s_]
+
+
+class _Block:
+    """Fixed pattern, own block: block-diagonal attention on the view (B*Hg, m, l, D); the exclusive form drops the
+    summary columns (the summary part owns them)."""
+
+    def __init__(self, pattern, exclusive, heads, key_valid, B, N, dtype, device):
+        L = pattern.stride
+        self.L, self.m = L, N // L
+        Hg = len(heads)
+        i = torch.arange(L, device=device)
+        h = torch.as_tensor(heads, device=device).view(1, -1, 1, 1, 1)
+        allowed = None  # broadcastable to (B, Hg, m, l, l)
+        if exclusive:
+            allowed = ~pattern.is_summary_column(i.view(1, 1, 1, 1, L), h)  # (1, Hg, 1, 1, l)
+            if pattern.causal:
+                allowed = allowed & (i.view(L, 1) >= i)
+        self.causal = pattern.causal and not exclusive
+        if key_valid is not None:
+            kv = key_valid.view(B, 1, self.m, 1, L)
+            allowed = kv if allowed is None else allowed & kv
+        if allowed is not None and allowed.shape[:2] == (1, 1):
+            allowed = allowed[0]
+        elif allowed is not None:  # the layout's batch dim is B*Hg
+            allowed = allowed.expand(B, Hg, *allowed.shape[2:]).reshape(B * Hg, *allowed.shape[2:])
+        self.mask = _additive(allowed, dtype)
+
+    def _t(self, x):  # (B, Hg, N, D) -> (B*Hg, m, l, D), a view
+        B, Hg, _, D = x.shape
+        return x.reshape(B * Hg, self.m, self.L, D)
+
+    def forward(self, q, k, v, scale, use_flash):
+        t = self._t
+        o, lse = _attend(t(q), t(k), t(v), self.mask, self.causal, scale, use_flash)
+        return o.reshape(q.shape), lse.reshape(q.shape[:-1])
+
+    def backward(self, do, q, k, v, out, lse, grads, scale, use_flash):
+        t = self._t
+        B, Hg, N, D = q.shape
+        lse_t = lse.reshape(B * Hg, self.m, self.L)
+        d = _attend_backward(t(do), t(q), t(k), t(v), t(out), lse_t, self.mask, self.causal, scale, use_flash)
+        for g, x in zip(grads, d):
+            g.add_(x.reshape(B, Hg, N, D))
+
+
+class _Summary:
+    """Fixed pattern, summary columns as a compact key set (B, Hg, m*c, D). Causal: query chunks of `chunk_tokens`
+    positions see all summary keys before the chunk (no mask) plus the chunk's own summary keys (masked j <= i)."""
+
+    def __init__(self, pattern, heads, key_valid, B, N, dtype, device, chunk_tokens=1024):
+        L, c = pattern.stride, pattern.summary_size
+        self.L, self.c, self.m, self.B, self.N = L, c, N // L, B, N
+        self.causal = pattern.causal
+        lo = pattern.summary_range(torch.as_tensor(heads, device=device))[0]  # (Hg,)
+        self.shared_lo = int(lo[0]) if bool((lo == lo[0]).all()) else None
+        pos = (torch.arange(self.m, device=device) * L).view(1, -1, 1) + lo.view(-1, 1, 1)
+        self.pos = (pos + torch.arange(c, device=device)).reshape(len(heads), self.m * c)  # (Hg, S) sorted
+        self.key_valid = None if key_valid is None else key_valid[:, self.pos]  # (B, Hg, S)
+        self.dtype = dtype
+        K = max(1, chunk_tokens // L)
+        self.chunks = [(b * L, min(b + K, self.m) * L, b * c, min(b + K, self.m) * c) for b in range(0, self.m, K)]
+        self.within = []  # additive masks of each causal chunk's own summary keys
+        if self.causal:
+            pos = self.pos[:1] if self.shared_lo is not None else self.pos  # heads share the columns: one mask
+            for q0, q1, s0, s1 in self.chunks:
+                allowed = pos[None, :, None, s0:s1] <= torch.arange(q0, q1, device=device).view(1, 1, -1, 1)
+                if self.key_valid is not None:
+                    allowed = allowed & self.key_valid[:, :, None, s0:s1]
+                self.within.append(_additive(allowed, dtype))
+
+    def _gather(self, x):  # (B, Hg, N, D) -> (B, Hg, S, D)
+        B, Hg, _, D = x.shape
+        if self.shared_lo is not None:
+            lo = self.shared_lo
+            return x.view(B, Hg, self.m, self.L, D)[:, :, :, lo : lo + self.c].reshape(B, Hg, -1, D)
+        return x.gather(2, self.pos[None, :, :, None].expand(B, Hg, -1, D))
+
+    def _scatter(self, g, d):  # g (B, Hg, N, D) += adjoint of _gather(d)
+        B, Hg, _, D = g.shape
+        if self.shared_lo is not None:
+            lo = self.shared_lo
+            g.view(B, Hg, self.m, self.L, D)[:, :, :, lo : lo + self.c] += d.view(B, Hg, self.m, self.c, D)
+        else:
+            g.scatter_add_(2, self.pos[None, :, :, None].expand(B, Hg, -1, D), d)
+
+    def _calls(self):
+        """(q0, q1, s0, s1, additive mask) of every attention call: queries q0:q1 against summary keys s0:s1."""
+        if not self.causal:
+            mask = None if self.key_valid is None else _additive(self.key_valid[:, :, None, :], self.dtype)
+            return [(0, self.N, 0, self.m * self.c, mask)]
+        calls = []
+        for (q0, q1, s0, s1), within in zip(self.chunks, self.within):
+            calls.append((q0, q1, s0, s1, within))
+            if s0 > 0:
+                prefix = None if self.key_valid is None else self.key_valid[:, :, None, :s0]
+                calls.append((q0, q1, 0, s0, _additive(prefix, self.dtype)))
+        return calls
+
+    def forward(self, q, k, v, scale, use_flash):
+        ks, vs = self._gather(k), self._gather(v)
+        B, Hg, N, D = q.shape
+        out = q.new_zeros(B, Hg, N, D)
+        lse_dtype = torch.promote_types(q.dtype, torch.float32)  # as the flash ops return it
+        lse = q.new_full((B, Hg, N), torch.finfo(lse_dtype).min, dtype=lse_dtype)
+        for q0, q1, s0, s1, mask in self._calls():
+            o_c, lse_c = _attend(q[:, :, q0:q1], ks[:, :, s0:s1], vs[:, :, s0:s1], mask, False, scale, use_flash)
+            out[:, :, q0:q1], lse[:, :, q0:q1] = _merge(out[:, :, q0:q1], lse[:, :, q0:q1], o_c, lse_c)
+        return out, lse
+
+    def backward(self, do, q, k, v, out, lse, grads, scale, use_flash):
+        ks, vs = self._gather(k), self._gather(v)
+        dks, dvs = torch.zeros_like(ks), torch.zeros_like(vs)
+        for q0, q1, s0, s1, mask in self._calls():
+            dq, dk, dv = _attend_backward(
+                do[:, :, q0:q1], q[:, :, q0:q1], ks[:, :, s0:s1], vs[:, :, s0:s1], out[:, :, q0:q1],
+                lse[:, :, q0:q1].contiguous(), mask, False, scale, use_flash,
+            )  # fmt: skip
+            grads[0][:, :, q0:q1] += dq
+            dks[:, :, s0:s1] += dk
+            dvs[:, :, s0:s1] += dv
+        self._scatter(grads[1], dks)
+        self._scatter(grads[2], dvs)
+
+
+class _Diagonal:
+    """Rows whose diagonal no other part covers (padding keys; the summary part used alone): attend to j = i."""
+
+    def __init__(self, rows):
+        self.rows = rows  # bool, broadcastable to (B, Hg, N)
+
+    @staticmethod
+    def _score(q, k, scale):
+        dtype = torch.promote_types(q.dtype, torch.float32)
+        return (q.to(dtype) * k.to(dtype)).sum(-1) * scale  # (B, Hg, N)
+
+    def forward(self, q, k, v, scale, use_flash):
+        s = self._score(q, k, scale)
+        lse = torch.where(self.rows, s, torch.finfo(s.dtype).min)
+        return torch.where(self.rows[..., None], v, 0.0), lse
+
+    def backward(self, do, q, k, v, out, lse, grads, scale, use_flash):
+        s = self._score(q, k, scale)
+        p = torch.where(self.rows, torch.exp(s - lse), 0.0)[..., None].to(q.dtype)  # (B, Hg, N, 1)
+        ds = p * ((do * v).sum(-1, keepdim=True) - (do * out).sum(-1, keepdim=True))
+        grads[0] += ds * k * scale
+        grads[1] += ds * q * scale
+        grads[2] += p * do
+
+
+# ------------------------------------------------------------------------------------------------------- the plan
+class _Plan:
+    """Per head group, the parts to compute and merge."""
+
+    def __init__(self, pattern, head_parts, key_valid, B, N, dtype, device, scale, use_flash):
+        self.scale, self.use_flash = scale, use_flash
+        self.groups = []  # (head indices or None for all, pieces)
+        by_part: dict = {}
+        for h, part in enumerate(head_parts):
+            by_part.setdefault(part, []).append(h)
+        H = len(head_parts)
+        for part, heads in by_part.items():
+            pieces = []
+            diag_rows = None if key_valid is None else ~key_valid[:, None, :]  # (B, 1, N)
+            if pattern.kind == "strided":
+                if part in (None, 0):
+                    pieces.append(_Band(pattern, part is None, key_valid, B, len(heads), N, dtype, device))
+                if part in (None, 1):
+                    pieces.append(_Residue(pattern, key_valid, B, len(heads), N, dtype))
+            else:
+                if part in (None, 0):
+                    pieces.append(_Block(pattern, part is None, heads, key_valid, B, N, dtype, device))
+                if part in (None, 1):
+                    chunk = min(1024, max(pattern.stride, N // 16 // pattern.stride * pattern.stride))
+                    pieces.append(_Summary(pattern, heads, key_valid, B, N, dtype, device, chunk))
+                if part == 1:  # the summary part alone: the diagonal is added where it is not a summary column
+                    i = torch.arange(N, device=device)
+                    rows = ~pattern.is_summary_column(i, torch.as_tensor(heads, device=device).view(-1, 1))[None]
+                    diag_rows = rows if diag_rows is None else diag_rows | rows
+            if diag_rows is not None:
+                pieces.append(_Diagonal(diag_rows))
+            self.groups.append((None if len(heads) == H else torch.as_tensor(heads, device=device), pieces))
+
+    def forward(self, q, k, v):
+        out, lse = torch.empty_like(q), None
+        for heads, pieces in self.groups:
+            qg, kg, vg = (x if heads is None else x.index_select(1, heads) for x in (q, k, v))
+            og, lg = pieces[0].forward(qg, kg, vg, self.scale, self.use_flash)
+            for piece in pieces[1:]:
+                og, lg = _merge(og, lg, *piece.forward(qg, kg, vg, self.scale, self.use_flash))
+            if heads is None:
+                out, lse = og.to(q.dtype), lg
+            else:
+                lse = lg.new_empty(q.shape[:-1]) if lse is None else lse
+                out[:, heads], lse[:, heads] = og.to(q.dtype), lg
+        return out, lse
+
+    def backward(self, do, q, k, v, out, lse):
+        if len(self.groups) == 1 and self.groups[0][0] is None:
+            grads = [torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)]
+            for piece in self.groups[0][1]:
+                piece.backward(do, q, k, v, out, lse, grads, self.scale, self.use_flash)
+            return grads
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        for heads, pieces in self.groups:
+            args = [x.index_select(1, heads).contiguous() for x in (do, q, k, v, out, lse)]
+            grads = [torch.zeros_like(args[1]) for _ in range(3)]
+            for piece in pieces:
+                piece.backward(*args, grads, self.scale, self.use_flash)
+            for g, d in zip((dq, dk, dv), grads):
+                g[:, heads] += d
+        return dq, dk, dv
+
+
+class _BlockSparseFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, plan):
+        out, lse = plan.forward(q, k, v)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.plan = plan
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = ctx.plan.backward(dout.contiguous(), q, k, v, out, lse)
+        return dq, dk, dv, None
+
+
+# -------------------------------------------------------------------------------------------------- public functions
+def _padding_mask_2d(attention_mask, batch: int, kv_len: int, kernel: str) -> torch.Tensor | None:
+    if attention_mask is None:
+        return None
+    if attention_mask.dim() != 2 or attention_mask.shape != (batch, kv_len):
+        raise ValueError(
+            f"{kernel} expects a 2-D padding mask of shape (batch, kv_length)=({batch}, {kv_len}) (True = real "
+            f"token), got shape {tuple(attention_mask.shape)}; register the kernel's mask function so transformers "
+            "builds it."
+        )
+    return attention_mask if attention_mask.dtype == torch.bool else attention_mask != 0
+
+
+def _check_qkv(query, key, value):
+    if query.dim() != 4 or key.shape != value.shape or query.shape[:2] != key.shape[:2] or key.dim() != 4:
+        raise ValueError(
+            f"query/key/value must be (B, H, T, D) with matching B, H; got {tuple(query.shape)}, {tuple(key.shape)}, "
+            f"{tuple(value.shape)}."
+        )
+    if query.shape[2] > key.shape[2]:
+        raise ValueError(f"More queries ({query.shape[2]}) than keys ({key.shape[2]}).")
+
+
+def sparse_allowed_mask(
+    pattern: SparsePattern, mode: str, layer_idx: int, q_len: int, kv_len: int, num_heads: int,
+    padding_mask: torch.Tensor | None = None, device=None,
+) -> torch.Tensor:  # fmt: skip
+    """Boolean (B or 1, H, Tq, Tk) mask: the layer's pattern AND (real key OR diagonal); queries are the last Tq."""
+    head_parts = pattern.head_parts(mode, layer_idx, num_heads)
+    q = torch.arange(kv_len - q_len, kv_len, device=device).view(1, -1, 1)
+    k = torch.arange(kv_len, device=device).view(1, 1, -1)
+    rows = []
+    for h, part in enumerate(head_parts):
+        hh = torch.tensor(h, device=device)
+        rows.append(pattern.allowed(q, k, hh) if part is None else pattern.part_allowed(part, q, k, hh))
+    allowed = torch.cat(rows, dim=0)[None]  # (1, H, Tq, Tk)
+    if padding_mask is not None:
+        allowed = allowed & (padding_mask[:, None, None, :] | (q == k)[None])
+    return allowed
+
+
+def dense_sparse_attention(
+    query, key, value, pattern: SparsePattern, mode: str = "merged", layer_idx: int = 0,
+    padding_mask: torch.Tensor | None = None, scaling: float | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """Dense masked reference, (B, H, Tq, D) -> (B, H, Tq, D)."""
+    check_mode(mode)
+    _check_qkv(query, key, value)
+    allowed = sparse_allowed_mask(
+        pattern, mode, layer_idx, query.shape[2], key.shape[2], query.shape[1], padding_mask, query.device
+    )
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=allowed, scale=scaling)
+
+
+def block_sparse_attention(
+    query, key, value, pattern: SparsePattern, mode: str = "merged", layer_idx: int = 0,
+    padding_mask: torch.Tensor | None = None, scaling: float | None = None, use_flash: bool | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """O(n sqrt(n)) exact sparse attention with forward and backward, (B, H, T, D) -> (B, H, T, D).
+
+    `use_flash`: None = the private flash-for-cpu ops when available (schema pinned) for this dtype; False = the
+    plain-PyTorch path (same parts and merge)."""
+    check_mode(mode)
+    _check_qkv(query, key, value)
+    B, H, n, D = query.shape
+    if key.shape[2] != n:  # cached decoding: a few queries against the cache
+        return dense_sparse_attention(query, key, value, pattern, mode, layer_idx, padding_mask, scaling)
+    head_parts = pattern.head_parts(mode, layer_idx, H)
+    if use_flash is None:
+        use_flash = FLASH_OPS_AVAILABLE and query.dtype in _FLASH_DTYPES
+    elif use_flash and not FLASH_OPS_AVAILABLE:
+        raise ValueError("use_flash=True but the private CPU flash ops are missing or their schema changed.")
+    scale = D**-0.5 if scaling is None else scaling
+    L = pattern.stride
+    N = -(-n // L) * L
+    key_valid = None
+    if padding_mask is not None:
+        key_valid = F.pad(padding_mask.to(torch.bool), (0, N - n), value=False)
+    elif N != n and not pattern.causal:  # the internal tail must be masked when keys after i are visible
+        key_valid = (torch.arange(N, device=query.device) < n).expand(B, N).contiguous()
+    plan = _Plan(pattern, head_parts, key_valid, B, N, query.dtype, query.device, scale, use_flash)
+    q, k, v = (x.contiguous() if N == n else F.pad(x, (0, 0, 0, N - n)) for x in (query, key, value))
+    out = _BlockSparseFunction.apply(q, k, v, plan)
+    return out[:, :, :n]
+
+
+def flex_sparse_attention(
+    query,
+    key,
+    value,
+    pattern: SparsePattern,
+    mode: str = "merged",
+    layer_idx: int = 0,
+    padding_mask: torch.Tensor | None = None,
+    scaling: float | None = None,
+    block_size: int = 128,
+    compile: bool = True,
+) -> torch.Tensor:
+    """flex_attention with a per-head BlockMask built from the layer's parts (and padding), (B, H, T, D) ->
+    (B, H, T, D). One call in natural order: blocks that no part touches are skipped (for the strided pattern only
+    the causal half, see docs/sparse-attention.md); `compile=False` runs flex's eager reference (tests).
+
+    On CPU flex_attention has no backward: a call that needs gradients there raises ValueError (the registered
+    kernel falls back to "sparse_block" instead)."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    check_mode(mode)
+    _check_qkv(query, key, value)
+    needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (query, key, value))
+    if query.device.type == "cpu" and needs_grad:
+        raise ValueError("flex_attention has no backward on CPU: use 'sparse_block' for CPU training.")
+    if not needs_grad:  # flex refuses CPU inputs that require grad even under no_grad
+        query, key, value = query.detach(), key.detach(), value.detach()
+    B, H, n, D = query.shape
+    q_off = key.shape[2] - n
+    head_parts = torch.tensor([-1 if p is None else p for p in pattern.head_parts(mode, layer_idx, H)])
+    head_parts = head_parts.to(query.device)
+    pad = None if padding_mask is None else padding_mask.to(torch.bool)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        i = q_idx + q_off
+        part = head_parts[h]
+        p0 = pattern.part_allowed(0, i, kv_idx, h)
+        p1 = pattern.part_allowed(1, i, kv_idx, h)
+        allowed = torch.where(part == 0, p0, torch.where(part == 1, p1, p0 | p1))
+        if pad is not None:
+            allowed = allowed & (pad[b, kv_idx] | (i == kv_idx))
+        return allowed
+
+    block_mask = create_block_mask(
+        mask_mod, B if pad is not None else None, H, n, key.shape[2], device=query.device, BLOCK_SIZE=block_size
+    )
+    fn = _compiled_flex(flex_attention) if compile else flex_attention
+    return fn(query, key, value, block_mask=block_mask, scale=scaling)
+
+
+_FLEX = {}
+
+
+def _compiled_flex(flex_attention):
+    if "fn" not in _FLEX:
+        _FLEX["fn"] = torch.compile(flex_attention, dynamic=False)
+    return _FLEX["fn"]
+
+
+# ---------------------------------------------------------------------------------------- attention-interface kernels
+def _module_settings(module, kwargs, kernel: str):
+    pattern = kwargs.get("sparse_pattern", getattr(module, "sparse_pattern", None))
+    if not isinstance(pattern, SparsePattern):
+        raise ValueError(
+            f"The {kernel!r} attention kernel needs `module.sparse_pattern` (a SparsePattern) on "
+            f"{type(module).__name__}, got {pattern!r}."
+        )
+    mode = kwargs.get("sparse_mode", getattr(module, "sparse_mode", "merged"))
+    layer_idx = kwargs.get("layer_idx", getattr(module, "layer_idx", 0)) or 0
+    return pattern, mode, layer_idx
+
+
+def sparse_dense_attention_forward(
+    module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+    attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+    is_causal: bool | None = None, **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The dense masked reference; returns (B, T, H, D) and the attention weights."""
+    pattern, mode, layer_idx = _module_settings(module, kwargs, "sparse_dense")
+    check_mode(mode)
+    _check_qkv(query, key, value)
+    B, H, Tq, _ = query.shape
+    Tk = key.shape[2]
+    padding = None
+    extra = None
+    if attention_mask is not None and attention_mask.dim() == 4:
+        extra = attention_mask[..., :Tk] if attention_mask.dtype == torch.bool else attention_mask[..., :Tk] == 0
+    else:
+        padding = _padding_mask_2d(attention_mask, B, Tk, "sparse_dense")
+    allowed = sparse_allowed_mask(pattern, mode, layer_idx, Tq, Tk, H, padding, query.device)
+    if extra is not None:
+        allowed = allowed & extra
+    return eager_attention_forward(module, query, key, value, allowed, scaling=scaling, dropout=dropout)
+
+
+def sparse_block_attention_forward(
+    module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+    attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+    is_causal: bool | None = None, **kwargs,
+) -> tuple[torch.Tensor, None]:  # fmt: skip
+    """O(n sqrt(n)) CPU kernel; returns (B, T, H, D) and None."""
+    if dropout > 0.0 and module.training:
+        _log_once("sparse_block has no attention dropout: falling back to the sparse_dense reference kernel.")
+        return sparse_dense_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    pattern, mode, layer_idx = _module_settings(module, kwargs, "sparse_block")
+    padding = _padding_mask_2d(attention_mask, query.shape[0], key.shape[2], "sparse_block")
+    out = block_sparse_attention(query, key, value, pattern, mode, layer_idx, padding, scaling)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def sparse_flex_attention_forward(
+    module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+    attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+    is_causal: bool | None = None, **kwargs,
+) -> tuple[torch.Tensor, None]:  # fmt: skip
+    """flex_attention kernel; on CPU with gradients (or with attention dropout) it falls back to sparse_block."""
+    needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (query, key, value))
+    if query.device.type == "cpu" and needs_grad:
+        _log_once("sparse_flex: flex_attention has no backward on CPU, falling back to sparse_block.")
+        return sparse_block_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    if dropout > 0.0 and module.training:
+        _log_once("sparse_flex: flex_attention has no attention dropout, falling back to sparse_dense.")
+        return sparse_dense_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    pattern, mode, layer_idx = _module_settings(module, kwargs, "sparse_flex")
+    padding = _padding_mask_2d(attention_mask, query.shape[0], key.shape[2], "sparse_flex")
+    if query.shape[2] != key.shape[2]:  # cached decoding: every new length would recompile flex
+        out = block_sparse_attention(query, key, value, pattern, mode, layer_idx, padding, scaling)
+        return out.transpose(1, 2).contiguous(), None
+    out = flex_sparse_attention(query, key, value, pattern, mode, layer_idx, padding, scaling)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def sparse_padding_mask(
+    batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0,
+    mask_function=None, attention_mask: torch.Tensor | None = None, **kwargs,
+) -> torch.Tensor | None:  # fmt: skip
+    """AttentionMaskInterface function for the sparse kernels: the 2-D boolean padding mask (B, kv_length), or
+    None without padding. The pattern itself comes from the attention module (absolute positions)."""
+    if attention_mask is None:
+        return None
+    mask = attention_mask[:, kv_offset : kv_offset + kv_length].to(torch.bool)
+    if mask.shape[-1] < kv_length:  # a mask shorter than the keys: the missing (newest) positions are real
+        mask = F.pad(mask, (0, kv_length - mask.shape[-1]), value=True)
+    return None if bool(mask.all()) else mask
+
+
+SPARSE_KERNELS = {
+    "sparse_dense": sparse_dense_attention_forward,
+    "sparse_block": sparse_block_attention_forward,
+    "sparse_flex": sparse_flex_attention_forward,
+}
+for _name, _fn in SPARSE_KERNELS.items():
+    AttentionInterface.register(_name, _fn)
+    AttentionMaskInterface.register(_name, sparse_padding_mask)
