@@ -1,8 +1,20 @@
 """hf_vit_plus: the Vision Transformer, the encoder-decoder Transformer and the Sparse Transformer as
 first-class Hugging Face models. Importing the package registers every class with the Auto classes."""
 
+from .models.configuration_seq2seq_transformer import Seq2SeqTransformerConfig
+from .models.configuration_sparse_transformer import SparseTransformerConfig
 from .models.configuration_vit_plus import ViTPlusConfig
 from .models.image_processing_vit_plus import ViTPlusImageProcessor
+from .models.modeling_seq2seq_transformer import (
+    Seq2SeqTransformerForConditionalGeneration,
+    Seq2SeqTransformerModel,
+    Seq2SeqTransformerPreTrainedModel,
+)
+from .models.modeling_sparse_transformer import (
+    SparseTransformerForCausalLM,
+    SparseTransformerModel,
+    SparseTransformerPreTrainedModel,
+)
 from .models.modeling_vit_plus import ViTPlusForImageClassification, ViTPlusModel, ViTPlusPreTrainedModel
 from .registration import register_auto_classes
 
@@ -16,5 +28,13 @@ __all__ = [
     "ViTPlusImageProcessor",
     "ViTPlusModel",
     "ViTPlusPreTrainedModel",
+    "Seq2SeqTransformerConfig",
+    "Seq2SeqTransformerForConditionalGeneration",
+    "Seq2SeqTransformerModel",
+    "Seq2SeqTransformerPreTrainedModel",
+    "SparseTransformerConfig",
+    "SparseTransformerForCausalLM",
+    "SparseTransformerModel",
+    "SparseTransformerPreTrainedModel",
     "register_auto_classes",
 ]

@@ -12,8 +12,15 @@ from __future__ import annotations
 import transformers
 from transformers import AutoConfig, AutoImageProcessor
 
+from .models.configuration_seq2seq_transformer import Seq2SeqTransformerConfig
+from .models.configuration_sparse_transformer import SparseTransformerConfig
 from .models.configuration_vit_plus import ViTPlusConfig
 from .models.image_processing_vit_plus import ViTPlusImageProcessor
+from .models.modeling_seq2seq_transformer import (
+    Seq2SeqTransformerForConditionalGeneration,
+    Seq2SeqTransformerModel,
+)
+from .models.modeling_sparse_transformer import SparseTransformerForCausalLM, SparseTransformerModel
 from .models.modeling_vit_plus import ViTPlusForImageClassification, ViTPlusModel
 
 _REGISTERED = False
@@ -42,4 +49,17 @@ def register_auto_classes() -> None:
     )
     ViTPlusImageProcessor.register_for_auto_class("AutoImageProcessor")
     # --- other families register below, one block each
+    # --- Seq2seq Transformer (issue 3)
+    register_family(
+        Seq2SeqTransformerConfig,
+        {
+            "AutoModel": Seq2SeqTransformerModel,
+            "AutoModelForSeq2SeqLM": Seq2SeqTransformerForConditionalGeneration,
+        },
+    )
+    # --- Sparse Transformer (issue 4)
+    register_family(
+        SparseTransformerConfig,
+        {"AutoModel": SparseTransformerModel, "AutoModelForCausalLM": SparseTransformerForCausalLM},
+    )
     _REGISTERED = True

@@ -1,0 +1,223 @@
+"""Configuration of the Sparse Transformer (Child, Gray, Radford, Sutskever 2019, "Generating Long Sequences with
+Sparse Transformers", arXiv 1904.10509).
+
+Field names follow transformers' ViT/GPT configs; `attention_type` and the `sparse_*` fields describe the
+factorised attention pattern (sec. 4.2-4.3 of the paper).
+"""
+
+from __future__ import annotations
+
+import math
+
+from transformers import PretrainedConfig
+from transformers.activations import ACT2FN
+
+ATTENTION_TYPES = ("dense", "strided", "fixed")
+SPARSE_PATTERN_MODES = ("interleaved", "merged", "heads")
+POSITION_EMBEDDING_TYPES = ("learned", "factorized")
+# Every sparse pattern here is the union of two parts (sec. 4.2: A^(1) and A^(2)); "heads" mode gives each part
+# an equal share of the heads.
+NUM_PATTERN_PARTS = 2
+
+
+def _check_positive_int(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
+
+
+def _check_probability(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+        raise ValueError(f"`{name}` must be a probability in [0, 1), got {value!r}.")
+
+
+def _check_token_id(name: str, value, vocab_size: int) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab_size:
+        raise ValueError(f"`{name}` must be None or a token id in [0, vocab_size={vocab_size}), got {value!r}.")
+
+
+class SparseTransformerConfig(PretrainedConfig):
+    r"""Configuration of a [`SparseTransformerModel`] / [`SparseTransformerForCausalLM`].
+
+    The defaults are the paper's enwik8 model (Table 2): 30 layers, 8 heads, width 512, the fixed pattern with
+    stride 128 and c = 32 summary positions, a context of 12,288 bytes. The vocabulary is bytes as
+    transformers' `ByT5Tokenizer(extra_ids=0)` numbers them (ids 0/1/2 = pad/eos/unk, byte b = b + 3), so any
+    stock byte tokenizer can drive `generate()`; `</s>` doubles as the document separator and `bos_token_id`.
+
+    Args:
+        vocab_size: number of token ids (259 = 256 bytes + pad/eos/unk).
+        hidden_size: width d of the residual stream.
+        num_hidden_layers: N, the number of residual blocks (each attention + feed-forward).
+        num_attention_heads: attention heads per block.
+        intermediate_size: hidden width of the GELU feed-forward network.
+        hidden_act: activation of the feed-forward network (the paper: GELU).
+        hidden_dropout_prob: dropout at the end of each residual branch (sec. 5.4: dropout only at the end of each
+            residual addition); nowhere else.
+        attention_probs_dropout_prob: dropout on the attention probabilities (0 in the paper).
+        initializer_range: std of the normal initialisation; the residual branches' output projections (`o_proj`,
+            `fc2`) use `initializer_range / sqrt(2 * num_hidden_layers)` (sec. 5.2).
+        layer_norm_eps: LayerNorm epsilon.
+        max_position_embeddings: the longest sequence; longer inputs raise a `ValueError`.
+        qkv_bias: bias in the query/key/value projections.
+        attention_type: "dense" (full causal attention), "strided" (sec. 4.3, fig. 3b: suits periodic data such as
+            images and audio) or "fixed" (fig. 3c: suits text).
+        sparse_stride: l, the stride (strided) or block length (fixed); the paper takes l close to sqrt(n).
+        sparse_summary_size: c, the number of summary positions at the end of each block (fixed pattern only).
+        sparse_num_summary_blocks: how many different c-wide summary sub-blocks the heads use (fixed pattern only;
+            head h takes sub-block h mod this count, counted from the end of each block); 1 = one shared set of
+            summary positions. The paper found several different ones better than one.
+        sparse_pattern_mode: how the two parts of the pattern combine across the network (sec. 5.1):
+            "interleaved" (one part per residual block, alternating over depth), "merged" (one head attends to the
+            union) or "heads" (each head attends to one part; `num_attention_heads` must be even).
+        position_embedding_type: "learned" (one table of `max_position_embeddings` rows) or "factorized" (sec. 5.3:
+            one learned table per axis of `factorized_shape`, summed, e.g. rows, columns, channels of an image).
+        factorized_shape: the axes of a "factorized" position, outermost first; their product must equal
+            `max_position_embeddings`. Position p has mixed-radix coordinates in this shape.
+        pad_token_id / bos_token_id / eos_token_id: special token ids.
+        use_cache: whether the model returns a key/value cache by default.
+        tie_word_embeddings: share the token embedding with the output projection.
+    """
+
+    model_type = "sparse_transformer"
+    keys_to_ignore_at_inference = ["past_key_values"]
+
+    def __init__(
+        self,
+        vocab_size: int = 259,
+        hidden_size: int = 512,
+        num_hidden_layers: int = 30,
+        num_attention_heads: int = 8,
+        intermediate_size: int = 2048,
+        hidden_act: str = "gelu",
+        hidden_dropout_prob: float = 0.0,
+        attention_probs_dropout_prob: float = 0.0,
+        initializer_range: float = 0.02,
+        layer_norm_eps: float = 1e-5,
+        max_position_embeddings: int = 12288,
+        qkv_bias: bool = True,
+        attention_type: str = "fixed",
+        sparse_stride: int = 128,
+        sparse_summary_size: int = 32,
+        sparse_num_summary_blocks: int = 1,
+        sparse_pattern_mode: str = "merged",
+        position_embedding_type: str = "learned",
+        factorized_shape: tuple[int, ...] | list[int] | None = None,
+        pad_token_id: int | None = 0,
+        bos_token_id: int | None = 1,
+        eos_token_id: int | None = 1,
+        use_cache: bool = True,
+        tie_word_embeddings: bool = True,
+        **kwargs,
+    ):
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_attention_heads = num_attention_heads
+        self.intermediate_size = intermediate_size
+        self.hidden_act = hidden_act
+        self.hidden_dropout_prob = hidden_dropout_prob
+        self.attention_probs_dropout_prob = attention_probs_dropout_prob
+        self.initializer_range = initializer_range
+        self.layer_norm_eps = layer_norm_eps
+        self.max_position_embeddings = max_position_embeddings
+        self.qkv_bias = qkv_bias
+        self.attention_type = attention_type
+        self.sparse_stride = sparse_stride
+        self.sparse_summary_size = sparse_summary_size
+        self.sparse_num_summary_blocks = sparse_num_summary_blocks
+        self.sparse_pattern_mode = sparse_pattern_mode
+        self.position_embedding_type = position_embedding_type
+        self.factorized_shape = list(factorized_shape) if factorized_shape is not None else None
+        self.pad_token_id = pad_token_id
+        self.bos_token_id = bos_token_id
+        self.eos_token_id = eos_token_id
+        self.use_cache = use_cache
+        self.tie_word_embeddings = tie_word_embeddings
+        super().__init__(**kwargs)
+        self.validate_sparse_transformer()
+
+    def validate_sparse_transformer(self) -> None:
+        """Raise a `ValueError` naming the offending values if the fields do not describe a valid model."""
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "intermediate_size",
+            "max_position_embeddings",
+        ):
+            _check_positive_int(name, getattr(self, name))
+        if self.hidden_size % self.num_attention_heads != 0:
+            raise ValueError(
+                f"`hidden_size` ({self.hidden_size}) must be divisible by `num_attention_heads` "
+                f"({self.num_attention_heads})."
+            )
+        if self.hidden_act not in ACT2FN:
+            raise ValueError(f"`hidden_act` {self.hidden_act!r} is not a known activation ({sorted(ACT2FN)}).")
+        _check_probability("hidden_dropout_prob", self.hidden_dropout_prob)
+        _check_probability("attention_probs_dropout_prob", self.attention_probs_dropout_prob)
+        if not isinstance(self.layer_norm_eps, (int, float)) or self.layer_norm_eps <= 0:
+            raise ValueError(f"`layer_norm_eps` must be a positive number, got {self.layer_norm_eps!r}.")
+        for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
+            _check_token_id(name, getattr(self, name), self.vocab_size)
+
+        if self.attention_type not in ATTENTION_TYPES:
+            raise ValueError(f"Unknown `attention_type` {self.attention_type!r}: expected one of {ATTENTION_TYPES}.")
+        if self.sparse_pattern_mode not in SPARSE_PATTERN_MODES:
+            raise ValueError(
+                f"Unknown `sparse_pattern_mode` {self.sparse_pattern_mode!r}: expected one of {SPARSE_PATTERN_MODES}."
+            )
+        for name in ("sparse_stride", "sparse_summary_size", "sparse_num_summary_blocks"):
+            _check_positive_int(name, getattr(self, name))
+        if self.attention_type != "dense":
+            if self.sparse_stride > self.max_position_embeddings:
+                raise ValueError(
+                    f"`sparse_stride` ({self.sparse_stride}) does not fit in `max_position_embeddings` "
+                    f"({self.max_position_embeddings}): the stride must be at most the longest sequence (the paper "
+                    "takes it close to sqrt(n))."
+                )
+            if self.attention_type == "fixed":
+                used = self.sparse_summary_size * self.sparse_num_summary_blocks
+                if used > self.sparse_stride:
+                    raise ValueError(
+                        f"`sparse_summary_size` ({self.sparse_summary_size}) x `sparse_num_summary_blocks` "
+                        f"({self.sparse_num_summary_blocks}) = {used} summary positions do not fit in a block of "
+                        f"`sparse_stride` ({self.sparse_stride}) positions."
+                    )
+            if self.sparse_pattern_mode == "heads" and self.num_attention_heads % NUM_PATTERN_PARTS != 0:
+                raise ValueError(
+                    f"`sparse_pattern_mode`='heads' gives each of the {NUM_PATTERN_PARTS} parts of the "
+                    f"{self.attention_type!r} pattern an equal share of the heads: `num_attention_heads` "
+                    f"({self.num_attention_heads}) must be divisible by {NUM_PATTERN_PARTS}."
+                )
+
+        if self.position_embedding_type not in POSITION_EMBEDDING_TYPES:
+            raise ValueError(
+                f"Unknown `position_embedding_type` {self.position_embedding_type!r}: expected one of "
+                f"{POSITION_EMBEDDING_TYPES}."
+            )
+        if self.position_embedding_type == "factorized":
+            shape = self.factorized_shape
+            if not shape or any(isinstance(s, bool) or not isinstance(s, int) or s <= 0 for s in shape):
+                raise ValueError(
+                    "`position_embedding_type`='factorized' needs `factorized_shape`, a list of positive integers "
+                    f"(e.g. [rows, cols, channels]), got {shape!r}."
+                )
+            if math.prod(shape) != self.max_position_embeddings:
+                raise ValueError(
+                    f"The product of `factorized_shape` {list(shape)} is {math.prod(shape)}, but "
+                    f"`max_position_embeddings` is {self.max_position_embeddings}: they must be equal."
+                )
+        elif self.factorized_shape is not None:
+            raise ValueError(
+                f"`factorized_shape` {self.factorized_shape!r} is only used with `position_embedding_type`="
+                f"'factorized', got {self.position_embedding_type!r}."
+            )
+
+    @property
+    def is_sparse(self) -> bool:
+        return self.attention_type != "dense"
+
+
+__all__ = ["ATTENTION_TYPES", "POSITION_EMBEDDING_TYPES", "SPARSE_PATTERN_MODES", "SparseTransformerConfig"]

@@ -1,0 +1,619 @@
+"""The Sparse Transformer (Child, Gray, Radford, Sutskever 2019, "Generating Long Sequences with Sparse
+Transformers", arXiv 1904.10509) as a decoder-only causal language model.
+
+Read top to bottom: token + learned (optionally factorised, sec. 5.3) position embeddings -> N pre-norm residual
+blocks H_k = H_{k-1} + resblock(H_{k-1}) (sec. 5.2) -> final LayerNorm -> output projection. Each block's attention
+follows the factorised pattern of `config.attention_type` (sec. 4.2-4.3) combined over the network as
+`config.sparse_pattern_mode` says (sec. 5.1).
+
+Which kernel computes a sparse attention (the pattern itself lives in `sparse_layouts.py`):
+- `config._attn_implementation` names one of the sparse kernels of `sparse_attention.py` ("sparse_dense",
+  "sparse_block", "sparse_flex"): that kernel, for every uncached sequence without left padding;
+- otherwise ("eager", "sdpa", the default): the fast block kernel "sparse_block" for every uncached sequence
+  without left padding (the training case, forward and backward; right padding is passed on as a 2-D mask);
+- always, whatever the setting: a left-padded batch or a forward on top of a cache (prefill after a cache,
+  chunked prefill) uses the masked dense reference with a mask built from the positions (left padding shifts the
+  positions, and the fixed pattern depends on absolute positions); a single new token on top of a cache (the
+  decoding step of `generate()`) gathers only the cached keys the pattern allows for its position and attends
+  to those (sec. 4.2: l + i/l keys for strided, the own block plus the summaries for fixed).
+`output_attentions=True` always uses the masked reference, the one kernel that returns the probabilities.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers import initialization as init
+from transformers.activations import ACT2FN
+from transformers.cache_utils import Cache, DynamicCache
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.utils import logging
+
+from .attention import eager_attention_forward
+from .configuration_sparse_transformer import SparseTransformerConfig
+from .sparse_attention import SPARSE_KERNELS
+from .sparse_layouts import SparsePattern, allowed_key_indices, build_pattern
+
+logger = logging.get_logger(__name__)
+
+# Written into every saved config, so each Auto class can open a checkpoint with trust_remote_code.
+AUTO_MAP = {
+    "AutoConfig": "configuration_sparse_transformer.SparseTransformerConfig",
+    "AutoModel": "modeling_sparse_transformer.SparseTransformerModel",
+    "AutoModelForCausalLM": "modeling_sparse_transformer.SparseTransformerForCausalLM",
+}
+
+DEFAULT_SPARSE_KERNEL = "sparse_block"
+
+
+def sparse_pattern_from_config(config) -> SparsePattern | None:
+    """The causal pattern of `config.attention_type` (None for dense attention)."""
+    if config.attention_type == "dense":
+        return None
+    return build_pattern(
+        config.attention_type,
+        config.sparse_stride,
+        summary_size=config.sparse_summary_size,
+        num_summary_blocks=config.sparse_num_summary_blocks,
+        causal=True,
+    )
+
+
+def _pattern_mask(pattern: SparsePattern, head_parts: list[int | None], q_pos, k_pos) -> torch.Tensor:
+    """Mask (B, H or 1, Tq, Tk) of the pattern on logical positions q_pos (B, 1, Tq, 1), k_pos (B, 1, 1, Tk):
+    head h uses part `head_parts[h]` alone, or the merged pattern when it is None (see `SparsePattern.head_parts`).
+    """
+    masks = []
+    for head, part in enumerate(head_parts):
+        if part is None:
+            masks.append(pattern.allowed(q_pos, k_pos, head))
+        else:
+            masks.append(pattern.part_allowed(part, q_pos, k_pos, head))
+    return torch.cat(masks, dim=1)
+
+
+def _heads_differ(pattern: SparsePattern, head_parts: list[int | None]) -> bool:
+    return len(set(head_parts)) > 1 or pattern.num_summary_blocks > 1
+
+
+@dataclass
+class _AttentionContext:
+    """Everything the attention layers need about the positions of one forward pass (built once per forward).
+
+    query_positions: (B, Tq) logical positions of the new tokens; key_positions: (B, Tk) of all keys (cache + new);
+    key_valid: (B, Tk) bool, False on padding, or None when there is none; past_length: tokens already cached;
+    key_order: (B, Tk) physical index of each logical position (left padding moves them), for the decoding step.
+    """
+
+    query_positions: torch.Tensor
+    key_positions: torch.Tensor
+    key_valid: torch.Tensor | None
+    past_length: int
+    key_order: torch.Tensor
+    masks: dict
+
+    @property
+    def kv_length(self) -> int:
+        return self.key_positions.shape[1]
+
+    @property
+    def is_full_sequence(self) -> bool:
+        """No cache before, no padding: kernels may assume positions 0..T-1 in natural order."""
+        return self.past_length == 0 and self.key_valid is None
+
+    @property
+    def in_natural_order(self) -> bool:
+        """No cache before and every real token at its own index (no padding, or padding on the right only): the
+        sparse kernels, which use absolute positions plus a 2-D padding mask, are exact."""
+        if self.past_length != 0:
+            return False
+        if self.key_valid is None:
+            return True
+        natural = torch.arange(self.kv_length, device=self.key_positions.device)
+        return bool(((self.key_positions == natural) | ~self.key_valid).all())
+
+    def dense_mask(self) -> torch.Tensor | None:
+        """Causal mask (B, 1, Tq, Tk) with padding, or None when plain causal attention is exact."""
+        if self.is_full_sequence:
+            return None
+        if "dense" not in self.masks:
+            self.masks["dense"] = self._finish(
+                self.key_positions[:, None, None, :] <= self.query_positions[:, None, :, None]
+            )
+        return self.masks["dense"]
+
+    def sparse_mask(self, pattern: SparsePattern, head_parts: list[int | None]) -> torch.Tensor:
+        """The pattern as a boolean mask (B, H or 1, Tq, Tk) on logical positions, padding included."""
+        heads_differ = _heads_differ(pattern, head_parts)
+        key = tuple(head_parts) if heads_differ else head_parts[0]
+        if key not in self.masks:
+            q = self.query_positions[:, None, :, None]  # (B, 1, Tq, 1)
+            k = self.key_positions[:, None, None, :]  # (B, 1, 1, Tk)
+            used_parts = head_parts if heads_differ else head_parts[:1]
+            self.masks[key] = self._finish(_pattern_mask(pattern, used_parts, q, k))
+        return self.masks[key]
+
+    def _finish(self, mask: torch.Tensor) -> torch.Tensor:
+        if self.key_valid is not None:
+            mask = mask & self.key_valid[:, None, None, :]
+        # Every query sees itself, so that padding queries get a finite (ignored) output instead of NaN.
+        q_len = self.query_positions.shape[1]
+        diagonal = torch.zeros(q_len, self.kv_length, dtype=torch.bool, device=mask.device)
+        diagonal[torch.arange(q_len), self.past_length + torch.arange(q_len)] = True
+        return mask | diagonal
+
+
+class SparseTransformerEmbeddings(nn.Module):
+    """Token embeddings plus learned positions: one table, or one table per axis of `factorized_shape` summed
+    (sec. 5.3: row, column and channel embeddings for images)."""
+
+    def __init__(self, config: SparseTransformerConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=None)
+        self.position_embedding_type = config.position_embedding_type
+        if config.position_embedding_type == "factorized":
+            self.factorized_shape = tuple(config.factorized_shape)
+            self.position_embeddings = nn.ModuleList(
+                nn.Embedding(size, config.hidden_size) for size in self.factorized_shape
+            )
+        else:
+            self.factorized_shape = None
+            self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+
+    def embed_positions(self, position_ids: torch.Tensor) -> torch.Tensor:
+        if self.factorized_shape is None:
+            return self.position_embeddings(position_ids)
+        # Mixed-radix coordinates of p in the shape (outermost first), e.g. (row, column, channel).
+        embeddings = 0
+        remainder = position_ids
+        for size, table in zip(reversed(self.factorized_shape), reversed(self.position_embeddings)):
+            embeddings = embeddings + table(remainder % size)
+            remainder = torch.div(remainder, size, rounding_mode="floor")
+        return embeddings
+
+    def forward(self, input_ids: torch.Tensor | None, position_ids: torch.Tensor, inputs_embeds=None) -> torch.Tensor:
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)
+        return inputs_embeds + self.embed_positions(position_ids)  # (B, T, D)
+
+
+class SparseTransformerAttention(nn.Module):
+    """Multi-head causal self-attention restricted to the factorised pattern of its layer (sec. 4.2-4.3).
+
+    The pattern travels to the kernels as attributes: `sparse_pattern` (a `SparsePattern`, None for dense
+    attention), `sparse_mode` and `layer_idx`; `head_parts[h]` is the part head h uses alone (None = merged).
+    """
+
+    def __init__(self, config: SparseTransformerConfig, layer_idx: int = 0):
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.hidden_size // config.num_attention_heads
+        self.scaling = self.head_dim**-0.5
+        self.attention_dropout = config.attention_probs_dropout_prob
+        self.is_causal = True
+        self.sparse_pattern = sparse_pattern_from_config(config)
+        self.sparse_mode = config.sparse_pattern_mode
+        self.head_parts = (
+            self.sparse_pattern.head_parts(self.sparse_mode, layer_idx, self.num_heads)
+            if self.sparse_pattern is not None
+            else None
+        )
+        self.q_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(config.hidden_size, config.hidden_size)
+        self.o_proj.residual_branch_output = True  # initialised with std / sqrt(2N), see `_init_weights`
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        context: _AttentionContext,
+        past_key_values: Cache | None = None,
+        output_attentions: bool = False,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        batch_size, seq_len, _ = hidden_states.shape
+        hidden_shape = (batch_size, seq_len, self.num_heads, self.head_dim)
+        query = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # (B, H, Tq, Dh)
+        key = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        value = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        if past_key_values is not None:
+            key, value = past_key_values.update(key, value, self.layer_idx)
+            # A static cache returns its whole buffer; the slots after the current token are empty.
+            key, value = key[:, :, : context.kv_length], value[:, :, : context.kv_length]  # (B, H, Tk, Dh)
+        dropout = self.attention_dropout if self.training else 0.0
+
+        if self.sparse_pattern is None:
+            attn_fn = eager_attention_forward if output_attentions else self._dense_kernel()
+            attn_output, attn_weights = attn_fn(
+                self, query, key, value, context.dense_mask(), dropout=dropout, scaling=self.scaling, **kwargs
+            )
+        elif seq_len == 1 and context.past_length > 0:
+            attn_output, attn_weights = self._decode_step(query, key, value, context, output_attentions)
+        elif context.in_natural_order and not output_attentions:
+            attn_output, attn_weights = self._sparse_kernel()(
+                self, query, key, value, context.key_valid, dropout=dropout, scaling=self.scaling, **kwargs
+            )
+        else:
+            mask = context.sparse_mask(self.sparse_pattern, self.head_parts)
+            attn_output, attn_weights = eager_attention_forward(
+                self, query, key, value, mask, dropout=dropout, scaling=self.scaling
+            )
+        attn_output = attn_output.reshape(batch_size, seq_len, -1).contiguous()  # (B, Tq, H*Dh)
+        return self.o_proj(attn_output), attn_weights
+
+    # The kernels are looked up with `ALL_ATTENTION_FUNCTIONS.get_interface` written out here: transformers'
+    # `set_attn_implementation` only switches models whose modeling source contains that call.
+    def _dense_kernel(self):
+        implementation = self.config._attn_implementation or "sdpa"
+        if implementation in SPARSE_KERNELS:
+            implementation = "sdpa"
+        return ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+
+    def _sparse_kernel(self):
+        implementation = self.config._attn_implementation
+        if implementation not in SPARSE_KERNELS:
+            implementation = DEFAULT_SPARSE_KERNEL
+        return ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+
+    def _decode_step(self, query, key, value, context: _AttentionContext, output_attentions: bool):
+        """One new token per row on top of a cache: attend only to the cached keys the pattern allows.
+
+        query: (B, H, 1, Dh); key/value: (B, H, Tk, Dh). The allowed logical positions come from the pattern's
+        cache-index helper, mapped to physical cache slots through `context.key_order` (left padding).
+        """
+        batch_size, num_heads, _, head_dim = query.shape
+        heads_differ = _heads_differ(self.sparse_pattern, self.head_parts)
+        index_lists = []  # [B][H] LongTensors of logical key positions
+        for position in context.query_positions[:, 0].tolist():
+            per_head = [
+                allowed_key_indices(self.sparse_pattern, position, head=head, part_index=self.head_parts[head])
+                for head in range(num_heads if heads_differ else 1)
+            ]
+            index_lists.append(per_head if heads_differ else per_head * num_heads)
+        width = max(len(indices) for row in index_lists for indices in row)
+        logical = torch.zeros(batch_size, num_heads, width, dtype=torch.long, device=query.device)
+        valid = torch.zeros(batch_size, num_heads, width, dtype=torch.bool, device=query.device)
+        for b, row in enumerate(index_lists):
+            for h, indices in enumerate(row):
+                logical[b, h, : len(indices)] = indices.to(query.device)
+                valid[b, h, : len(indices)] = True
+        slots = torch.gather(context.key_order[:, None, :].expand(-1, num_heads, -1), 2, logical)  # (B, H, K)
+        gather_index = slots[..., None].expand(-1, -1, -1, head_dim)
+        key_sel = torch.gather(key, 2, gather_index)  # (B, H, K, Dh)
+        value_sel = torch.gather(value, 2, gather_index)
+        attn_output, weights = eager_attention_forward(
+            self, query, key_sel, value_sel, valid[:, :, None, :], scaling=self.scaling
+        )
+        if not output_attentions:
+            return attn_output, None
+        full = torch.zeros(batch_size, num_heads, 1, key.shape[2], dtype=weights.dtype, device=weights.device)
+        full.scatter_add_(3, slots[:, :, None, :], weights * valid[:, :, None, :])
+        return attn_output, full
+
+
+class SparseTransformerMLP(nn.Module):
+    """The feed-forward branch: Linear -> GELU -> Linear (sec. 5.2)."""
+
+    def __init__(self, config: SparseTransformerConfig):
+        super().__init__()
+        self.fc1 = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.activation_fn = ACT2FN[config.hidden_act]
+        self.fc2 = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.fc2.residual_branch_output = True  # initialised with std / sqrt(2N), see `_init_weights`
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.activation_fn(self.fc1(hidden_states)))
+
+
+class SparseTransformerLayer(GradientCheckpointingLayer):
+    """One residual block (sec. 5.2): a = X + dropout(attend(norm(X))), H = a + dropout(ff(norm(a))).
+
+    Dropout sits only at the end of each residual branch. Under activation checkpointing the attention and
+    feed-forward activations are recomputed in the backward pass (sec. 5.4).
+    """
+
+    def __init__(self, config: SparseTransformerConfig, layer_idx: int = 0):
+        super().__init__()
+        self.layernorm_before = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.self_attn = SparseTransformerAttention(config, layer_idx=layer_idx)
+        self.layernorm_after = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.mlp = SparseTransformerMLP(config)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        context: _AttentionContext,
+        past_key_values: Cache | None = None,
+        output_attentions: bool = False,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        residual = hidden_states
+        hidden_states, attn_weights = self.self_attn(
+            self.layernorm_before(hidden_states),
+            context,
+            past_key_values=past_key_values,
+            output_attentions=output_attentions,
+            **kwargs,
+        )
+        hidden_states = residual + self.dropout(hidden_states)
+
+        residual = hidden_states
+        hidden_states = residual + self.dropout(self.mlp(self.layernorm_after(hidden_states)))
+        return hidden_states, attn_weights
+
+
+class SparseTransformerPreTrainedModel(PreTrainedModel):
+    config_class = SparseTransformerConfig
+    base_model_prefix = "model"
+    main_input_name = "input_ids"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["SparseTransformerEmbeddings", "SparseTransformerLayer"]
+    _supports_sdpa = True
+    _supports_flex_attn = False
+    _supports_flash_attn = False
+    _supports_attention_backend = True
+
+    def __init__(self, config: SparseTransformerConfig, *inputs, **kwargs):
+        super().__init__(config, *inputs, **kwargs)
+        self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **AUTO_MAP}
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            # Sec. 5.2: the output projections of the residual branches (marked `residual_branch_output`) start
+            # with std / sqrt(2N), so that the residual stream's variance does not grow with depth.
+            if getattr(module, "residual_branch_output", False):
+                std = std / (2 * self.config.num_hidden_layers) ** 0.5
+            init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            init.normal_(module.weight, mean=0.0, std=std)
+        elif isinstance(module, nn.LayerNorm):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+
+    def create_masks_for_generate(self, attention_mask=None, **kwargs):
+        """`generate` with a static cache asks for a 4-D mask prepared in advance (a plain causal one by default,
+        which would drop the sparse pattern): keep the 2-D padding mask, the model builds its own masks."""
+        return attention_mask
+
+
+class SparseTransformerModel(SparseTransformerPreTrainedModel):
+    """The bare decoder: embeddings, N residual blocks and the final LayerNorm; returns the normalised states."""
+
+    def __init__(self, config: SparseTransformerConfig):
+        super().__init__(config)
+        self.embeddings = SparseTransformerEmbeddings(config)
+        self.layers = nn.ModuleList(
+            [SparseTransformerLayer(config, layer_idx=i) for i in range(config.num_hidden_layers)]
+        )
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.embeddings.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Module) -> None:
+        self.embeddings.embed_tokens = value
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPast | tuple:
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of `input_ids` (batch, seq) and `inputs_embeds` (batch, seq, hidden).")
+        output_attentions = _flag(output_attentions, self.config, "output_attentions")
+        output_hidden_states = _flag(output_hidden_states, self.config, "output_hidden_states")
+        return_dict = _flag(return_dict, self.config, "return_dict", default=True)
+        use_cache = _flag(use_cache, self.config, "use_cache")
+        if self.gradient_checkpointing and self.training and use_cache:
+            use_cache = False
+        kwargs.pop("num_items_in_batch", None)
+
+        batch_size, seq_len = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
+        if use_cache and past_key_values is None:
+            past_key_values = DynamicCache(config=self.config)
+        if not use_cache:
+            past_key_values = None
+        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        device = (input_ids if input_ids is not None else inputs_embeds).device
+        context = self._attention_context(batch_size, seq_len, past_length, attention_mask, device)
+        if position_ids is None:
+            position_ids = context.query_positions
+        longest = int(position_ids.max()) + 1 if position_ids.numel() else 0
+        if longest > self.config.max_position_embeddings:
+            raise ValueError(
+                f"The sequence has {longest} positions (input of length {seq_len} after {past_length} cached "
+                f"tokens), longer than `max_position_embeddings` ({self.config.max_position_embeddings})."
+            )
+
+        hidden_states = self.embeddings(input_ids, position_ids, inputs_embeds=inputs_embeds)
+        all_hidden_states = (hidden_states,) if output_hidden_states else None
+        all_attentions = () if output_attentions else None
+        for layer in self.layers:
+            hidden_states, attn_weights = layer(
+                hidden_states,
+                context,
+                past_key_values=past_key_values,
+                output_attentions=output_attentions,
+                **kwargs,
+            )
+            if output_hidden_states:
+                all_hidden_states += (hidden_states,)
+            if output_attentions:
+                all_attentions += (attn_weights,)
+        hidden_states = self.norm(hidden_states)
+        if output_hidden_states:
+            all_hidden_states = all_hidden_states[:-1] + (hidden_states,)
+
+        output = BaseModelOutputWithPast(
+            last_hidden_state=hidden_states,
+            past_key_values=past_key_values if use_cache else None,
+            hidden_states=all_hidden_states,
+            attentions=all_attentions,
+        )
+        return output if return_dict else output.to_tuple()
+
+    def _attention_context(
+        self, batch_size: int, seq_len: int, past_length: int, attention_mask: torch.Tensor | None, device
+    ) -> _AttentionContext:
+        kv_length = past_length + seq_len
+        if seq_len > self.config.max_position_embeddings:
+            raise ValueError(
+                f"The input has {seq_len} tokens, longer than `max_position_embeddings` "
+                f"({self.config.max_position_embeddings})."
+            )
+        key_valid = None
+        if attention_mask is not None:
+            if attention_mask.dim() != 2 or attention_mask.shape[0] != batch_size:
+                raise ValueError(
+                    f"`attention_mask` must be a 2-D padding mask (batch, past + seq) = ({batch_size}, {kv_length}), "
+                    f"got shape {tuple(attention_mask.shape)}."
+                )
+            if attention_mask.shape[1] != kv_length:
+                raise ValueError(
+                    f"`attention_mask` covers {attention_mask.shape[1]} tokens but the cache holds {past_length} and "
+                    f"the input {seq_len}: it must cover {kv_length}."
+                )
+            key_valid = attention_mask.to(device=device, dtype=torch.bool)
+        if key_valid is None or bool(key_valid.all()):
+            key_positions = torch.arange(kv_length, device=device).expand(batch_size, -1)
+            key_order = key_positions
+            key_valid = None
+        else:
+            # Positions count real tokens only, so a left-padded row has the same positions (and, for the fixed
+            # pattern, the same blocks) as the unpadded one.
+            key_positions = (key_valid.long().cumsum(-1) - 1).clamp(min=0)
+            # Physical slot of each logical position: the valid slots first, in order.
+            key_order = torch.argsort((~key_valid).to(torch.int8), dim=-1, stable=True)
+        return _AttentionContext(
+            query_positions=key_positions[:, past_length:],
+            key_positions=key_positions,
+            key_valid=key_valid,
+            past_length=past_length,
+            key_order=key_order,
+            masks={},
+        )
+
+
+class SparseTransformerForCausalLM(SparseTransformerPreTrainedModel, GenerationMixin):
+    """The Sparse Transformer with a linear output layer over the vocabulary; `labels` give the next-token
+    cross-entropy (sec. 5: the model maximises the log-likelihood of each token given the previous ones)."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.embeddings.embed_tokens.weight"}
+
+    def __init__(self, config: SparseTransformerConfig):
+        super().__init__(config)
+        self.model = SparseTransformerModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.model.embeddings.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Module) -> None:
+        self.model.embeddings.embed_tokens = value
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.lm_head
+
+    def set_output_embeddings(self, value: nn.Module) -> None:
+        self.lm_head = value
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        logits_to_keep: int = 0,
+        **kwargs: Any,
+    ) -> CausalLMOutputWithPast | tuple:
+        return_dict = _flag(return_dict, self.config, "return_dict", default=True)
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            **kwargs,
+        )
+        hidden_states = outputs.last_hidden_state
+        if logits_to_keep:
+            hidden_states = hidden_states[:, -logits_to_keep:]
+        logits = self.lm_head(hidden_states)  # (B, T, V)
+        loss = self.next_token_loss(logits, labels, num_items_in_batch) if labels is not None else None
+        output = CausalLMOutputWithPast(
+            loss=loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+        return output if return_dict else output.to_tuple()
+
+    @staticmethod
+    def next_token_loss(
+        logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch: int | torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Cross-entropy of token t+1 given tokens <= t, in nats per predicted token; -100 labels are ignored.
+
+        With `num_items_in_batch` (Trainer's count of labelled tokens over the accumulated batches) the sum is
+        divided by it, so gradient accumulation gives the same loss as one big batch.
+        """
+        if labels.shape != logits.shape[:2]:
+            raise ValueError(f"`labels` must have shape {tuple(logits.shape[:2])}, got {tuple(labels.shape)}.")
+        shift_logits = logits[:, :-1].float().reshape(-1, logits.shape[-1])  # (B*(T-1), V)
+        shift_labels = labels[:, 1:].to(logits.device).reshape(-1)
+        if num_items_in_batch is None:
+            return nn.functional.cross_entropy(shift_logits, shift_labels, ignore_index=-100)
+        total = nn.functional.cross_entropy(shift_logits, shift_labels, ignore_index=-100, reduction="sum")
+        if torch.is_tensor(num_items_in_batch):
+            num_items_in_batch = num_items_in_batch.to(total.device)
+        return total / num_items_in_batch
+
+
+def _flag(value: bool | None, config, name: str, default: bool = False) -> bool:
+    if value is not None:
+        return value
+    return bool(getattr(config, name, default))
+
+
+__all__ = [
+    "SparseTransformerForCausalLM",
+    "SparseTransformerModel",
+    "SparseTransformerPreTrainedModel",
+]
