@@ -69,7 +69,8 @@ def test_remote_code_load_in_a_fresh_process_without_the_package(tmp_path):
             pooled = body(pixel_values).pooler_output[0].tolist()
         top = pipeline("image-classification", model=path, trust_remote_code=True)(image, top_k=1)[0]["label"]
         print(json.dumps(dict(
-            blocked=blocked, refusals=refusals, config_class=type(config).__name__, model_module=type(model).__module__,
+            blocked=blocked, refusals=refusals, config_class=type(config).__name__,
+            model_module=type(model).__module__,
             model_class=type(model).__name__, body_class=type(body).__name__,
             processor_class=type(processor).__name__, logits=logits, pooled=pooled, top=top,
         )))

@@ -10,6 +10,8 @@ import re
 from transformers import PretrainedConfig
 from transformers.activations import ACT2FN
 
+from .sparse_layouts import build_pattern, check_mode
+
 # Table 1 of the paper: (layers, hidden size D, MLP size, heads). Patch size and resolution come from the name.
 VIT_PLUS_SIZES: dict[str, tuple[int, int, int, int]] = {
     "tiny": (12, 192, 768, 3),  # DeiT-Ti, not in the paper; handy for experiments
@@ -21,6 +23,7 @@ VIT_PLUS_SIZES: dict[str, tuple[int, int, int, int]] = {
 VIT_PLUS_PATCH_SIZES = (14, 16, 32)
 _PRESET_RE = re.compile(r"^(?P<size>[a-z]+)-patch(?P<patch>\d+)-(?P<res>\d+)$")
 CLASSIFIER_HEADS = ("linear", "mlp_tanh")
+ATTENTION_TYPES = ("dense", "strided", "fixed")
 
 
 def _check_positive_int(name: str, value) -> None:
@@ -53,7 +56,15 @@ class ViTPlusConfig(PretrainedConfig):
         classifier_head: "linear" (fine-tuning head of the paper) or "mlp_tanh" (the pre-training head: one hidden
             layer of `classifier_hidden_size` units with tanh).
         classifier_hidden_size: width of the tanh layer of the "mlp_tanh" head (defaults to `hidden_size`).
-        attention_type / sparse_*: attention pattern (see the Sparse Transformer family); "dense" by default.
+        attention_type: "dense" (the paper), or a bidirectional Sparse Transformer pattern (Child et al. 2019):
+            "strided" (with `sparse_stride` = patches per row: the previous/next row-length of tokens plus the
+            token's column) or "fixed" (blocks of `sparse_stride` tokens plus `sparse_summary_size` summary
+            columns per block). For long patch sequences at high resolution.
+        sparse_stride: l; defaults to the number of patches per row (image_size // patch_size).
+        sparse_summary_size: c for "fixed"; defaults to max(1, l // 4).
+        sparse_num_summary_blocks: distinct c-wide summary sub-blocks across heads ("fixed").
+        sparse_pattern_mode: "merged" (one head sees the union), "interleaved" (layer i uses part i % 2) or
+            "heads" (head h uses part h % 2).
     """
 
     model_type = "vit_plus"
@@ -75,6 +86,11 @@ class ViTPlusConfig(PretrainedConfig):
         qkv_bias: bool = True,
         classifier_head: str = "linear",
         classifier_hidden_size: int | None = None,
+        attention_type: str = "dense",
+        sparse_stride: int | None = None,
+        sparse_summary_size: int | None = None,
+        sparse_num_summary_blocks: int = 1,
+        sparse_pattern_mode: str = "merged",
         **kwargs,
     ):
         self.hidden_size = hidden_size
@@ -92,6 +108,11 @@ class ViTPlusConfig(PretrainedConfig):
         self.qkv_bias = qkv_bias
         self.classifier_head = classifier_head
         self.classifier_hidden_size = classifier_hidden_size
+        self.attention_type = attention_type
+        self.sparse_stride = sparse_stride
+        self.sparse_summary_size = sparse_summary_size
+        self.sparse_num_summary_blocks = sparse_num_summary_blocks
+        self.sparse_pattern_mode = sparse_pattern_mode
         super().__init__(**kwargs)
         self.validate_vit_plus()
 
@@ -121,6 +142,37 @@ class ViTPlusConfig(PretrainedConfig):
             _check_positive_int("classifier_hidden_size", self.classifier_hidden_size)
         if not isinstance(self.layer_norm_eps, (int, float)) or self.layer_norm_eps <= 0:
             raise ValueError(f"`layer_norm_eps` must be a positive number, got {self.layer_norm_eps!r}.")
+        if self.attention_type not in ATTENTION_TYPES:
+            raise ValueError(f"Unknown `attention_type` {self.attention_type!r}: expected one of {ATTENTION_TYPES}.")
+        check_mode(self.sparse_pattern_mode)
+        pattern = self.sparse_pattern()  # validates stride and summary sizes (ValueErrors name them)
+        if pattern is not None:
+            if pattern.stride > self.num_patches + 1:
+                raise ValueError(
+                    f"`sparse_stride` ({pattern.stride}) is longer than the sequence of {self.num_patches + 1} tokens "
+                    f"(image_size {self.image_size}, patch_size {self.patch_size})."
+                )
+            if self.sparse_pattern_mode == "heads" and self.num_attention_heads % pattern.num_parts:
+                raise ValueError(
+                    f"`sparse_pattern_mode`='heads' splits the heads between the {pattern.num_parts} parts of the "
+                    f"pattern: `num_attention_heads` ({self.num_attention_heads}) must be divisible by it."
+                )
+
+    def sparse_pattern(self):
+        """The bidirectional `SparsePattern` of `attention_type` (None for dense attention)."""
+        if self.attention_type == "dense":
+            return None
+        stride = self.sparse_stride if self.sparse_stride is not None else self.image_size // self.patch_size
+        summary = 0
+        if self.attention_type == "fixed":
+            summary = self.sparse_summary_size if self.sparse_summary_size is not None else max(1, stride // 4)
+        return build_pattern(
+            self.attention_type,
+            stride,
+            summary_size=summary,
+            num_summary_blocks=self.sparse_num_summary_blocks,
+            causal=False,
+        )
 
     @property
     def num_patches(self) -> int:

@@ -23,6 +23,11 @@ from .attention import eager_attention_forward
 from .configuration_vit_plus import ViTPlusConfig
 from .linear import Linear, PatchConv2d
 from .positional import resample_patch_position_embeddings
+from .sparse_attention import SPARSE_KERNELS
+from .sparse_layouts import SparsePattern, build_pattern
+
+# The fast sparse kernel (forward and backward); `attn_implementation="sparse_dense"|"sparse_flex"` picks another.
+DEFAULT_SPARSE_KERNEL = "sparse_block"
 
 logger = logging.get_logger(__name__)
 
@@ -125,6 +130,9 @@ class ViTPlusAttention(nn.Module):
         self.k_proj = Linear(config.hidden_size, config.hidden_size, bias=config.qkv_bias)
         self.v_proj = Linear(config.hidden_size, config.hidden_size, bias=config.qkv_bias)
         self.o_proj = Linear(config.hidden_size, config.hidden_size)
+        # Sparse Transformer patterns (bidirectional): the kernels read these attributes (see sparse_attention.py).
+        self.sparse_pattern = _own_pattern(config.sparse_pattern())
+        self.sparse_mode = config.sparse_pattern_mode
 
     def forward(
         self,
@@ -139,13 +147,16 @@ class ViTPlusAttention(nn.Module):
         key = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
         value = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
 
-        # Fused kernels do not return the probabilities; the reference kernel does.
-        if output_attentions:
-            attention_fn = eager_attention_forward
-        else:
-            attention_fn = ALL_ATTENTION_FUNCTIONS.get_interface(
-                self.config._attn_implementation, eager_attention_forward
-            )
+        implementation = self.config._attn_implementation
+        if self.sparse_pattern is not None:
+            if output_attentions:  # the masked reference returns the probabilities
+                implementation = "sparse_dense"
+            elif implementation not in SPARSE_KERNELS:
+                implementation = DEFAULT_SPARSE_KERNEL
+        elif output_attentions or implementation in SPARSE_KERNELS:
+            # Fused kernels do not return the probabilities; the reference kernel does. Sparse kernels need a pattern.
+            implementation = "eager"
+        attention_fn = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
         attn_output, attn_weights = attention_fn(
             self,
             query,
@@ -371,6 +382,20 @@ class ViTPlusForImageClassification(ViTPlusPreTrainedModel):
                 "against the model's id2label."
             )
         return nn.functional.cross_entropy(logits, labels)
+
+
+def _own_pattern(pattern) -> SparsePattern | None:
+    """The config's pattern rebuilt with this module's `SparsePattern` class: under trust_remote_code the config and
+    the model come from different dynamic modules, and the kernels check the class."""
+    if pattern is None:
+        return None
+    return build_pattern(
+        pattern.kind,
+        pattern.stride,
+        summary_size=pattern.summary_size,
+        num_summary_blocks=pattern.num_summary_blocks,
+        causal=pattern.causal,
+    )
 
 
 def _flag(value: bool | None, config, name: str, default: bool = False) -> bool:

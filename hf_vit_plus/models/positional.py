@@ -27,7 +27,8 @@ def resample_patch_position_embeddings(
     dim = grid.shape[-1]
     if grid.shape[1] != old_grid[0] * old_grid[1]:
         raise ValueError(
-            f"Position embeddings hold {grid.shape[1]} patch positions, which is not a {old_grid[0]}x{old_grid[1]} grid."
+            f"Position embeddings hold {grid.shape[1]} patch positions, which is not a "
+            f"{old_grid[0]}x{old_grid[1]} grid."
         )
     orig_dtype = grid.dtype
     grid = grid.reshape(1, old_grid[0], old_grid[1], dim).permute(0, 3, 1, 2).float()  # (1, D, H, W)

@@ -93,7 +93,8 @@ def run(args) -> None:
             models = {name: _copy_to(m, torch.bfloat16) for name, m in fp32_models.items()}
         else:
             models = fp32_models
-        context = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if precision == "bf16-autocast" else nullcontext
+        autocast = precision == "bf16-autocast"
+        context = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if autocast else nullcontext
         peak_dtype = torch.float32 if precision == "fp32" else torch.bfloat16
         for batch in args.batch_sizes:
             dtype = torch.bfloat16 if precision == "bf16" else torch.float32
