@@ -2,12 +2,19 @@
 arXiv 1706.03762).
 
 Field names follow transformers' BART/Marian configs; the presets are the paper's Table 3 ("base" and "big").
+The `encoder_attention_type` / `encoder_sparse_*` fields optionally replace the encoder's self-attention by a
+bidirectional Sparse Transformer pattern (Child et al. 2019, sec. 4.2-4.3); the default is the paper's dense model.
 """
 
 from __future__ import annotations
 
 from transformers import PretrainedConfig
 from transformers.activations import ACT2FN
+
+ENCODER_ATTENTION_TYPES = ("dense", "strided", "fixed")
+ENCODER_SPARSE_PATTERN_MODES = ("interleaved", "merged", "heads")
+# Every sparse pattern is the union of two parts (A^(1), A^(2)); "heads" mode gives each part half of the heads.
+NUM_PATTERN_PARTS = 2
 
 # Table 3 of the paper: (N layers, d_model, d_ff, h heads, P_drop). Both use label smoothing 0.1.
 SEQ2SEQ_TRANSFORMER_PRESETS: dict[str, tuple[int, int, int, int, float]] = {
@@ -60,6 +67,17 @@ class Seq2SeqTransformerConfig(PretrainedConfig):
         layer_norm_eps: LayerNorm epsilon.
         pad_token_id / bos_token_id / eos_token_id / decoder_start_token_id: special token ids.
         use_cache: whether the decoder returns a key/value cache by default.
+        encoder_attention_type: the encoder's self-attention: "dense" (the paper) or a bidirectional Sparse
+            Transformer pattern (Child et al. 2019): "strided" (|i-j| <= l or (i-j) mod l = 0) or "fixed" (the whole
+            own block of l positions plus the summary columns of every block). The decoder's self-attention and the
+            cross-attention stay dense.
+        encoder_sparse_stride: l, the stride (strided) or block length (fixed); at most `max_position_embeddings`.
+        encoder_sparse_summary_size: c, the summary positions at the end of each block (fixed only; 0 < c <= l).
+        encoder_sparse_num_summary_blocks: how many different c-wide summary sub-blocks the heads use (fixed only;
+            head h takes sub-block h mod this count, counted from the end of each block).
+        encoder_sparse_pattern_mode: how the two parts of the pattern combine: "merged" (each head attends to the
+            union), "interleaved" (encoder layer i uses part i mod 2) or "heads" (head h uses part h mod 2;
+            `encoder_attention_heads` must be even).
 
     Generation settings (beam size 4, length penalty 0.6 in the paper) belong in a `GenerationConfig`: see
     `Seq2SeqTransformerForConditionalGeneration.paper_generation_config()`.
@@ -100,6 +118,11 @@ class Seq2SeqTransformerConfig(PretrainedConfig):
         decoder_start_token_id: int | None = 1,
         use_cache: bool = True,
         is_encoder_decoder: bool = True,
+        encoder_attention_type: str = "dense",
+        encoder_sparse_stride: int = 32,
+        encoder_sparse_summary_size: int = 8,
+        encoder_sparse_num_summary_blocks: int = 1,
+        encoder_sparse_pattern_mode: str = "merged",
         **kwargs,
     ):
         self.vocab_size = vocab_size
@@ -126,6 +149,11 @@ class Seq2SeqTransformerConfig(PretrainedConfig):
         self.eos_token_id = eos_token_id
         self.decoder_start_token_id = decoder_start_token_id
         self.use_cache = use_cache
+        self.encoder_attention_type = encoder_attention_type
+        self.encoder_sparse_stride = encoder_sparse_stride
+        self.encoder_sparse_summary_size = encoder_sparse_summary_size
+        self.encoder_sparse_num_summary_blocks = encoder_sparse_num_summary_blocks
+        self.encoder_sparse_pattern_mode = encoder_sparse_pattern_mode
         super().__init__(is_encoder_decoder=is_encoder_decoder, **kwargs)
         self.validate_seq2seq_transformer()
 
@@ -164,6 +192,53 @@ class Seq2SeqTransformerConfig(PretrainedConfig):
         eos = self.eos_token_id
         for token in eos if isinstance(eos, (list, tuple)) else [eos]:
             _check_token_id("eos_token_id", token, self.vocab_size)
+        self._validate_encoder_sparse_attention()
+
+    def _validate_encoder_sparse_attention(self) -> None:
+        kind, mode = self.encoder_attention_type, self.encoder_sparse_pattern_mode
+        if kind not in ENCODER_ATTENTION_TYPES:
+            raise ValueError(f"Unknown `encoder_attention_type` {kind!r}: expected one of {ENCODER_ATTENTION_TYPES}.")
+        if mode not in ENCODER_SPARSE_PATTERN_MODES:
+            raise ValueError(
+                f"Unknown `encoder_sparse_pattern_mode` {mode!r}: expected one of {ENCODER_SPARSE_PATTERN_MODES}."
+            )
+        _check_positive_int("encoder_sparse_stride", self.encoder_sparse_stride)
+        _check_positive_int("encoder_sparse_num_summary_blocks", self.encoder_sparse_num_summary_blocks)
+        size = self.encoder_sparse_summary_size
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise ValueError(f"`encoder_sparse_summary_size` must be a non-negative integer, got {size!r}.")
+        if kind == "dense":
+            return
+        stride = self.encoder_sparse_stride
+        if stride > self.max_position_embeddings:
+            raise ValueError(
+                f"`encoder_sparse_stride` ({stride}) does not fit in `max_position_embeddings` "
+                f"({self.max_position_embeddings}): the stride must be at most the longest source sequence (the "
+                "Sparse Transformer takes it close to sqrt(n))."
+            )
+        if kind == "fixed":
+            if not 0 < size <= stride:
+                raise ValueError(
+                    f"The fixed pattern needs 0 < `encoder_sparse_summary_size` <= `encoder_sparse_stride`, got "
+                    f"`encoder_sparse_summary_size`={size} and `encoder_sparse_stride`={stride}."
+                )
+            used = size * self.encoder_sparse_num_summary_blocks
+            if used > stride:
+                raise ValueError(
+                    f"`encoder_sparse_summary_size` ({size}) x `encoder_sparse_num_summary_blocks` "
+                    f"({self.encoder_sparse_num_summary_blocks}) = {used} summary positions do not fit in a block of "
+                    f"`encoder_sparse_stride` ({stride}) positions."
+                )
+        if mode == "heads" and self.encoder_attention_heads % NUM_PATTERN_PARTS != 0:
+            raise ValueError(
+                f"`encoder_sparse_pattern_mode`='heads' gives each of the {NUM_PATTERN_PARTS} parts of the {kind!r} "
+                f"pattern an equal share of the heads: `encoder_attention_heads` ({self.encoder_attention_heads}) "
+                f"must be divisible by {NUM_PATTERN_PARTS}."
+            )
+
+    @property
+    def encoder_is_sparse(self) -> bool:
+        return self.encoder_attention_type != "dense"
 
     @classmethod
     def preset_names(cls) -> list[str]:
@@ -195,4 +270,9 @@ class Seq2SeqTransformerConfig(PretrainedConfig):
         return cls(**fields)
 
 
-__all__ = ["SEQ2SEQ_TRANSFORMER_PRESETS", "Seq2SeqTransformerConfig"]
+__all__ = [
+    "ENCODER_ATTENTION_TYPES",
+    "ENCODER_SPARSE_PATTERN_MODES",
+    "SEQ2SEQ_TRANSFORMER_PRESETS",
+    "Seq2SeqTransformerConfig",
+]

@@ -6,11 +6,19 @@ LayerNorm(x + Dropout(Sublayer(x)))) -> one stack class with an `is_decoder` fla
 sqrt(d_model) plus sinusoidal positions, sec. 3.4-3.5) -> the pre-trained base -> the bare model -> the model
 with the tied pre-softmax projection and the label-smoothed loss (sec. 5.4). Parameter names follow
 transformers' BART/Marian, so `model.encoder.layers.0.self_attn.q_proj.weight` means what it means there.
+
+Optional sparse encoder (`config.encoder_attention_type` "strided" or "fixed"): the encoder's self-attention follows
+the bidirectional Sparse Transformer pattern (Child et al. 2019; `sparse_layouts.py`), computed by a sparse kernel of
+`sparse_attention.py`: `config._attn_implementation` if it names one ("sparse_dense", "sparse_block", "sparse_flex"),
+else "sparse_block"; with `output_attentions` the masked reference "sparse_dense", which returns the probabilities.
+The source padding mask reaches it as a 2-D boolean key mask. The decoder's self-attention and the cross-attention
+stay dense; when `config._attn_implementation` names a sparse kernel they run on "sdpa" (masks built for it).
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -32,6 +40,8 @@ from transformers.utils import logging
 from .attention import eager_attention_forward
 from .configuration_seq2seq_transformer import Seq2SeqTransformerConfig
 from .positional import sinusoidal_position_table
+from .sparse_attention import SPARSE_KERNELS, sparse_padding_mask
+from .sparse_layouts import SparsePattern, build_pattern
 
 logger = logging.get_logger(__name__)
 
@@ -45,6 +55,42 @@ AUTO_MAP = {
 # The paper's decoding (sec. 6.1): beam size 4, length penalty alpha = 0.6. Its maximum output length,
 # "input length + 50", depends on each input: pass `max_new_tokens=input_ids.shape[1] + 50` to `generate`.
 PAPER_GENERATION_SETTINGS = {"num_beams": 4, "length_penalty": 0.6}
+
+DEFAULT_SPARSE_KERNEL = "sparse_block"
+# The dense attentions of a model whose `_attn_implementation` names a sparse kernel run on this one.
+DENSE_FALLBACK_KERNEL = "sdpa"
+
+
+def encoder_sparse_pattern_from_config(config: Seq2SeqTransformerConfig) -> SparsePattern | None:
+    """The bidirectional pattern of `config.encoder_attention_type` (None for the paper's dense encoder)."""
+    kind = getattr(config, "encoder_attention_type", "dense")
+    if kind == "dense":
+        return None
+    return build_pattern(
+        kind,
+        config.encoder_sparse_stride,
+        summary_size=config.encoder_sparse_summary_size,
+        num_summary_blocks=config.encoder_sparse_num_summary_blocks,
+        causal=False,
+    )
+
+
+class _DenseMaskConfig:
+    """The config as transformers' mask builders see it, with `_attn_implementation` the dense fallback kernel:
+    a sparse kernel's mask function returns a 2-D padding mask, which the dense attentions cannot use."""
+
+    def __init__(self, config: Seq2SeqTransformerConfig):
+        self._config = config
+        self._attn_implementation = DENSE_FALLBACK_KERNEL
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._config, name)
+
+
+def _dense_mask_config(config: Seq2SeqTransformerConfig):
+    if config._attn_implementation in SPARSE_KERNELS:
+        return _DenseMaskConfig(config)
+    return config
 
 
 def shift_tokens_right(labels: torch.Tensor, pad_token_id: int | None, decoder_start_token_id: int | None):
@@ -70,9 +116,19 @@ class Seq2SeqTransformerAttention(nn.Module):
 
     Self-attention when `key_value_states` is None, else cross-attention with queries from the decoder and keys and
     values from the encoder output. The kernel (eager reference or sdpa) is chosen by `config._attn_implementation`.
+    With a `sparse_pattern` (the encoder's self-attention of a sparse encoder) a sparse kernel computes it; the
+    pattern travels to the kernel as the attributes `sparse_pattern`, `sparse_mode` and `layer_idx`.
     """
 
-    def __init__(self, config: Seq2SeqTransformerConfig, num_heads: int, layer_idx: int, is_causal: bool):
+    def __init__(
+        self,
+        config: Seq2SeqTransformerConfig,
+        num_heads: int,
+        layer_idx: int,
+        is_causal: bool,
+        sparse_pattern: SparsePattern | None = None,
+        sparse_mode: str = "merged",
+    ):
         super().__init__()
         self.config = config
         self.layer_idx = layer_idx
@@ -82,6 +138,10 @@ class Seq2SeqTransformerAttention(nn.Module):
         self.attention_dropout = config.attention_dropout
         # sdpa assumes a causal mask when it gets none: only the decoder's self-attention is causal.
         self.is_causal = is_causal
+        self.sparse_pattern = sparse_pattern
+        self.sparse_mode = sparse_mode
+        if sparse_pattern is not None:
+            sparse_pattern.head_parts(sparse_mode, layer_idx, num_heads)  # raises if the heads do not fit the mode
         self.q_proj = nn.Linear(config.d_model, config.d_model)
         self.k_proj = nn.Linear(config.d_model, config.d_model)
         self.v_proj = nn.Linear(config.d_model, config.d_model)
@@ -121,12 +181,20 @@ class Seq2SeqTransformerAttention(nn.Module):
         # Fused kernels do not return the probabilities; the reference kernel does. The interface is called here
         # directly (as `get_attention_function` does) because `PreTrainedModel.set_attn_implementation` only
         # switches kernels of models whose source shows this call.
-        if output_attentions:
+        implementation = self.config._attn_implementation or "eager"
+        if self.sparse_pattern is not None:
+            # attention_mask: None or the (B, Tk) boolean padding mask (True = real token) built by the stack.
+            if output_attentions:
+                implementation = "sparse_dense"
+            elif implementation not in SPARSE_KERNELS:
+                implementation = DEFAULT_SPARSE_KERNEL
+            attention_fn = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, SPARSE_KERNELS[implementation])
+        elif output_attentions:
             attention_fn = eager_attention_forward
         else:
-            attention_fn = ALL_ATTENTION_FUNCTIONS.get_interface(
-                self.config._attn_implementation or "eager", eager_attention_forward
-            )
+            if implementation in SPARSE_KERNELS:
+                implementation = DENSE_FALLBACK_KERNEL
+            attention_fn = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
         attn_output, attn_weights = attention_fn(
             self,
             query,
@@ -154,7 +222,14 @@ class Seq2SeqTransformerLayer(GradientCheckpointingLayer):
         self.normalize_before = config.normalize_before
         num_heads = config.decoder_attention_heads if is_decoder else config.encoder_attention_heads
         ffn_dim = config.decoder_ffn_dim if is_decoder else config.encoder_ffn_dim
-        self.self_attn = Seq2SeqTransformerAttention(config, num_heads, layer_idx, is_causal=is_decoder)
+        self.self_attn = Seq2SeqTransformerAttention(
+            config,
+            num_heads,
+            layer_idx,
+            is_causal=is_decoder,
+            sparse_pattern=None if is_decoder else encoder_sparse_pattern_from_config(config),
+            sparse_mode=getattr(config, "encoder_sparse_pattern_mode", "merged"),
+        )
         self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         if is_decoder:
             self.encoder_attn = Seq2SeqTransformerAttention(config, num_heads, layer_idx, is_causal=False)
@@ -242,6 +317,8 @@ class Seq2SeqTransformerStack(nn.Module):
         )
         self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.normalize_before else None
         self.dropout = nn.Dropout(config.dropout)
+        # A sparse encoder's kernels take the source padding as a 2-D key mask, not a 4-D dense mask.
+        self.sparse_encoder = not is_decoder and encoder_sparse_pattern_from_config(config) is not None
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.embed_tokens
@@ -309,26 +386,30 @@ class Seq2SeqTransformerStack(nn.Module):
 
         # Returning attention probabilities goes through the eager kernel, which needs every mask materialised.
         skip = not output_attentions
+        mask_config = _dense_mask_config(self.config)
         if self.is_decoder:
             if attention_mask is None:
                 attention_mask = torch.ones(batch_size, past_length + seq_len, device=hidden_states.device)
             self_mask = create_causal_mask(
-                config=self.config,
+                config=mask_config,
                 inputs_embeds=hidden_states,
                 attention_mask=attention_mask,
                 past_key_values=past_key_values.self_attention_cache if past_key_values is not None else None,
                 allow_is_causal_skip=skip,
             )
             cross_mask = create_bidirectional_mask(
-                config=self.config,
+                config=mask_config,
                 inputs_embeds=hidden_states,
                 attention_mask=encoder_attention_mask,
                 encoder_hidden_states=encoder_hidden_states,
                 allow_is_bidirectional_skip=skip,
             )
+        elif self.sparse_encoder:
+            self_mask = _sparse_key_mask(attention_mask, batch_size, seq_len)  # (B, T) bool or None
+            cross_mask = None
         else:
             self_mask = create_bidirectional_mask(
-                config=self.config,
+                config=mask_config,
                 inputs_embeds=hidden_states,
                 attention_mask=attention_mask,
                 allow_is_bidirectional_skip=skip,
@@ -642,6 +723,18 @@ class Seq2SeqTransformerForConditionalGeneration(Seq2SeqTransformerPreTrainedMod
         return summed / num_items_in_batch
 
 
+def _sparse_key_mask(attention_mask: torch.Tensor | None, batch_size: int, seq_len: int) -> torch.Tensor | None:
+    """The source padding mask as the sparse kernels take it: (B, T) bool, True = real token; None without padding."""
+    if attention_mask is None:
+        return None
+    if attention_mask.dim() != 2 or tuple(attention_mask.shape) != (batch_size, seq_len):
+        raise ValueError(
+            f"A sparse encoder takes a 2-D source `attention_mask` of shape (batch, seq_len)=({batch_size}, "
+            f"{seq_len}) (1 = real token, 0 = padding), got shape {tuple(attention_mask.shape)}."
+        )
+    return sparse_padding_mask(batch_size, seq_len, seq_len, attention_mask=attention_mask)
+
+
 def _flag(value: bool | None, config, name: str, default: bool = False) -> bool:
     if value is not None:
         return value
@@ -653,5 +746,6 @@ __all__ = [
     "Seq2SeqTransformerForConditionalGeneration",
     "Seq2SeqTransformerModel",
     "Seq2SeqTransformerPreTrainedModel",
+    "encoder_sparse_pattern_from_config",
     "shift_tokens_right",
 ]
