@@ -10,6 +10,9 @@ import sys
 # module that defines `add_parser(subparsers)`, in the order they are listed by --help
 COMMAND_MODULES = [
     "hf_vit_plus.conversion.cli",
+    "hf_vit_plus.interpret.cli",
+    "hf_vit_plus.training.cli",
+    "hf_vit_plus.hub.cli",
 ]
 
 

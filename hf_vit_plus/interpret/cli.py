@@ -1,0 +1,260 @@
+"""`hf-vit-plus explain`: interpretability figures for a saved checkpoint (ViT paper Fig. 7, attention rollout,
+Sparse Transformer Fig. 3).
+
+    hf-vit-plus explain rollout CHECKPOINT IMAGE [IMAGE ...] --output attention_maps.png
+    hf-vit-plus explain distance CHECKPOINT [IMAGE ...] --output mean_attention_distance.png
+    hf-vit-plus explain positions CHECKPOINT --output position_embedding_similarity.png
+    hf-vit-plus explain filters CHECKPOINT --output patch_embedding_components.png
+    hf-vit-plus explain pattern [CHECKPOINT] [--kind strided --stride 4 --length 64] --output pattern.png
+    hf-vit-plus explain all CHECKPOINT IMAGE [IMAGE ...] --output_dir figures/
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import sys
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+
+def load_checkpoint(checkpoint: str | Path, trust_remote_code: bool = False):
+    """(model, image processor or None) from a saved folder or Hub id, with the eager attention kernel so that the
+    attention weights are returned. Image-classification models load with their head, others as the base model."""
+    from transformers import AutoConfig, AutoImageProcessor, AutoModel, AutoModelForImageClassification
+
+    import hf_vit_plus  # noqa: F401  (registers the Auto classes)
+
+    config = AutoConfig.from_pretrained(checkpoint, trust_remote_code=trust_remote_code)
+    model = None
+    for auto_class in (AutoModelForImageClassification, AutoModel):
+        try:
+            model = auto_class.from_pretrained(
+                checkpoint, attn_implementation="eager", trust_remote_code=trust_remote_code
+            )
+            break
+        except ValueError as error:  # the Auto class does not know this config
+            logger.debug("%s cannot load %s: %s", auto_class.__name__, checkpoint, error)
+    if model is None:
+        raise ValueError(
+            f"Neither AutoModelForImageClassification nor AutoModel loads {checkpoint!r} ({config.model_type})."
+        )
+    model.eval()
+    processor = None
+    if getattr(config, "image_size", None) is not None:
+        try:
+            processor = AutoImageProcessor.from_pretrained(checkpoint, trust_remote_code=trust_remote_code)
+        except (OSError, ValueError) as error:
+            logger.warning("No image processor saved with %s (%s); using one made from its config.", checkpoint, error)
+    return model, processor
+
+
+def _random_inputs(model, count: int, seed: int):
+    import torch
+
+    from .attention import _model_resolution
+
+    channels, height, width = _model_resolution(model.config)
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(count, channels, height, width, generator=generator)
+
+
+def _rollout(args: argparse.Namespace) -> list[Path]:
+    from .attention import (
+        attention_rollout,
+        class_token_attention,
+        class_token_rollout,
+        collect_attentions,
+        prepare_images,
+    )
+    from .embeddings import vit_embedding_parts
+    from .plots import plot_attention_maps
+
+    model, processor = load_checkpoint(args.checkpoint, args.trust_remote_code)
+    parts = vit_embedding_parts(model)
+    pixel_values, display = prepare_images(model, [str(p) for p in args.images], processor)
+    attentions = collect_attentions(model, pixel_values)
+    rollout = attention_rollout(attentions, args.residual_weight, args.head_fusion)
+    maps = class_token_rollout(rollout, parts.grid_size, parts.num_prefix_tokens)
+    heads = class_token_attention(attentions, -1, parts.grid_size, parts.num_prefix_tokens)
+    for image, grid in zip(args.images, maps):
+        peak = divmod(int(grid.argmax()), grid.shape[1])
+        share = float(grid.sum())
+        print(f"{image}: rollout peak at patch (row {peak[0]}, col {peak[1]}), share on the patches {share:.3f}")
+    labels = [Path(p).name for p in args.images]
+    return [plot_attention_maps(display, maps, heads, args.output, labels)]
+
+
+def _distance(args: argparse.Namespace) -> list[Path]:
+    from .attention import collect_attentions, mean_attention_distance, prefix_attention_fraction, prepare_images
+    from .embeddings import vit_embedding_parts
+    from .plots import plot_mean_attention_distance
+
+    model, processor = load_checkpoint(args.checkpoint, args.trust_remote_code)
+    parts = vit_embedding_parts(model)
+    if args.images:
+        pixel_values, _ = prepare_images(model, [str(p) for p in args.images], processor)
+    else:
+        logger.warning("No images: using %d N(0, 1) noise inputs (shows the weights, not data).", args.num_random)
+        pixel_values = _random_inputs(model, args.num_random, args.seed)
+    attentions = collect_attentions(model, pixel_values)
+    distances = mean_attention_distance(attentions, parts.patch_size, parts.grid_size, parts.num_prefix_tokens)
+    on_class = prefix_attention_fraction(attentions, parts.num_prefix_tokens)
+    for layer, (row, share) in enumerate(zip(distances.tolist(), on_class.mean(dim=1).tolist()), start=1):
+        print(f"layer {layer}: " + " ".join(f"{d:6.1f}" for d in row) + f"  px  (class-token share {share:.2f})")
+    image_size = parts.grid_size[0] * parts.patch_size
+    return [plot_mean_attention_distance(distances, args.output, image_size, pixel_values.shape[0])]
+
+
+def _positions(args: argparse.Namespace) -> list[Path]:
+    from .embeddings import position_embedding_similarity, vit_embedding_parts
+    from .plots import plot_position_similarity
+
+    model, _ = load_checkpoint(args.checkpoint, args.trust_remote_code)
+    parts = vit_embedding_parts(model)
+    similarity = position_embedding_similarity(parts.position_embeddings, parts.grid_size, parts.num_prefix_tokens)
+    return [plot_position_similarity(similarity, args.output)]
+
+
+def _filters(args: argparse.Namespace) -> list[Path]:
+    from .embeddings import patch_embedding_components, vit_embedding_parts
+    from .plots import plot_patch_components
+
+    model, _ = load_checkpoint(args.checkpoint, args.trust_remote_code)
+    parts = vit_embedding_parts(model)
+    pca = patch_embedding_components(parts.projection.weight, args.num_components)
+    ratios = ", ".join(f"{100 * r:.1f}" for r in pca.explained_variance_ratio[:8].tolist())
+    print(f"{pca.components.shape[0]} components; explained variance (%) of the first ones: {ratios}")
+    return [plot_patch_components(pca.components, args.output, pca.explained_variance_ratio)]
+
+
+def _pattern(args: argparse.Namespace) -> list[Path]:
+    from .patterns import PATTERN_KINDS, attention_pattern, default_length, pattern_from_config
+    from .plots import MAX_PATTERN_LENGTH, plot_sparse_patterns
+
+    if args.checkpoint is not None:
+        from transformers import AutoConfig
+
+        import hf_vit_plus  # noqa: F401
+
+        config = AutoConfig.from_pretrained(args.checkpoint, trust_remote_code=args.trust_remote_code)
+        patterns = [pattern_from_config(config, args.length)]
+    else:
+        if args.kind is None:
+            raise ValueError("Give a CHECKPOINT or --kind (dense, strided, fixed or all).")
+        kinds = list(PATTERN_KINDS) if args.kind == "all" else [args.kind]
+        # The paper takes l close to sqrt(n).
+        stride = args.stride or (max(2, math.isqrt(args.length)) if args.length else 8)
+        length = args.length or default_length(stride)
+        if length > MAX_PATTERN_LENGTH:
+            raise ValueError(
+                f"--length {length} is too long to draw (at most {MAX_PATTERN_LENGTH}); the pattern repeats along the "
+                "sequence, so a prefix shows it."
+            )
+        summary = args.summary_size or (max(1, stride // 4) if stride else None)
+        patterns = [
+            attention_pattern(kind, length, stride, summary if kind == "fixed" else None, not args.bidirectional)
+            for kind in kinds
+        ]
+    for pattern in patterns:
+        print(f"{pattern.describe()}: {100 * pattern.density():.1f}% of the attention matrix")
+    queries = [args.query] * len(patterns) if args.query is not None else None
+    return [plot_sparse_patterns(patterns, args.output, queries)]
+
+
+def _all(args: argparse.Namespace) -> list[Path]:
+    from .plots import write_vit_figures
+
+    model, processor = load_checkpoint(args.checkpoint, args.trust_remote_code)
+    return write_vit_figures(model, [str(p) for p in args.images], args.output_dir, processor, args.max_images)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        paths = args.explain_func(args)
+    except ValueError as error:
+        print(f"hf-vit-plus explain {args.mode}: error: {error}", file=sys.stderr)
+        return 2
+    for path in paths:
+        print(f"wrote {path}")
+    return 0
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "explain",
+        help="interpretability figures: attention rollout, attention distance, embeddings, patterns",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    modes = parser.add_subparsers(dest="mode", required=True)
+
+    def mode(name: str, func, help_text: str, default_output: str | None, checkpoint: str = "required"):
+        sub = modes.add_parser(name, help=help_text, description=help_text)
+        if checkpoint == "required":
+            sub.add_argument("checkpoint", help="saved model folder or Hub id")
+        elif checkpoint == "optional":
+            sub.add_argument("checkpoint", nargs="?", default=None, help="saved model folder or Hub id (optional)")
+        sub.add_argument("--trust_remote_code", action="store_true", help="allow the checkpoint's own code")
+        if default_output is not None:
+            sub.add_argument("--output", type=Path, default=Path(default_output), help="PNG to write")
+        sub.set_defaults(func=run, explain_func=func)
+        return sub
+
+    sub = mode(
+        "rollout", _rollout, "attention rollout and last-layer class-token attention over images", "attention_maps.png"
+    )
+    sub.add_argument("images", nargs="+", type=Path, help="image files")
+    sub.add_argument("--residual_weight", type=float, default=0.5, help="weight of the identity (Abnar & Zuidema)")
+    sub.add_argument("--head_fusion", choices=["mean", "max", "min"], default="mean")
+
+    sub = mode(
+        "distance",
+        _distance,
+        "mean attention distance per head and layer (ViT Fig. 7 right)",
+        "mean_attention_distance.png",
+    )
+    sub.add_argument("images", nargs="*", type=Path, help="image files (none: N(0, 1) noise inputs)")
+    sub.add_argument("--num_random", type=int, default=16, help="noise inputs when no images are given")
+    sub.add_argument("--seed", type=int, default=0)
+
+    mode(
+        "positions",
+        _positions,
+        "position-embedding cosine similarity (ViT Fig. 7 centre)",
+        "position_embedding_similarity.png",
+    )
+
+    sub = mode(
+        "filters",
+        _filters,
+        "principal components of the patch-embedding filters (ViT Fig. 7 left)",
+        "patch_embedding_components.png",
+    )
+    sub.add_argument("--num_components", type=int, default=28)
+
+    sub = mode(
+        "pattern",
+        _pattern,
+        "sparse attention pattern: keys each query sees (Sparse Transformer Fig. 3)",
+        "sparse_attention_pattern.png",
+        checkpoint="optional",
+    )
+    sub.add_argument(
+        "--kind",
+        choices=["dense", "strided", "fixed", "all"],
+        default=None,
+        help="pattern to draw without a checkpoint ('all': dense, strided and fixed side by side)",
+    )
+    sub.add_argument("--stride", type=int, default=None, help="stride / block length l")
+    sub.add_argument("--summary_size", type=int, default=None, help="fixed pattern: summary positions c (default l/4)")
+    sub.add_argument("--length", type=int, default=None, help="sequence length n (default about l^2, at most 1024)")
+    sub.add_argument("--bidirectional", action="store_true", help="encoder form (no j <= i restriction)")
+    sub.add_argument("--query", type=int, default=None, help="query position of the top row (default: near the end)")
+
+    sub = mode("all", _all, "every figure of a ViT checkpoint into a folder (for its model card)", None)
+    sub.add_argument("images", nargs="+", type=Path, help="image files")
+    sub.add_argument("--output_dir", type=Path, default=Path("figures"))
+    sub.add_argument("--max_images", type=int, default=4, help="images shown in attention_maps.png")

@@ -1,0 +1,215 @@
+"""Which keys each query sees under the Sparse Transformer's factorised attention (Child et al. 2019, sec. 4.2,
+Fig. 3), split into the pattern's two parts so a figure can colour them apart.
+
+Definitions (0-indexed, query i, key j, stride / block length l, c summary positions; causal adds j <= i):
+- strided: A^(1) "band" = {0 <= i - j <= l} (bidirectional |i - j| <= l), A^(2) "residue" = {(i - j) mod l = 0};
+- fixed: A^(1) "block" = {floor(j / l) = floor(i / l)}, A^(2) "summary" = {j mod l in [l - c(b + 1), l - cb)}
+  where b is the head's summary sub-block (b = 0: the last c positions of every block);
+- dense: one part, every (earlier) key.
+These are the paper's parts, which may overlap (a figure shows the overlap); `hf_vit_plus.models.sparse_layouts`
+holds the model's own layouts (disjoint parts for the kernels), and every pattern built here is checked to have
+the same union as the model's merged mask.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+PATTERN_KINDS = ("dense", "strided", "fixed")
+PART_NAMES: dict[str, tuple[str, ...]] = {
+    "dense": ("all",),
+    "strided": ("band", "residue"),
+    "fixed": ("block", "summary"),
+}
+
+
+@dataclass
+class AttentionPattern:
+    """A pattern over `length` positions as boolean (length, length) masks, one per part (True = query row i
+    attends to key column j)."""
+
+    kind: str
+    length: int
+    stride: int | None
+    summary_size: int | None
+    summary_block: int
+    causal: bool
+    parts: dict[str, torch.Tensor]
+    mode: str | None = None
+
+    @property
+    def mask(self) -> torch.Tensor:
+        """The union of the parts: what a merged head attends to, (length, length) bool."""
+        union = torch.zeros(self.length, self.length, dtype=torch.bool)
+        for part in self.parts.values():
+            union |= part
+        return union
+
+    def part_codes(self) -> torch.Tensor:
+        """(length, length) integers: 0 = not attended, k = only part k (1-based), len(parts) + 1 = several parts."""
+        codes = torch.zeros(self.length, self.length, dtype=torch.long)
+        count = torch.zeros(self.length, self.length, dtype=torch.long)
+        for index, part in enumerate(self.parts.values(), start=1):
+            codes[part] = index
+            count += part.long()
+        codes[count > 1] = len(self.parts) + 1
+        return codes
+
+    def density(self) -> float:
+        """Share of the (causal) attention matrix the pattern keeps."""
+        allowed = self.length * (self.length + 1) / 2 if self.causal else self.length**2
+        return float(self.mask.sum()) / allowed
+
+    def describe(self) -> str:
+        if self.kind == "dense":
+            return f"dense, n={self.length}, {'causal' if self.causal else 'bidirectional'}"
+        text = f"{self.kind}, n={self.length}, l={self.stride}"
+        if self.kind == "fixed":
+            text += f", c={self.summary_size}"
+            if self.summary_block:
+                text += f", block {self.summary_block}"
+        text += f", {'causal' if self.causal else 'bidirectional'}"
+        if self.mode and self.mode != "merged":
+            text += f"\n{self.mode}: each {'layer' if self.mode == 'interleaved' else 'head'} uses one part"
+        return text
+
+
+def _check_int(name: str, value, minimum: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"`{name}` must be an integer >= {minimum}, got {value!r}.")
+
+
+def attention_pattern(
+    kind: str,
+    length: int,
+    stride: int | None = None,
+    summary_size: int | None = None,
+    causal: bool = True,
+    summary_block: int = 0,
+    mode: str | None = None,
+) -> AttentionPattern:
+    """The parts of a `kind` pattern ("dense", "strided" or "fixed") over `length` positions. `summary_block` b
+    picks the fixed pattern's summary positions (head h of a model uses b = h mod sparse_num_summary_blocks);
+    `mode` (merged / interleaved / heads, how a network combines the parts) is only recorded for the caption."""
+    if kind not in PATTERN_KINDS:
+        raise ValueError(f"Unknown attention pattern kind {kind!r}: expected one of {PATTERN_KINDS}.")
+    _check_int("length", length)
+    i = torch.arange(length).unsqueeze(1)  # (n, 1) queries
+    j = torch.arange(length).unsqueeze(0)  # (1, n) keys
+    allowed = (j <= i) if causal else torch.ones(length, length, dtype=torch.bool)
+    if kind == "dense":
+        return AttentionPattern(kind, length, None, None, 0, causal, {"all": allowed.clone()})
+    if stride is None:
+        raise ValueError(f"The {kind!r} pattern needs a stride (block length) l.")
+    _check_int("stride", stride)
+    if kind == "strided":
+        band = (i - j).abs() <= stride
+        residue = (i - j) % stride == 0
+        parts = {"band": band & allowed, "residue": residue & allowed}
+        return _checked(AttentionPattern(kind, length, stride, None, 0, causal, parts), mode)
+    if summary_size is None:
+        raise ValueError("The 'fixed' pattern needs `summary_size` c (summary positions at the end of each block).")
+    _check_int("summary_size", summary_size)
+    _check_int("summary_block", summary_block, minimum=0)
+    if summary_size * (summary_block + 1) > stride:
+        raise ValueError(
+            f"Summary block {summary_block} of c={summary_size} positions does not fit in a block of l={stride}: "
+            f"need c * (block + 1) = {summary_size * (summary_block + 1)} <= l."
+        )
+    block = (i // stride) == (j // stride)
+    offset = j % stride
+    low = stride - summary_size * (summary_block + 1)
+    summary = (offset >= low) & (offset < low + summary_size)
+    parts = {"block": block & allowed, "summary": summary.expand(length, length) & allowed}
+    return _checked(AttentionPattern(kind, length, stride, summary_size, summary_block, causal, parts), mode)
+
+
+def _checked(pattern: AttentionPattern, mode: str | None) -> AttentionPattern:
+    """Attach the mode and check the parts against the model's own layouts (`SparsePattern`): their union must be
+    the merged mask the attention kernels use."""
+    from ..models.sparse_layouts import SparsePattern
+
+    reference = SparsePattern(
+        pattern.kind,
+        pattern.stride,
+        pattern.summary_size or 0,
+        pattern.summary_block + 1 if pattern.kind == "fixed" else 1,
+        pattern.causal,
+    )
+    positions = torch.arange(pattern.length)
+    merged = reference.allowed(positions[:, None], positions[None, :], pattern.summary_block)
+    assert torch.equal(merged, pattern.mask), f"parts of {pattern.describe()} disagree with sparse_layouts"
+    pattern.mode = mode
+    return pattern
+
+
+def pattern_from_config(config, length: int | None = None, head: int = 0) -> AttentionPattern:
+    """The pattern a model config describes (`attention_type`, `sparse_stride`, `sparse_summary_size`,
+    `sparse_num_summary_blocks`), for attention head `head`.
+
+    The Sparse Transformer is a causal language model; a ViT config with a sparse `attention_type` is
+    bidirectional over its prefix + N tokens. Configs without `attention_type` (e.g. the encoder-decoder
+    Transformer) raise a ValueError naming the model type.
+    """
+    model_type = getattr(config, "model_type", None)
+    kind = getattr(config, "attention_type", None)
+    if kind is None:
+        raise ValueError(
+            f"model_type={model_type!r} ({type(config).__name__}) has no `attention_type`: the attention-pattern "
+            "figure applies to the Sparse Transformer and to ViTPlus models with sparse attention."
+        )
+    if kind == "dense":
+        raise ValueError(
+            f"model_type={model_type!r} uses dense attention (attention_type='dense'): there is no sparse pattern to "
+            "draw (draw one without a checkpoint: --kind strided|fixed)."
+        )
+    if kind not in PATTERN_KINDS:
+        raise ValueError(f"model_type={model_type!r} has attention_type={kind!r}; the figure knows {PATTERN_KINDS}.")
+    if model_type == "vit_plus":
+        native = getattr(config, "num_patches", 0) + 1
+        causal = False
+    else:
+        native = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+        causal = True  # the Sparse Transformer is an autoregressive model
+    stride = getattr(config, "sparse_stride", None)
+    if length is None:
+        wanted = default_length(stride) if stride else 64
+        length = min(native, wanted) if native else wanted
+    summary_block = 0
+    blocks = getattr(config, "sparse_num_summary_blocks", 1) or 1
+    if kind == "fixed":
+        summary_block = head % blocks
+    summary_size = getattr(config, "sparse_summary_size", None) if kind == "fixed" else None
+    mode = getattr(config, "sparse_pattern_mode", None)
+    return attention_pattern(kind, length, stride, summary_size, causal, summary_block, mode)
+
+
+def default_length(stride: int, limit: int = 1024) -> int:
+    """A sequence length that shows a pattern of stride l as in the paper's Fig. 3: n = l^2 (l close to sqrt(n)),
+    at least 4 blocks, at most about `limit` positions, a whole number of blocks."""
+    blocks = min(stride, max(4, limit // stride))
+    return max(4, blocks) * stride
+
+
+def default_query(pattern: AttentionPattern) -> int:
+    """A query whose keys show every part: near the end of a causal sequence, mid-block otherwise."""
+    n, stride = pattern.length, pattern.stride or max(1, pattern.length // 4)
+    if pattern.causal:
+        return n - 1 - (stride // 3 if stride < n else 0)
+    return min(n - 1, (n // 2 // stride) * stride + stride // 2)
+
+
+__all__ = [
+    "PART_NAMES",
+    "PATTERN_KINDS",
+    "AttentionPattern",
+    "attention_pattern",
+    "default_length",
+    "default_query",
+    "pattern_from_config",
+]
