@@ -31,8 +31,12 @@ venv-test: $(VENV)/.stamp-test
 demo: $(VENV)/.stamp-base
 	$(VENV)/bin/hf-vit-plus demo --output_dir outputs/demo
 
+# The multi-process tests fork (accelerate.debug_launcher), which torch refuses in a process that already ran
+# autograd: they run first, in a fresh interpreter of their own; the rest runs on 2 pytest-xdist workers.
+DISTRIBUTED_TESTS := tests/test_training_distributed.py
 test: $(VENV)/.stamp-test
-	OMP_NUM_THREADS=1 $(PY) -m pytest $(PYTEST_ARGS) tests
+	OMP_NUM_THREADS=1 $(PY) -m pytest -p no:xdist -q $(DISTRIBUTED_TESTS)
+	OMP_NUM_THREADS=1 $(PY) -m pytest $(PYTEST_ARGS) --ignore=$(DISTRIBUTED_TESTS) tests
 
 test-slow: $(VENV)/.stamp-test
 	$(PY) -m pytest -m slow tests
