@@ -11,6 +11,8 @@ from __future__ import annotations
 from transformers import PretrainedConfig
 from transformers.activations import ACT2FN
 
+from .config_checks import check_positive_int, check_probability, check_token_id
+
 ENCODER_ATTENTION_TYPES = ("dense", "strided", "fixed")
 ENCODER_SPARSE_PATTERN_MODES = ("interleaved", "merged", "heads")
 # Every sparse pattern is the union of two parts (A^(1), A^(2)); "heads" mode gives each part half of the heads.
@@ -21,23 +23,6 @@ SEQ2SEQ_TRANSFORMER_PRESETS: dict[str, tuple[int, int, int, int, float]] = {
     "base": (6, 512, 2048, 8, 0.1),
     "big": (6, 1024, 4096, 16, 0.3),
 }
-
-
-def _check_positive_int(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
-
-
-def _check_probability(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
-        raise ValueError(f"`{name}` must be a probability in [0, 1), got {value!r}.")
-
-
-def _check_token_id(name: str, value, vocab_size: int) -> None:
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab_size:
-        raise ValueError(f"`{name}` must be None or a token id in [0, vocab_size={vocab_size}), got {value!r}.")
 
 
 class Seq2SeqTransformerConfig(PretrainedConfig):
@@ -170,7 +155,7 @@ class Seq2SeqTransformerConfig(PretrainedConfig):
             "decoder_ffn_dim",
             "max_position_embeddings",
         ):
-            _check_positive_int(name, getattr(self, name))
+            check_positive_int(name, getattr(self, name))
         for heads_name in ("encoder_attention_heads", "decoder_attention_heads"):
             heads = getattr(self, heads_name)
             if self.d_model % heads != 0:
@@ -182,16 +167,16 @@ class Seq2SeqTransformerConfig(PretrainedConfig):
                 f"`activation_function` {self.activation_function!r} is not a known activation ({sorted(ACT2FN)})."
             )
         for name in ("dropout", "attention_dropout", "activation_dropout", "label_smoothing"):
-            _check_probability(name, getattr(self, name))
+            check_probability(name, getattr(self, name))
         for name in ("init_std", "layer_norm_eps"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise ValueError(f"`{name}` must be a positive number, got {value!r}.")
         for name in ("pad_token_id", "bos_token_id", "decoder_start_token_id"):
-            _check_token_id(name, getattr(self, name), self.vocab_size)
+            check_token_id(name, getattr(self, name), self.vocab_size)
         eos = self.eos_token_id
         for token in eos if isinstance(eos, (list, tuple)) else [eos]:
-            _check_token_id("eos_token_id", token, self.vocab_size)
+            check_token_id("eos_token_id", token, self.vocab_size)
         self._validate_encoder_sparse_attention()
 
     def _validate_encoder_sparse_attention(self) -> None:
@@ -202,8 +187,8 @@ class Seq2SeqTransformerConfig(PretrainedConfig):
             raise ValueError(
                 f"Unknown `encoder_sparse_pattern_mode` {mode!r}: expected one of {ENCODER_SPARSE_PATTERN_MODES}."
             )
-        _check_positive_int("encoder_sparse_stride", self.encoder_sparse_stride)
-        _check_positive_int("encoder_sparse_num_summary_blocks", self.encoder_sparse_num_summary_blocks)
+        check_positive_int("encoder_sparse_stride", self.encoder_sparse_stride)
+        check_positive_int("encoder_sparse_num_summary_blocks", self.encoder_sparse_num_summary_blocks)
         size = self.encoder_sparse_summary_size
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
             raise ValueError(f"`encoder_sparse_summary_size` must be a non-negative integer, got {size!r}.")

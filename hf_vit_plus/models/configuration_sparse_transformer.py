@@ -12,29 +12,14 @@ import math
 from transformers import PretrainedConfig
 from transformers.activations import ACT2FN
 
+from .config_checks import check_positive_int, check_probability, check_token_id
+
 ATTENTION_TYPES = ("dense", "strided", "fixed")
 SPARSE_PATTERN_MODES = ("interleaved", "merged", "heads")
 POSITION_EMBEDDING_TYPES = ("learned", "factorized")
 # Every sparse pattern here is the union of two parts (sec. 4.2: A^(1) and A^(2)); "heads" mode gives each part
 # an equal share of the heads.
 NUM_PATTERN_PARTS = 2
-
-
-def _check_positive_int(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
-
-
-def _check_probability(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
-        raise ValueError(f"`{name}` must be a probability in [0, 1), got {value!r}.")
-
-
-def _check_token_id(name: str, value, vocab_size: int) -> None:
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab_size:
-        raise ValueError(f"`{name}` must be None or a token id in [0, vocab_size={vocab_size}), got {value!r}.")
 
 
 class SparseTransformerConfig(PretrainedConfig):
@@ -147,7 +132,7 @@ class SparseTransformerConfig(PretrainedConfig):
             "intermediate_size",
             "max_position_embeddings",
         ):
-            _check_positive_int(name, getattr(self, name))
+            check_positive_int(name, getattr(self, name))
         if self.hidden_size % self.num_attention_heads != 0:
             raise ValueError(
                 f"`hidden_size` ({self.hidden_size}) must be divisible by `num_attention_heads` "
@@ -155,12 +140,12 @@ class SparseTransformerConfig(PretrainedConfig):
             )
         if self.hidden_act not in ACT2FN:
             raise ValueError(f"`hidden_act` {self.hidden_act!r} is not a known activation ({sorted(ACT2FN)}).")
-        _check_probability("hidden_dropout_prob", self.hidden_dropout_prob)
-        _check_probability("attention_probs_dropout_prob", self.attention_probs_dropout_prob)
+        check_probability("hidden_dropout_prob", self.hidden_dropout_prob)
+        check_probability("attention_probs_dropout_prob", self.attention_probs_dropout_prob)
         if not isinstance(self.layer_norm_eps, (int, float)) or self.layer_norm_eps <= 0:
             raise ValueError(f"`layer_norm_eps` must be a positive number, got {self.layer_norm_eps!r}.")
         for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
-            _check_token_id(name, getattr(self, name), self.vocab_size)
+            check_token_id(name, getattr(self, name), self.vocab_size)
 
         if self.attention_type not in ATTENTION_TYPES:
             raise ValueError(f"Unknown `attention_type` {self.attention_type!r}: expected one of {ATTENTION_TYPES}.")
@@ -169,7 +154,7 @@ class SparseTransformerConfig(PretrainedConfig):
                 f"Unknown `sparse_pattern_mode` {self.sparse_pattern_mode!r}: expected one of {SPARSE_PATTERN_MODES}."
             )
         for name in ("sparse_stride", "sparse_summary_size", "sparse_num_summary_blocks"):
-            _check_positive_int(name, getattr(self, name))
+            check_positive_int(name, getattr(self, name))
         if self.attention_type != "dense":
             if self.sparse_stride > self.max_position_embeddings:
                 raise ValueError(

@@ -10,6 +10,7 @@ import re
 from transformers import PretrainedConfig
 from transformers.activations import ACT2FN
 
+from .config_checks import check_positive_int, check_probability
 from .sparse_layouts import build_pattern, check_mode
 
 # Table 1 of the paper: (layers, hidden size D, MLP size, heads). Patch size and resolution come from the name.
@@ -24,16 +25,6 @@ VIT_PLUS_PATCH_SIZES = (14, 16, 32)
 _PRESET_RE = re.compile(r"^(?P<size>[a-z]+)-patch(?P<patch>\d+)-(?P<res>\d+)$")
 CLASSIFIER_HEADS = ("linear", "mlp_tanh")
 ATTENTION_TYPES = ("dense", "strided", "fixed")
-
-
-def _check_positive_int(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
-
-
-def _check_probability(name: str, value) -> None:
-    if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
-        raise ValueError(f"`{name}` must be a probability in [0, 1), got {value!r}.")
 
 
 class ViTPlusConfig(PretrainedConfig):
@@ -119,9 +110,9 @@ class ViTPlusConfig(PretrainedConfig):
     def validate_vit_plus(self) -> None:
         """Raise a `ValueError` naming the offending values if the fields do not describe a valid ViT."""
         for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"):
-            _check_positive_int(name, getattr(self, name))
+            check_positive_int(name, getattr(self, name))
         for name in ("image_size", "patch_size", "num_channels"):
-            _check_positive_int(name, getattr(self, name))
+            check_positive_int(name, getattr(self, name))
         if self.hidden_size % self.num_attention_heads != 0:
             raise ValueError(
                 f"`hidden_size` ({self.hidden_size}) must be divisible by `num_attention_heads` "
@@ -134,12 +125,12 @@ class ViTPlusConfig(PretrainedConfig):
             )
         if self.hidden_act not in ACT2FN:
             raise ValueError(f"`hidden_act` {self.hidden_act!r} is not a known activation ({sorted(ACT2FN)}).")
-        _check_probability("hidden_dropout_prob", self.hidden_dropout_prob)
-        _check_probability("attention_probs_dropout_prob", self.attention_probs_dropout_prob)
+        check_probability("hidden_dropout_prob", self.hidden_dropout_prob)
+        check_probability("attention_probs_dropout_prob", self.attention_probs_dropout_prob)
         if self.classifier_head not in CLASSIFIER_HEADS:
             raise ValueError(f"`classifier_head` must be one of {CLASSIFIER_HEADS}, got {self.classifier_head!r}.")
         if self.classifier_hidden_size is not None:
-            _check_positive_int("classifier_hidden_size", self.classifier_hidden_size)
+            check_positive_int("classifier_hidden_size", self.classifier_hidden_size)
         if not isinstance(self.layer_norm_eps, (int, float)) or self.layer_norm_eps <= 0:
             raise ValueError(f"`layer_norm_eps` must be a positive number, got {self.layer_norm_eps!r}.")
         if self.attention_type not in ATTENTION_TYPES:
