@@ -77,7 +77,9 @@ def test_seq2seq_trainer_learns_number_words_and_pipeline_serves_it(tmp_path):
     model.generation_config = Seq2SeqTransformerForConditionalGeneration.paper_generation_config(
         config, max_new_tokens=16
     )
-    optimizer = paper_adam(model.parameters(), lr=2.0)  # base rate 2 x the paper's curve: a small, short run
+    # The paper's curve itself (factor 1): twice it reached 98.5% with one thread but diverged (0%) with two, where
+    # the matmul sums in another order; factor 1 gives 99% / 96.5% on 1 / 2 threads.
+    optimizer = paper_adam(model.parameters(), lr=1.0)
     scheduler = get_noam_schedule(optimizer, d_model=config.d_model, warmup_steps=150)
 
     def exact_match(eval_pred):
