@@ -238,8 +238,15 @@ class Seq2SeqTransformerLayer(GradientCheckpointingLayer):
         self.activation_fn = ACT2FN[config.activation_function]
         self.fc2 = nn.Linear(ffn_dim, config.d_model)
         self.final_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.dropout)
-        self.activation_dropout = nn.Dropout(config.activation_dropout)
+        # Plain floats applied through `_dropout`, which returns its input untouched in eval mode or when p = 0:
+        # a decoding step then makes no dropout calls at all (generation speed is dominated by per-call overhead).
+        self.dropout = config.dropout
+        self.activation_dropout = config.activation_dropout
+
+    def _dropout(self, hidden_states: torch.Tensor, p: float) -> torch.Tensor:
+        if p == 0.0 or not self.training:
+            return hidden_states
+        return nn.functional.dropout(hidden_states, p=p, training=True)
 
     def forward(
         self,
@@ -264,7 +271,7 @@ class Seq2SeqTransformerLayer(GradientCheckpointingLayer):
             past_key_values=past_key_values,
             output_attentions=output_attentions,
         )
-        hidden_states = residual + self.dropout(hidden_states)
+        hidden_states = residual + self._dropout(hidden_states, self.dropout)
         if not self.normalize_before:
             hidden_states = self.self_attn_layer_norm(hidden_states)
 
@@ -280,15 +287,16 @@ class Seq2SeqTransformerLayer(GradientCheckpointingLayer):
                 past_key_values=past_key_values,
                 output_attentions=output_attentions,
             )
-            hidden_states = residual + self.dropout(hidden_states)
+            hidden_states = residual + self._dropout(hidden_states, self.dropout)
             if not self.normalize_before:
                 hidden_states = self.encoder_attn_layer_norm(hidden_states)
 
         residual = hidden_states
         if self.normalize_before:
             hidden_states = self.final_layer_norm(hidden_states)
-        hidden_states = self.fc2(self.activation_dropout(self.activation_fn(self.fc1(hidden_states))))  # (B, T, D)
-        hidden_states = residual + self.dropout(hidden_states)
+        hidden_states = self.activation_fn(self.fc1(hidden_states))
+        hidden_states = self.fc2(self._dropout(hidden_states, self.activation_dropout))  # (B, T, D)
+        hidden_states = residual + self._dropout(hidden_states, self.dropout)
         if not self.normalize_before:
             hidden_states = self.final_layer_norm(hidden_states)
         return hidden_states, self_attn_weights, cross_attn_weights
@@ -388,8 +396,7 @@ class Seq2SeqTransformerStack(nn.Module):
         skip = not output_attentions
         mask_config = _dense_mask_config(self.config)
         if self.is_decoder:
-            if attention_mask is None:
-                attention_mask = torch.ones(batch_size, past_length + seq_len, device=hidden_states.device)
+            # No target padding mask (the usual case): the causal mask alone, which sdpa applies without a tensor.
             self_mask = create_causal_mask(
                 config=mask_config,
                 inputs_embeds=hidden_states,
