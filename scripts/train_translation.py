@@ -37,6 +37,8 @@ from transformers import (
 
 from hf_vit_plus import Seq2SeqTransformerConfig, Seq2SeqTransformerForConditionalGeneration
 from hf_vit_plus.data.sword import load_sword_parallel_dataset
+from hf_vit_plus.hub.card import write_model_card
+from hf_vit_plus.hub.figures import plot_training_curves
 from hf_vit_plus.metrics import load_translation_metric
 from hf_vit_plus.models.pipeline_text2text_generation import save_text2text_pipeline
 from hf_vit_plus.tokenization import train_bpe_tokenizer
@@ -74,6 +76,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     train.add_argument("--max_train_minutes", type=float, default=None, help="stop training after this wall time")
     train.add_argument("--warmup_steps", type=int, default=4000)
     train.add_argument("--lr_factor", type=float, default=1.0, help="multiplies the Noam curve (paper: 1)")
+    train.add_argument("--logging_steps", type=int, default=50, help="log (and plot) the training loss every N steps")
     train.add_argument("--seed", type=int, default=0)
     decode = p.add_argument_group("decoding")
     decode.add_argument("--num_beams", type=int, default=4)
@@ -93,6 +96,7 @@ def load_pairs(args: argparse.Namespace) -> DatasetDict:
     else:
         raw = load_dataset(args.dataset_name, args.dataset_config)
         test_split = "test" if "test" in raw else "validation"
+        args.eval_split = test_split
 
         def to_pairs(batch):
             pairs = batch["translation"]
@@ -142,6 +146,41 @@ def translate(model, tokenizer, sources: list[str], args: argparse.Namespace) ->
         for i, text in zip(index, tokenizer.batch_decode(generated, skip_special_tokens=True)):
             outputs[i] = text.strip()
     return outputs
+
+
+def write_translation_card(model_dir: Path, config, args: argparse.Namespace, results: dict, log_history) -> Path:
+    """The model card of the saved folder: the held-out BLEU / chrF in the model-index, the recipe, the loss curve."""
+    figures = []
+    if any("loss" in entry for entry in log_history):
+        figures.append(plot_training_curves(log_history, model_dir / "training_curves.png"))
+    dataset = "sword-kjv-rv1909" if args.dataset_name == "sword" else args.dataset_name
+    prefix = "eval" if getattr(args, "eval_split", "test") == "validation" else "test"  # the card's split
+    languages = [lang for lang in (args.source_lang, args.target_lang) if lang.isalpha() and len(lang) in (2, 3)]
+    return write_model_card(
+        model_dir,
+        family="seq2seq",
+        model_config=config,
+        training_args={
+            "direction": results["direction"],
+            "train_steps": results["train_steps"],
+            "train_epochs": results["train_epochs"],
+            "train_minutes": results["train_minutes"],
+            "batch_size": args.batch_size,
+            "optimizer": "Adam(0.9, 0.98, eps 1e-9), Noam schedule",
+            "warmup_steps": args.warmup_steps,
+            "lr_factor": args.lr_factor,
+            "label_smoothing": args.label_smoothing,
+            "bpe_vocab_size": args.vocab_size,
+            "decoding": f"beam {args.num_beams}, length penalty {args.length_penalty}, max input length + 50",
+            "bleu_signature": results["bleu_signature"],
+            "chrf_signature": results["chrf_signature"],
+        },
+        eval_results={f"{prefix}_bleu": results["bleu"], f"{prefix}_chrf": results["chrf"]},
+        dataset_name=dataset,
+        dataset_config=args.dataset_config,
+        figures=figures,
+        language=languages or None,
+    )
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -201,7 +240,7 @@ def main(argv: list[str] | None = None) -> dict:
         use_cpu=not torch.cuda.is_available(),
         report_to="none",
         save_strategy="no",
-        logging_steps=50,
+        logging_steps=args.logging_steps,
         sortish_sampler=True,  # batches of similar lengths: less padding
         seed=args.seed,
         dataloader_num_workers=0,
@@ -231,6 +270,7 @@ def main(argv: list[str] | None = None) -> dict:
         "chrf": round(scores["chrf"], 2),
         "bleu_signature": scores["bleu_signature"],
         "chrf_signature": scores["chrf_signature"],
+        "eval_split": getattr(args, "eval_split", "test"),
         "eval_sentences": test.num_rows,
         "train_steps": trainer.state.global_step,
         "train_epochs": round(trainer.state.epoch or 0.0, 3),
@@ -245,8 +285,9 @@ def main(argv: list[str] | None = None) -> dict:
             for s, r, p in zip(test["source"][:5], test["target"][:5], predictions[:5])
         ],
     }
-    save_text2text_pipeline(trainer.model, tokenizer, output_dir / "model")
+    model_dir = save_text2text_pipeline(trainer.model, tokenizer, output_dir / "model")
     (output_dir / "results.json").write_text(json.dumps(results, indent=2, ensure_ascii=False))
+    write_translation_card(model_dir, config, args, results, trainer.state.log_history)
     print(json.dumps({k: v for k, v in results.items() if k != "examples"}, indent=2))
     for example in results["examples"]:
         print(f"\nSRC  {example['source']}\nREF  {example['reference']}\nHYP  {example['prediction']}")

@@ -16,6 +16,7 @@ import pytest
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from hf_vit_plus.data.number_words import number_to_words
+from hf_vit_plus.hub.card import load_card_metadata, validate_card_metadata
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,6 +50,7 @@ def test_translation_script_trains_on_a_wmt_layout_dataset_and_saves_a_loadable_
             "--d_model", "32", "--layers", "1", "--heads", "2", "--ffn_dim", "64",
             "--batch_size", "32",
             "--max_steps", "30",
+            "--logging_steps", "10",
             "--warmup_steps", "10",
             "--max_eval_samples", "16",
             "--max_source_length", "16",
@@ -62,6 +64,15 @@ def test_translation_script_trains_on_a_wmt_layout_dataset_and_saves_a_loadable_
     assert results["bleu_signature"].startswith("nrefs:1") and results["num_beams"] == 4
     saved = json.loads((output_dir / "results.json").read_text())
     assert saved["bleu"] == results["bleu"] and len(saved["examples"]) == 5
+
+    # The card carries the held-out scores in its model-index, with the loss curve next to it.
+    card = (output_dir / "model" / "README.md").read_text()
+    assert "training_curves.png" in card and (output_dir / "model" / "training_curves.png").is_file()
+    assert validate_card_metadata(output_dir / "model" / "README.md") == []
+    index = load_card_metadata(output_dir / "model" / "README.md")["model-index"][0]["results"][0]
+    assert results["eval_split"] == "validation" and index["dataset"]["split"] == "validation"
+    scores = {m["type"]: m["value"] for m in index["metrics"]}
+    assert scores == {"bleu": results["bleu"], "chrf": results["chrf"]}
 
     # The saved folder is a complete checkpoint: Auto classes load the model and the tokenizer.
     tokenizer = AutoTokenizer.from_pretrained(output_dir / "model")
