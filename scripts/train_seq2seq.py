@@ -1,4 +1,4 @@
-"""Train the seq2seq family with Accelerate: parse the arguments, run the library loop.
+r"""Train the seq2seq family with Accelerate: parse the arguments, run the library loop.
 
     python scripts/train_seq2seq.py --output_dir outputs/seq2seq
     accelerate launch --multi_gpu --num_processes 2 --num_machines 1 --mixed_precision no --dynamo_backend no \

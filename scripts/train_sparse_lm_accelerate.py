@@ -1,4 +1,4 @@
-"""Train the sparse-lm family with Accelerate: parse the arguments, run the library loop.
+r"""Train the sparse-lm family with Accelerate: parse the arguments, run the library loop.
 
     python scripts/train_sparse_lm_accelerate.py --output_dir outputs/sparse-lm
     accelerate launch --multi_gpu --num_processes 2 --num_machines 1 --mixed_precision no --dynamo_backend no \

@@ -1,4 +1,4 @@
-"""Train the encoder-decoder Transformer for translation and report BLEU / chrF on a held-out set.
+r"""Train the encoder-decoder Transformer for translation and report BLEU / chrF on a held-out set.
 
 Default data, no network needed: English -> Spanish Bible verses (King James Version / Reina-Valera 1909) read
 from the Debian SWORD modules; install them first:

@@ -1,4 +1,4 @@
-"""Train the vit family with Accelerate: parse the arguments, run the library loop.
+r"""Train the vit family with Accelerate: parse the arguments, run the library loop.
 
     python scripts/train_vit.py --output_dir outputs/vit
     accelerate launch --multi_gpu --num_processes 2 --num_machines 1 --mixed_precision no --dynamo_backend no \
