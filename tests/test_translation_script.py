@@ -37,33 +37,42 @@ def _write_wmt_layout(folder: Path) -> Path:
     return folder
 
 
+def _tiny_run(data_dir: Path, output_dir: Path, *extra: str) -> list[str]:
+    return [
+        "--dataset_name", str(data_dir),
+        "--source_lang", "digits",
+        "--target_lang", "words",
+        "--vocab_size", "300",
+        "--d_model", "32", "--layers", "1", "--heads", "2", "--ffn_dim", "64",
+        "--batch_size", "32",
+        "--logging_steps", "10",
+        "--eval_steps", "10",
+        "--max_validation_samples", "8",
+        "--average_last", "3",
+        "--warmup_steps", "10",
+        "--max_eval_samples", "16",
+        "--max_source_length", "16",
+        "--max_target_length", "24",
+        "--output_dir", str(output_dir),
+        *extra,
+    ]  # fmt: skip
+
+
 def test_translation_script_trains_on_a_wmt_layout_dataset_and_saves_a_loadable_folder(tmp_path):
     script = _load_script()
     data_dir = _write_wmt_layout(tmp_path / "numbers_wmt")
     output_dir = tmp_path / "out"
-    results = script.main(
-        [
-            "--dataset_name", str(data_dir),
-            "--source_lang", "digits",
-            "--target_lang", "words",
-            "--vocab_size", "300",
-            "--d_model", "32", "--layers", "1", "--heads", "2", "--ffn_dim", "64",
-            "--batch_size", "32",
-            "--max_steps", "30",
-            "--logging_steps", "10",
-            "--warmup_steps", "10",
-            "--max_eval_samples", "16",
-            "--max_source_length", "16",
-            "--max_target_length", "24",
-            "--output_dir", str(output_dir),
-        ]
-    )  # fmt: skip
+    results = script.main(_tiny_run(data_dir, output_dir, "--max_steps", "30"))
     assert results["train_steps"] == 30 and results["eval_sentences"] == 16
     assert results["direction"] == "digits->words" and math.isfinite(results["train_loss"])
     assert 0.0 <= results["bleu"] <= 100.0 and 0.0 <= results["chrf"] <= 100.0
     assert results["bleu_signature"].startswith("nrefs:1") and results["num_beams"] == 4
     saved = json.loads((output_dir / "results.json").read_text())
-    assert saved["bleu"] == results["bleu"] and len(saved["examples"]) == 5
+    assert saved["bleu"] == results["bleu"] and len(saved["examples"]) == 8
+    # A greedy validation BLEU every 10 steps, a checkpoint each time, and the paper's average of the last ones.
+    assert [point["step"] for point in results["validation_curve"]] == [10, 20, 30]
+    assert set(results["candidates"]) == {"last", "average"}
+    assert results["weights"] in ("last", "average of ['checkpoint-10', 'checkpoint-20', 'checkpoint-30']")
 
     # The card carries the held-out scores in its model-index, with the loss curve next to it.
     card = (output_dir / "model" / "README.md").read_text()
@@ -80,6 +89,22 @@ def test_translation_script_trains_on_a_wmt_layout_dataset_and_saves_a_loadable_
     batch = tokenizer(["12", "345"], return_tensors="pt", padding=True)
     generated = model.generate(**batch, num_beams=2, max_new_tokens=8)
     assert generated.shape[0] == 2 and generated.shape[1] <= 9
+
+
+def test_translation_script_resumes_from_its_latest_checkpoint_and_refuses_to_mix_runs(tmp_path):
+    script = _load_script()
+    data_dir = _write_wmt_layout(tmp_path / "numbers_wmt")
+    output_dir = tmp_path / "out"
+    script.main(_tiny_run(data_dir, output_dir, "--max_steps", "20", "--average_last", "1"))
+    # A fresh run into a folder with checkpoints would average another run's weights: refused.
+    with pytest.raises(ValueError, match="already holds checkpoints"):
+        script.main(_tiny_run(data_dir, output_dir, "--max_steps", "30"))
+    resumed = script.main(_tiny_run(data_dir, output_dir, "--max_steps", "30", "--resume_from_checkpoint", "latest"))
+    assert resumed["resumed_from"].endswith("checkpoint-20") and resumed["train_steps"] == 30
+    # The curve continues the first run's: the trainer state came back with the checkpoint.
+    assert [point["step"] for point in resumed["validation_curve"]] == [10, 20, 30]
+    with pytest.raises(ValueError, match="not a Trainer checkpoint"):
+        script.main(_tiny_run(data_dir, output_dir, "--resume_from_checkpoint", str(tmp_path)))
 
 
 def test_translation_script_rejects_a_direction_the_sword_corpus_lacks(tmp_path):
