@@ -19,6 +19,8 @@ from hf_vit_plus.models.pipeline_text2text_generation import Text2TextGeneration
 from hf_vit_plus.tokenization import train_bpe_tokenizer
 from hf_vit_plus.training.schedules import get_noam_schedule, paper_adam
 
+from .utils import run_without_package
+
 
 def test_number_to_words_examples():
     assert number_to_words(0) == "zero"
@@ -128,6 +130,42 @@ def test_seq2seq_trainer_learns_number_words_and_pipeline_serves_it(tmp_path):
     assert correct >= 18, list(zip(sources, predicted))
     same = pipeline("translation", model=str(folder), pipeline_class=Text2TextGenerationPipeline)
     assert same(sources[0])[0]["generated_text"] == predicted[0]
+
+    # A user without the package: the same folder gives the same token ids, the same generated ids and the same
+    # pipeline output through the code shipped in it (trust_remote_code), and is refused without it.
+    batch = tokenizer(sources[:8], return_tensors="pt", padding=True)
+    expected_ids = trainer.model.generate(**batch, num_beams=4, max_new_tokens=16).tolist()
+    code = f"""
+        import json, os, sys
+        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
+        path, sources = {str(folder)!r}, {sources[:8]!r}
+        sys.stdin = open(os.devnull)
+        try:
+            AutoModelForSeq2SeqLM.from_pretrained(path)
+            refused = False
+        except ValueError as error:
+            refused = "trust_remote_code" in str(error)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForSeq2SeqLM.from_pretrained(path, trust_remote_code=True).eval()
+        batch = tokenizer(sources, return_tensors="pt", padding=True)
+        generated = model.generate(**batch, num_beams=4, max_new_tokens=16)
+        translator = pipeline("translation", model=path, trust_remote_code=True)
+        print()
+        print(json.dumps({{
+            "refused": refused,
+            "module": type(model).__module__,
+            "input_ids": batch["input_ids"].tolist(),
+            "generated": generated.tolist(),
+            "decoded": tokenizer.batch_decode(generated, skip_special_tokens=True),
+            "pipeline": [out[0]["generated_text"] for out in translator(sources)],
+        }}))
+    """
+    remote = run_without_package(code, cwd=tmp_path)
+    assert remote["refused"] is True and not remote["module"].startswith("hf_vit_plus")
+    assert remote["input_ids"] == batch["input_ids"].tolist()
+    assert remote["generated"] == expected_ids
+    assert remote["decoded"] == tokenizer.batch_decode(expected_ids, skip_special_tokens=True)
+    assert remote["pipeline"] == predicted[:8]
 
 
 def test_noam_schedule_values_and_peak():
