@@ -643,6 +643,18 @@ class Seq2SeqTransformerForConditionalGeneration(Seq2SeqTransformerPreTrainedMod
     def set_output_embeddings(self, value: nn.Linear) -> None:
         self.lm_head = value
 
+    @staticmethod
+    def _reorder_cache(past_key_values, beam_idx: torch.LongTensor):
+        """Beam search's per-step cache reordering (called by `GenerationMixin`): only the decoder self-attention
+        cache is gathered. `beam_idx` only moves beams within one source sentence, and every beam of a sentence holds
+        the same cross-attention keys and values (one encoder output, expanded), so gathering those would copy
+        (batch x beams x source length x d_model x 2) values per layer and step for an identical result."""
+        if isinstance(past_key_values, EncoderDecoderCache):
+            past_key_values.self_attention_cache.reorder_cache(beam_idx)
+        else:
+            past_key_values.reorder_cache(beam_idx)
+        return past_key_values
+
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
