@@ -131,10 +131,14 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
                 generation_rate(model, tokens(batch, args.source_length), 4, beams, args.device)
             else:
                 training_rate(model, optimizers[name], tokens(batch, 8), tokens(batch, 8), args.device, steps=1)
-    for _ in range(args.repeats):
+    names = list(models)
+    for repeat in range(args.repeats):
         for label, kind, batch, beams in cases:
             source, target = tokens(batch, args.source_length), tokens(batch, args.new_tokens)
-            for name, model in models.items():  # same inputs, back to back
+            # Same inputs, back to back; who goes first alternates, so that neither model always runs on a warmer
+            # (or more loaded) machine than the other.
+            for name in names if repeat % 2 == 0 else names[::-1]:
+                model = models[name]
                 if kind == "gen":
                     rate = generation_rate(model, source, args.new_tokens, beams, args.device)
                 else:
@@ -147,14 +151,18 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
         f"source {args.source_length} tokens, {args.new_tokens} new tokens; median of {args.repeats}"
     )
     print(f"parameters: hf_vit_plus {params['hf_vit_plus'] / 1e6:.2f}M, marian {params['marian'] / 1e6:.2f}M")
-    header = f"| {'case':<30} | {'hf_vit_plus tok/s':>17} | {'Marian tok/s':>12} | {'ratio':>6} |"
+    print("ratio: median of the per-repetition ratios (each pair measured back to back), with their range")
+    header = f"| {'case':<30} | {'hf_vit_plus tok/s':>17} | {'Marian tok/s':>12} | {'ratio':>6} | {'range':>11} |"
     print(header)
     print("|" + "|".join("-" * (len(cell) + 0) for cell in header.split("|")[1:-1]) + "|")
     summary = {}
     for label, by_model in rates.items():
         ours, marian = statistics.median(by_model["hf_vit_plus"]), statistics.median(by_model["marian"])
-        summary[label] = {"hf_vit_plus": ours, "marian": marian, "ratio": ours / marian}
-        print(f"| {label:<30} | {ours:>17.1f} | {marian:>12.1f} | {ours / marian:>5.2f}x |")
+        paired = [a / b for a, b in zip(by_model["hf_vit_plus"], by_model["marian"])]
+        ratio = statistics.median(paired)
+        summary[label] = {"hf_vit_plus": ours, "marian": marian, "ratio": ratio, "range": (min(paired), max(paired))}
+        spread = f"{min(paired):.2f}-{max(paired):.2f}"
+        print(f"| {label:<30} | {ours:>17.1f} | {marian:>12.1f} | {ratio:>5.2f}x | {spread:>11} |")
     return summary
 
 
