@@ -13,6 +13,8 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from hf_vit_plus.data.number_words import number_to_words
@@ -99,8 +101,19 @@ def test_translation_script_resumes_from_its_latest_checkpoint_and_refuses_to_mi
     # A fresh run into a folder with checkpoints would average another run's weights: refused.
     with pytest.raises(ValueError, match="already holds checkpoints"):
         script.main(_tiny_run(data_dir, output_dir, "--max_steps", "30"))
-    resumed = script.main(_tiny_run(data_dir, output_dir, "--max_steps", "30", "--resume_from_checkpoint", "latest"))
+    resumed = script.main(
+        _tiny_run(
+            data_dir, output_dir, "--max_steps", "30", "--average_last", "1", "--resume_from_checkpoint", "latest"
+        )
+    )
     assert resumed["resumed_from"].endswith("checkpoint-20") and resumed["train_steps"] == 30
+    # Stopped at 20 and resumed to 30 == trained to 30 at once, bitwise: weights (the shared embedding and the
+    # projections tied to it), optimizer and schedule state, data order and dropout randomness all came back.
+    straight = script.main(_tiny_run(data_dir, tmp_path / "straight", "--max_steps", "30", "--average_last", "1"))
+    once = load_file(tmp_path / "straight" / "model" / "model.safetensors")
+    twice = load_file(output_dir / "model" / "model.safetensors")
+    assert once.keys() == twice.keys() and all(torch.equal(once[k], twice[k]) for k in once)
+    assert straight["validation_curve"] == resumed["validation_curve"]
     # The curve continues the first run's: the trainer state came back with the checkpoint.
     assert [point["step"] for point in resumed["validation_curve"]] == [10, 20, 30]
     with pytest.raises(ValueError, match="not a Trainer checkpoint"):
