@@ -327,9 +327,10 @@ def main(argv: list[str] | None = None) -> dict:
     tokenizer = build_tokenizer(args, data, output_dir / "tokenizer", resuming=resume is not None)
     config = build_config(args, tokenizer)
     model = Seq2SeqTransformerForConditionalGeneration(config)
-    model.generation_config = Seq2SeqTransformerForConditionalGeneration.paper_generation_config(
+    generation_config = Seq2SeqTransformerForConditionalGeneration.paper_generation_config(
         config, num_beams=args.num_beams, length_penalty=args.length_penalty, max_new_tokens=args.max_target_length
     )
+    model.generation_config = copy.deepcopy(generation_config)
     logger.info("model: %.1fM parameters, %s", model.num_parameters() / 1e6, config.to_diff_dict())
 
     def encode(batch):
@@ -382,6 +383,11 @@ def main(argv: list[str] | None = None) -> dict:
     train_seconds = time.perf_counter() - start
     if not math.isfinite(train_result.training_loss):
         raise SystemExit("training diverged (non-finite loss)")
+
+    # Seq2SeqTrainer's predict_with_generate evaluation fills model.generation_config in place with transformers'
+    # legacy defaults (max_length=20, top_k=50, ...); saved, they would make every later generate() warn that
+    # max_length and max_new_tokens are both set. Back to the configuration this run chose.
+    trainer.model.generation_config = copy.deepcopy(generation_config)
 
     # Sec. 6.1: the average of the last checkpoints; kept only if it decodes the validation pairs better.
     candidates = {"last": trainer.model}

@@ -85,6 +85,12 @@ def test_translation_script_trains_on_a_wmt_layout_dataset_and_saves_a_loadable_
     scores = {m["type"]: m["value"] for m in index["metrics"]}
     assert scores == {"bleu": results["bleu"], "chrf": results["chrf"]}
 
+    # The saved generation settings are the paper's beam search, not the defaults Seq2SeqTrainer's evaluation
+    # writes into the model's generation config (a max_length of 20 next to max_new_tokens).
+    generation = json.loads((output_dir / "model" / "generation_config.json").read_text())
+    assert "max_length" not in generation and generation["max_new_tokens"] == 24
+    assert generation["num_beams"] == 4 and generation["length_penalty"] == 0.6
+
     # The saved folder is a complete checkpoint: Auto classes load the model and the tokenizer.
     tokenizer = AutoTokenizer.from_pretrained(output_dir / "model")
     model = AutoModelForSeq2SeqLM.from_pretrained(output_dir / "model")
