@@ -1,11 +1,19 @@
 """`hf-vit-plus` command line. Each sub-command lives in its own module that defines
-`add_parser(subparsers)`; the parser it adds sets `func` (called with the parsed arguments)."""
+`add_parser(subparsers)`; the parser it adds sets `func` (called with the parsed arguments).
+
+User errors are reported the argparse way: one line `hf-vit-plus <command>: error: <message>` on stderr and exit
+status 2. argparse finds some of them itself (a missing argument, a value outside `choices`); the others are
+`hf_vit_plus.errors.UsageError`s raised while the sub-command checks its arguments. Any other exception is a bug
+(or a failure of the run itself) and keeps its traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib
 import sys
+
+from hf_vit_plus.errors import UsageError
 
 # module that defines `add_parser(subparsers)`, in the order they are listed by --help
 COMMAND_MODULES = [
@@ -16,8 +24,27 @@ COMMAND_MODULES = [
 ]
 
 
+class CommandParser(argparse.ArgumentParser):
+    """An `ArgumentParser` whose errors are one line, and which records in the namespace (`command_prog`) the
+    `prog` of the innermost sub-command parsed, e.g. "hf-vit-plus train vit", to prefix the errors found later.
+    Sub-parsers inherit the class."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {one_line(message)}\n")
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        if getattr(namespace, "command_prog", None) is None:  # a sub-command's parser has set it first
+            namespace.command_prog = self.prog
+        return namespace, extras
+
+
+def one_line(message: str) -> str:
+    return " ".join(line.strip() for line in str(message).splitlines() if line.strip())
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hf-vit-plus", description=__doc__.split("\n")[0])
+    parser = CommandParser(prog="hf-vit-plus", description=__doc__.split("\n")[0])
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name in COMMAND_MODULES:
         importlib.import_module(name).add_parser(subparsers)
@@ -25,8 +52,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    result = args.func(args)
+    """Run `hf-vit-plus` on `argv`; the exit status (2 for a user error). argparse's own errors and --help
+    raise `SystemExit` as usual."""
+    parser = build_parser()
+    args, extras = parser.parse_known_args(argv)
+    if extras:  # named after the sub-command that was given them, not the top-level parser
+        parser.exit(2, f"{args.command_prog}: error: unrecognized arguments: {' '.join(extras)}\n")
+    try:
+        result = args.func(args)
+    except UsageError as error:
+        print(f"{args.command_prog}: error: {one_line(error)}", file=sys.stderr)
+        return 2
     return int(result or 0)
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..errors import UsageError
+
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
@@ -13,6 +15,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         description=(
             "Push a save_pretrained folder to a Hub model repository as one commit. The repository is created "
             "if missing; with --revision the branch is created from main if missing. Pickled weights are refused. "
+            "A README.md in the folder is pushed as it is; without one, the commit gets the family's model card "
+            "rendered from config.json (the folder itself is only read). "
             "The endpoint is HF_ENDPOINT (default https://huggingface.co)."
         ),
     )
@@ -34,6 +38,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Exit status 2 for a bad folder, repo id or revision (nothing is sent: printed by `hf_vit_plus.cli.main`),
+    1 when a Hub request fails."""
     from .push import HubPushError, push_checkpoint
 
     try:
@@ -46,8 +52,10 @@ def run(args: argparse.Namespace) -> int:
             token=args.token,
             commit_message=args.commit_message,
         )
-    except (HubPushError, ValueError, FileNotFoundError) as err:
+    except HubPushError as err:
         print(f"hf-vit-plus push: error: {err}", file=sys.stderr)
         return 1
+    except (ValueError, FileNotFoundError) as err:  # push_checkpoint's checks, before any request
+        raise UsageError(str(err)) from err
     print(commit)
     return 0

@@ -14,20 +14,69 @@ from __future__ import annotations
 import argparse
 import logging
 import math
-import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+from ..errors import UsageError, load_config
 
 logger = logging.getLogger(__name__)
 
 
+@contextmanager
+def user_input() -> Iterator[None]:
+    """Report the `ValueError`s of the checks run on what the user gave (the checkpoint is not a ViT, an image
+    does not fit the model, ...) as `UsageError`s. Wrap only such checks: an error while computing or drawing the
+    figures is a bug and keeps its traceback."""
+    try:
+        yield
+    except UsageError:
+        raise
+    except ValueError as error:
+        raise UsageError(str(error)) from error
+
+
+def existing_file(text: str) -> Path:
+    """argparse `type` of an input file: refused by argparse (one line, exit status 2) when it does not exist."""
+    path = Path(text)
+    if not path.exists():
+        raise argparse.ArgumentTypeError(f"{text!r} does not exist")
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a file")
+    return path
+
+
+def positive_int(text: str) -> int:
+    """argparse `type` of a count or a length."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def unit_interval(text: str) -> float:
+    """argparse `type` of a weight in [0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}")
+    return value
+
+
 def load_checkpoint(checkpoint: str | Path, trust_remote_code: bool = False):
     """(model, image processor or None) from a saved folder or Hub id, with the eager attention kernel so that the
-    attention weights are returned. Image-classification models load with their head, others as the base model."""
-    from transformers import AutoConfig, AutoImageProcessor, AutoModel, AutoModelForImageClassification
+    attention weights are returned. Image-classification models load with their head, others as the base model.
+    A checkpoint that is neither a folder nor a Hub model raises a `UsageError`."""
+    from transformers import AutoImageProcessor, AutoModel, AutoModelForImageClassification
 
     import hf_vit_plus  # noqa: F401  (registers the Auto classes)
 
-    config = AutoConfig.from_pretrained(checkpoint, trust_remote_code=trust_remote_code)
+    config = load_config(checkpoint, "CHECKPOINT", trust_remote_code=trust_remote_code)
     model = None
     for auto_class in (AutoModelForImageClassification, AutoModel):
         try:
@@ -38,7 +87,7 @@ def load_checkpoint(checkpoint: str | Path, trust_remote_code: bool = False):
         except ValueError as error:  # the Auto class does not know this config
             logger.debug("%s cannot load %s: %s", auto_class.__name__, checkpoint, error)
     if model is None:
-        raise ValueError(
+        raise UsageError(
             f"Neither AutoModelForImageClassification nor AutoModel loads {checkpoint!r} ({config.model_type})."
         )
     model.eval()
@@ -73,8 +122,9 @@ def _rollout(args: argparse.Namespace) -> list[Path]:
     from .plots import plot_attention_maps
 
     model, processor = load_checkpoint(args.checkpoint, args.trust_remote_code)
-    parts = vit_embedding_parts(model)
-    pixel_values, display = prepare_images(model, [str(p) for p in args.images], processor)
+    with user_input():
+        parts = vit_embedding_parts(model)
+        pixel_values, display = prepare_images(model, [str(p) for p in args.images], processor)
     attentions = collect_attentions(model, pixel_values)
     rollout = attention_rollout(attentions, args.residual_weight, args.head_fusion)
     maps = class_token_rollout(rollout, parts.grid_size, parts.num_prefix_tokens)
@@ -93,10 +143,11 @@ def _distance(args: argparse.Namespace) -> list[Path]:
     from .plots import plot_mean_attention_distance
 
     model, processor = load_checkpoint(args.checkpoint, args.trust_remote_code)
-    parts = vit_embedding_parts(model)
-    if args.images:
-        pixel_values, _ = prepare_images(model, [str(p) for p in args.images], processor)
-    else:
+    with user_input():
+        parts = vit_embedding_parts(model)
+        if args.images:
+            pixel_values, _ = prepare_images(model, [str(p) for p in args.images], processor)
+    if not args.images:
         logger.warning("No images: using %d N(0, 1) noise inputs (shows the weights, not data).", args.num_random)
         pixel_values = _random_inputs(model, args.num_random, args.seed)
     attentions = collect_attentions(model, pixel_values)
@@ -113,7 +164,8 @@ def _positions(args: argparse.Namespace) -> list[Path]:
     from .plots import plot_position_similarity
 
     model, _ = load_checkpoint(args.checkpoint, args.trust_remote_code)
-    parts = vit_embedding_parts(model)
+    with user_input():
+        parts = vit_embedding_parts(model)
     similarity = position_embedding_similarity(parts.position_embeddings, parts.grid_size, parts.num_prefix_tokens)
     return [plot_position_similarity(similarity, args.output)]
 
@@ -123,7 +175,8 @@ def _filters(args: argparse.Namespace) -> list[Path]:
     from .plots import plot_patch_components
 
     model, _ = load_checkpoint(args.checkpoint, args.trust_remote_code)
-    parts = vit_embedding_parts(model)
+    with user_input():
+        parts = vit_embedding_parts(model)
     pca = patch_embedding_components(parts.projection.weight, args.num_components)
     ratios = ", ".join(f"{100 * r:.1f}" for r in pca.explained_variance_ratio[:8].tolist())
     print(f"{pca.components.shape[0]} components; explained variance (%) of the first ones: {ratios}")
@@ -135,29 +188,27 @@ def _pattern(args: argparse.Namespace) -> list[Path]:
     from .plots import MAX_PATTERN_LENGTH, plot_sparse_patterns
 
     if args.checkpoint is not None:
-        from transformers import AutoConfig
-
-        import hf_vit_plus  # noqa: F401
-
-        config = AutoConfig.from_pretrained(args.checkpoint, trust_remote_code=args.trust_remote_code)
-        patterns = [pattern_from_config(config, args.length)]
+        config = load_config(args.checkpoint, "CHECKPOINT", trust_remote_code=args.trust_remote_code)
+        with user_input():  # a model without sparse attention, or a --length it cannot take
+            patterns = [pattern_from_config(config, args.length)]
     else:
         if args.kind is None:
-            raise ValueError("Give a CHECKPOINT or --kind (dense, strided, fixed or all).")
+            raise UsageError("Give a CHECKPOINT or --kind (dense, strided, fixed or all).")
         kinds = list(PATTERN_KINDS) if args.kind == "all" else [args.kind]
         # The paper takes l close to sqrt(n).
         stride = args.stride or (max(2, math.isqrt(args.length)) if args.length else 8)
         length = args.length or default_length(stride)
         if length > MAX_PATTERN_LENGTH:
-            raise ValueError(
+            raise UsageError(
                 f"--length {length} is too long to draw (at most {MAX_PATTERN_LENGTH}); the pattern repeats along the "
                 "sequence, so a prefix shows it."
             )
         summary = args.summary_size or (max(1, stride // 4) if stride else None)
-        patterns = [
-            attention_pattern(kind, length, stride, summary if kind == "fixed" else None, not args.bidirectional)
-            for kind in kinds
-        ]
+        with user_input():  # --stride / --summary_size / --length that do not fit together
+            patterns = [
+                attention_pattern(kind, length, stride, summary if kind == "fixed" else None, not args.bidirectional)
+                for kind in kinds
+            ]
     for pattern in patterns:
         print(f"{pattern.describe()}: {100 * pattern.density():.1f}% of the attention matrix")
     queries = [args.query] * len(patterns) if args.query is not None else None
@@ -165,18 +216,19 @@ def _pattern(args: argparse.Namespace) -> list[Path]:
 
 
 def _all(args: argparse.Namespace) -> list[Path]:
+    from .attention import prepare_images
+    from .embeddings import vit_embedding_parts
     from .plots import write_vit_figures
 
     model, processor = load_checkpoint(args.checkpoint, args.trust_remote_code)
+    with user_input():  # a ViT, and images it can take?
+        vit_embedding_parts(model)
+        prepare_images(model, [str(p) for p in args.images], processor)
     return write_vit_figures(model, [str(p) for p in args.images], args.output_dir, processor, args.max_images)
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        paths = args.explain_func(args)
-    except ValueError as error:
-        print(f"hf-vit-plus explain {args.mode}: error: {error}", file=sys.stderr)
-        return 2
+    paths = args.explain_func(args)  # a UsageError is printed by `hf_vit_plus.cli.main`
     for path in paths:
         print(f"wrote {path}")
     return 0
@@ -206,8 +258,10 @@ def add_parser(subparsers) -> None:
     sub = mode(
         "rollout", _rollout, "attention rollout and last-layer class-token attention over images", "attention_maps.png"
     )
-    sub.add_argument("images", nargs="+", type=Path, help="image files")
-    sub.add_argument("--residual_weight", type=float, default=0.5, help="weight of the identity (Abnar & Zuidema)")
+    sub.add_argument("images", nargs="+", type=existing_file, help="image files")
+    sub.add_argument(
+        "--residual_weight", type=unit_interval, default=0.5, help="weight of the identity (Abnar & Zuidema)"
+    )
     sub.add_argument("--head_fusion", choices=["mean", "max", "min"], default="mean")
 
     sub = mode(
@@ -216,8 +270,8 @@ def add_parser(subparsers) -> None:
         "mean attention distance per head and layer (ViT Fig. 7 right)",
         "mean_attention_distance.png",
     )
-    sub.add_argument("images", nargs="*", type=Path, help="image files (none: N(0, 1) noise inputs)")
-    sub.add_argument("--num_random", type=int, default=16, help="noise inputs when no images are given")
+    sub.add_argument("images", nargs="*", type=existing_file, help="image files (none: N(0, 1) noise inputs)")
+    sub.add_argument("--num_random", type=positive_int, default=16, help="noise inputs when no images are given")
     sub.add_argument("--seed", type=int, default=0)
 
     mode(
@@ -233,7 +287,7 @@ def add_parser(subparsers) -> None:
         "principal components of the patch-embedding filters (ViT Fig. 7 left)",
         "patch_embedding_components.png",
     )
-    sub.add_argument("--num_components", type=int, default=28)
+    sub.add_argument("--num_components", type=positive_int, default=28)
 
     sub = mode(
         "pattern",
@@ -248,13 +302,17 @@ def add_parser(subparsers) -> None:
         default=None,
         help="pattern to draw without a checkpoint ('all': dense, strided and fixed side by side)",
     )
-    sub.add_argument("--stride", type=int, default=None, help="stride / block length l")
-    sub.add_argument("--summary_size", type=int, default=None, help="fixed pattern: summary positions c (default l/4)")
-    sub.add_argument("--length", type=int, default=None, help="sequence length n (default about l^2, at most 1024)")
+    sub.add_argument("--stride", type=positive_int, default=None, help="stride / block length l")
+    sub.add_argument(
+        "--summary_size", type=positive_int, default=None, help="fixed pattern: summary positions c (default l/4)"
+    )
+    sub.add_argument(
+        "--length", type=positive_int, default=None, help="sequence length n (default about l^2, at most 1024)"
+    )
     sub.add_argument("--bidirectional", action="store_true", help="encoder form (no j <= i restriction)")
     sub.add_argument("--query", type=int, default=None, help="query position of the top row (default: near the end)")
 
     sub = mode("all", _all, "every figure of a ViT checkpoint into a folder (for its model card)", None)
-    sub.add_argument("images", nargs="+", type=Path, help="image files")
+    sub.add_argument("images", nargs="+", type=existing_file, help="image files")
     sub.add_argument("--output_dir", type=Path, default=Path("figures"))
-    sub.add_argument("--max_images", type=int, default=4, help="images shown in attention_maps.png")
+    sub.add_argument("--max_images", type=positive_int, default=4, help="images shown in attention_maps.png")

@@ -148,45 +148,55 @@ def _checked(pattern: AttentionPattern, mode: str | None) -> AttentionPattern:
     return pattern
 
 
-def pattern_from_config(config, length: int | None = None, head: int = 0) -> AttentionPattern:
-    """The pattern a model config describes (`attention_type`, `sparse_stride`, `sparse_summary_size`,
-    `sparse_num_summary_blocks`), for attention head `head`.
+def model_sparse_pattern(config):
+    """(`SparsePattern` or None for dense attention, pattern mode, native sequence length) of the attention the
+    model built from `config` uses: the pattern comes from the model's own helper, so defaults resolved there (a
+    ViT's stride = patches per row) are the ones drawn. Raises a ValueError for a config without sparse attention
+    support, naming its model type."""
+    model_type = getattr(config, "model_type", None)
+    if model_type == "vit_plus":
+        # bidirectional over the [CLS] token + N patches
+        return config.sparse_pattern(), config.sparse_pattern_mode, config.num_patches + 1
+    if model_type == "seq2seq_transformer":
+        from ..models.modeling_seq2seq_transformer import encoder_sparse_pattern_from_config
 
-    The Sparse Transformer is a causal language model; a ViT config with a sparse `attention_type` is
-    bidirectional over its prefix + N tokens. Configs without `attention_type` (e.g. the encoder-decoder
-    Transformer) raise a ValueError naming the model type.
+        # the encoder's self-attention (bidirectional); the decoder is always dense
+        mode = getattr(config, "encoder_sparse_pattern_mode", "merged")
+        return encoder_sparse_pattern_from_config(config), mode, config.max_position_embeddings
+    if model_type == "sparse_transformer":
+        from ..models.modeling_sparse_transformer import sparse_pattern_from_config
+
+        # a causal language model
+        return sparse_pattern_from_config(config), config.sparse_pattern_mode, config.max_position_embeddings
+    raise ValueError(
+        f"model_type={model_type!r} ({type(config).__name__}) has no sparse attention: the attention-pattern figure "
+        "applies to the Sparse Transformer, to ViTPlus models and to the encoder of the seq2seq Transformer."
+    )
+
+
+def pattern_from_config(config, length: int | None = None, head: int = 0) -> AttentionPattern:
+    """The pattern the model built from `config` uses (`model_sparse_pattern`), for attention head `head`, over
+    `length` positions (default: about l^2, at most the model's sequence length).
+
+    The Sparse Transformer is a causal language model; a ViTPlus config with a sparse `attention_type` is
+    bidirectional over its prefix + N tokens, and so is the seq2seq Transformer's encoder with a sparse
+    `encoder_attention_type`. Dense models and other model types raise a ValueError naming the model type.
     """
     model_type = getattr(config, "model_type", None)
-    kind = getattr(config, "attention_type", None)
-    if kind is None:
+    pattern, mode, native = model_sparse_pattern(config)
+    if pattern is None:
+        field = "encoder_attention_type" if model_type == "seq2seq_transformer" else "attention_type"
         raise ValueError(
-            f"model_type={model_type!r} ({type(config).__name__}) has no `attention_type`: the attention-pattern "
-            "figure applies to the Sparse Transformer and to ViTPlus models with sparse attention."
-        )
-    if kind == "dense":
-        raise ValueError(
-            f"model_type={model_type!r} uses dense attention (attention_type='dense'): there is no sparse pattern to "
+            f"model_type={model_type!r} uses dense attention ({field}='dense'): there is no sparse pattern to "
             "draw (draw one without a checkpoint: --kind strided|fixed)."
         )
-    if kind not in PATTERN_KINDS:
-        raise ValueError(f"model_type={model_type!r} has attention_type={kind!r}; the figure knows {PATTERN_KINDS}.")
-    if model_type == "vit_plus":
-        native = getattr(config, "num_patches", 0) + 1
-        causal = False
-    else:
-        native = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
-        causal = True  # the Sparse Transformer is an autoregressive model
-    stride = getattr(config, "sparse_stride", None)
     if length is None:
-        wanted = default_length(stride) if stride else 64
+        wanted = default_length(pattern.stride)
         length = min(native, wanted) if native else wanted
-    summary_block = 0
-    blocks = getattr(config, "sparse_num_summary_blocks", 1) or 1
-    if kind == "fixed":
-        summary_block = head % blocks
-    summary_size = getattr(config, "sparse_summary_size", None) if kind == "fixed" else None
-    mode = getattr(config, "sparse_pattern_mode", None)
-    return attention_pattern(kind, length, stride, summary_size, causal, summary_block, mode)
+    fixed = pattern.kind == "fixed"
+    summary_block = head % pattern.num_summary_blocks if fixed else 0
+    summary_size = pattern.summary_size if fixed else None
+    return attention_pattern(pattern.kind, length, pattern.stride, summary_size, pattern.causal, summary_block, mode)
 
 
 def default_length(stride: int, limit: int = 1024) -> int:
@@ -211,5 +221,6 @@ __all__ = [
     "attention_pattern",
     "default_length",
     "default_query",
+    "model_sparse_pattern",
     "pattern_from_config",
 ]

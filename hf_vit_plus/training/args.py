@@ -11,6 +11,8 @@ import argparse
 import dataclasses
 from dataclasses import dataclass, field
 
+from ..errors import UsageError, check_exists, check_model_location
+
 FAMILIES = ("vit", "seq2seq", "sparse-lm")
 SCHEDULERS = ("auto", "cosine", "noam", "linear", "constant")
 MIXED_PRECISION = ("no", "fp16", "bf16")
@@ -87,48 +89,65 @@ class TrainingArguments:
         self.validate()
 
     def validate(self) -> None:
-        """Raise a `ValueError` naming the offending option."""
+        """Raise a `UsageError` (a `ValueError`) naming the offending option."""
         if self.family not in FAMILIES:
-            raise ValueError(f"Unknown family {self.family!r}; expected one of {FAMILIES}.")
+            raise UsageError(f"Unknown family {self.family!r}; expected one of {FAMILIES}.")
         for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
-                raise ValueError(f"--{name} must be a positive integer, got {value!r}.")
+                raise UsageError(f"--{name} must be a positive integer, got {value!r}.")
         for name in ("max_train_steps", "stop_after_steps", "eval_steps", "max_train_samples", "max_eval_samples"):
             value = getattr(self, name)
             if value is not None and value < 1:
-                raise ValueError(f"--{name} must be a positive integer, got {value!r}.")
+                raise UsageError(f"--{name} must be a positive integer, got {value!r}.")
         if self.logging_steps < 1:
-            raise ValueError(f"--logging_steps must be a positive integer, got {self.logging_steps!r}.")
+            raise UsageError(f"--logging_steps must be a positive integer, got {self.logging_steps!r}.")
         if self.lr_scheduler not in SCHEDULERS:
-            raise ValueError(f"--lr_scheduler must be one of {SCHEDULERS}, got {self.lr_scheduler!r}.")
+            raise UsageError(f"--lr_scheduler must be one of {SCHEDULERS}, got {self.lr_scheduler!r}.")
         if self.mixed_precision is not None and self.mixed_precision not in MIXED_PRECISION:
-            raise ValueError(f"--mixed_precision must be one of {MIXED_PRECISION}, got {self.mixed_precision!r}.")
+            raise UsageError(f"--mixed_precision must be one of {MIXED_PRECISION}, got {self.mixed_precision!r}.")
         if self.num_train_epochs <= 0 and self.max_train_steps is None:
-            raise ValueError(f"--num_train_epochs must be > 0, got {self.num_train_epochs!r}.")
+            raise UsageError(f"--num_train_epochs must be > 0, got {self.num_train_epochs!r}.")
         if self.learning_rate <= 0:
-            raise ValueError(f"--learning_rate must be > 0, got {self.learning_rate!r}.")
+            raise UsageError(f"--learning_rate must be > 0, got {self.learning_rate!r}.")
         if not 0.0 <= self.warmup_ratio < 1.0:
-            raise ValueError(f"--warmup_ratio must be in [0, 1), got {self.warmup_ratio!r}.")
+            raise UsageError(f"--warmup_ratio must be in [0, 1), got {self.warmup_ratio!r}.")
         if not 0.0 < self.validation_split_percentage < 100.0:
-            raise ValueError(
+            raise UsageError(
                 f"--validation_split_percentage must be in (0, 100), got {self.validation_split_percentage!r}."
             )
         steps = self.checkpointing_steps
         if steps not in ("epoch", "none") and not (str(steps).isdigit() and int(steps) > 0):
-            raise ValueError(f"--checkpointing_steps must be 'epoch', 'none' or a positive integer, got {steps!r}.")
+            raise UsageError(f"--checkpointing_steps must be 'epoch', 'none' or a positive integer, got {steps!r}.")
         if self.checkpoints_total_limit is not None and self.checkpoints_total_limit < 1:
-            raise ValueError(f"--checkpoints_total_limit must be >= 1, got {self.checkpoints_total_limit!r}.")
+            raise UsageError(f"--checkpoints_total_limit must be >= 1, got {self.checkpoints_total_limit!r}.")
         if self.push_to_hub and not self.hub_model_id:
-            raise ValueError("--push_to_hub needs --hub_model_id (e.g. 'my-user/vit-digits').")
+            raise UsageError("--push_to_hub needs --hub_model_id (e.g. 'my-user/vit-digits').")
         if self.train_dir and self.train_file:
-            raise ValueError("Give either --train_dir (an image folder) or --train_file, not both.")
+            raise UsageError("Give either --train_dir (an image folder) or --train_file, not both.")
+        if self.family == "vit" and self.train_file:
+            raise UsageError("The vit family reads images: use --train_dir or --dataset_name, not --train_file.")
+        if self.family != "vit" and self.train_dir:
+            raise UsageError(
+                f"The {self.family} family reads text: use --train_file or --dataset_name, not --train_dir."
+            )
         if self.dataset_name and (self.train_dir or self.train_file):
-            raise ValueError("Give either --dataset_name (Hub) or local data (--train_dir / --train_file), not both.")
+            raise UsageError("Give either --dataset_name (Hub) or local data (--train_dir / --train_file), not both.")
         if self.validation_file and not self.train_file:
-            raise ValueError("--validation_file needs --train_file.")
+            raise UsageError("--validation_file needs --train_file.")
         if self.validation_dir and not self.train_dir:
-            raise ValueError("--validation_dir needs --train_dir.")
+            raise UsageError("--validation_dir needs --train_dir.")
+
+    def check_paths(self) -> None:
+        """Raise a `UsageError` naming the option whose local data or model path does not exist (run before any
+        work starts; `validate` only checks values)."""
+        for name, kind in (("train_dir", "dir"), ("validation_dir", "dir"), ("train_file", "file"),
+                           ("validation_file", "file")):  # fmt: skip
+            if getattr(self, name):
+                check_exists(getattr(self, name), f"--{name}", kind)
+        for name in ("model_name_or_path", "tokenizer_name"):
+            if getattr(self, name):
+                check_model_location(getattr(self, name), f"--{name}")
 
     @property
     def checkpoint_every(self) -> int | None:
@@ -192,12 +211,16 @@ _HELP = {
     "stop_after_steps": "stop after this many updates, saving the state to resume later (time-limited jobs)",
     "report_to": "tracker(s) for accelerate's log_with: tensorboard, wandb, ..., 'all' or 'none'",
     "lr_scheduler": "'auto' is the family's schedule: warm-up + cosine (ViT, LM), the paper's warm-up (seq2seq)",
-    "mixed_precision": "no, fp16 or bf16 (default: the accelerate config / launcher setting)",
+    "mixed_precision": "default: the accelerate config / launcher setting",
     "activation_checkpointing": "recompute block activations in the backward pass to save memory",
     "use_cpu": "train on the CPU even when a GPU is present (always the case on a machine without one)",
     "hub_revision": "branch to push to (created if missing)",
     "write_card": "write README.md (model card) and figures next to the model",
 }
+
+
+# Flags with a fixed set of values: argparse refuses the others itself.
+_CHOICES = {"mixed_precision": MIXED_PRECISION, "lr_scheduler": SCHEDULERS}
 
 
 def _parse_bool(text: str) -> bool:
@@ -225,8 +248,8 @@ def add_training_arguments(parser: argparse.ArgumentParser, family: str) -> argp
                 kwargs.update(action="store_true")
         else:
             kwargs["type"] = kind
-        if f.name == "report_to":
-            kwargs["help"] = _HELP["report_to"]
+        if f.name in _CHOICES:
+            kwargs["choices"] = _CHOICES[f.name]
         parser.add_argument(f"--{f.name}", **kwargs)
     parser.set_defaults(family=family)
     return parser
@@ -238,9 +261,14 @@ def args_from_namespace(namespace: argparse.Namespace) -> TrainingArguments:
 
 
 def parse_args(family: str, argv: list[str] | None = None) -> TrainingArguments:
+    """Parse `argv` (default: sys.argv); a bad value exits with argparse's error (status 2)."""
     parser = argparse.ArgumentParser(description=f"Train the {family} family with Accelerate.")
     add_training_arguments(parser, family)
-    return args_from_namespace(parser.parse_args(argv))
+    namespace = parser.parse_args(argv)
+    try:
+        return args_from_namespace(namespace)
+    except UsageError as error:
+        parser.error(str(error))
 
 
 def family_arguments(family: str, **overrides) -> TrainingArguments:

@@ -11,7 +11,8 @@ import json
 import time
 from pathlib import Path
 
-from .args import FAMILIES, add_training_arguments, args_from_namespace, family_arguments
+from ..errors import UsageError
+from .args import FAMILIES, TrainingArguments, add_training_arguments, args_from_namespace, family_arguments
 
 DEMO_DEFAULTS = dict(num_train_epochs=30.0, checkpointing_steps="epoch", checkpoints_total_limit=1)
 
@@ -20,7 +21,9 @@ def add_parser(subparsers) -> None:
     train_parser = subparsers.add_parser(
         "train", help="train a model with Accelerate (one loop for the three families)", description=__doc__
     )
-    family_parsers = train_parser.add_subparsers(dest="family_command", required=True)
+    family_parsers = train_parser.add_subparsers(
+        dest="family_command", required=True, metavar="{" + ",".join(FAMILIES) + "}"
+    )
     for family in FAMILIES:
         parser = family_parsers.add_parser(
             family,
@@ -57,8 +60,27 @@ def add_parser(subparsers) -> None:
 def run_train(namespace: argparse.Namespace) -> int:
     from .loop import train
 
-    result = train(args_from_namespace(namespace))
+    args = args_from_namespace(namespace)  # checks the values
+    check_inputs(args)
+    result = train(args)
     return 0 if result.stop_reason in ("finished", "stop_after_steps", "SIGTERM") else 1
+
+
+def check_inputs(args: TrainingArguments) -> None:
+    """Check what the arguments point to before any work starts: data and model paths, the checkpoint to resume
+    from, and the --config_overrides keys (against the config class the run builds). Raises `UsageError`."""
+    from .families import check_config_overrides, get_family, parse_overrides
+    from .loop import resolve_checkpoint
+
+    args.check_paths()
+    if args.resume_from_checkpoint:
+        try:
+            resolve_checkpoint(args.resume_from_checkpoint, args.output_dir)
+        except (FileNotFoundError, ValueError) as error:  # missing folder, or not a training checkpoint
+            raise UsageError(str(error)) from error
+    family = get_family(args.family)
+    config_class = family.config_class(args)  # also checks --model_name_or_path / --config_name
+    check_config_overrides(config_class, parse_overrides(args.config_overrides))
 
 
 def run_demo(namespace: argparse.Namespace) -> int:
@@ -81,6 +103,7 @@ def run_demo(namespace: argparse.Namespace) -> int:
 
     import torch
 
+    check_inputs(args)
     threads = namespace.num_threads or int(os.environ.get("OMP_NUM_THREADS") or 1)
     torch.set_num_threads(max(1, threads))
     start = time.perf_counter()

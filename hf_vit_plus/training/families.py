@@ -8,9 +8,13 @@ import their model classes lazily, so the ViT path works on its own.
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import inspect
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +22,7 @@ import torch
 from datasets import ClassLabel, DatasetDict
 
 from ..data.loading import check_labels, label_names, load_user_dataset, pick_column
+from ..errors import UsageError, load_config
 from .args import TrainingArguments
 
 logger = logging.getLogger(__name__)
@@ -43,8 +48,10 @@ def parse_overrides(text: str | None) -> dict[str, Any]:
         return result
     for item in text.split(","):
         if "=" not in item:
-            raise ValueError(f"--config_overrides expects 'name=value' items separated by commas, got {item!r}.")
+            raise UsageError(f"--config_overrides expects 'name=value' items separated by commas, got {item!r}.")
         key, value = (part.strip() for part in item.split("=", 1))
+        if not key:
+            raise UsageError(f"--config_overrides: an item has no field name, got {item!r}.")
         lowered = value.lower()
         if lowered in ("true", "false"):
             result[key] = lowered == "true"
@@ -60,6 +67,57 @@ def parse_overrides(text: str | None) -> dict[str, Any]:
             else:
                 result[key] = value
     return result
+
+
+def config_fields(config_class: type) -> set[str]:
+    """The field names a config class accepts: its own `__init__` parameters (and those of the project classes
+    it derives from), `PretrainedConfig`'s standard fields (`id2label`, `num_labels`, ...) and its `attribute_map`
+    aliases (e.g. `hidden_size` for the encoder-decoder's `d_model`)."""
+    from transformers import PretrainedConfig
+
+    names: set[str] = set()
+    for cls in config_class.__mro__:
+        if cls is PretrainedConfig or not issubclass(cls, PretrainedConfig):
+            break
+        if "__init__" in vars(cls):
+            for name, parameter in inspect.signature(cls.__init__).parameters.items():
+                if name != "self" and parameter.kind not in (parameter.VAR_KEYWORD, parameter.VAR_POSITIONAL):
+                    names.add(name)
+        if dataclasses.is_dataclass(cls) and cls is not PretrainedConfig:
+            names.update(f.name for f in dataclasses.fields(cls))
+    names.update(PretrainedConfig().to_dict())
+    # settable properties of the base class, e.g. num_labels (it resizes id2label / label2id)
+    names.update(
+        name for name, value in vars(PretrainedConfig).items() if isinstance(value, property) and value.fset
+    )
+    names.update(getattr(config_class, "attribute_map", {}) or {})
+    return {name for name in names if not name.startswith("_")} - {"model_type", "transformers_version"}
+
+
+def check_config_overrides(config_class: type, overrides: dict[str, Any]) -> None:
+    """Refuse the keys of `overrides` that are not fields of `config_class` (transformers configs would keep them
+    silently), naming the closest valid field."""
+    valid = config_fields(config_class)
+    model_type = getattr(config_class, "model_type", None) or config_class.__name__
+    for key in overrides:
+        if key in valid:
+            continue
+        close = difflib.get_close_matches(key, sorted(valid), n=1)
+        hint = f"did you mean {close[0]!r}?" if close else f"expected one of {sorted(valid)}."
+        raise UsageError(f"Unknown config field {key!r} for {model_type}; {hint}")
+
+
+@contextmanager
+def config_value_errors(args: TrainingArguments) -> Iterator[None]:
+    """Report a config that refuses its values (they come from --config_name / --config_overrides) as a
+    `UsageError`; config constructors only validate, so their `ValueError`s are about the user's values."""
+    try:
+        yield
+    except UsageError:
+        raise
+    except (ValueError, TypeError) as error:
+        given = f" (--config_overrides {args.config_overrides!r})" if args.config_overrides else ""
+        raise UsageError(f"Invalid model config{given}: {error}") from error
 
 
 def weight_decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
@@ -81,6 +139,34 @@ class Family:
     auto_class: str = "AutoModel"
     default_scheduler: str = "cosine"
     trains_its_processor: bool = False  # a tokenizer trained on the data (saved with each checkpoint)
+
+    # --- model config
+    def default_config_class(self) -> type:
+        """The config class of a fresh model of this family."""
+        raise NotImplementedError
+
+    def config_class(self, args: TrainingArguments) -> type:
+        """The class of the config `build` makes: that of --model_name_or_path or a --config_name folder, else the
+        family's own (after checking that a --config_name preset exists)."""
+        if args.model_name_or_path:
+            return type(load_config(args.model_name_or_path, "--model_name_or_path"))
+        config_class = self.default_config_class()
+        if args.config_name:
+            # a folder, or for a family without presets (sparse-lm) also a Hub id
+            if Path(args.config_name).is_dir() or not hasattr(config_class, "from_preset"):
+                return type(load_config(args.config_name, "--config_name"))
+            try:
+                config_class.from_preset(args.config_name)
+            except ValueError as error:  # an unknown preset; the message lists the known ones
+                raise UsageError(f"--config_name: {error}") from error
+        return config_class
+
+    def config_overrides(self, args: TrainingArguments) -> dict[str, Any]:
+        """--config_overrides parsed and checked against the fields of the config `build` makes."""
+        overrides = parse_overrides(args.config_overrides)
+        if overrides:
+            check_config_overrides(self.config_class(args), overrides)
+        return overrides
 
     # --- data
     def load_raw_data(self, args: TrainingArguments) -> tuple[DatasetDict, str]:
@@ -144,7 +230,14 @@ class Family:
 
     # --- card extras
     def figures(self, model, processor, raw: DatasetDict, output_dir: Path) -> list[Path]:
-        return []
+        """The sparse attention pattern the model uses (the Sparse Transformer paper's Fig. 3), when it has one."""
+        from ..interpret.patterns import model_sparse_pattern, pattern_from_config
+
+        if model_sparse_pattern(model.config)[0] is None:
+            return []
+        from ..interpret.plots import plot_sparse_patterns
+
+        return [plot_sparse_patterns([pattern_from_config(model.config)], output_dir / "sparse_attention_pattern.png")]
 
     def predictions_preview(self, model_dir: Path, raw: DatasetDict, n: int = 8) -> list[tuple[str, str]]:
         return []
@@ -162,6 +255,11 @@ class ViTFamily(Family):
     card_family = "vit"
     auto_class = "AutoModelForImageClassification"
     default_scheduler = "cosine"
+
+    def default_config_class(self):
+        from ..models.configuration_vit_plus import ViTPlusConfig
+
+        return ViTPlusConfig
 
     def load_raw_data(self, args):
         if not (args.dataset_name or args.train_dir):
@@ -210,9 +308,10 @@ class ViTFamily(Family):
         labels = dict(
             num_labels=len(names), id2label=dict(enumerate(names)), label2id={n: i for i, n in enumerate(names)}
         )
-        overrides = parse_overrides(args.config_overrides)
+        overrides = self.config_overrides(args)
         if args.model_name_or_path:
-            config = AutoConfig.from_pretrained(args.model_name_or_path, **overrides)
+            with config_value_errors(args):
+                config = AutoConfig.from_pretrained(args.model_name_or_path, **overrides)
             if not args.ignore_mismatched_sizes:
                 check_labels(names, config.num_labels, model=args.model_name_or_path, label_column=self.label_column)
             model = AutoModelForImageClassification.from_pretrained(
@@ -223,13 +322,14 @@ class ViTFamily(Family):
             except OSError:
                 processor = ViTPlusImageProcessor.from_model_config(model.config)
         else:
-            if args.config_name and Path(args.config_name).is_dir():
-                config = AutoConfig.from_pretrained(args.config_name, **overrides, **labels)
-            elif args.config_name:
-                config = ViTPlusConfig.from_preset(args.config_name, **overrides, **labels)
-            else:
-                base = DIGITS_VIT_CONFIG if not (args.dataset_name or args.train_dir) else SMALL_VIT_CONFIG
-                config = ViTPlusConfig(**{**base, **overrides, **labels})
+            with config_value_errors(args):
+                if args.config_name and Path(args.config_name).is_dir():
+                    config = AutoConfig.from_pretrained(args.config_name, **overrides, **labels)
+                elif args.config_name:
+                    config = ViTPlusConfig.from_preset(args.config_name, **overrides, **labels)
+                else:
+                    base = DIGITS_VIT_CONFIG if not (args.dataset_name or args.train_dir) else SMALL_VIT_CONFIG
+                    config = ViTPlusConfig(**{**base, **overrides, **labels})
             model = ViTPlusForImageClassification(config)
             processor = ViTPlusImageProcessor.from_model_config(config)
         return model, processor
@@ -301,6 +401,11 @@ class Seq2SeqFamily(Family):
     default_scheduler = "noam"
     trains_its_processor = True
 
+    def default_config_class(self):
+        from ..models.configuration_seq2seq_transformer import Seq2SeqTransformerConfig
+
+        return Seq2SeqTransformerConfig
+
     def load_raw_data(self, args):
         if not (args.dataset_name or args.train_file):
             if args.train_dir:
@@ -337,7 +442,7 @@ class Seq2SeqFamily(Family):
         from ..models.configuration_seq2seq_transformer import Seq2SeqTransformerConfig
         from ..models.modeling_seq2seq_transformer import Seq2SeqTransformerForConditionalGeneration
 
-        overrides = parse_overrides(args.config_overrides)
+        overrides = self.config_overrides(args)
         if args.tokenizer_name or args.model_name_or_path:
             tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name or args.model_name_or_path)
         else:
@@ -352,22 +457,24 @@ class Seq2SeqFamily(Family):
             decoder_start_token_id=tokenizer.bos_token_id,
         )
         if args.model_name_or_path:
-            config = AutoConfig.from_pretrained(
-                args.model_name_or_path, label_smoothing=args.label_smoothing, **overrides
-            )
+            with config_value_errors(args):
+                config = AutoConfig.from_pretrained(
+                    args.model_name_or_path, label_smoothing=args.label_smoothing, **overrides
+                )
             model = AutoModelForSeq2SeqLM.from_pretrained(args.model_name_or_path, config=config)
         else:
             fields = dict(SMALL_SEQ2SEQ_CONFIG, vocab_size=len(tokenizer), label_smoothing=args.label_smoothing)
             fields.update(special)
-            if args.config_name and Path(args.config_name).is_dir():
-                config = AutoConfig.from_pretrained(args.config_name, **{**special, **overrides})
-            elif args.config_name:
-                config = Seq2SeqTransformerConfig.from_preset(
-                    args.config_name, vocab_size=len(tokenizer), label_smoothing=args.label_smoothing,
-                    **{**special, **overrides},
-                )  # fmt: skip
-            else:
-                config = Seq2SeqTransformerConfig(**{**fields, **overrides})
+            with config_value_errors(args):
+                if args.config_name and Path(args.config_name).is_dir():
+                    config = AutoConfig.from_pretrained(args.config_name, **{**special, **overrides})
+                elif args.config_name:
+                    config = Seq2SeqTransformerConfig.from_preset(
+                        args.config_name, vocab_size=len(tokenizer), label_smoothing=args.label_smoothing,
+                        **{**special, **overrides},
+                    )  # fmt: skip
+                else:
+                    config = Seq2SeqTransformerConfig(**{**fields, **overrides})
             model = Seq2SeqTransformerForConditionalGeneration(config)
         if model.config.vocab_size < len(tokenizer):
             raise ValueError(
@@ -482,6 +589,11 @@ class SparseLMFamily(Family):
     auto_class = "AutoModelForCausalLM"
     default_scheduler = "cosine"
 
+    def default_config_class(self):
+        from ..models.configuration_sparse_transformer import SparseTransformerConfig
+
+        return SparseTransformerConfig
+
     def load_raw_data(self, args):
         from datasets import Dataset
 
@@ -521,21 +633,25 @@ class SparseLMFamily(Family):
         from ..models.configuration_sparse_transformer import SparseTransformerConfig
         from ..models.modeling_sparse_transformer import SparseTransformerForCausalLM
 
-        overrides = parse_overrides(args.config_overrides)
+        overrides = self.config_overrides(args)
         if args.tokenizer_name or args.model_name_or_path:
             tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name or args.model_name_or_path)
         else:
             tokenizer = byte_tokenizer()
         if args.model_name_or_path:
-            config = AutoConfig.from_pretrained(args.model_name_or_path, **overrides)
+            with config_value_errors(args):
+                config = AutoConfig.from_pretrained(args.model_name_or_path, **overrides)
             model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, config=config)
         elif args.config_name:
-            config = AutoConfig.from_pretrained(args.config_name, **overrides)
+            with config_value_errors(args):
+                config = AutoConfig.from_pretrained(args.config_name, **overrides)
             model = SparseTransformerForCausalLM(config)
         else:
             fields = dict(SMALL_SPARSE_LM_CONFIG, vocab_size=len(tokenizer), max_position_embeddings=args.block_size)
             fields.update(pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
-            model = SparseTransformerForCausalLM(SparseTransformerConfig(**{**fields, **overrides}))
+            with config_value_errors(args):
+                config = SparseTransformerConfig(**{**fields, **overrides})
+            model = SparseTransformerForCausalLM(config)
         if args.block_size > model.config.max_position_embeddings:
             raise ValueError(
                 f"--block_size {args.block_size} exceeds the model's max_position_embeddings "
