@@ -10,7 +10,14 @@ import yaml
 from huggingface_hub import ModelCard
 
 from hf_vit_plus import ViTPlusConfig
-from hf_vit_plus.hub.card import TEMPLATES_DIR, load_card_metadata, validate_card_metadata, write_model_card
+from hf_vit_plus.hub.card import (
+    TEMPLATES_DIR,
+    family_of,
+    load_card_metadata,
+    model_card_from_config,
+    validate_card_metadata,
+    write_model_card,
+)
 from hf_vit_plus.hub.figures import plot_training_curves
 from tests.utils import REPO_ROOT
 
@@ -232,6 +239,54 @@ def test_non_finite_results_are_left_out_of_the_model_index(tmp_path):
     metrics = load_card_metadata(path)["model-index"][0]["results"][0]["metrics"]
     assert [m["name"] for m in metrics] == ["eval_accuracy"]
     assert load_card_metadata(path)["model-index"][0]["name"] == tmp_path.name
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_card_from_config_alone_says_nothing_was_recorded(tmp_path, family):
+    """The card `model.push_to_hub` / `hf-vit-plus push` upload for a checkpoint without training records."""
+    pipeline_tag, auto_class, bibkey, _ = FAMILIES[family]
+    assert family_of(CONFIGS[family]) == family
+    card = model_card_from_config(CONFIGS[family], repo_id=f"test-org/{family}", tags=["extra", "hf_vit_plus"])
+    path = tmp_path / "README.md"
+    card.save(path)
+    assert validate_card_metadata(path, require_datasets=False) == []
+    assert validate_card_metadata(path) == ["missing required key 'datasets'"]
+    meta = load_card_metadata(path)
+    assert meta["pipeline_tag"] == pipeline_tag and meta["license"] == "apache-2.0"
+    assert meta["tags"][-2:] == ["custom_code", "extra"]  # the family's tags, then the new ones
+    assert "model-index" not in meta and "metrics" not in meta
+    text = path.read_text()
+    assert "training data, training procedure and evaluation were not recorded" in text
+    assert "No training hyperparameters were recorded." in text
+    assert "No evaluation results were recorded for this checkpoint: it has not been evaluated" in text
+    assert f'{auto_class}.from_pretrained("test-org/{family}", trust_remote_code=True)' in text
+    assert f"{{{bibkey}," in text
+    assert "{{" not in text and "{%" not in text and "None" not in text and "[More Information Needed]" not in text
+
+
+def test_trained_card_keeps_its_dataset_wording(tmp_path):
+    path = write_model_card(
+        tmp_path, family="sparse_lm", model_config=CONFIGS["sparse_lm"], training_args={}, eval_results={},
+        dataset_name="austen",
+    )  # fmt: skip
+    text = path.read_text()
+    assert "trained on **austen**" in text and "text like that of austen" in text
+    assert "No evaluation results were recorded.\n" in text and "not recorded" not in text.split("## Model")[0]
+
+
+@pytest.mark.parametrize(
+    "config, kwargs, match",
+    [
+        ({"model_type": "bert"}, {}, "No model card family for model_type 'bert'"),
+        (CONFIGS["vit"], {"family": "seq2seq"}, "does not match the config's model_type 'vit_plus'"),
+        (CONFIGS["vit"], {"family": "bert"}, "Unknown model family 'bert'"),
+        (CONFIGS["vit"], {"repo_id": ""}, "repo_id must be a non-empty string"),
+        (CONFIGS["vit"], {"tags": "vision"}, "tags must be a list of non-empty strings"),
+    ],
+)
+def test_bad_card_from_config_input_is_refused(config, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        model_card_from_config(config, **{"repo_id": "test-org/x", **kwargs})
 
 
 def test_plot_training_curves_writes_a_png(tmp_path):

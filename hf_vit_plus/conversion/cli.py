@@ -6,6 +6,8 @@ import argparse
 import logging
 from pathlib import Path
 
+from ..errors import UsageError, check_exists, load_config
+
 logger = logging.getLogger(__name__)
 
 
@@ -36,11 +38,17 @@ def convert_checkpoint(
     num_classes: int | None = None,
     image_size: int | None = None,
 ) -> Path:
-    """Convert and save model + image processor (with the model code, for trust_remote_code)."""
+    """Convert and save model + image processor (with the model code, for trust_remote_code).
+
+    A checkpoint that does not exist, is not a safetensors file (timm) or not a ViT (transformers), or that does not
+    fit the timm architecture, raises a `UsageError` (a `ValueError`)."""
+    from ..models.hub_mixin import naming_corrupt_safetensors
     from ..models.image_processing_vit_plus import ViTPlusImageProcessor
     from .vit import vit_plus_from_timm, vit_plus_from_transformers
 
     if source == "timm":
+        if checkpoint != "pretrained":
+            check_exists(checkpoint, "CHECKPOINT", "file")
         import timm
         from safetensors.torch import load_file
 
@@ -54,15 +62,16 @@ def convert_checkpoint(
         else:
             path = Path(checkpoint)
             if path.suffix != ".safetensors":
-                raise ValueError(
+                raise UsageError(
                     f"{checkpoint!r}: only .safetensors state dicts are read (pickled checkpoints can run code); "
                     "convert it with safetensors.torch.save_file first."
                 )
             timm_model = timm.create_model(timm_name, pretrained=False, **kwargs)
-            state = load_file(path)
+            with naming_corrupt_safetensors(path):  # a corrupt or truncated file is named
+                state = load_file(path)
             missing, unexpected = timm_model.load_state_dict(state, strict=False)
             if missing or unexpected:
-                raise ValueError(
+                raise UsageError(
                     f"{checkpoint!r} does not fit timm's {timm_name!r}: missing {missing[:5]}, unexpected "
                     f"{unexpected[:5]}. Pass the right --timm_name / --num_classes / --image_size."
                 )
@@ -74,10 +83,18 @@ def convert_checkpoint(
     elif source == "transformers":
         from transformers import ViTForImageClassification
 
-        model = vit_plus_from_transformers(ViTForImageClassification.from_pretrained(checkpoint))
+        config = load_config(checkpoint, "CHECKPOINT")
+        if config.model_type != "vit":
+            raise UsageError(
+                f"{checkpoint!r} is a {config.model_type!r} model; the 'transformers' source converts transformers' "
+                "ViT (model_type 'vit')."
+            )
+        with naming_corrupt_safetensors(checkpoint):  # a corrupt or truncated weights file is named
+            hf_model = ViTForImageClassification.from_pretrained(checkpoint)
+        model = vit_plus_from_transformers(hf_model)
         processor = ViTPlusImageProcessor.from_model_config(model.config)
     else:
-        raise ValueError(f"Unknown source {source!r}: expected 'timm' or 'transformers'.")
+        raise UsageError(f"Unknown source {source!r}: expected 'timm' or 'transformers'.")
     output_dir = Path(output_dir)
     model.save_pretrained(output_dir)
     processor.save_pretrained(output_dir)

@@ -1,5 +1,10 @@
 """Model cards: render README.md for a checkpoint folder from the family's template, and check card metadata.
 
+`write_model_card` renders the card of a trained checkpoint (dataset, hyperparameters, evaluation, figures);
+`model_card_from_config` renders the same family card from the config alone, for a checkpoint pushed without
+training records (`model.push_to_hub`, `hf-vit-plus push` on a folder without README.md): it says plainly that
+its training data, procedure and evaluation were not recorded.
+
 The templates are Jinja files for huggingface_hub's `ModelCard.from_template`; their one copy lives in
 `hf_vit_plus/hub/templates/` (shipped with the package; `model_cards/` at the repository root links to them).
 `ModelCard.validate()` needs the real Hub, so `validate_card_metadata` checks the metadata offline.
@@ -82,6 +87,13 @@ def template_path(family: str) -> Path:
     if family not in FAMILIES:
         raise ValueError(f"Unknown model family {family!r}; expected one of {sorted(FAMILIES)}.")
     return TEMPLATES_DIR / f"{family}.md"
+
+
+def family_of(model_config) -> str | None:
+    """The card family ("vit", "seq2seq", "sparse_lm") of a config or config dict, by its `model_type`; None for a
+    model type that is not one of this project's."""
+    model_type = _config_dict(model_config).get("model_type")
+    return next((name for name, spec in FAMILIES.items() if model_type in spec["model_types"]), None)
 
 
 def _is_number(value) -> bool:
@@ -205,7 +217,7 @@ def write_model_card(
     output_dir = Path(output_dir)
     if not output_dir.is_dir():
         raise FileNotFoundError(f"output_dir {str(output_dir)!r} is not an existing folder.")
-    template = template_path(family)
+    template_path(family)  # raises ValueError naming an unknown family
     spec = FAMILIES[family]
     if not isinstance(dataset_name, str) or not dataset_name.strip():
         raise ValueError(f"dataset_name must be a non-empty string, got {dataset_name!r}.")
@@ -219,13 +231,116 @@ def write_model_card(
 
     model_id = repo_id or output_dir.resolve().name
     results = _eval_results(eval_results, family, dataset_name, dataset_config)
+    card = _render_card(
+        family,
+        config,
+        model_id=model_id,
+        repo_id=repo_id or "path/to/this/folder",
+        dataset_name=dataset_name,
+        dataset_config=dataset_config,
+        base_model=base_model,
+        license=license,
+        language=language,
+        tags=(),
+        hyperparameters=[(str(k), _cell(v)) for k, v in sorted(training_args.items(), key=lambda kv: str(kv[0]))],
+        results=results,
+        figures=_place_figures(figures, output_dir),
+    )
+    path = output_dir / "README.md"
+    card.save(path)
+    problems = validate_card_metadata(path)
+    if problems:  # a bug in a template or in this function, not in the caller's input
+        raise RuntimeError(f"The rendered card {path} has invalid metadata: {problems}")
+    return path
+
+
+def model_card_from_config(
+    model_config,
+    *,
+    repo_id: str,
+    family: str | None = None,
+    tags: list[str] | tuple[str, ...] = (),
+    license: str = "apache-2.0",
+    language: list[str] | None = None,
+) -> ModelCard:
+    """The family's model card for a checkpoint with no training records, rendered from its config alone.
+
+    The card has the family's metadata (license, library, pipeline tag, tags), description, architecture table,
+    loading examples for `repo_id` and citation; it says that the training data, the hyperparameters and any
+    evaluation were not recorded, and has no model-index. Nothing is written: save it with `card.save(path)` or
+    upload `str(card)`.
+
+    Args:
+        model_config: the model's `PretrainedConfig` (or its dict).
+        repo_id: the Hub id used in the title and the loading examples.
+        family: "vit", "seq2seq" or "sparse_lm" (default: from the config's `model_type`).
+        tags: extra Hub tags, added after the family's.
+        license: a Hub license id.
+        language: language codes for the metadata (text models).
+
+    Raises:
+        ValueError: an unknown family, a config of another model type, or a bad repo_id / tags.
+    """
+    config = _config_dict(model_config)
+    if family is None:
+        family = family_of(config)
+        if family is None:
+            raise ValueError(
+                f"No model card family for model_type {config.get('model_type')!r}; expected one of "
+                f"{sorted(t for spec in FAMILIES.values() for t in spec['model_types'])}, or pass family=."
+            )
+    template_path(family)  # validates `family`
+    if config.get("model_type") not in FAMILIES[family]["model_types"]:
+        raise ValueError(f"family {family!r} does not match the config's model_type {config.get('model_type')!r}.")
+    if not isinstance(repo_id, str) or not repo_id.strip():
+        raise ValueError(f"repo_id must be a non-empty string, got {repo_id!r}.")
+    if isinstance(tags, str) or not all(isinstance(tag, str) and tag.strip() for tag in tags):
+        raise ValueError(f"tags must be a list of non-empty strings, got {tags!r}.")
+    card = _render_card(
+        family,
+        config,
+        model_id=repo_id,
+        repo_id=repo_id,
+        dataset_name=None,
+        dataset_config=None,
+        base_model=None,
+        license=license,
+        language=language,
+        tags=tags,
+        hyperparameters=[],
+        results=[],
+        figures=[],
+    )
+    problems = _metadata_problems(card.data.to_dict(), require_datasets=False)
+    if problems:  # a bug in a template or in this function, not in the caller's input
+        raise RuntimeError(f"The rendered card for {repo_id!r} has invalid metadata: {problems}")
+    return card
+
+
+def _render_card(
+    family: str,
+    config: dict,
+    *,
+    model_id: str,
+    repo_id: str,
+    dataset_name: str | None,
+    dataset_config: str | None,
+    base_model: str | None,
+    license: str,
+    language: list[str] | None,
+    tags,
+    hyperparameters: list[tuple[str, str]],
+    results: list[EvalResult],
+    figures: list[str],
+) -> ModelCard:
+    spec = FAMILIES[family]
     metrics = sorted({r.metric_type for r in results if "loss" not in r.metric_type})
     card_data = ModelCardData(
         language=language,
         license=license,
         library_name="transformers",
-        tags=list(spec["tags"]),
-        datasets=[dataset_name],
+        tags=list(spec["tags"]) + [tag for tag in dict.fromkeys(tags) if tag not in spec["tags"]],
+        datasets=[dataset_name] if dataset_name else None,
         metrics=metrics or None,
         pipeline_tag=spec["pipeline_tag"],
         base_model=base_model,
@@ -235,25 +350,19 @@ def write_model_card(
     arch = [(k, _cell(config[k])) for k in spec["arch"] if k in config and config[k] is not None]
     if family == "vit" and config.get("id2label"):
         arch.append(("num_labels", str(len(config["id2label"]))))
-    card = ModelCard.from_template(
+    return ModelCard.from_template(
         card_data,
-        template_path=template,
+        template_path=template_path(family),
         model_id=model_id,
-        repo_id=repo_id or "path/to/this/folder",
+        repo_id=repo_id,
         dataset_name=dataset_name,
         dataset_config=dataset_config,
         base_model=base_model,
         architecture=arch,
-        hyperparameters=[(str(k), _cell(v)) for k, v in sorted(training_args.items(), key=lambda kv: str(kv[0]))],
+        hyperparameters=hyperparameters,
         results=[(r.metric_name, _cell(r.metric_value), r.dataset_split or "") for r in results],
-        figures=_place_figures(figures, output_dir),
+        figures=figures,
     )
-    path = output_dir / "README.md"
-    card.save(path)
-    problems = validate_card_metadata(path)
-    if problems:  # a bug in a template or in this function, not in the caller's input
-        raise RuntimeError(f"The rendered card {path} has invalid metadata: {problems}")
-    return path
 
 
 def load_card_metadata(path: str | Path) -> dict:
@@ -329,13 +438,14 @@ def _check_model_index(model_index, errors: list[str]) -> None:
                     errors.append(f"{mwhere}.value must be a finite number, got {value!r}")
 
 
-def validate_card_metadata(path: str | Path) -> list[str]:
+def validate_card_metadata(path: str | Path, *, require_datasets: bool = True) -> list[str]:
     """Check a model card's metadata offline; return the problems found (an empty list when it is valid).
 
     Checks: a YAML mapping; the keys license, library_name, pipeline_tag, tags, datasets present and well typed;
     pipeline_tag one of the Hub's tasks; metrics a list of strings; base_model a string or list of strings; a
     model-index (when present) with a name and results whose task type is a Hub task, whose dataset has a name
-    and type, and whose metric values are finite numbers.
+    and type, and whose metric values are finite numbers. With `require_datasets=False` (a card rendered by
+    `model_card_from_config`, whose training data was not recorded) `datasets` may be missing.
     """
     path = Path(path)
     if not path.is_file():
@@ -344,6 +454,10 @@ def validate_card_metadata(path: str | Path) -> list[str]:
         metadata = load_card_metadata(path)
     except (ValueError, UnicodeDecodeError) as err:
         return [str(err)]
+    return _metadata_problems(metadata, require_datasets=require_datasets)
+
+
+def _metadata_problems(metadata: dict, *, require_datasets: bool) -> list[str]:
     errors: list[str] = []
     for key in ("license", "library_name", "pipeline_tag"):
         value = metadata.get(key)
@@ -360,7 +474,7 @@ def validate_card_metadata(path: str | Path) -> list[str]:
     if isinstance(pipeline_tag, str) and pipeline_tag not in PIPELINE_TAGS:
         errors.append(f"'pipeline_tag' {pipeline_tag!r} is not a Hub task")
     _check_str_list(metadata, "tags", errors, required=True)
-    _check_str_list(metadata, "datasets", errors, required=True)
+    _check_str_list(metadata, "datasets", errors, required=require_datasets)
     _check_str_list(metadata, "metrics", errors, required=False)
     _check_str_list(metadata, "base_model", errors, required=False)
     _check_str_list(metadata, "language", errors, required=False)

@@ -1,9 +1,14 @@
 """Push a saved checkpoint folder to the Hugging Face Hub (or any endpoint set with `HF_ENDPOINT`).
 
 One call does: check the folder (a config, safetensors weights, no pickles) -> `create_repo(exist_ok=True)` ->
-`create_branch` when a revision is given -> `upload_folder` as one commit. Everything in the folder goes up: the
+`create_branch` when a revision is given -> one commit of the folder's files. Everything in the folder goes up: the
 weights, config.json, the model-code files that `save_pretrained` copies for `trust_remote_code`, the
-processor/tokenizer files, figures and the README.md model card. The local folder is only read, never written.
+processor/tokenizer files, figures and the README.md model card. A folder without README.md gets the family's card
+rendered from its config.json (`hf_vit_plus.hub.card.model_card_from_config`) in the commit; a README.md in the
+folder goes up as it is. The local folder is only read, never written.
+
+`push_model` is what the families' `model.push_to_hub(repo_id)` does (see `hf_vit_plus.models.hub_mixin`):
+transformers' push with the family's card in place of transformers' stock card.
 
 Call it from the main process only (e.g. under `if accelerator.is_main_process:` or
 `trainer.is_world_process_zero()`): several processes pushing the same folder make several commits.
@@ -11,11 +16,13 @@ Call it from the main process only (e.g. under `if accelerator.is_main_process:`
 
 from __future__ import annotations
 
+import json
 import logging
+import tempfile
 from pathlib import Path
 
-from huggingface_hub import HfApi
-from huggingface_hub.errors import HfHubHTTPError
+from huggingface_hub import CommitOperationAdd, HfApi, ModelCard
+from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError
 from huggingface_hub.hf_api import DEFAULT_IGNORE_PATTERNS
 from huggingface_hub.utils import filter_repo_objects
 
@@ -66,9 +73,31 @@ def check_checkpoint_folder(folder: str | Path) -> list[str]:
         raise ValueError(f"{str(folder)!r} has no config.json: is it a `save_pretrained` folder?")
     if not any(f.endswith(".safetensors") and "/" not in f for f in files):
         raise ValueError(f"{str(folder)!r} has no *.safetensors weights at its top level.")
-    if "README.md" not in files:
-        logger.warning("%s has no README.md: the repository will have no model card.", folder)
     return files
+
+
+def _card_for_folder(folder: Path, repo_id: str) -> str | None:
+    """The family's card (text) for a checkpoint folder without README.md, from its config.json; None for a model
+    type of another project."""
+    from .card import family_of, model_card_from_config
+
+    config_path = folder / "config.json"
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ValueError(f"{str(config_path)!r} is not valid JSON: {err}") from err
+    if not isinstance(config, dict):
+        raise ValueError(f"{str(config_path)!r} must hold a JSON object, got {type(config).__name__}.")
+    if family_of(config) is None:
+        logger.warning(
+            "%s has no README.md and its model_type %r is not one of hf_vit_plus's: the repository gets no model "
+            "card.",
+            folder,
+            config.get("model_type"),
+        )
+        return None
+    logger.info("%s has no README.md: uploading the family's card rendered from config.json.", folder)
+    return str(model_card_from_config(config, repo_id=repo_id))
 
 
 def _request_of(err: BaseException) -> tuple[str, str] | None:
@@ -153,6 +182,8 @@ def push_checkpoint(
     Args:
         folder: a `save_pretrained` folder (safetensors weights, config.json, model code, processor or tokenizer,
             README.md card, figures). Pickled files (*.bin, *.pt, *.pth, *.pkl, *.pickle, *.ckpt) are refused.
+            Without a README.md the commit gets the family's card rendered from config.json (the folder is not
+            written); a README.md in the folder is pushed unchanged.
         repo_id: "namespace/name"; created if missing (an existing repository is reused).
         revision: branch to commit to (default: "main"). Created from main's head if missing and
             `create_branch` is true.
@@ -165,7 +196,7 @@ def push_checkpoint(
         The commit URL (a `huggingface_hub.CommitInfo`, a `str` whose `.oid` is the 40-hex commit id).
 
     Raises:
-        FileNotFoundError / ValueError: bad folder (nothing is sent to the Hub).
+        FileNotFoundError / ValueError: bad folder or config.json (nothing is sent to the Hub).
         HubPushError: a Hub request failed; the message names the step (and the file for LFS uploads). The local
             folder is never modified.
     """
@@ -175,6 +206,7 @@ def push_checkpoint(
     if revision is not None and (not isinstance(revision, str) or not revision.strip()):
         raise ValueError(f"revision must be a non-empty branch name or None, got {revision!r}.")
     files = check_checkpoint_folder(folder)
+    card = None if "README.md" in files else _card_for_folder(folder, repo_id)
     branch = revision or "main"
     api = HfApi(token=token)
     message = commit_message or f"Upload {folder.resolve().name} with hf_vit_plus"
@@ -187,9 +219,12 @@ def push_checkpoint(
             api.create_branch(repo_id, branch=revision, exist_ok=True, repo_type="model")
         step = "upload"
         logger.info("Pushing %d files from %s to %s@%s", len(files), folder, repo_id, branch)
-        info = api.upload_folder(
+        operations = [CommitOperationAdd(path_in_repo=f, path_or_fileobj=folder / f) for f in files]
+        if card is not None:  # rendered into the commit only: the folder is not written
+            operations.append(CommitOperationAdd(path_in_repo="README.md", path_or_fileobj=card.encode("utf-8")))
+        info = api.create_commit(
             repo_id=repo_id,
-            folder_path=folder,
+            operations=operations,
             revision=revision,
             commit_message=message,
             repo_type="model",
@@ -202,3 +237,73 @@ def push_checkpoint(
         raise _push_error(err, step, where, folder, repo_id, branch) from err
     logger.info("Pushed %s to %s@%s: %s", folder, repo_id, branch, info)
     return info
+
+
+def push_model(
+    model,
+    repo_id: str,
+    *,
+    commit_message: str | None = None,
+    commit_description: str | None = None,
+    private: bool | None = None,
+    token: bool | str | None = None,
+    revision: str | None = None,
+    create_pr: bool = False,
+    max_shard_size: int | str | None = "50GB",
+    tags: list[str] | str | None = None,
+):
+    """`model.push_to_hub(repo_id, ...)` for the project's models: transformers' steps (create the repository,
+    `save_pretrained` into a temporary folder, create the branch, one commit) with the family's model card as
+    README.md instead of transformers' stock card.
+
+    The README.md already in the repository (on `revision` when it exists, else the default branch) is kept: it is
+    left out of the commit, or, when `tags` (with the model's `model_tags`) adds tags it lacks, loaded and pushed
+    back with those tags appended, as transformers does. Arguments and return value (a `CommitInfo`) are those of
+    transformers' `PreTrainedModel.push_to_hub`; Hub errors propagate as transformers' do.
+    """
+    from .card import family_of, model_card_from_config
+
+    if family_of(model.config) is None:
+        raise ValueError(
+            f"push_model renders the card of an hf_vit_plus family; {type(model).__name__} has model_type "
+            f"{getattr(model.config, 'model_type', None)!r}."
+        )
+    if isinstance(tags, str):
+        tags = [tags]
+    extra_tags = list(dict.fromkeys([*(getattr(model, "model_tags", None) or []), *(tags or [])]))
+    api = HfApi(token=token)
+    repo_id = api.create_repo(repo_id, private=private, token=token, exist_ok=True).repo_id
+    if revision is not None and not revision.startswith("refs/pr"):
+        try:
+            api.create_branch(repo_id, branch=revision, token=token, exist_ok=True)
+        except HfHubHTTPError as err:  # as transformers: a PR on a repository we cannot write to
+            if not (create_pr and err.response is not None and err.response.status_code == 403):
+                raise
+    try:
+        existing = api.hf_hub_download(repo_id, "README.md", revision=revision, token=token)
+    except EntryNotFoundError:
+        existing = None
+
+    with tempfile.TemporaryDirectory() as tmp_dir:
+        model.save_pretrained(tmp_dir, max_shard_size=max_shard_size)
+        readme = Path(tmp_dir) / "README.md"
+        if existing is None:
+            model_card_from_config(model.config, repo_id=repo_id, tags=extra_tags).save(readme)
+        else:
+            card = ModelCard.load(existing)
+            missing = [tag for tag in extra_tags if tag not in (card.data.tags or [])]
+            if missing:
+                card.data.tags = [*(card.data.tags or []), *missing]
+                card.save(readme)
+                logger.info("Adding tags %s to the README.md of %s.", missing, repo_id)
+            else:
+                readme.unlink(missing_ok=True)  # the repository's card stays as it is
+                logger.info("%s already has a README.md: it is kept.", repo_id)
+        return api.upload_folder(
+            repo_id=repo_id,
+            folder_path=tmp_dir,
+            commit_message=commit_message or "Upload model",
+            commit_description=commit_description,
+            revision=revision,
+            create_pr=create_pr,
+        )

@@ -1,0 +1,183 @@
+"""What the three model families add to transformers' `PreTrainedModel` on the way to and from the Hub.
+
+- `push_to_hub` uploads the family's model card (rendered from the config by `hf_vit_plus.hub.card`) instead of
+  transformers' stock card ("[More Information Needed]", no tags).
+- `from_pretrained` names the weights file when a `*.safetensors` file is corrupt or truncated (safetensors itself
+  only says "Error while deserializing header").
+
+This module ships with the checkpoints as remote code (`trust_remote_code=True`), so it imports only transformers,
+huggingface_hub and safetensors at module level; the card code of the `hf_vit_plus` package is imported inside
+`push_to_hub`, and without the package the push is transformers' own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from safetensors import SafetensorError, safe_open
+
+logger = logging.getLogger(__name__)
+
+
+class CorruptCheckpointError(OSError):
+    """A weights file of a checkpoint cannot be read: it is corrupt or truncated. `paths` lists the files."""
+
+    def __init__(self, message: str, paths: list[Path]):
+        super().__init__(message)
+        self.paths = paths
+
+
+def _safetensors_cause(err: BaseException) -> SafetensorError | None:
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, SafetensorError):
+            return err
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def unreadable_safetensors(path: str | os.PathLike) -> str | None:
+    """Why safetensors cannot open `path` (its error message), or None when its header and size are sound."""
+    try:
+        with safe_open(os.fspath(path), framework="pt") as handle:
+            handle.keys()
+    except (SafetensorError, OSError) as err:
+        return str(err) or type(err).__name__
+    return None
+
+
+def _checkpoint_folder(
+    name_or_path: str | os.PathLike, subfolder: str, revision: str | None, cache_dir: str | os.PathLike | None
+) -> Path | None:
+    """The local folder holding a checkpoint's weights: the folder itself, or its snapshot in the Hub cache."""
+    local = Path(name_or_path)
+    if local.is_dir():
+        return local / subfolder if subfolder else local
+    from huggingface_hub import try_to_load_from_cache
+
+    for name in ("model.safetensors", "model.safetensors.index.json", "config.json"):
+        try:
+            cached = try_to_load_from_cache(
+                os.fspath(name_or_path),
+                f"{subfolder}/{name}" if subfolder else name,
+                cache_dir=cache_dir,
+                revision=revision,
+            )
+        except Exception:  # not a valid repo id either: nothing to look at
+            return None
+        if isinstance(cached, str):
+            return Path(cached).parent
+    return None
+
+
+def corrupt_safetensors_files(
+    name_or_path: str | os.PathLike,
+    *,
+    subfolder: str = "",
+    revision: str | None = None,
+    cache_dir: str | os.PathLike | None = None,
+) -> dict[Path, str]:
+    """The `*.safetensors` files of a checkpoint (a file, a local folder, or a Hub id already in the cache) that
+    safetensors cannot open, with its reason for each."""
+    path = Path(name_or_path)
+    if path.is_file():
+        candidates = [path]
+    else:
+        folder = _checkpoint_folder(name_or_path, subfolder, revision, cache_dir)
+        candidates = sorted(folder.glob("*.safetensors")) if folder is not None else []
+    return {file: reason for file in candidates if (reason := unreadable_safetensors(file)) is not None}
+
+
+@contextlib.contextmanager
+def naming_corrupt_safetensors(
+    name_or_path: str | os.PathLike,
+    *,
+    subfolder: str = "",
+    revision: str | None = None,
+    cache_dir: str | os.PathLike | None = None,
+) -> Iterator[None]:
+    """Turn a safetensors error raised inside the block into a `CorruptCheckpointError` that names the corrupt or
+    truncated file(s) of `name_or_path` (the safetensors error is kept as `__cause__`). Other errors, and a
+    safetensors error no file explains, pass through unchanged."""
+    try:
+        yield
+    except Exception as err:
+        cause = _safetensors_cause(err)
+        if cause is None:
+            raise
+        corrupt = corrupt_safetensors_files(name_or_path, subfolder=subfolder, revision=revision, cache_dir=cache_dir)
+        if not corrupt:
+            raise
+        files = "; ".join(f"{file} ({reason})" for file, reason in corrupt.items())
+        in_cache = not Path(name_or_path).exists()
+        raise CorruptCheckpointError(
+            f"Cannot load the weights of {os.fspath(name_or_path)!r}: "
+            f"{'this file is' if len(corrupt) == 1 else 'these files are'} corrupt or truncated: {files}. "
+            + (
+                "Download it again with `from_pretrained(..., force_download=True)`."
+                if in_cache
+                else "Save or copy the checkpoint again."
+            ),
+            list(corrupt),
+        ) from cause
+
+
+class HubMixin:
+    """Inherited first by the families' `PreTrainedModel` classes (`class XPreTrainedModel(HubMixin,
+    PreTrainedModel)`)."""
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        """transformers' `from_pretrained`; a corrupt or truncated `*.safetensors` file raises
+        `CorruptCheckpointError` (an `OSError`) naming the file instead of safetensors' bare header error."""
+        with naming_corrupt_safetensors(
+            pretrained_model_name_or_path,
+            subfolder=kwargs.get("subfolder") or "",
+            revision=kwargs.get("revision"),
+            cache_dir=kwargs.get("cache_dir"),
+        ):
+            return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+
+    def push_to_hub(
+        self,
+        repo_id: str,
+        *,
+        commit_message: str | None = None,
+        commit_description: str | None = None,
+        private: bool | None = None,
+        token: bool | str | None = None,
+        revision: str | None = None,
+        create_pr: bool = False,
+        max_shard_size: int | str | None = "50GB",
+        tags: list[str] | None = None,
+    ):
+        """Upload the model (weights, config, model code) to the Hub repository `repo_id` as one commit, with the
+        family's model card as README.md when the repository has none.
+
+        Same arguments and return value (a `CommitInfo`) as transformers' `push_to_hub`. The card is the one of
+        `hf_vit_plus.hub.card.model_card_from_config`: the family's metadata, description, architecture and
+        usage, saying that no training data or evaluation was recorded. A README.md that the repository already
+        has (on `revision`, or main) is kept as it is; only `tags` it lacks are added, as transformers does.
+        Without the `hf_vit_plus` package (remote code) this is transformers' own push, stock card included.
+        """
+        arguments = dict(
+            commit_message=commit_message,
+            commit_description=commit_description,
+            private=private,
+            token=token,
+            revision=revision,
+            create_pr=create_pr,
+            max_shard_size=max_shard_size,
+            tags=tags,
+        )
+        try:
+            from hf_vit_plus.hub.push import push_model
+        except ImportError:
+            logger.info("hf_vit_plus is not installed: pushing with transformers' stock model card.")
+            return super().push_to_hub(repo_id, **arguments)
+        return push_model(self, repo_id, **arguments)
