@@ -10,7 +10,7 @@ Two registrations per class:
 from __future__ import annotations
 
 import transformers
-from transformers import AutoConfig, AutoImageProcessor
+from transformers import AutoConfig, AutoImageProcessor, AutoVideoProcessor
 
 from .models.configuration_seq2seq_transformer import Seq2SeqTransformerConfig
 from .models.configuration_sparse_transformer import SparseTransformerConfig
@@ -48,6 +48,11 @@ def register_auto_classes() -> None:
         ViTPlusConfig, image_processor_classes={"torchvision": ViTPlusImageProcessor}, exist_ok=True
     )
     ViTPlusImageProcessor.register_for_auto_class("AutoImageProcessor")
+    # The pipeline also looks for a video processor: `AutoVideoProcessor` derives one from the image processor's
+    # auto_map ("...ViTPlusVideoProcessor", which does not exist) and, finding no local one, asks "Do you wish to
+    # run the custom code? [y/N]" even though the package is installed. Declaring locally that ViTPlus has no video
+    # processor answers the lookup without remote code; the pipeline then simply goes on without one.
+    AutoVideoProcessor.register(ViTPlusConfig, video_processor_classes={"torchvision": None}, exist_ok=True)
     # --- other families register below, one block each
     # --- Seq2seq Transformer (issue 3)
     register_family(

@@ -89,3 +89,47 @@ def test_remote_code_load_in_a_fresh_process_without_the_package(tmp_path):
     assert result["top"] == config.id2label[int(np.argmax(expected))]
     saved = json.loads((checkpoint / "config.json").read_text())
     assert set(saved["auto_map"]) >= {"AutoConfig", "AutoModel", "AutoModelForImageClassification"}
+
+
+def test_remote_code_pipeline_turns_rgb_files_grey_for_a_one_channel_model(tmp_path):
+    """The grey conversion lives in the processor shipped with the checkpoint, so it works without the package."""
+    torch.manual_seed(0)
+    config = ViTPlusConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        image_size=8,
+        patch_size=4,
+        num_channels=1,
+        num_labels=3,
+    )
+    model = ViTPlusForImageClassification(config).eval()
+    torch.nn.init.normal_(model.classifier.weight, std=1.0)
+    processor = ViTPlusImageProcessor.from_model_config(config)
+    checkpoint = tmp_path / "checkpoint"
+    model.save_pretrained(checkpoint)
+    processor.save_pretrained(checkpoint)
+    image = Image.fromarray((np.random.default_rng(0).random((20, 24, 3)) * 255).astype(np.uint8))
+    image.save(tmp_path / "image.png")
+    with torch.no_grad():
+        grey = processor(images=image.convert("L"), return_tensors="pt")["pixel_values"]
+        expected = model(grey).logits.softmax(-1)[0].tolist()
+
+    result = run_without_package(
+        f"""
+        import json
+        from transformers import pipeline
+
+        classifier = pipeline("image-classification", model={str(checkpoint)!r}, trust_remote_code=True)
+        predictions = classifier({str(tmp_path / "image.png")!r}, top_k=3)
+        print(json.dumps(dict(
+            processor_module=type(classifier.image_processor).__module__,
+            scores={{p["label"]: p["score"] for p in predictions}},
+        )))
+        """,
+        cwd=tmp_path,
+    )
+    assert result["processor_module"].startswith("transformers_modules"), result["processor_module"]
+    got = [result["scores"][config.id2label[i]] for i in range(3)]
+    np.testing.assert_allclose(got, expected, atol=1e-6)

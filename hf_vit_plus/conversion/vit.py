@@ -50,6 +50,8 @@ def config_from_timm(timm_model: nn.Module, **overrides) -> ViTPlusConfig:
         num_channels=m.patch_embed.proj.in_channels,
         qkv_bias=block.attn.qkv.bias is not None,
         num_labels=m.num_classes,
+        # timm resamples with `resample_abs_pos_embed` (antialiased bicubic) when dynamic_img_size=True
+        position_interpolation="bicubic_antialias",
     )
     fields.update(overrides)
     return ViTPlusConfig(**fields)
@@ -131,6 +133,8 @@ def config_from_transformers(hf_config, **overrides) -> ViTPlusConfig:
         )
     }
     fields.update(id2label=dict(hf_config.id2label), label2id=dict(hf_config.label2id))
+    # transformers' `ViTEmbeddings.interpolate_pos_encoding` is plain bicubic (no antialiasing)
+    fields["position_interpolation"] = "bicubic"
     fields.update(overrides)
     return ViTPlusConfig(**fields)
 

@@ -25,6 +25,9 @@ VIT_PLUS_PATCH_SIZES = (14, 16, 32)
 _PRESET_RE = re.compile(r"^(?P<size>[a-z]+)-patch(?P<patch>\d+)-(?P<res>\d+)$")
 CLASSIFIER_HEADS = ("linear", "mlp_tanh")
 ATTENTION_TYPES = ("dense", "strided", "fixed")
+# How `interpolate_pos_encoding=True` resamples the position embeddings: timm's antialiased bicubic (the default, as
+# in 0.1) or transformers' plain bicubic. Each converter sets the one of its source, so converted models match it.
+POSITION_INTERPOLATIONS = ("bicubic_antialias", "bicubic")
 
 
 class ViTPlusConfig(PretrainedConfig):
@@ -56,6 +59,9 @@ class ViTPlusConfig(PretrainedConfig):
         sparse_num_summary_blocks: distinct c-wide summary sub-blocks across heads ("fixed").
         sparse_pattern_mode: "merged" (one head sees the union), "interleaved" (layer i uses part i % 2) or
             "heads" (head h uses part h % 2).
+        position_interpolation: how `interpolate_pos_encoding=True` resamples the 2-D grid of position embeddings
+            (sec. 3.2): "bicubic_antialias" (timm's `resample_abs_pos_embed`, the default) or "bicubic" (plain
+            bicubic, as transformers' ViT). The converters set the one of their source.
     """
 
     model_type = "vit_plus"
@@ -82,6 +88,7 @@ class ViTPlusConfig(PretrainedConfig):
         sparse_summary_size: int | None = None,
         sparse_num_summary_blocks: int = 1,
         sparse_pattern_mode: str = "merged",
+        position_interpolation: str = "bicubic_antialias",
         **kwargs,
     ):
         self.hidden_size = hidden_size
@@ -104,6 +111,7 @@ class ViTPlusConfig(PretrainedConfig):
         self.sparse_summary_size = sparse_summary_size
         self.sparse_num_summary_blocks = sparse_num_summary_blocks
         self.sparse_pattern_mode = sparse_pattern_mode
+        self.position_interpolation = position_interpolation
         super().__init__(**kwargs)
         self.validate_vit_plus()
 
@@ -135,6 +143,11 @@ class ViTPlusConfig(PretrainedConfig):
             raise ValueError(f"`layer_norm_eps` must be a positive number, got {self.layer_norm_eps!r}.")
         if self.attention_type not in ATTENTION_TYPES:
             raise ValueError(f"Unknown `attention_type` {self.attention_type!r}: expected one of {ATTENTION_TYPES}.")
+        if self.position_interpolation not in POSITION_INTERPOLATIONS:
+            raise ValueError(
+                f"Unknown `position_interpolation` {self.position_interpolation!r}: expected one of "
+                f"{POSITION_INTERPOLATIONS}."
+            )
         check_mode(self.sparse_pattern_mode)
         pattern = self.sparse_pattern()  # validates stride and summary sizes (ValueErrors name them)
         if pattern is not None:
@@ -203,4 +216,4 @@ class ViTPlusConfig(PretrainedConfig):
         return cls(**fields)
 
 
-__all__ = ["ViTPlusConfig", "VIT_PLUS_SIZES"]
+__all__ = ["POSITION_INTERPOLATIONS", "ViTPlusConfig", "VIT_PLUS_SIZES"]

@@ -1,15 +1,96 @@
-"""Image processor of the ViTPlus family: resize to the model's resolution, convert to RGB (or grey), rescale,
+"""Image processor of the ViTPlus family: convert to RGB (or grey), resize to the model's resolution, rescale,
 normalise. A thin subclass of transformers' ViT processor so that it is saved with the checkpoint's code and
-`AutoImageProcessor.from_pretrained` / `pipeline("image-classification")` work on a saved folder."""
+`AutoImageProcessor.from_pretrained` / `pipeline("image-classification")` work on a saved folder.
+
+A processor for a 1-channel model (`do_convert_grayscale=True`, saved in preprocessor_config.json) turns every
+input into one grey channel, whatever it arrives as: the pipeline opens image files as RGB.
+"""
 
 from __future__ import annotations
 
+import numpy as np
+import torch
+from transformers.image_utils import ChannelDimension
 from transformers.models.vit.image_processing_vit import ViTImageProcessor
+from transformers.processing_utils import ImagesKwargs
+
+# ITU-R 601-2 luma, L = 0.299 R + 0.587 G + 0.114 B, in PIL's fixed point (weights / 2**16) for 8-bit images, so
+# that uint8 inputs give exactly PIL's `convert("L")`.
+_LUMA = (0.299, 0.587, 0.114)
+_LUMA_FIXED_POINT = (19595, 38470, 7471)
+
+
+class ViTPlusImageProcessorKwargs(ImagesKwargs, total=False):
+    r"""
+    do_convert_grayscale (`bool`, *optional*, defaults to `self.do_convert_grayscale`):
+        Convert every image to one grey channel (ITU-R 601-2 luma, as PIL's `convert("L")`; transparency is first
+        composited onto white, as for RGB). Takes precedence over `do_convert_rgb`. Set for 1-channel models.
+    """
+
+    do_convert_grayscale: bool
+
+
+def rgb_to_luma(image: torch.Tensor) -> torch.Tensor:
+    """(3, H, W) RGB -> (1, H, W) grey, same dtype. uint8 gives exactly PIL's `Image.convert("L")`."""
+    if image.ndim != 3 or image.shape[0] != 3:
+        raise ValueError(f"Expected a (3, height, width) RGB image, got shape {tuple(image.shape)}.")
+    if image.dtype == torch.uint8:
+        r, g, b = image.to(torch.int32).unbind(0)
+        wr, wg, wb = _LUMA_FIXED_POINT
+        return ((r * wr + g * wg + b * wb + (1 << 15)) >> 16).to(torch.uint8).unsqueeze(0)
+    if image.is_floating_point():
+        weights = torch.tensor(_LUMA, dtype=image.dtype, device=image.device)
+        return (image * weights[:, None, None]).sum(0, keepdim=True)
+    # other integer images: luma in float64, rounded back
+    weights = torch.tensor(_LUMA, dtype=torch.float64, device=image.device)
+    return (image.double() * weights[:, None, None]).sum(0, keepdim=True).round().to(image.dtype)
+
+
+def with_channel_axis(images):
+    """H x W arrays and tensors (grey images without a channel axis, also inside lists) as 1 x H x W: transformers'
+    processors take only 3-D images."""
+    if isinstance(images, (list, tuple)):
+        return type(images)(with_channel_axis(image) for image in images)
+    if isinstance(images, (np.ndarray, torch.Tensor)) and images.ndim == 2:
+        return images[None]
+    return images
 
 
 class ViTPlusImageProcessor(ViTImageProcessor):
+    valid_kwargs = ViTPlusImageProcessorKwargs
     model_input_names = ["pixel_values"]
     do_convert_rgb = True
+    do_convert_grayscale = False
+
+    def __init__(self, **kwargs):
+        # Processors saved by release 0.1 have no `do_convert_grayscale`: a one-value mean marks a 1-channel model.
+        mean = kwargs.get("image_mean")
+        if "do_convert_grayscale" not in kwargs and isinstance(mean, (list, tuple)) and len(mean) == 1:
+            kwargs["do_convert_grayscale"] = True
+        super().__init__(**kwargs)
+
+    def preprocess(self, images, *args, **kwargs):
+        return super().preprocess(with_channel_axis(images), *args, **kwargs)
+
+    def process_image(
+        self,
+        image,
+        do_convert_rgb: bool | None = None,
+        input_data_format: str | ChannelDimension | None = None,
+        device: torch.device | None = None,
+        do_convert_grayscale: bool | None = None,
+        **kwargs,
+    ) -> torch.Tensor:
+        """One raw image (PIL in any mode, numpy or torch, with or without a channel axis) as a channels-first
+        tensor: RGB (`do_convert_rgb`) or grey (`do_convert_grayscale`, via RGB so every PIL mode is handled)."""
+        if not do_convert_grayscale:
+            return super().process_image(
+                image, do_convert_rgb=do_convert_rgb, input_data_format=input_data_format, device=device, **kwargs
+            )
+        rgb = super().process_image(
+            image, do_convert_rgb=True, input_data_format=input_data_format, device=device, **kwargs
+        )
+        return rgb_to_luma(rgb)
 
     @classmethod
     def from_model_config(cls, config, **kwargs) -> ViTPlusImageProcessor:
@@ -21,10 +102,11 @@ class ViTPlusImageProcessor(ViTImageProcessor):
                 f"{config.num_channels}."
             )
         if config.num_channels == 1:
+            kwargs.setdefault("do_convert_grayscale", True)
             kwargs.setdefault("do_convert_rgb", False)
             kwargs.setdefault("image_mean", [0.5])
             kwargs.setdefault("image_std", [0.5])
         return cls(size=size, **kwargs)
 
 
-__all__ = ["ViTPlusImageProcessor"]
+__all__ = ["ViTPlusImageProcessor", "rgb_to_luma"]

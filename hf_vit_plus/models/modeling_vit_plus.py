@@ -21,7 +21,7 @@ from transformers.utils import logging
 
 from .attention import eager_attention_forward
 from .configuration_vit_plus import ViTPlusConfig
-from .linear import Linear, PatchConv2d
+from .hub_mixin import HubMixin
 from .positional import resample_patch_position_embeddings
 from .sparse_attention import SPARSE_KERNELS
 from .sparse_layouts import SparsePattern, build_pattern
@@ -58,7 +58,7 @@ class ViTPlusPatchEmbeddings(nn.Module):
         self.patch_size = config.patch_size
         self.num_channels = config.num_channels
         self.num_patches = config.num_patches
-        self.projection = PatchConv2d(
+        self.projection = nn.Conv2d(
             config.num_channels, config.hidden_size, kernel_size=config.patch_size, stride=config.patch_size
         )
 
@@ -94,12 +94,17 @@ class ViTPlusEmbeddings(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.patch_size = config.patch_size
         self.grid_size = config.image_size // config.patch_size
+        self.antialias = config.position_interpolation == "bicubic_antialias"
 
     def interpolate_pos_encoding(self, height: int, width: int) -> torch.Tensor:
-        """Position embeddings for a (height x width) image: the patch grid resampled in 2-D (sec. 3.2)."""
+        """Position embeddings for a (height x width) image: the patch grid resampled in 2-D (sec. 3.2), with
+        the config's `position_interpolation`."""
         new_grid = (height // self.patch_size, width // self.patch_size)
         return resample_patch_position_embeddings(
-            self.position_embeddings, old_grid=(self.grid_size, self.grid_size), new_grid=new_grid
+            self.position_embeddings,
+            old_grid=(self.grid_size, self.grid_size),
+            new_grid=new_grid,
+            antialias=self.antialias,
         )
 
     def forward(self, pixel_values: torch.Tensor, interpolate_pos_encoding: bool = False) -> torch.Tensor:
@@ -126,10 +131,10 @@ class ViTPlusAttention(nn.Module):
         self.scaling = self.head_dim**-0.5
         self.attention_dropout = config.attention_probs_dropout_prob
         self.is_causal = False  # an encoder: sdpa must not assume a causal mask
-        self.q_proj = Linear(config.hidden_size, config.hidden_size, bias=config.qkv_bias)
-        self.k_proj = Linear(config.hidden_size, config.hidden_size, bias=config.qkv_bias)
-        self.v_proj = Linear(config.hidden_size, config.hidden_size, bias=config.qkv_bias)
-        self.o_proj = Linear(config.hidden_size, config.hidden_size)
+        self.q_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(config.hidden_size, config.hidden_size)
         # Sparse Transformer patterns (bidirectional): the kernels read these attributes (see sparse_attention.py).
         self.sparse_pattern = _own_pattern(config.sparse_pattern())
         self.sparse_mode = config.sparse_pattern_mode
@@ -176,9 +181,9 @@ class ViTPlusMLP(nn.Module):
 
     def __init__(self, config: ViTPlusConfig):
         super().__init__()
-        self.fc1 = Linear(config.hidden_size, config.intermediate_size)
+        self.fc1 = nn.Linear(config.hidden_size, config.intermediate_size)
         self.activation_fn = ACT2FN[config.hidden_act]
-        self.fc2 = Linear(config.intermediate_size, config.hidden_size)
+        self.fc2 = nn.Linear(config.intermediate_size, config.hidden_size)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.activation_fn(self.fc1(hidden_states)))
@@ -213,7 +218,7 @@ class ViTPlusLayer(GradientCheckpointingLayer):
         return hidden_states, attn_weights
 
 
-class ViTPlusPreTrainedModel(PreTrainedModel):
+class ViTPlusPreTrainedModel(HubMixin, PreTrainedModel):
     config_class = ViTPlusConfig
     base_model_prefix = "vit"
     main_input_name = "pixel_values"
@@ -320,11 +325,11 @@ class ViTPlusForImageClassification(ViTPlusPreTrainedModel):
         self.vit = ViTPlusModel(config)
         if config.classifier_head == "mlp_tanh":
             hidden = config.classifier_hidden_size or config.hidden_size
-            self.pre_logits = nn.Sequential(Linear(config.hidden_size, hidden), nn.Tanh())
+            self.pre_logits = nn.Sequential(nn.Linear(config.hidden_size, hidden), nn.Tanh())
         else:
             hidden = config.hidden_size
             self.pre_logits = nn.Identity()
-        self.classifier = Linear(hidden, config.num_labels) if config.num_labels > 0 else nn.Identity()
+        self.classifier = nn.Linear(hidden, config.num_labels) if config.num_labels > 0 else nn.Identity()
         self.post_init()
 
     def forward(

@@ -14,11 +14,15 @@ def resample_patch_position_embeddings(
     new_grid: tuple[int, int],
     num_prefix_tokens: int = 1,
     mode: str = "bicubic",
+    antialias: bool = True,
 ) -> torch.Tensor:
     """Resample learned ViT position embeddings (1, prefix + H*W, D) to a new patch grid by 2-D interpolation
     (Dosovitskiy et al., sec. 3.2); the class token's embedding is kept as is.
 
-    Bicubic with antialiasing (so downsampling does not alias), as timm's `resample_abs_pos_embed`.
+    `antialias=True`: bicubic with antialiasing (so downsampling does not alias), as timm's `resample_abs_pos_embed`.
+    `antialias=False`: plain bicubic, as transformers' ViT `interpolate_pos_encoding`. The two differ even when
+    upsampling: torch's antialiased kernel is PIL's (cubic coefficient -0.5, edge taps renormalised), the plain one
+    uses -0.75 and clamps at the edges.
     """
     if tuple(old_grid) == tuple(new_grid):
         return position_embeddings
@@ -32,7 +36,7 @@ def resample_patch_position_embeddings(
         )
     orig_dtype = grid.dtype
     grid = grid.reshape(1, old_grid[0], old_grid[1], dim).permute(0, 3, 1, 2).float()  # (1, D, H, W)
-    grid = nn.functional.interpolate(grid, size=tuple(new_grid), mode=mode, align_corners=False, antialias=True)
+    grid = nn.functional.interpolate(grid, size=tuple(new_grid), mode=mode, align_corners=False, antialias=antialias)
     grid = grid.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], dim).to(orig_dtype)  # (1, H'*W', D)
     return torch.cat((prefix, grid), dim=1)
 

@@ -7,6 +7,11 @@ For each (precision, batch) the three models run round-robin, `--repeats` times 
 gives the median images/s, our ratio to each peer, and the achieved GFLOP/s as a share of a measured GEMM peak
 (a (B*T x D) @ (D x 4D) matmul in the same precision, the shape of the MLP's first layer).
 Precisions: fp32; bf16-autocast (fp32 weights, `torch.autocast("cpu", torch.bfloat16)`); bf16 (bf16 weights).
+
+"ours" is hf_vit_plus with the opt-in `hf_vit_plus.cpu_precision.use_fp32_matmul_for_low_precision` (bf16/fp16 CPU
+products computed in fp32 where the CPU lacks native bf16 instructions; a no-op in fp32 and on CPUs with native
+bf16); the table's header says so. `--no_fp32_matmul` measures the plain model instead, with standard layers like
+the peers.
 """
 
 from __future__ import annotations
@@ -19,13 +24,16 @@ from contextlib import nullcontext
 
 import torch
 
+from hf_vit_plus.cpu_precision import cpu_has_native_low_precision_matmul
 
-def build_models(preset: str):
+
+def build_models(preset: str, fp32_matmul: bool = True):
     import timm
     from transformers import ViTConfig, ViTForImageClassification
 
     from hf_vit_plus import ViTPlusConfig
     from hf_vit_plus.conversion import vit_plus_from_timm
+    from hf_vit_plus.cpu_precision import use_fp32_matmul_for_low_precision
 
     config = ViTPlusConfig.from_preset(preset, num_labels=1000)
     size = preset.split("-")[0]
@@ -53,6 +61,8 @@ def build_models(preset: str):
     reference = ViTForImageClassification(hf_config).eval()
     reference.load_state_dict(ours.state_dict(), strict=True)
     reference.set_attn_implementation("sdpa")
+    if fp32_matmul:  # after copying the weights: the opt-in changes layer classes only
+        use_fp32_matmul_for_low_precision(ours)
     return config, {"hf_vit_plus": ours, "timm": timm_model, "transformers": reference}
 
 
@@ -79,11 +89,15 @@ def gemm_peak(config, batch: int, dtype: torch.dtype, repeats: int = 5) -> float
 
 
 def run(args) -> None:
-    config, fp32_models = build_models(args.preset)
+    fp32_matmul = not args.no_fp32_matmul
+    config, fp32_models = build_models(args.preset, fp32_matmul=fp32_matmul)
+    ours = "ours (fp32-matmul opt-in)" if fp32_matmul else "ours (plain)"
     print(f"# {args.preset}: torch {torch.__version__}, {torch.get_num_threads()} threads, {platform.processor()}")
-    print(f"# CPU: {_cpu_name()}")
+    print(f"# CPU: {_cpu_name()}, native bf16 matmul: {cpu_has_native_low_precision_matmul()}")
+    if fp32_matmul:
+        print("# ours = hf_vit_plus with hf_vit_plus.cpu_precision.use_fp32_matmul_for_low_precision (opt-in)")
     header = (
-        "| precision | batch | ours img/s | timm img/s | transformers img/s | vs timm | vs transformers "
+        f"| precision | batch | {ours} img/s | timm img/s | transformers img/s | vs timm | vs transformers "
         "| ours GFLOP/s | % of GEMM peak | timm % | transformers % |"
     )
     print(header)
@@ -152,6 +166,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument(
+        "--no_fp32_matmul",
+        action="store_true",
+        help="measure our model without the cpu_precision opt-in (standard layers, like the peers)",
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
