@@ -492,11 +492,11 @@ def test_missing_special_tokens_are_errors():
 
 def test_empty_and_malformed_inputs_are_errors():
     model = Seq2SeqTransformerForConditionalGeneration(tiny_config()).eval()
-    with pytest.raises(ValueError, match=r"empty source batch of shape \(0, 5\)"):
+    with pytest.raises(ValueError, match=r"`input_ids` is empty: shape \(0, 5\)"):
         model(input_ids=torch.zeros(0, 5, dtype=torch.long), decoder_input_ids=torch.ones(0, 1, dtype=torch.long))
-    with pytest.raises(ValueError, match=r"empty source batch of shape \(2, 0\)"):
+    with pytest.raises(ValueError, match=r"`input_ids` is empty: shape \(2, 0\)"):
         model(input_ids=torch.zeros(2, 0, dtype=torch.long), decoder_input_ids=torch.ones(2, 1, dtype=torch.long))
-    with pytest.raises(TypeError, match="integer tensor"):
+    with pytest.raises(TypeError, match="`input_ids` must hold integer token ids"):
         model(input_ids=torch.rand(2, 5), decoder_input_ids=torch.ones(2, 1, dtype=torch.long))
     with pytest.raises(ValueError, match="Pass `decoder_input_ids`"):
         model(input_ids=torch.ones(2, 5, dtype=torch.long))

@@ -39,6 +39,8 @@ from transformers.utils import logging
 
 from .attention import eager_attention_forward
 from .configuration_seq2seq_transformer import Seq2SeqTransformerConfig
+from .hub_mixin import HubMixin
+from .input_checks import IGNORE_INDEX, check_mask_shape, check_not_empty, check_token_ids
 from .positional import sinusoidal_position_table
 from .sparse_attention import SPARSE_KERNELS, sparse_padding_mask
 from .sparse_layouts import SparsePattern, build_pattern
@@ -328,6 +330,13 @@ class Seq2SeqTransformerStack(nn.Module):
         # A sparse encoder's kernels take the source padding as a 2-D key mask, not a 4-D dense mask.
         self.sparse_encoder = not is_decoder and encoder_sparse_pattern_from_config(config) is not None
 
+    @property
+    def input_names(self) -> tuple[str, str, str]:
+        """The model-level names of this stack's token ids, embeddings and padding mask (used in error messages)."""
+        if self.is_decoder:
+            return "decoder_input_ids", "decoder_inputs_embeds", "decoder_attention_mask"
+        return "input_ids", "inputs_embeds", "attention_mask"
+
     def get_input_embeddings(self) -> nn.Embedding:
         return self.embed_tokens
 
@@ -336,21 +345,20 @@ class Seq2SeqTransformerStack(nn.Module):
 
     def embed(self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, past_length: int = 0):
         """Scaled token embeddings + positions past_length .. past_length+T-1, then dropout. Returns (B, T, D)."""
+        ids_name, embeds_name = self.input_names[:2]
         if (input_ids is None) == (inputs_embeds is None):
-            name = "decoder_input_ids" if self.is_decoder else "input_ids"
-            raise ValueError(f"Pass exactly one of `{name}` and `{name.replace('input_ids', 'inputs_embeds')}`.")
+            raise ValueError(f"Pass exactly one of `{ids_name}` and `{embeds_name}`.")
         if input_ids is not None:
-            if not torch.is_tensor(input_ids) or input_ids.is_floating_point() or input_ids.dim() != 2:
-                raise TypeError(
-                    f"Token ids must be an integer tensor of shape (batch, seq_len), got "
-                    f"{getattr(input_ids, 'dtype', type(input_ids).__name__)} of shape "
-                    f"{tuple(getattr(input_ids, 'shape', ()))}."
-                )
+            check_token_ids(ids_name, input_ids, self.embed_tokens.num_embeddings)
             inputs_embeds = self.embed_tokens(input_ids)
+        elif inputs_embeds.dim() != 3:
+            raise ValueError(
+                f"`{embeds_name}` must have shape (batch, seq_len, d_model), got {tuple(inputs_embeds.shape)}."
+            )
+        else:
+            check_not_empty(embeds_name, tuple(inputs_embeds.shape))
         batch_size, seq_len = inputs_embeds.shape[:2]
         what = "target" if self.is_decoder else "source"
-        if batch_size == 0 or seq_len == 0:
-            raise ValueError(f"Got an empty {what} batch of shape {tuple(inputs_embeds.shape[:2])}.")
         if past_length + seq_len > self.max_positions:
             raise ValueError(
                 f"The {what} sequence has {past_length + seq_len} positions but max_position_embeddings is "
@@ -358,6 +366,24 @@ class Seq2SeqTransformerStack(nn.Module):
             )
         positions = self.embed_positions[past_length : past_length + seq_len].to(inputs_embeds.dtype)  # (T, D)
         return self.dropout(inputs_embeds * self.embed_scale + positions)
+
+    def _check_masks(self, attention_mask, encoder_hidden_states, encoder_attention_mask, given, past: int) -> None:
+        """Each padding mask must cover the tokens it masks: the source mask the source (2-D, it also masks the
+        cross-attention's keys); the target mask the cached plus the new target tokens (2-D, or a 4-D mask).
+        `given`: the name of the input passed (ids or embeddings) and its (batch, seq_len)."""
+        mask_name = self.input_names[2]
+        if attention_mask is not None:
+            name, (batch_size, seq_len) = given
+            what = f"`{name}` of shape {(batch_size, seq_len)}"
+            if self.is_decoder:
+                what += f" after {past} cached tokens" if past else ""
+                check_mask_shape(mask_name, attention_mask, batch_size, past + seq_len, what, query_length=seq_len)
+            else:
+                check_mask_shape(mask_name, attention_mask, batch_size, seq_len, what)
+        if self.is_decoder and encoder_attention_mask is not None:
+            source_shape = tuple(encoder_hidden_states.shape[:2])
+            what = f"the encoder output (batch, source length) = {source_shape}"
+            check_mask_shape("attention_mask", encoder_attention_mask, *source_shape, what)
 
     def forward(
         self,
@@ -391,6 +417,8 @@ class Seq2SeqTransformerStack(nn.Module):
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
         hidden_states = self.embed(input_ids, inputs_embeds, past_length)  # (B, T, D)
         batch_size, seq_len = hidden_states.shape[:2]
+        given = self.input_names[0 if input_ids is not None else 1], (batch_size, seq_len)
+        self._check_masks(attention_mask, encoder_hidden_states, encoder_attention_mask, given, past_length)
 
         # Returning attention probabilities goes through the eager kernel, which needs every mask materialised.
         skip = not output_attentions
@@ -462,7 +490,7 @@ class Seq2SeqTransformerStack(nn.Module):
         return output if return_dict else output.to_tuple()
 
 
-class Seq2SeqTransformerPreTrainedModel(PreTrainedModel):
+class Seq2SeqTransformerPreTrainedModel(HubMixin, PreTrainedModel):
     config_class = Seq2SeqTransformerConfig
     base_model_prefix = "model"
     main_input_name = "input_ids"
@@ -681,6 +709,8 @@ class Seq2SeqTransformerForConditionalGeneration(Seq2SeqTransformerPreTrainedMod
         accumulated batch; the loss is then the sum over this batch divided by it."""
         return_dict = _flag(return_dict, self.config, "return_dict", default=True)
         if labels is not None:
+            # Before the shift: an out-of-range label would otherwise be reported as a bad `decoder_input_ids`.
+            check_token_ids("labels", labels, self.config.vocab_size, ignore_index=IGNORE_INDEX)
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)

@@ -37,6 +37,8 @@ from transformers.utils import logging
 
 from .attention import eager_attention_forward
 from .configuration_sparse_transformer import SparseTransformerConfig
+from .hub_mixin import HubMixin
+from .input_checks import IGNORE_INDEX, check_mask_shape, check_not_empty, check_token_ids, tracing
 from .sparse_attention import SPARSE_KERNELS
 from .sparse_layouts import SparsePattern, allowed_key_indices, build_pattern
 
@@ -115,6 +117,8 @@ class _AttentionContext:
             return False
         if self.key_valid is None:
             return True
+        if torch.compiler.is_compiling():  # reading the mask's values would break the graph: take the masked path
+            return False
         natural = torch.arange(self.kv_length, device=self.key_positions.device)
         return bool(((self.key_positions == natural) | ~self.key_valid).all())
 
@@ -352,7 +356,7 @@ class SparseTransformerLayer(GradientCheckpointingLayer):
         return hidden_states, attn_weights
 
 
-class SparseTransformerPreTrainedModel(PreTrainedModel):
+class SparseTransformerPreTrainedModel(HubMixin, PreTrainedModel):
     config_class = SparseTransformerConfig
     base_model_prefix = "model"
     main_input_name = "input_ids"
@@ -424,6 +428,14 @@ class SparseTransformerModel(SparseTransformerPreTrainedModel):
     ) -> BaseModelOutputWithPast | tuple:
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of `input_ids` (batch, seq) and `inputs_embeds` (batch, seq, hidden).")
+        if input_ids is not None:
+            check_token_ids("input_ids", input_ids, self.embeddings.embed_tokens.num_embeddings)
+        elif inputs_embeds.dim() != 3:
+            raise ValueError(
+                f"`inputs_embeds` must have shape (batch, seq_len, hidden_size), got {tuple(inputs_embeds.shape)}."
+            )
+        else:
+            check_not_empty("inputs_embeds", tuple(inputs_embeds.shape))
         output_attentions = _flag(output_attentions, self.config, "output_attentions")
         output_hidden_states = _flag(output_hidden_states, self.config, "output_hidden_states")
         return_dict = _flag(return_dict, self.config, "return_dict", default=True)
@@ -438,11 +450,28 @@ class SparseTransformerModel(SparseTransformerPreTrainedModel):
         if not use_cache:
             past_key_values = None
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if torch.is_tensor(past_length):
+            # A static cache counts its tokens in a tensor that each layer's update advances in place: read it once.
+            past_length = int(past_length)
+        if attention_mask is not None:
+            # During generation the mask covers the cached tokens and the new ones.
+            given = "input_ids" if input_ids is not None else "inputs_embeds"
+            what = f"`{given}` of shape {(batch_size, seq_len)}"
+            what += f" after {past_length} cached tokens" if past_length else ""
+            check_mask_shape("attention_mask", attention_mask, batch_size, past_length + seq_len, what)
         device = (input_ids if input_ids is not None else inputs_embeds).device
         context = self._attention_context(batch_size, seq_len, past_length, attention_mask, device)
-        if position_ids is None:
+        positions_given = position_ids is not None
+        if not positions_given:
             position_ids = context.query_positions
-        longest = int(position_ids.max()) + 1 if position_ids.numel() else 0
+        if not positions_given and context.key_valid is None:
+            longest = past_length + seq_len  # positions past_length .. past_length + seq_len - 1, no need to read them
+        elif tracing():
+            # Reading the largest position is a graph break under torch.compile (an error with fullgraph=True):
+            # compiled code goes without this check.
+            longest = 0
+        else:
+            longest = int(position_ids.max()) + 1 if position_ids.numel() else 0
         if longest > self.config.max_position_embeddings:
             raise ValueError(
                 f"The sequence has {longest} positions (input of length {seq_len} after {past_length} cached "
@@ -486,19 +515,11 @@ class SparseTransformerModel(SparseTransformerPreTrainedModel):
                 f"({self.config.max_position_embeddings})."
             )
         key_valid = None
-        if attention_mask is not None:
-            if attention_mask.dim() != 2 or attention_mask.shape[0] != batch_size:
-                raise ValueError(
-                    f"`attention_mask` must be a 2-D padding mask (batch, past + seq) = ({batch_size}, {kv_length}), "
-                    f"got shape {tuple(attention_mask.shape)}."
-                )
-            if attention_mask.shape[1] != kv_length:
-                raise ValueError(
-                    f"`attention_mask` covers {attention_mask.shape[1]} tokens but the cache holds {past_length} and "
-                    f"the input {seq_len}: it must cover {kv_length}."
-                )
+        if attention_mask is not None:  # (batch, past + seq), checked by `forward`
             key_valid = attention_mask.to(device=device, dtype=torch.bool)
-        if key_valid is None or bool(key_valid.all()):
+        # Without padding the cheaper no-mask path runs; under torch.compile/export the data-dependent test would
+        # break the graph, so traced code keeps the (exact) masked path.
+        if key_valid is None or (not torch.compiler.is_compiling() and bool(key_valid.all())):
             key_positions = torch.arange(kv_length, device=device).expand(batch_size, -1)
             key_order = key_positions
             key_valid = None
@@ -559,6 +580,8 @@ class SparseTransformerForCausalLM(SparseTransformerPreTrainedModel, GenerationM
     ) -> CausalLMOutputWithPast | tuple:
         return_dict = _flag(return_dict, self.config, "return_dict", default=True)
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        if labels is not None:
+            check_token_ids("labels", labels, self.config.vocab_size, ignore_index=IGNORE_INDEX)
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,

@@ -295,8 +295,10 @@ class _Summary:
         L, c = pattern.stride, pattern.summary_size
         self.L, self.c, self.m, self.B, self.N = L, c, N // L, B, N
         self.causal = pattern.causal
-        lo = pattern.summary_range(torch.as_tensor(heads, device=device))[0]  # (Hg,)
-        self.shared_lo = int(lo[0]) if bool((lo == lo[0]).all()) else None
+        # The columns depend on the head indices only: plain ints, so tracing (torch.compile/export) sees constants.
+        lo_values = [pattern.stride - (h % pattern.num_summary_blocks + 1) * c for h in heads]
+        lo = torch.tensor(lo_values, device=device)  # (Hg,)
+        self.shared_lo = lo_values[0] if len(set(lo_values)) == 1 else None
         pos = (torch.arange(self.m, device=device) * L).view(1, -1, 1) + lo.view(-1, 1, 1)
         self.pos = (pos + torch.arange(c, device=device)).reshape(len(heads), self.m * c)  # (Hg, S) sorted
         self.key_valid = None if key_valid is None else key_valid[:, self.pos]  # (B, Hg, S)
@@ -699,6 +701,8 @@ def sparse_padding_mask(
     mask = attention_mask[:, kv_offset : kv_offset + kv_length].to(torch.bool)
     if mask.shape[-1] < kv_length:  # a mask shorter than the keys: the missing (newest) positions are real
         mask = F.pad(mask, (0, kv_length - mask.shape[-1]), value=True)
+    if torch.compiler.is_compiling():  # a data-dependent branch would break the graph: keep the (all-True) mask
+        return mask
     return None if bool(mask.all()) else mask
 
 
