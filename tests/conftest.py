@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import pytest
 
 
@@ -19,3 +21,182 @@ def hub_server(tmp_path_factory):
         yield server
     finally:
         server.stop()
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The model matrix of the common suite (tests/test_common.py): every family, head and attention variant as a tiny
+# config. Each case builds its config, its model classes and a batch of inputs; checks that do not apply to a case
+# (generation for the ViT, image size for the LMs) ask the case and skip.
+
+
+@dataclass(frozen=True)
+class ModelCase:
+    """One cell of the family x variant matrix."""
+
+    id: str
+    family: str  # "vit", "seq2seq" or "sparse-lm"
+    config_fields: dict = field(default_factory=dict)
+
+    @property
+    def config_class(self):
+        import hf_vit_plus
+
+        return {
+            "vit": hf_vit_plus.ViTPlusConfig,
+            "seq2seq": hf_vit_plus.Seq2SeqTransformerConfig,
+            "sparse-lm": hf_vit_plus.SparseTransformerConfig,
+        }[self.family]
+
+    @property
+    def head_class(self):
+        import hf_vit_plus
+
+        return {
+            "vit": hf_vit_plus.ViTPlusForImageClassification,
+            "seq2seq": hf_vit_plus.Seq2SeqTransformerForConditionalGeneration,
+            "sparse-lm": hf_vit_plus.SparseTransformerForCausalLM,
+        }[self.family]
+
+    @property
+    def base_class(self):
+        import hf_vit_plus
+
+        return {
+            "vit": hf_vit_plus.ViTPlusModel,
+            "seq2seq": hf_vit_plus.Seq2SeqTransformerModel,
+            "sparse-lm": hf_vit_plus.SparseTransformerModel,
+        }[self.family]
+
+    @property
+    def auto_head(self) -> str:
+        return {
+            "vit": "AutoModelForImageClassification",
+            "seq2seq": "AutoModelForSeq2SeqLM",
+            "sparse-lm": "AutoModelForCausalLM",
+        }[self.family]
+
+    @property
+    def generative(self) -> bool:
+        return self.family != "vit"
+
+    @property
+    def sparse(self) -> bool:
+        kind = self.config_fields.get("attention_type", self.config_fields.get("encoder_attention_type", "dense"))
+        return kind != "dense"
+
+    def config(self, **overrides):
+        return self.config_class(**{**TINY_CONFIGS[self.family], **self.config_fields, **overrides})
+
+    def model(self, head: bool = True, seed: int = 0, **overrides):
+        """A tiny model in eval mode with non-trivial weights everywhere (the ViT's zero-initialised head too)."""
+        import torch
+
+        torch.manual_seed(seed)
+        model = (self.head_class if head else self.base_class)(self.config(**overrides))
+        if head and self.family == "vit":
+            torch.nn.init.normal_(model.classifier.weight, std=0.5)
+        return model.eval()
+
+    def inputs(self, batch: int = 2, seed: int = 1, labels: bool = False) -> dict:
+        """A batch of valid model inputs; seq2seq and LM batches include a right-padded row."""
+        import torch
+
+        g = torch.Generator().manual_seed(seed)
+        if self.family == "vit":
+            fields = TINY_CONFIGS["vit"]
+            out = {"pixel_values": torch.randn(batch, 3, fields["image_size"], fields["image_size"], generator=g)}
+            if labels:
+                out["labels"] = torch.randint(0, fields["num_labels"], (batch,), generator=g)
+            return out
+        vocab = TINY_CONFIGS[self.family]["vocab_size"]
+        length = 11  # not a multiple of the sparse strides: the kernels pad
+        ids = torch.randint(3, vocab, (batch, length), generator=g)
+        mask = torch.ones(batch, length, dtype=torch.long)
+        if batch > 1:
+            ids[-1, -3:] = 0
+            mask[-1, -3:] = 0
+        if self.family == "seq2seq":
+            tgt = torch.randint(3, vocab, (batch, 7), generator=g)
+            out = {"input_ids": ids, "attention_mask": mask, "decoder_input_ids": tgt}
+            if labels:
+                out = {"input_ids": ids, "attention_mask": mask, "labels": tgt}
+            return out
+        out = {"input_ids": ids, "attention_mask": mask}
+        if labels:
+            out["labels"] = ids.masked_fill(mask == 0, -100)
+        return out
+
+
+TINY_CONFIGS = {
+    "vit": dict(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        image_size=32,
+        patch_size=4,  # an 8 x 8 grid: 65 tokens, not a multiple of the stride
+        num_labels=3,
+    ),
+    "seq2seq": dict(
+        vocab_size=20,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=32,
+        dropout=0.0,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        decoder_start_token_id=1,
+    ),
+    "sparse-lm": dict(
+        vocab_size=40,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=32,
+        sparse_stride=4,
+        sparse_summary_size=1,
+    ),
+}
+
+MODEL_CASES = [
+    ModelCase("vit-dense", "vit"),
+    ModelCase("vit-strided", "vit", {"attention_type": "strided"}),
+    ModelCase("vit-fixed", "vit", {"attention_type": "fixed"}),
+    ModelCase("seq2seq-dense", "seq2seq"),
+    ModelCase(
+        "seq2seq-strided",
+        "seq2seq",
+        {"encoder_attention_type": "strided", "encoder_sparse_stride": 4, "encoder_sparse_summary_size": 1},
+    ),
+    ModelCase(
+        "seq2seq-fixed",
+        "seq2seq",
+        {"encoder_attention_type": "fixed", "encoder_sparse_stride": 4, "encoder_sparse_summary_size": 1},
+    ),
+    ModelCase("sparse-lm-dense", "sparse-lm", {"attention_type": "dense"}),
+    *(
+        ModelCase(f"sparse-lm-{kind}-{mode}", "sparse-lm", {"attention_type": kind, "sparse_pattern_mode": mode})
+        for kind in ("strided", "fixed")
+        for mode in ("merged", "interleaved", "heads")
+    ),
+]
+
+
+@pytest.fixture(params=MODEL_CASES, ids=[case.id for case in MODEL_CASES])
+def model_case(request) -> ModelCase:
+    return request.param
+
+
+@pytest.fixture(
+    params=[case for case in MODEL_CASES if case.generative],
+    ids=[case.id for case in MODEL_CASES if case.generative],
+)
+def generative_case(request) -> ModelCase:
+    return request.param

@@ -53,4 +53,7 @@ def run_without_package(code: str, cwd: Path, env: dict | None = None, timeout: 
     if proc.returncode != 0:
         raise AssertionError(f"subprocess failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
     last = [line for line in proc.stdout.splitlines() if line.strip()][-1]
-    return json.loads(last)
+    try:
+        return json.loads(last)
+    except json.JSONDecodeError:
+        raise AssertionError(f"the subprocess's last line is not JSON:\n{proc.stdout[-3000:]}") from None

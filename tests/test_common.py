@@ -1,0 +1,461 @@
+"""The common model suite: every family, head and attention variant (tests/conftest.py `MODEL_CASES`) through the
+entry points a transformers user takes, as transformers' `ModelTesterMixin` does for its own models.
+
+Each test takes the `model_case` fixture (one tiny config per cell of the matrix) and skips where a check does not
+apply (generation for the ViT, for instance). The README's "Entry points" matrix names the test of each cell.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+import transformers
+from transformers import AutoConfig
+
+from tests.conftest import MODEL_CASES, ModelCase
+from tests.utils import run_without_package
+
+
+def _logits(model, inputs: dict) -> torch.Tensor:
+    with torch.no_grad():
+        out = model(**inputs)
+    return out.logits if hasattr(out, "logits") else out.last_hidden_state
+
+
+def _real_rows(case: ModelCase, inputs: dict, logits: torch.Tensor) -> torch.Tensor:
+    """Logits of the positions that are real tokens: padded positions of an LM are not defined by the contract."""
+    if case.family == "sparse-lm":
+        return logits[inputs["attention_mask"].bool()]
+    return logits
+
+
+# ------------------------------------------------------------------------------------------ save / load
+
+
+@pytest.mark.parametrize("head", [True, False], ids=["head", "base"])
+def test_save_and_auto_load_give_equal_outputs(model_case, head, tmp_path):
+    model = model_case.model(head=head)
+    inputs = model_case.inputs()
+    model.save_pretrained(tmp_path)
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert "model.safetensors" in files
+    assert not [f for f in files if f.endswith((".bin", ".pt", ".pth", ".pkl"))], files
+    config = AutoConfig.from_pretrained(tmp_path)
+    assert type(config) is model_case.config_class
+    auto = getattr(transformers, model_case.auto_head if head else "AutoModel")
+    loaded = auto.from_pretrained(tmp_path).eval()
+    assert type(loaded) is type(model)
+    torch.testing.assert_close(_logits(loaded, inputs), _logits(model, inputs), rtol=0, atol=0)
+
+
+def test_remote_code_loads_every_case_without_the_package_and_refuses_without_trust(tmp_path_factory):
+    """One fresh process without hf_vit_plus loads every case's folder with trust_remote_code=True (same outputs) and
+    refuses each without it."""
+    root = tmp_path_factory.mktemp("remote")
+    expected = {}
+    for case in MODEL_CASES:
+        model = case.model()
+        folder = root / case.id
+        model.save_pretrained(folder)
+        inputs = case.inputs()
+        torch.save(inputs, folder / "inputs.pt")
+        expected[case.id] = _logits(model, inputs)
+    code = f"""
+        import json, torch, transformers
+        results = {{}}
+        for case_id, auto_name in {json.dumps({c.id: c.auto_head for c in MODEL_CASES})}.items():
+            folder = {str(root)!r} + "/" + case_id
+            auto = getattr(transformers, auto_name)
+            try:
+                auto.from_pretrained(folder)
+                refused = False
+            except ValueError as err:
+                refused = "trust_remote_code" in str(err)
+            model = auto.from_pretrained(folder, trust_remote_code=True).eval()
+            inputs = torch.load(folder + "/inputs.pt", weights_only=True)
+            with torch.no_grad():
+                out = model(**inputs)
+            torch.save(out.logits, folder + "/remote_logits.pt")
+            results[case_id] = {{"refused": refused, "module": type(model).__module__}}
+        print()  # the refusals leave transformers' unanswered prompt on the current line
+        print(json.dumps(results))
+        """
+    results = run_without_package(code, cwd=root, timeout=600)
+    for case in MODEL_CASES:
+        assert results[case.id]["refused"], case.id
+        assert not results[case.id]["module"].startswith("hf_vit_plus"), results[case.id]
+        remote = torch.load(root / case.id / "remote_logits.pt", weights_only=True)
+        torch.testing.assert_close(remote, expected[case.id], rtol=0, atol=0, msg=case.id)
+
+
+def test_meta_device_construction(model_case):
+    with torch.device("meta"):
+        model = model_case.head_class(model_case.config())
+    params = dict(model.named_parameters())
+    assert params and all(p.device.type == "meta" for p in params.values())
+    reference = model_case.model()
+    assert {n: p.shape for n, p in params.items()} == {n: p.shape for n, p in reference.named_parameters()}
+
+
+# ------------------------------------------------------------------------------------------ attention kernels
+
+DENSE_IMPLEMENTATIONS = ["eager", "sdpa", "sparse_dense", "sparse_block", "sparse_flex"]
+
+
+@pytest.mark.parametrize("implementation", DENSE_IMPLEMENTATIONS)
+def test_every_attention_implementation_matches_eager(model_case, implementation):
+    """Dense models accept the sparse kernel names (and run dense attention); sparse models run their pattern with
+    every kernel (eager and sdpa mean "the default sparse kernel" there)."""
+    inputs = model_case.inputs()
+    reference = model_case.model()
+    reference.set_attn_implementation("eager")
+    model = copy.deepcopy(reference)
+    model.set_attn_implementation(implementation)
+    expected = _real_rows(model_case, inputs, _logits(reference, inputs))
+    got = _real_rows(model_case, inputs, _logits(model, inputs))
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_flex_attention_matches_eager(model_case):
+    """flex_attention compiles on first use (tens of seconds on CPU per shape): slow."""
+    inputs = model_case.inputs()
+    reference = model_case.model()
+    model = copy.deepcopy(reference)
+    model.set_attn_implementation("flex_attention")
+    expected = _real_rows(model_case, inputs, _logits(reference, inputs))
+    got = _real_rows(model_case, inputs, _logits(model, inputs))
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------ outputs
+
+
+def test_hidden_states_and_attentions_have_the_documented_count_and_shapes(model_case):
+    model = model_case.model()
+    config = model.config
+    inputs = model_case.inputs()
+    with torch.no_grad():
+        out = model(**inputs, output_hidden_states=True, output_attentions=True)
+    batch = 2
+    if model_case.family == "vit":
+        tokens = (config.image_size // config.patch_size) ** 2 + 1
+        stacks = {"": (config.num_hidden_layers, config.num_attention_heads, tokens, tokens)}
+        width = config.hidden_size
+    elif model_case.family == "seq2seq":
+        src, tgt = inputs["input_ids"].shape[1], inputs["decoder_input_ids"].shape[1]
+        stacks = {
+            "encoder_": (config.encoder_layers, config.encoder_attention_heads, src, src),
+            "decoder_": (config.decoder_layers, config.decoder_attention_heads, tgt, tgt),
+        }
+        width = config.d_model
+        cross = out.cross_attentions
+        assert len(cross) == config.decoder_layers
+        assert all(a.shape == (batch, config.decoder_attention_heads, tgt, src) for a in cross)
+    else:
+        tokens = inputs["input_ids"].shape[1]
+        stacks = {"": (config.num_hidden_layers, config.num_attention_heads, tokens, tokens)}
+        width = config.hidden_size
+    for prefix, (layers, heads, tq, tk) in stacks.items():
+        hidden = getattr(out, f"{prefix}hidden_states")
+        attentions = getattr(out, f"{prefix}attentions")
+        assert len(hidden) == layers + 1, prefix
+        assert all(h.shape == (batch, tq, width) for h in hidden), prefix
+        assert len(attentions) == layers, prefix
+        assert all(a.shape == (batch, heads, tq, tk) for a in attentions), prefix
+        for a in attentions:  # probabilities: rows of real queries sum to one
+            torch.testing.assert_close(a.sum(-1)[0], torch.ones(heads, tq), rtol=0, atol=1e-5)
+
+
+def test_activation_checkpointing_gives_the_same_gradients(model_case):
+    model = model_case.model()
+    model.train()  # dropout is 0 in the tiny configs: train mode only switches checkpointing on
+    inputs = model_case.inputs(labels=True)
+
+    def grads(m):
+        m.zero_grad()
+        m(**inputs).loss.backward()
+        return {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+
+    plain = grads(model)
+    checkpointed = copy.deepcopy(model)
+    checkpointed.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    assert checkpointed.is_gradient_checkpointing
+    recomputed = grads(checkpointed)
+    assert plain.keys() == recomputed.keys() and len(plain) > 0
+    for name in plain:
+        torch.testing.assert_close(recomputed[name], plain[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_bf16_forward_is_finite_and_close_to_fp32(model_case):
+    model = model_case.model()
+    inputs = model_case.inputs()
+    expected = _real_rows(model_case, inputs, _logits(model, inputs))
+    low = copy.deepcopy(model).to(torch.bfloat16)
+    got = _real_rows(model_case, inputs, _logits(low, inputs)).float()
+    assert torch.isfinite(got).all()
+    scale = expected.abs().max().item()
+    assert (got - expected).abs().max().item() <= 0.05 * scale + 0.05
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        autocast = _real_rows(model_case, inputs, _logits(model, inputs)).float()
+    assert torch.isfinite(autocast).all()
+    assert (autocast - expected).abs().max().item() <= 0.05 * scale + 0.05
+
+
+# ------------------------------------------------------------------------------------------ compile / export
+
+
+def test_compile_fullgraph_has_no_graph_break_and_equal_outputs(model_case):
+    """Dynamo traces the whole forward as one graph (fullgraph=True raises on any graph break). The eager backend
+    keeps this fast; inductor code generation is exercised by the slow test below."""
+    torch._dynamo.reset()
+    model = model_case.model()
+    inputs = model_case.inputs()
+    compiled = torch.compile(model, fullgraph=True, backend="eager")
+    expected = _real_rows(model_case, inputs, _logits(model, inputs))
+    got = _real_rows(model_case, inputs, _logits(compiled, inputs))
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case_id", ["vit-dense", "seq2seq-dense", "sparse-lm-strided-merged"])
+def test_compile_inductor_equal_outputs(case_id):
+    case = next(c for c in MODEL_CASES if c.id == case_id)
+    torch._dynamo.reset()
+    model = case.model()
+    inputs = case.inputs()
+    compiled = torch.compile(model, fullgraph=True)
+    expected = _real_rows(case, inputs, _logits(model, inputs))
+    torch.testing.assert_close(_real_rows(case, inputs, _logits(compiled, inputs)), expected, rtol=1e-4, atol=1e-5)
+
+
+def _encoder_and_inputs(case: ModelCase):
+    model = case.model()
+    inputs = case.inputs()
+    if case.family == "vit":
+        return model, inputs
+    if case.family == "seq2seq":
+        return model.get_encoder(), {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"]}
+    return model.model, {**inputs, "use_cache": False}  # the decoder-only LM's stack, without a KV cache
+
+
+@pytest.mark.parametrize(
+    "case_id", ["vit-dense", "vit-strided", "vit-fixed", "seq2seq-dense", "seq2seq-strided", "sparse-lm-dense"]
+)
+def test_torch_export_of_the_classifier_and_the_encoders(case_id):
+    case = next(c for c in MODEL_CASES if c.id == case_id)
+    module, inputs = _encoder_and_inputs(case)
+    exported = torch.export.export(module, args=(), kwargs=inputs, strict=False)
+    with torch.no_grad():
+        expected = module(**inputs)
+        got = exported.module()(**inputs)
+    key = "logits" if case.family == "vit" else "last_hidden_state"
+    torch.testing.assert_close(got[key], expected[key], rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------ Trainer
+
+
+def test_trainer_gradient_accumulation_equals_one_step_on_the_double_batch(model_case, tmp_path):
+    """Two micro-batches of 2 with gradient_accumulation_steps=2 give the weights of one step on the batch of 4."""
+    from datasets import Dataset
+
+    inputs = model_case.inputs(batch=4, labels=True)
+    rows = Dataset.from_dict({k: v.tolist() for k, v in inputs.items()}).with_format("torch")
+
+    def train(batch_size: int, accumulation: int):
+        model = model_case.model()
+        args = transformers.TrainingArguments(
+            output_dir=str(tmp_path / f"run{batch_size}"),
+            per_device_train_batch_size=batch_size,
+            gradient_accumulation_steps=accumulation,
+            max_steps=1,
+            learning_rate=0.1,
+            lr_scheduler_type="constant",
+            optim="sgd",
+            weight_decay=0.0,
+            max_grad_norm=0.0,
+            use_cpu=True,
+            report_to=[],
+            save_strategy="no",
+            logging_strategy="no",
+            dataloader_drop_last=False,
+            seed=0,
+            disable_tqdm=True,
+            average_tokens_across_devices=False,
+        )
+        trainer = transformers.Trainer(model=model, args=args, train_dataset=rows)
+        trainer._get_train_sampler = lambda *a, **k: torch.utils.data.SequentialSampler(rows)
+        trainer.train()
+        return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    accumulated = train(2, 2)
+    single = train(4, 1)
+    before = dict(model_case.model().named_parameters())
+    assert any(not torch.equal(single[n], before[n]) for n in single), "the step changed nothing"
+    for name in single:
+        torch.testing.assert_close(accumulated[name], single[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+# ------------------------------------------------------------------------------------------ generation
+
+
+def _prompt(case: ModelCase) -> dict:
+    inputs = case.inputs()
+    if case.family == "seq2seq":
+        return {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"]}
+    # Left padding, as decoder-only generation expects.
+    ids = case.inputs(batch=2)["input_ids"][:, :6].clone()
+    mask = torch.ones_like(ids)
+    ids[1, :2] = case.config().pad_token_id
+    mask[1, :2] = 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+GENERATION_MODES = {
+    "greedy": dict(do_sample=False, num_beams=1),
+    "beam": dict(do_sample=False, num_beams=3, num_return_sequences=2, length_penalty=0.6),
+    "sample": dict(do_sample=True, num_beams=1, top_k=8),
+}
+
+
+@pytest.mark.parametrize("mode", list(GENERATION_MODES))
+def test_generate_with_and_without_cache_and_with_a_static_cache_give_the_same_tokens(generative_case, mode):
+    model = generative_case.model()
+    prompt = _prompt(generative_case)
+    settings = dict(GENERATION_MODES[mode], max_new_tokens=8, min_new_tokens=8)
+
+    def run(**extra):
+        torch.manual_seed(123)
+        with torch.no_grad():
+            return model.generate(**prompt, **settings, **extra)
+
+    cached = run(use_cache=True)
+    assert cached.shape[-1] >= 8
+    torch.testing.assert_close(run(use_cache=False), cached, rtol=0, atol=0)
+    torch.testing.assert_close(run(use_cache=True, cache_implementation="static"), cached, rtol=0, atol=0)
+
+
+def test_resize_token_embeddings_keeps_the_tied_matrices_tied(generative_case):
+    model = generative_case.model()
+    old = model.config.vocab_size
+    model.resize_token_embeddings(old + 5)
+    embedding = model.get_input_embeddings().weight
+    assert embedding.shape[0] == old + 5 and model.config.vocab_size == old + 5
+    assert model.get_output_embeddings().weight is embedding
+    if generative_case.family == "seq2seq":
+        assert model.get_decoder().embed_tokens.weight is embedding
+        assert model.get_encoder().embed_tokens.weight is embedding
+    inputs = generative_case.inputs()
+    inputs["input_ids"][0, 0] = old + 4  # a new token is a valid input
+    logits = _logits(model, inputs)
+    assert logits.shape[-1] == old + 5 and torch.isfinite(logits).all()
+
+
+# ------------------------------------------------------------------------------------------ malformed inputs
+
+
+def _malformed_inputs(case: ModelCase) -> list[tuple[str, dict, str]]:
+    """(what, inputs, a fragment the error message must contain) for one case."""
+    good = case.inputs()
+    if case.family == "vit":
+        pixels = good["pixel_values"]
+        return [
+            ("channels", {"pixel_values": pixels[:, :1]}, "channels"),
+            ("size", {"pixel_values": pixels[..., :16, :16]}, "16x16"),
+            ("rank", {"pixel_values": pixels[0]}, "(batch, channels, height, width)"),
+            ("dtype", {"pixel_values": pixels.to(torch.int64)}, "floating-point"),
+        ]
+    vocab = case.config().vocab_size
+    ids, mask = good["input_ids"], good["attention_mask"]
+    too_big = ids.clone()
+    too_big[1, 4] = vocab + 3
+    negative = ids.clone()
+    negative[0, 2] = -7
+    extra = {k: v for k, v in good.items() if k not in ("input_ids", "attention_mask")}
+    cases = [
+        ("id >= vocab_size", {**good, "input_ids": too_big}, str(vocab + 3)),
+        ("negative id", {**good, "input_ids": negative}, "-7"),
+        ("float ids", {**good, "input_ids": ids.float()}, "input_ids"),
+        ("empty", {**extra, "input_ids": ids[:1, :0], "attention_mask": mask[:1, :0]}, "(1, 0)"),
+        ("mask length", {**good, "attention_mask": mask[:, :-2]}, "attention_mask"),
+    ]
+    labels = ids.clone() if case.family == "sparse-lm" else good["decoder_input_ids"].clone()
+    labels[0, 1] = vocab
+    cases.append(("label >= vocab_size", {**good, "labels": labels}, "labels"))
+    if case.family == "seq2seq":
+        bad_decoder = good["decoder_input_ids"].clone()
+        bad_decoder[0, 0] = vocab + 1
+        cases.append(("decoder id", {**good, "decoder_input_ids": bad_decoder}, "decoder_input_ids"))
+    return cases
+
+
+def test_malformed_inputs_end_in_a_value_error_naming_them(model_case):
+    model = model_case.model()
+    for what, inputs, fragment in _malformed_inputs(model_case):
+        with pytest.raises((ValueError, TypeError)) as info:
+            model(**inputs)
+        assert fragment in str(info.value), (what, str(info.value))
+
+
+# ------------------------------------------------------------------------------------------ the command line
+
+CLI_TINY = {
+    "vit": "hidden_size=32,num_hidden_layers=2,num_attention_heads=2,intermediate_size=64",
+    "seq2seq": "d_model=32,encoder_layers=1,decoder_layers=1,encoder_attention_heads=2,decoder_attention_heads=2,"
+    "encoder_ffn_dim=64,decoder_ffn_dim=64",
+    "sparse-lm": "hidden_size=32,num_hidden_layers=2,num_attention_heads=2,intermediate_size=64,"
+    "max_position_embeddings=64,sparse_stride=8,sparse_summary_size=2",
+}
+CLI_ATTENTION = {
+    "vit": ["attention_type=dense", "attention_type=strided", "attention_type=fixed"],
+    "seq2seq": [
+        "encoder_attention_type=dense",
+        "encoder_attention_type=strided,encoder_sparse_stride=4",
+        "encoder_attention_type=fixed,encoder_sparse_stride=4,encoder_sparse_summary_size=1",
+    ],
+    "sparse-lm": ["attention_type=dense", "attention_type=strided", "attention_type=fixed"],
+}
+CLI_RUNS = [(family, attention) for family, options in CLI_ATTENTION.items() for attention in options]
+
+
+@pytest.fixture
+def fresh_accelerate_state():
+    """Each `train` call builds its own Accelerator; Accelerate keeps process-wide singletons, so reset them."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
+@pytest.mark.parametrize(
+    ("family", "attention"), CLI_RUNS, ids=[f"{f}-{a.split(',')[0].split('=')[1]}" for f, a in CLI_RUNS]
+)
+def test_cli_train_ends_with_weights_card_and_figures(family, attention, tmp_path, fresh_accelerate_state):
+    from hf_vit_plus.cli import main
+    from hf_vit_plus.hub.card import validate_card_metadata
+
+    output_dir = tmp_path / "run"
+    argv = ["train", family, "--output_dir", str(output_dir), "--max_train_steps", "2",
+            "--max_train_samples", "32", "--max_eval_samples", "16", "--per_device_train_batch_size", "8",
+            "--report_to", "none", "--checkpointing_steps", "none",
+            "--config_overrides", f"{CLI_TINY[family]},{attention}"]  # fmt: skip
+    if family == "sparse-lm":
+        argv += ["--block_size", "64"]
+    assert main(argv) == 0
+    written = {p.name for p in output_dir.iterdir()}
+    assert {"model.safetensors", "config.json", "README.md", "training_curves.png"} <= written, sorted(written)
+    assert not validate_card_metadata(output_dir / "README.md")
+    card = (output_dir / "README.md").read_text()
+    assert "training_curves.png" in card
+    if "dense" not in attention:
+        assert "sparse_attention_pattern.png" in written and "sparse_attention_pattern.png" in card
+    reloaded = getattr(transformers, ModelCase("", family).auto_head).from_pretrained(output_dir)
+    key, value = attention.split(",")[0].split("=")
+    assert getattr(reloaded.config, key) == value
