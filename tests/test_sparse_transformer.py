@@ -296,6 +296,36 @@ def test_save_and_load_round_trip(tmp_path):
         torch.testing.assert_close(body, model.model(ids).last_hidden_state)
 
 
+def test_byte_tokenizer_matches_the_byte_ids_and_adds_no_end_of_document(tmp_path):
+    """ByT5's tokenizer appended `</s>` (end of document) to every prompt; the saved tokenizer must not."""
+    text = "def f(x):\n    return x  # é 漢字 🙂 \t\x00"
+    byte_tokenizer().save_pretrained(tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    ids = tokenizer(text)["input_ids"]
+    assert ids == [b + 3 for b in text.encode()]
+    assert tokenizer.decode(ids) == text
+    assert (tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.unk_token_id, len(tokenizer)) == (0, 1, 2, 259)
+
+
+def test_text_generation_pipeline_continues_the_prompt(tmp_path):
+    """`pipeline("text-generation")` encodes with the tokenizer's defaults: it must give generate()'s continuation
+    of the prompt itself (it continued "prompt + </s>" with ByT5's tokenizer)."""
+    from transformers import pipeline
+
+    torch.manual_seed(0)
+    model = SparseTransformerForCausalLM(tiny_config(attention_type="strided")).eval()
+    model.save_pretrained(tmp_path)
+    byte_tokenizer().save_pretrained(tmp_path)
+    settings = dict(max_new_tokens=12, min_new_tokens=12, do_sample=False, suppress_tokens=[0, 1, 2])
+    generator = pipeline("text-generation", model=str(tmp_path))
+    text = generator("def f(x):", **settings)[0]["generated_text"]
+    prompt = torch.tensor([[b + 3 for b in b"def f(x):"]])
+    with torch.no_grad():
+        expected = model.generate(prompt, attention_mask=torch.ones_like(prompt), **settings)[0]
+    assert text == byte_tokenizer().decode(expected.tolist())
+    assert text.startswith("def f(x):") and len(text.encode("utf-8", "replace")) > len("def f(x):")
+
+
 # ------------------------------------------------------------------------------------------------- generation
 def _generate(model, ids, mask, **kwargs):
     torch.manual_seed(1234)

@@ -1,9 +1,9 @@
 """Real text with no network: the bytes of the running interpreter's standard-library Python sources.
 
 Byte-level language modelling as in the Sparse Transformer's enwik8 experiment (bits per byte). Token ids are
-transformers' `ByT5Tokenizer(extra_ids=0)` numbering, so a stock tokenizer encodes prompts and decodes
-`generate()` output and is saved next to a checkpoint: pad = 0, eos = 1 (also the file separator), unk = 2,
-byte b = b + 3; 259 ids in all.
+transformers' `ByT5Tokenizer(extra_ids=0)` numbering: pad = 0, eos = 1 (also the file separator), unk = 2,
+byte b = b + 3; 259 ids in all. `byte_tokenizer()` (a plain fast tokenizer with the same ids that adds no `</s>`)
+encodes prompts, decodes `generate()` output and is saved next to a checkpoint.
 
 The train / held-out split is by file (a hash of the path relative to the standard library), so it is the same on
 every run and no file is split between the two.
@@ -26,13 +26,37 @@ EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "i
 
 
 def byte_tokenizer():
-    """The byte tokenizer matching these ids (transformers' ByT5 tokenizer without its sentinel tokens).
+    """A fast byte tokenizer with these ids (ByT5's numbering: pad 0, `</s>` 1, unk 2, byte b = b + 3) that adds no
+    special token to a prompt, so `pipeline("text-generation")` continues the prompt itself.
 
-    Encode prompts with `add_special_tokens=False` (it appends `</s>` otherwise).
+    ByT5's own tokenizer appends `</s>` (here: end of document) to every encoded text, and the pipeline encodes
+    prompts with the tokenizer's defaults: the model was then asked to start a new document. This one is a plain
+    `PreTrainedTokenizerFast` (tokenizer.json), so `AutoTokenizer` loads it without custom code. Byte-level
+    pre-tokenization maps each byte to one symbol of a 256-symbol vocabulary (no merges); decoding joins the bytes
+    and replaces invalid UTF-8.
     """
-    from transformers import ByT5Tokenizer
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
 
-    return ByT5Tokenizer(extra_ids=0)
+    # GPT-2's byte -> symbol table (what the ByteLevel pre-tokenizer emits): printable Latin-1 bytes stand for
+    # themselves, the others for chr(256), chr(257), ... in byte order.
+    printable = {*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)}
+    table, shift = {}, 0
+    for byte in range(256):
+        if byte in printable:
+            table[byte] = chr(byte)
+        else:
+            table[byte] = chr(256 + shift)
+            shift += 1
+    assert set(table.values()) == set(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {"<pad>": PAD_ID, "</s>": EOS_ID, "<unk>": UNK_ID}
+    vocab.update({table[byte]: byte + BYTE_OFFSET for byte in range(256)})
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, pad_token="<pad>", eos_token="</s>", unk_token="<unk>", bos_token="</s>"
+    )
 
 
 def encode_bytes(data: bytes) -> np.ndarray:
