@@ -3,7 +3,7 @@
 Two registrations per class:
 - `AutoX.register(Config, Cls)` so that `AutoX.from_pretrained(dir)` works when the package is installed;
 - `Cls.register_for_auto_class(...)` so that `save_pretrained` copies the model folder's modules next to the
-  weights; each family's models also write their whole `auto_map` (see `AUTO_MAP` in each modeling file),
+  weights; each family's models also write their whole `auto_map` (`remote_code_auto_map`, see HubMixin),
   so `trust_remote_code=True` works where the package is not installed.
 """
 
@@ -39,7 +39,7 @@ def register_auto_classes() -> None:
     global _REGISTERED
     if _REGISTERED:
         return
-    # --- ViT (issue 2)
+    # --- ViT
     register_family(
         ViTPlusConfig,
         {"AutoModel": ViTPlusModel, "AutoModelForImageClassification": ViTPlusForImageClassification},
@@ -53,8 +53,7 @@ def register_auto_classes() -> None:
     # run the custom code? [y/N]" even though the package is installed. Declaring locally that ViTPlus has no video
     # processor answers the lookup without remote code; the pipeline then simply goes on without one.
     AutoVideoProcessor.register(ViTPlusConfig, video_processor_classes={"torchvision": None}, exist_ok=True)
-    # --- other families register below, one block each
-    # --- Seq2seq Transformer (issue 3)
+    # --- Seq2seq Transformer
     register_family(
         Seq2SeqTransformerConfig,
         {
@@ -62,7 +61,7 @@ def register_auto_classes() -> None:
             "AutoModelForSeq2SeqLM": Seq2SeqTransformerForConditionalGeneration,
         },
     )
-    # --- Sparse Transformer (issue 4)
+    # --- Sparse Transformer
     register_family(
         SparseTransformerConfig,
         {"AutoModel": SparseTransformerModel, "AutoModelForCausalLM": SparseTransformerForCausalLM},

@@ -447,9 +447,9 @@ def test_cli_train_ends_with_weights_card_and_figures(family, attention, tmp_pat
     from hf_vit_plus.hub.card import validate_card_metadata
 
     output_dir = tmp_path / "run"
-    argv = ["train", family, "--output_dir", str(output_dir), "--max_train_steps", "2",
+    argv = ["train", family, "--output_dir", str(output_dir), "--max_steps", "2",
             "--max_train_samples", "32", "--max_eval_samples", "16", "--per_device_train_batch_size", "8",
-            "--report_to", "none", "--checkpointing_steps", "none",
+            "--report_to", "none", "--save_steps", "none",
             "--config_overrides", f"{CLI_TINY[family]},{attention}"]  # fmt: skip
     if family == "sparse-lm":
         argv += ["--block_size", "64"]

@@ -11,8 +11,7 @@ import torch
 from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
 from hf_vit_plus import Seq2SeqTransformerConfig, Seq2SeqTransformerForConditionalGeneration
-from hf_vit_plus.models.modeling_seq2seq_transformer import encoder_sparse_pattern_from_config
-from hf_vit_plus.models.sparse_layouts import SparsePattern
+from hf_vit_plus.models.sparse_layouts import SparsePattern, pattern_from_config
 
 from .utils import run_without_package
 
@@ -94,18 +93,18 @@ def layer_mask(pattern: SparsePattern, mode: str, layer: int, n: int, heads: int
 # ----------------------------------------------------------------------------------------------------------- config
 def test_default_is_the_dense_paper_encoder():
     config = tiny_config()
-    assert config.encoder_attention_type == "dense" and not config.encoder_is_sparse
-    assert encoder_sparse_pattern_from_config(config) is None
+    assert config.encoder_attention_type == "dense"
+    assert pattern_from_config(config) is None
     model = Seq2SeqTransformerForConditionalGeneration(config)
     assert all(layer.self_attn.sparse_pattern is None for layer in model.model.encoder.layers)
 
 
 def test_only_the_encoder_self_attention_is_sparse():
     model = make_model(sparse_config("fixed", "heads", blocks=2))
-    pattern = encoder_sparse_pattern_from_config(model.config)
-    assert pattern == SparsePattern("fixed", 4, 1, 2, causal=False)
+    pattern = pattern_from_config(model.config)
+    assert pattern == SparsePattern("fixed", 4, 1, 2, causal=False, mode="heads")
     for layer in model.model.encoder.layers:
-        assert layer.self_attn.sparse_pattern == pattern and layer.self_attn.sparse_mode == "heads"
+        assert layer.self_attn.sparse_pattern == pattern
     for layer in model.model.decoder.layers:
         assert layer.self_attn.sparse_pattern is None and layer.encoder_attn.sparse_pattern is None
 
@@ -162,7 +161,7 @@ def test_sparse_encoder_matches_reference_kernel_and_explicit_mask(kind, mode, b
     dense = make_model(tiny_config(), seed=1)
     dense.load_state_dict(model.state_dict())
     dense.set_attn_implementation("eager")
-    pattern = encoder_sparse_pattern_from_config(config)
+    pattern = pattern_from_config(config)
     real_key = mask.bool()[:, None, None, :] | torch.eye(SRC_LEN, dtype=torch.bool)
     hooks = []
     for index, layer in enumerate(dense.model.encoder.layers):
@@ -197,7 +196,7 @@ def test_encoder_attentions_follow_the_pattern():
         out = model(
             input_ids=src, attention_mask=mask, decoder_input_ids=torch.full((3, 4), BOS), output_attentions=True
         )
-    pattern = encoder_sparse_pattern_from_config(model.config)
+    pattern = pattern_from_config(model.config)
     for index, weights in enumerate(out.encoder_attentions):
         allowed = layer_mask(pattern, "interleaved", index, SRC_LEN, HEADS)[None] & mask.bool()[:, None, None, :]
         rows = mask.bool()[:, None, :, None].expand_as(weights)  # real queries
@@ -279,11 +278,11 @@ def test_save_load_keeps_the_option(tmp_path):
     assert saved["encoder_sparse_num_summary_blocks"] == 2
 
     config = AutoConfig.from_pretrained(tmp_path)
-    assert encoder_sparse_pattern_from_config(config) == encoder_sparse_pattern_from_config(model.config)
+    assert pattern_from_config(config) == pattern_from_config(model.config)
     assert config.encoder_sparse_pattern_mode == "heads"
     loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
     assert type(loaded) is Seq2SeqTransformerForConditionalGeneration
-    assert loaded.model.encoder.layers[1].self_attn.sparse_pattern == SparsePattern("fixed", 4, 1, 2, causal=False)
+    assert loaded.model.encoder.layers[1].self_attn.sparse_pattern == SparsePattern("fixed", 4, 1, 2, False, "heads")
     tgt = torch.randint(3, VOCAB, (3, 5), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         expected = model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt)

@@ -162,14 +162,17 @@ def test_allowed_key_indices_for_cached_decoding(kind, stride, c, k):
 @pytest.mark.parametrize(
     "kwargs,match",
     [
-        (dict(kind="strided", stride=0), "stride=0"),
-        (dict(kind="strided", stride=-3), "stride=-3"),
-        (dict(kind="fixed", stride=8, summary_size=9), "summary_size=9"),
-        (dict(kind="fixed", stride=8, summary_size=0), "summary_size=0"),
-        (dict(kind="fixed", stride=8, summary_size=4, num_summary_blocks=3), "3 \\* 4 > stride=8"),
+        (dict(kind="strided", stride=0), "`sparse_stride` must be a positive integer, got 0"),
+        (dict(kind="strided", stride=-3), "`sparse_stride` must be a positive integer, got -3"),
+        (dict(kind="fixed", stride=8, summary_size=9), "`sparse_summary_size`=9 and `sparse_stride`=8"),
+        (dict(kind="fixed", stride=8, summary_size=0), "`sparse_summary_size`=0"),
+        (dict(kind="fixed", stride=8, summary_size=4, num_summary_blocks=3), r"\(4\) x .* \(3\) = 12 .*\(8\)"),
         (dict(kind="dilated", stride=8), "'dilated'"),
-        (dict(kind="strided", stride=8, num_summary_blocks=2), "num_summary_blocks=2"),
-        (dict(kind="fixed", stride=8, summary_size=2, num_summary_blocks=0), "num_summary_blocks"),
+        (dict(kind="dense", stride=8), "Unknown `attention_type` 'dense'"),
+        (dict(kind="strided", stride=8, mode="stacked"), "'stacked'"),
+        (dict(kind="strided", stride=8, num_summary_blocks=2), "`sparse_num_summary_blocks`=2 only applies"),
+        (dict(kind="fixed", stride=8, summary_size=2, num_summary_blocks=0), "`sparse_num_summary_blocks` must be"),
+        (dict(kind="fixed", stride=8, summary_size=9, field_prefix="encoder_"), "`encoder_sparse_summary_size`=9"),
     ],
 )
 def test_bad_patterns_raise(kwargs, match):
@@ -188,3 +191,23 @@ def test_bad_usage_raises():
         pattern.part_mask(2, 8)
     with pytest.raises(ValueError, match="bidirectional"):
         allowed_key_indices(build_pattern("strided", 4, causal=False), 5)
+
+
+def test_check_fits_names_the_fields():
+    pattern = SparsePattern("strided", 8, mode="heads")
+    pattern.check_fits(num_heads=4, max_length=8)
+    with pytest.raises(ValueError, match=r"`sparse_stride` \(8\) is longer than the sequence, at most `n` \(7\)"):
+        pattern.check_fits(num_heads=4, max_length=7, length_field="n")
+    with pytest.raises(ValueError, match=r"`encoder_sparse_pattern_mode`='heads'.*`heads` \(3\) must be divisible"):
+        pattern.check_fits(num_heads=3, max_length=8, heads_field="heads", field_prefix="encoder_")
+
+
+def test_the_paper_parts_are_the_standalone_parts_without_the_added_diagonal():
+    n = 20
+    i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    for pattern in (SparsePattern("strided", 4), SparsePattern("fixed", 4, 1, 2, causal=False)):
+        for part in pattern.parts():
+            defined = part.defined(i, j, 1).expand(n, n)
+            assert torch.equal(defined | torch.eye(n, dtype=torch.bool), part.allowed(i, j, 1).expand(n, n))
+    summary = SparsePattern("fixed", 4, 1).parts()[1]
+    assert summary.defined(10, torch.arange(12)).nonzero().flatten().tolist() == [3, 7]  # not the diagonal 10

@@ -290,7 +290,7 @@ def test_labels_outside_num_labels_are_clear_errors():
         ({"patch_size": 0}, "`patch_size` must be a positive integer, got 0"),
         ({"hidden_act": "swishy"}, "'swishy' is not a known activation"),
         ({"hidden_dropout_prob": 1.5}, "probability"),
-        ({"classifier_head": "deep"}, "`classifier_head` must be one of"),
+        ({"classifier_head": "deep"}, "Unknown `classifier_head` 'deep': expected one of"),
     ],
 )
 def test_inconsistent_configs_are_rejected(overrides, message):

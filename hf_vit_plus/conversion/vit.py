@@ -154,11 +154,3 @@ def vit_plus_from_transformers(hf_model: nn.Module, **config_overrides) -> ViTPl
     _load_exact(model, state)
     return model.to(next(hf_model.parameters()).dtype).eval()
 
-
-__all__ = [
-    "config_from_timm",
-    "config_from_transformers",
-    "state_dict_from_timm",
-    "vit_plus_from_timm",
-    "vit_plus_from_transformers",
-]

@@ -6,9 +6,9 @@ Definitions (0-indexed, query i, key j, stride / block length l, c summary posit
 - fixed: A^(1) "block" = {floor(j / l) = floor(i / l)}, A^(2) "summary" = {j mod l in [l - c(b + 1), l - cb)}
   where b is the head's summary sub-block (b = 0: the last c positions of every block);
 - dense: one part, every (earlier) key.
-These are the paper's parts, which may overlap (a figure shows the overlap); `hf_vit_plus.models.sparse_layouts`
-holds the model's own layouts (disjoint parts for the kernels), and every pattern built here is checked to have
-the same union as the model's merged mask.
+These are the paper's parts, which may overlap (a figure shows the overlap), evaluated from the model's own
+`SparsePattern` (`hf_vit_plus.models.sparse_layouts`, `PatternPart.defined`): their union is the merged mask the
+attention kernels use.
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ from dataclasses import dataclass
 
 import torch
 
+from ..models.sparse_layouts import ATTENTION_TYPES, SparsePattern, build_pattern
+from ..models.sparse_layouts import PART_NAMES as SPARSE_PART_NAMES
+from ..models.sparse_layouts import pattern_from_config as model_pattern_from_config
+
 logger = logging.getLogger(__name__)
 
-PATTERN_KINDS = ("dense", "strided", "fixed")
-PART_NAMES: dict[str, tuple[str, ...]] = {
-    "dense": ("all",),
-    "strided": ("band", "residue"),
-    "fixed": ("block", "summary"),
-}
+PATTERN_KINDS = ATTENTION_TYPES  # "dense" and the sparse kinds
+PART_NAMES: dict[str, tuple[str, ...]] = {"dense": ("all",), **SPARSE_PART_NAMES}
 
 
 @dataclass
@@ -99,19 +99,16 @@ def attention_pattern(
     if kind not in PATTERN_KINDS:
         raise ValueError(f"Unknown attention pattern kind {kind!r}: expected one of {PATTERN_KINDS}.")
     _check_int("length", length)
-    i = torch.arange(length).unsqueeze(1)  # (n, 1) queries
-    j = torch.arange(length).unsqueeze(0)  # (1, n) keys
-    allowed = (j <= i) if causal else torch.ones(length, length, dtype=torch.bool)
     if kind == "dense":
-        return AttentionPattern(kind, length, None, None, 0, causal, {"all": allowed.clone()})
+        i = torch.arange(length).unsqueeze(1)  # (n, 1) queries
+        j = torch.arange(length).unsqueeze(0)  # (1, n) keys
+        allowed = (j <= i) if causal else torch.ones(length, length, dtype=torch.bool)
+        return AttentionPattern(kind, length, None, None, 0, causal, {"all": allowed})
     if stride is None:
         raise ValueError(f"The {kind!r} pattern needs a stride (block length) l.")
     _check_int("stride", stride)
     if kind == "strided":
-        band = (i - j).abs() <= stride
-        residue = (i - j) % stride == 0
-        parts = {"band": band & allowed, "residue": residue & allowed}
-        return _checked(AttentionPattern(kind, length, stride, None, 0, causal, parts), mode)
+        return _drawn(build_pattern("strided", stride, causal=causal), length, 0, mode)
     if summary_size is None:
         raise ValueError("The 'fixed' pattern needs `summary_size` c (summary positions at the end of each block).")
     _check_int("summary_size", summary_size)
@@ -121,57 +118,44 @@ def attention_pattern(
             f"Summary block {summary_block} of c={summary_size} positions does not fit in a block of l={stride}: "
             f"need c * (block + 1) = {summary_size * (summary_block + 1)} <= l."
         )
-    block = (i // stride) == (j // stride)
-    offset = j % stride
-    low = stride - summary_size * (summary_block + 1)
-    summary = (offset >= low) & (offset < low + summary_size)
-    parts = {"block": block & allowed, "summary": summary.expand(length, length) & allowed}
-    return _checked(AttentionPattern(kind, length, stride, summary_size, summary_block, causal, parts), mode)
+    # Head b of a pattern with b + 1 summary sub-blocks uses sub-block b.
+    pattern = build_pattern("fixed", stride, summary_size, summary_block + 1, causal)
+    return _drawn(pattern, length, summary_block, mode)
 
 
-def _checked(pattern: AttentionPattern, mode: str | None) -> AttentionPattern:
-    """Attach the mode and check the parts against the model's own layouts (`SparsePattern`): their union must be
-    the merged mask the attention kernels use."""
-    from ..models.sparse_layouts import SparsePattern
-
-    reference = SparsePattern(
-        pattern.kind,
-        pattern.stride,
-        pattern.summary_size or 0,
-        pattern.summary_block + 1 if pattern.kind == "fixed" else 1,
-        pattern.causal,
+def _drawn(pattern: SparsePattern, length: int, head: int, mode: str | None) -> AttentionPattern:
+    """The parts of the model's `pattern`, as attention head `head` uses them, over `length` positions."""
+    positions = torch.arange(length)
+    i, j = positions[:, None], positions[None, :]  # (n, 1) queries, (1, n) keys
+    parts = {part.name: part.defined(i, j, head).expand(length, length).contiguous() for part in pattern.parts()}
+    fixed = pattern.kind == "fixed"
+    return AttentionPattern(
+        kind=pattern.kind,
+        length=length,
+        stride=pattern.stride,
+        summary_size=pattern.summary_size if fixed else None,
+        summary_block=head % pattern.num_summary_blocks if fixed else 0,
+        causal=pattern.causal,
+        parts=parts,
+        mode=mode,
     )
-    positions = torch.arange(pattern.length)
-    merged = reference.allowed(positions[:, None], positions[None, :], pattern.summary_block)
-    assert torch.equal(merged, pattern.mask), f"parts of {pattern.describe()} disagree with sparse_layouts"
-    pattern.mode = mode
-    return pattern
 
 
 def model_sparse_pattern(config):
     """(`SparsePattern` or None for dense attention, pattern mode, native sequence length) of the attention the
-    model built from `config` uses: the pattern comes from the model's own helper, so defaults resolved there (a
-    ViT's stride = patches per row) are the ones drawn. Raises a ValueError for a config without sparse attention
-    support, naming its model type."""
-    model_type = getattr(config, "model_type", None)
-    if model_type == "vit_plus":
-        # bidirectional over the [CLS] token + N patches
-        return config.sparse_pattern(), config.sparse_pattern_mode, config.num_patches + 1
-    if model_type == "seq2seq_transformer":
-        from ..models.modeling_seq2seq_transformer import encoder_sparse_pattern_from_config
-
-        # the encoder's self-attention (bidirectional); the decoder is always dense
-        mode = getattr(config, "encoder_sparse_pattern_mode", "merged")
-        return encoder_sparse_pattern_from_config(config), mode, config.max_position_embeddings
-    if model_type == "sparse_transformer":
-        from ..models.modeling_sparse_transformer import sparse_pattern_from_config
-
-        # a causal language model
-        return sparse_pattern_from_config(config), config.sparse_pattern_mode, config.max_position_embeddings
-    raise ValueError(
-        f"model_type={model_type!r} ({type(config).__name__}) has no sparse attention: the attention-pattern figure "
-        "applies to the Sparse Transformer, to ViTPlus models and to the encoder of the seq2seq Transformer."
-    )
+    model built from `config` uses: the pattern comes from the models' own `pattern_from_config`, so defaults
+    resolved there are the ones drawn. Raises a ValueError for a config without sparse attention support, naming
+    its model type."""
+    fields = getattr(config, "sparse_fields", None)
+    if fields is None:
+        raise ValueError(
+            f"model_type={getattr(config, 'model_type', None)!r} ({type(config).__name__}) has no sparse attention: "
+            "the attention-pattern figure applies to the Sparse Transformer, to ViTPlus models and to the encoder "
+            "of the seq2seq Transformer."
+        )
+    pattern = model_pattern_from_config(config)
+    mode = getattr(config, f"{fields.prefix}sparse_pattern_mode")
+    return pattern, mode, getattr(config, fields.length_field)
 
 
 def pattern_from_config(config, length: int | None = None, head: int = 0) -> AttentionPattern:
@@ -182,21 +166,17 @@ def pattern_from_config(config, length: int | None = None, head: int = 0) -> Att
     bidirectional over its prefix + N tokens, and so is the seq2seq Transformer's encoder with a sparse
     `encoder_attention_type`. Dense models and other model types raise a ValueError naming the model type.
     """
-    model_type = getattr(config, "model_type", None)
     pattern, mode, native = model_sparse_pattern(config)
     if pattern is None:
-        field = "encoder_attention_type" if model_type == "seq2seq_transformer" else "attention_type"
+        field = f"{config.sparse_fields.prefix}attention_type"
         raise ValueError(
-            f"model_type={model_type!r} uses dense attention ({field}='dense'): there is no sparse pattern to "
-            "draw (draw one without a checkpoint: --kind strided|fixed)."
+            f"model_type={getattr(config, 'model_type', None)!r} uses dense attention ({field}='dense'): there is no "
+            "sparse pattern to draw (draw one without a checkpoint: --kind strided|fixed)."
         )
     if length is None:
         wanted = default_length(pattern.stride)
         length = min(native, wanted) if native else wanted
-    fixed = pattern.kind == "fixed"
-    summary_block = head % pattern.num_summary_blocks if fixed else 0
-    summary_size = pattern.summary_size if fixed else None
-    return attention_pattern(pattern.kind, length, pattern.stride, summary_size, pattern.causal, summary_block, mode)
+    return _drawn(pattern, length, head, mode)
 
 
 def default_length(stride: int, limit: int = 1024) -> int:

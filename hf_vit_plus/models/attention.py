@@ -1,8 +1,14 @@
-"""Attention kernels shared by every model family.
+"""Attention kernels shared by every model family, and the rule that picks one.
 
 `eager_attention_forward` is the one reference implementation (Vaswani et al. 2017, eq. 1:
 softmax(QK^T / sqrt(d_k)) V) that every fast kernel (sdpa, flex, the block-sparse kernels) is tested against.
-Kernels follow transformers' attention-interface signature so that `config._attn_implementation` picks them.
+Kernels follow transformers' attention-interface signature so that `config._attn_implementation` picks them;
+`select_attention_kernel` says which one an attention layer runs.
+
+The Sparse Transformer kernels live in `sparse_attention.py` (700 lines a dense model never needs). Their names are
+registered here, with both of transformers' interfaces, whenever a model's code is imported (so that
+`from_pretrained(..., attn_implementation="sparse_block")` is accepted), as thin shims that import
+`sparse_attention.py` on their first call.
 """
 
 from __future__ import annotations
@@ -11,7 +17,12 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface
+
+# The Sparse Transformer kernels of `sparse_attention.py`: the dense masked reference (returns the weights), the
+# exact O(n sqrt(n)) CPU kernel and flex_attention (trains on GPU).
+SPARSE_KERNEL_NAMES = ("sparse_dense", "sparse_block", "sparse_flex")
 
 
 def eager_attention_forward(
@@ -43,10 +54,58 @@ def eager_attention_forward(
     return output.transpose(1, 2).contiguous(), weights
 
 
-def get_attention_function(attn_implementation: str | None) -> Callable:
-    """The kernel registered under `attn_implementation`, falling back to the eager reference.
+def select_attention_kernel(requested: str | None, pattern, device_type: str, output_attentions: bool) -> str:
+    """The name of the kernel an attention layer runs (look it up with `ALL_ATTENTION_FUNCTIONS.get_interface`).
 
-    Modeling files call `ALL_ATTENTION_FUNCTIONS.get_interface(...)` themselves: transformers inspects their
-    source for that call before it lets `set_attn_implementation` switch kernels at run time.
+    requested: `config._attn_implementation` (None: the eager reference); pattern: the layer's `SparsePattern`, or
+    None for dense attention; device_type: of the inputs ("cpu", "cuda", ...); output_attentions: whether the
+    caller wants the attention probabilities, which only the reference kernels return.
+
+    - dense attention: "eager" when the probabilities are asked for; "sdpa" when a sparse kernel is requested
+      (those need a pattern); otherwise the requested kernel.
+    - sparse attention: "sparse_dense" (the masked reference) when the probabilities are asked for; the requested
+      sparse kernel; otherwise the fast one for the device: "sparse_flex" on CUDA (flex_attention trains there),
+      "sparse_block" elsewhere (forward and backward on CPU).
     """
-    return ALL_ATTENTION_FUNCTIONS.get_interface(attn_implementation or "eager", eager_attention_forward)
+    if pattern is None:
+        if output_attentions or requested is None:
+            return "eager"
+        return "sdpa" if requested in SPARSE_KERNEL_NAMES else requested
+    if output_attentions:
+        return "sparse_dense"
+    if requested in SPARSE_KERNEL_NAMES:
+        return requested
+    return "sparse_flex" if device_type == "cuda" else "sparse_block"
+
+
+def sparse_padding_mask(
+    batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0,
+    mask_function=None, attention_mask: torch.Tensor | None = None, **kwargs,
+) -> torch.Tensor | None:  # fmt: skip
+    """AttentionMaskInterface function of the sparse kernels: the 2-D boolean padding mask (B, kv_length), or None
+    without padding. The pattern itself comes from the attention module (absolute positions)."""
+    if attention_mask is None:
+        return None
+    mask = attention_mask[:, kv_offset : kv_offset + kv_length].to(torch.bool)
+    if mask.shape[-1] < kv_length:  # a mask shorter than the keys: the missing (newest) positions are real
+        mask = nn.functional.pad(mask, (0, kv_length - mask.shape[-1]), value=True)
+    if torch.compiler.is_compiling():  # a data-dependent branch would break the graph: keep the (all-True) mask
+        return mask
+    return None if bool(mask.all()) else mask
+
+
+def _lazy_sparse_kernel(name: str) -> Callable:
+    def kernel(module, query, key, value, attention_mask, **kwargs):
+        from .sparse_attention import SPARSE_KERNELS
+
+        return SPARSE_KERNELS[name](module, query, key, value, attention_mask, **kwargs)
+
+    kernel.__name__ = kernel.__qualname__ = f"{name}_attention_forward"
+    kernel.__doc__ = f"The {name!r} kernel of `sparse_attention.py`, imported on the first call."
+    return kernel
+
+
+SPARSE_KERNEL_SHIMS = {name: _lazy_sparse_kernel(name) for name in SPARSE_KERNEL_NAMES}
+for _name, _shim in SPARSE_KERNEL_SHIMS.items():
+    AttentionInterface.register(_name, _shim)
+    AttentionMaskInterface.register(_name, sparse_padding_mask)

@@ -9,14 +9,16 @@ bidirectional Sparse Transformer pattern (Child et al. 2019, sec. 4.2-4.3); the 
 from __future__ import annotations
 
 from transformers import PretrainedConfig
-from transformers.activations import ACT2FN
 
-from .config_checks import check_positive_int, check_probability, check_token_id
-
-ENCODER_ATTENTION_TYPES = ("dense", "strided", "fixed")
-ENCODER_SPARSE_PATTERN_MODES = ("interleaved", "merged", "heads")
-# Every sparse pattern is the union of two parts (A^(1), A^(2)); "heads" mode gives each part half of the heads.
-NUM_PATTERN_PARTS = 2
+from .config_checks import (
+    check_activation,
+    check_divisible,
+    check_positive_int,
+    check_positive_number,
+    check_probability,
+    check_token_id,
+)
+from .sparse_layouts import SparseFields, pattern_from_config
 
 # Table 3 of the paper: (N layers, d_model, d_ff, h heads, P_drop). Both use label smoothing 0.1.
 SEQ2SEQ_TRANSFORMER_PRESETS: dict[str, tuple[int, int, int, int, float]] = {
@@ -75,6 +77,9 @@ class Seq2SeqTransformerConfig(PretrainedConfig):
         "num_attention_heads": "encoder_attention_heads",
         "num_hidden_layers": "encoder_layers",
     }
+    # The encoder's sparse-attention fields (`encoder_attention_type`, `encoder_sparse_*`) as
+    # `sparse_layouts.pattern_from_config` reads them: bidirectional, the stride at most `max_position_embeddings`.
+    sparse_fields = SparseFields(prefix="encoder_", causal=False, heads_field="encoder_attention_heads")
 
     def __init__(
         self,
@@ -157,73 +162,20 @@ class Seq2SeqTransformerConfig(PretrainedConfig):
         ):
             check_positive_int(name, getattr(self, name))
         for heads_name in ("encoder_attention_heads", "decoder_attention_heads"):
-            heads = getattr(self, heads_name)
-            if self.d_model % heads != 0:
-                raise ValueError(f"`d_model` ({self.d_model}) must be divisible by `{heads_name}` ({heads}).")
+            check_divisible("d_model", self.d_model, heads_name, getattr(self, heads_name))
         if self.d_model % 2 != 0:
             raise ValueError(f"`d_model` ({self.d_model}) must be even: the sinusoidal table pairs sin and cos.")
-        if self.activation_function not in ACT2FN:
-            raise ValueError(
-                f"`activation_function` {self.activation_function!r} is not a known activation ({sorted(ACT2FN)})."
-            )
+        check_activation("activation_function", self.activation_function)
         for name in ("dropout", "attention_dropout", "activation_dropout", "label_smoothing"):
             check_probability(name, getattr(self, name))
         for name in ("init_std", "layer_norm_eps"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise ValueError(f"`{name}` must be a positive number, got {value!r}.")
+            check_positive_number(name, getattr(self, name))
         for name in ("pad_token_id", "bos_token_id", "decoder_start_token_id"):
             check_token_id(name, getattr(self, name), self.vocab_size)
         eos = self.eos_token_id
         for token in eos if isinstance(eos, (list, tuple)) else [eos]:
             check_token_id("eos_token_id", token, self.vocab_size)
-        self._validate_encoder_sparse_attention()
-
-    def _validate_encoder_sparse_attention(self) -> None:
-        kind, mode = self.encoder_attention_type, self.encoder_sparse_pattern_mode
-        if kind not in ENCODER_ATTENTION_TYPES:
-            raise ValueError(f"Unknown `encoder_attention_type` {kind!r}: expected one of {ENCODER_ATTENTION_TYPES}.")
-        if mode not in ENCODER_SPARSE_PATTERN_MODES:
-            raise ValueError(
-                f"Unknown `encoder_sparse_pattern_mode` {mode!r}: expected one of {ENCODER_SPARSE_PATTERN_MODES}."
-            )
-        check_positive_int("encoder_sparse_stride", self.encoder_sparse_stride)
-        check_positive_int("encoder_sparse_num_summary_blocks", self.encoder_sparse_num_summary_blocks)
-        size = self.encoder_sparse_summary_size
-        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-            raise ValueError(f"`encoder_sparse_summary_size` must be a non-negative integer, got {size!r}.")
-        if kind == "dense":
-            return
-        stride = self.encoder_sparse_stride
-        if stride > self.max_position_embeddings:
-            raise ValueError(
-                f"`encoder_sparse_stride` ({stride}) does not fit in `max_position_embeddings` "
-                f"({self.max_position_embeddings}): the stride must be at most the longest source sequence (the "
-                "Sparse Transformer takes it close to sqrt(n))."
-            )
-        if kind == "fixed":
-            if not 0 < size <= stride:
-                raise ValueError(
-                    f"The fixed pattern needs 0 < `encoder_sparse_summary_size` <= `encoder_sparse_stride`, got "
-                    f"`encoder_sparse_summary_size`={size} and `encoder_sparse_stride`={stride}."
-                )
-            used = size * self.encoder_sparse_num_summary_blocks
-            if used > stride:
-                raise ValueError(
-                    f"`encoder_sparse_summary_size` ({size}) x `encoder_sparse_num_summary_blocks` "
-                    f"({self.encoder_sparse_num_summary_blocks}) = {used} summary positions do not fit in a block of "
-                    f"`encoder_sparse_stride` ({stride}) positions."
-                )
-        if mode == "heads" and self.encoder_attention_heads % NUM_PATTERN_PARTS != 0:
-            raise ValueError(
-                f"`encoder_sparse_pattern_mode`='heads' gives each of the {NUM_PATTERN_PARTS} parts of the {kind!r} "
-                f"pattern an equal share of the heads: `encoder_attention_heads` ({self.encoder_attention_heads}) "
-                f"must be divisible by {NUM_PATTERN_PARTS}."
-            )
-
-    @property
-    def encoder_is_sparse(self) -> bool:
-        return self.encoder_attention_type != "dense"
+        pattern_from_config(self)  # the encoder's sparse-attention fields
 
     @classmethod
     def preset_names(cls) -> list[str]:
@@ -255,9 +207,4 @@ class Seq2SeqTransformerConfig(PretrainedConfig):
         return cls(**fields)
 
 
-__all__ = [
-    "ENCODER_ATTENTION_TYPES",
-    "ENCODER_SPARSE_PATTERN_MODES",
-    "SEQ2SEQ_TRANSFORMER_PRESETS",
-    "Seq2SeqTransformerConfig",
-]
+__all__ = ["SEQ2SEQ_TRANSFORMER_PRESETS", "Seq2SeqTransformerConfig"]

@@ -10,16 +10,19 @@ from __future__ import annotations
 import math
 
 from transformers import PretrainedConfig
-from transformers.activations import ACT2FN
 
-from .config_checks import check_positive_int, check_probability, check_token_id
+from .config_checks import (
+    check_activation,
+    check_choice,
+    check_divisible,
+    check_positive_int,
+    check_positive_number,
+    check_probability,
+    check_token_id,
+)
+from .sparse_layouts import SparseFields, pattern_from_config
 
-ATTENTION_TYPES = ("dense", "strided", "fixed")
-SPARSE_PATTERN_MODES = ("interleaved", "merged", "heads")
 POSITION_EMBEDDING_TYPES = ("learned", "factorized")
-# Every sparse pattern here is the union of two parts (sec. 4.2: A^(1) and A^(2)); "heads" mode gives each part
-# an equal share of the heads.
-NUM_PATTERN_PARTS = 2
 
 
 class SparseTransformerConfig(PretrainedConfig):
@@ -66,7 +69,12 @@ class SparseTransformerConfig(PretrainedConfig):
 
     model_type = "sparse_transformer"
     keys_to_ignore_at_inference = ["past_key_values"]
+    # The sparse-attention fields as `sparse_layouts.pattern_from_config` reads them: causal, the stride at most
+    # `max_position_embeddings`.
+    sparse_fields = SparseFields(causal=True)
 
+    # The fields it shares with `ViTPlusConfig` carry the same (transformers' ViT) names in the same order
+    # (tests/test_copies.py checks them).
     def __init__(
         self,
         vocab_size: int = 259,
@@ -133,55 +141,15 @@ class SparseTransformerConfig(PretrainedConfig):
             "max_position_embeddings",
         ):
             check_positive_int(name, getattr(self, name))
-        if self.hidden_size % self.num_attention_heads != 0:
-            raise ValueError(
-                f"`hidden_size` ({self.hidden_size}) must be divisible by `num_attention_heads` "
-                f"({self.num_attention_heads})."
-            )
-        if self.hidden_act not in ACT2FN:
-            raise ValueError(f"`hidden_act` {self.hidden_act!r} is not a known activation ({sorted(ACT2FN)}).")
+        check_divisible("hidden_size", self.hidden_size, "num_attention_heads", self.num_attention_heads)
+        check_activation("hidden_act", self.hidden_act)
         check_probability("hidden_dropout_prob", self.hidden_dropout_prob)
         check_probability("attention_probs_dropout_prob", self.attention_probs_dropout_prob)
-        if not isinstance(self.layer_norm_eps, (int, float)) or self.layer_norm_eps <= 0:
-            raise ValueError(f"`layer_norm_eps` must be a positive number, got {self.layer_norm_eps!r}.")
+        check_positive_number("layer_norm_eps", self.layer_norm_eps)
         for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
             check_token_id(name, getattr(self, name), self.vocab_size)
-
-        if self.attention_type not in ATTENTION_TYPES:
-            raise ValueError(f"Unknown `attention_type` {self.attention_type!r}: expected one of {ATTENTION_TYPES}.")
-        if self.sparse_pattern_mode not in SPARSE_PATTERN_MODES:
-            raise ValueError(
-                f"Unknown `sparse_pattern_mode` {self.sparse_pattern_mode!r}: expected one of {SPARSE_PATTERN_MODES}."
-            )
-        for name in ("sparse_stride", "sparse_summary_size", "sparse_num_summary_blocks"):
-            check_positive_int(name, getattr(self, name))
-        if self.attention_type != "dense":
-            if self.sparse_stride > self.max_position_embeddings:
-                raise ValueError(
-                    f"`sparse_stride` ({self.sparse_stride}) does not fit in `max_position_embeddings` "
-                    f"({self.max_position_embeddings}): the stride must be at most the longest sequence (the paper "
-                    "takes it close to sqrt(n))."
-                )
-            if self.attention_type == "fixed":
-                used = self.sparse_summary_size * self.sparse_num_summary_blocks
-                if used > self.sparse_stride:
-                    raise ValueError(
-                        f"`sparse_summary_size` ({self.sparse_summary_size}) x `sparse_num_summary_blocks` "
-                        f"({self.sparse_num_summary_blocks}) = {used} summary positions do not fit in a block of "
-                        f"`sparse_stride` ({self.sparse_stride}) positions."
-                    )
-            if self.sparse_pattern_mode == "heads" and self.num_attention_heads % NUM_PATTERN_PARTS != 0:
-                raise ValueError(
-                    f"`sparse_pattern_mode`='heads' gives each of the {NUM_PATTERN_PARTS} parts of the "
-                    f"{self.attention_type!r} pattern an equal share of the heads: `num_attention_heads` "
-                    f"({self.num_attention_heads}) must be divisible by {NUM_PATTERN_PARTS}."
-                )
-
-        if self.position_embedding_type not in POSITION_EMBEDDING_TYPES:
-            raise ValueError(
-                f"Unknown `position_embedding_type` {self.position_embedding_type!r}: expected one of "
-                f"{POSITION_EMBEDDING_TYPES}."
-            )
+        pattern_from_config(self)  # the sparse-attention fields
+        check_choice("position_embedding_type", self.position_embedding_type, POSITION_EMBEDDING_TYPES)
         if self.position_embedding_type == "factorized":
             shape = self.factorized_shape
             if not shape or any(isinstance(s, bool) or not isinstance(s, int) or s <= 0 for s in shape):
@@ -200,9 +168,5 @@ class SparseTransformerConfig(PretrainedConfig):
                 f"'factorized', got {self.position_embedding_type!r}."
             )
 
-    @property
-    def is_sparse(self) -> bool:
-        return self.attention_type != "dense"
 
-
-__all__ = ["ATTENTION_TYPES", "POSITION_EMBEDDING_TYPES", "SPARSE_PATTERN_MODES", "SparseTransformerConfig"]
+__all__ = ["POSITION_EMBEDDING_TYPES", "SparseTransformerConfig"]

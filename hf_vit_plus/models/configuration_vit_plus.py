@@ -8,10 +8,16 @@ from __future__ import annotations
 import re
 
 from transformers import PretrainedConfig
-from transformers.activations import ACT2FN
 
-from .config_checks import check_positive_int, check_probability
-from .sparse_layouts import build_pattern, check_mode
+from .config_checks import (
+    check_activation,
+    check_choice,
+    check_divisible,
+    check_positive_int,
+    check_positive_number,
+    check_probability,
+)
+from .sparse_layouts import SparseFields, pattern_from_config
 
 # Table 1 of the paper: (layers, hidden size D, MLP size, heads). Patch size and resolution come from the name.
 VIT_PLUS_SIZES: dict[str, tuple[int, int, int, int]] = {
@@ -24,7 +30,6 @@ VIT_PLUS_SIZES: dict[str, tuple[int, int, int, int]] = {
 VIT_PLUS_PATCH_SIZES = (14, 16, 32)
 _PRESET_RE = re.compile(r"^(?P<size>[a-z]+)-patch(?P<patch>\d+)-(?P<res>\d+)$")
 CLASSIFIER_HEADS = ("linear", "mlp_tanh")
-ATTENTION_TYPES = ("dense", "strided", "fixed")
 # How `interpolate_pos_encoding=True` resamples the position embeddings: timm's antialiased bicubic (the default, as
 # in 0.1) or transformers' plain bicubic. Each converter sets the one of its source, so converted models match it.
 POSITION_INTERPOLATIONS = ("bicubic_antialias", "bicubic")
@@ -54,8 +59,9 @@ class ViTPlusConfig(PretrainedConfig):
             "strided" (with `sparse_stride` = patches per row: the previous/next row-length of tokens plus the
             token's column) or "fixed" (blocks of `sparse_stride` tokens plus `sparse_summary_size` summary
             columns per block). For long patch sequences at high resolution.
-        sparse_stride: l; defaults to the number of patches per row (image_size // patch_size).
-        sparse_summary_size: c for "fixed"; defaults to max(1, l // 4).
+        sparse_stride: l; None (the default) resolves to the number of patches per row (image_size // patch_size).
+        sparse_summary_size: c for "fixed"; None (the default) resolves to max(1, l // 4). Both are saved resolved,
+            as numbers.
         sparse_num_summary_blocks: distinct c-wide summary sub-blocks across heads ("fixed").
         sparse_pattern_mode: "merged" (one head sees the union), "interleaved" (layer i uses part i % 2) or
             "heads" (head h uses part h % 2).
@@ -65,6 +71,9 @@ class ViTPlusConfig(PretrainedConfig):
     """
 
     model_type = "vit_plus"
+    # The sparse-attention fields as `sparse_layouts.pattern_from_config` reads them: bidirectional, and the stride
+    # must fit the [CLS] token plus the patches.
+    sparse_fields = SparseFields(causal=False, length_field="sequence_length")
 
     def __init__(
         self,
@@ -107,6 +116,11 @@ class ViTPlusConfig(PretrainedConfig):
         self.classifier_head = classifier_head
         self.classifier_hidden_size = classifier_hidden_size
         self.attention_type = attention_type
+        # Defaults that depend on the image geometry are resolved here, once (a config file of 0.1 holds null).
+        if sparse_stride is None and _is_positive_int(image_size) and _is_positive_int(patch_size):
+            sparse_stride = image_size // patch_size
+        if sparse_summary_size is None and _is_positive_int(sparse_stride):
+            sparse_summary_size = max(1, sparse_stride // 4)
         self.sparse_stride = sparse_stride
         self.sparse_summary_size = sparse_summary_size
         self.sparse_num_summary_blocks = sparse_num_summary_blocks
@@ -121,66 +135,29 @@ class ViTPlusConfig(PretrainedConfig):
             check_positive_int(name, getattr(self, name))
         for name in ("image_size", "patch_size", "num_channels"):
             check_positive_int(name, getattr(self, name))
-        if self.hidden_size % self.num_attention_heads != 0:
-            raise ValueError(
-                f"`hidden_size` ({self.hidden_size}) must be divisible by `num_attention_heads` "
-                f"({self.num_attention_heads})."
-            )
-        if self.image_size % self.patch_size != 0:
-            raise ValueError(
-                f"`image_size` ({self.image_size}) must be divisible by `patch_size` ({self.patch_size}): "
-                "the paper splits the image into non-overlapping patches."
-            )
-        if self.hidden_act not in ACT2FN:
-            raise ValueError(f"`hidden_act` {self.hidden_act!r} is not a known activation ({sorted(ACT2FN)}).")
+        check_divisible("hidden_size", self.hidden_size, "num_attention_heads", self.num_attention_heads)
+        check_divisible(
+            "image_size", self.image_size, "patch_size", self.patch_size,
+            why=": the paper splits the image into non-overlapping patches",
+        )  # fmt: skip
+        check_activation("hidden_act", self.hidden_act)
         check_probability("hidden_dropout_prob", self.hidden_dropout_prob)
         check_probability("attention_probs_dropout_prob", self.attention_probs_dropout_prob)
-        if self.classifier_head not in CLASSIFIER_HEADS:
-            raise ValueError(f"`classifier_head` must be one of {CLASSIFIER_HEADS}, got {self.classifier_head!r}.")
+        check_choice("classifier_head", self.classifier_head, CLASSIFIER_HEADS)
         if self.classifier_hidden_size is not None:
             check_positive_int("classifier_hidden_size", self.classifier_hidden_size)
-        if not isinstance(self.layer_norm_eps, (int, float)) or self.layer_norm_eps <= 0:
-            raise ValueError(f"`layer_norm_eps` must be a positive number, got {self.layer_norm_eps!r}.")
-        if self.attention_type not in ATTENTION_TYPES:
-            raise ValueError(f"Unknown `attention_type` {self.attention_type!r}: expected one of {ATTENTION_TYPES}.")
-        if self.position_interpolation not in POSITION_INTERPOLATIONS:
-            raise ValueError(
-                f"Unknown `position_interpolation` {self.position_interpolation!r}: expected one of "
-                f"{POSITION_INTERPOLATIONS}."
-            )
-        check_mode(self.sparse_pattern_mode)
-        pattern = self.sparse_pattern()  # validates stride and summary sizes (ValueErrors name them)
-        if pattern is not None:
-            if pattern.stride > self.num_patches + 1:
-                raise ValueError(
-                    f"`sparse_stride` ({pattern.stride}) is longer than the sequence of {self.num_patches + 1} tokens "
-                    f"(image_size {self.image_size}, patch_size {self.patch_size})."
-                )
-            if self.sparse_pattern_mode == "heads" and self.num_attention_heads % pattern.num_parts:
-                raise ValueError(
-                    f"`sparse_pattern_mode`='heads' splits the heads between the {pattern.num_parts} parts of the "
-                    f"pattern: `num_attention_heads` ({self.num_attention_heads}) must be divisible by it."
-                )
-
-    def sparse_pattern(self):
-        """The bidirectional `SparsePattern` of `attention_type` (None for dense attention)."""
-        if self.attention_type == "dense":
-            return None
-        stride = self.sparse_stride if self.sparse_stride is not None else self.image_size // self.patch_size
-        summary = 0
-        if self.attention_type == "fixed":
-            summary = self.sparse_summary_size if self.sparse_summary_size is not None else max(1, stride // 4)
-        return build_pattern(
-            self.attention_type,
-            stride,
-            summary_size=summary,
-            num_summary_blocks=self.sparse_num_summary_blocks,
-            causal=False,
-        )
+        check_positive_number("layer_norm_eps", self.layer_norm_eps)
+        check_choice("position_interpolation", self.position_interpolation, POSITION_INTERPOLATIONS)
+        pattern_from_config(self)  # the sparse-attention fields
 
     @property
     def num_patches(self) -> int:
         return (self.image_size // self.patch_size) ** 2
+
+    @property
+    def sequence_length(self) -> int:
+        """Tokens per image at `image_size`: the [CLS] token and the patches."""
+        return self.num_patches + 1
 
     @classmethod
     def preset_names(cls) -> list[str]:
@@ -214,6 +191,10 @@ class ViTPlusConfig(PretrainedConfig):
         )
         fields.update(kwargs)
         return cls(**fields)
+
+
+def _is_positive_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 __all__ = ["POSITION_INTERPOLATIONS", "ViTPlusConfig", "VIT_PLUS_SIZES"]

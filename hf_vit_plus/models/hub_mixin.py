@@ -129,7 +129,18 @@ def naming_corrupt_safetensors(
 
 class HubMixin:
     """Inherited first by the families' `PreTrainedModel` classes (`class XPreTrainedModel(HubMixin,
-    PreTrainedModel)`)."""
+    PreTrainedModel)`).
+
+    Each family's base sets `remote_code_auto_map` ({Auto class: "module.Class"}); every model built merges it into
+    `config.auto_map`, so a saved config names a class for each Auto class and the checkpoint opens with
+    `trust_remote_code=True`.
+    """
+
+    remote_code_auto_map: dict[str, str] = {}
+
+    def __init__(self, config, *inputs, **kwargs):
+        super().__init__(config, *inputs, **kwargs)
+        self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **self.remote_code_auto_map}
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):

@@ -9,10 +9,9 @@ transformers' BART/Marian, so `model.encoder.layers.0.self_attn.q_proj.weight` m
 
 Optional sparse encoder (`config.encoder_attention_type` "strided" or "fixed"): the encoder's self-attention follows
 the bidirectional Sparse Transformer pattern (Child et al. 2019; `sparse_layouts.py`), computed by a sparse kernel of
-`sparse_attention.py`: `config._attn_implementation` if it names one ("sparse_dense", "sparse_block", "sparse_flex"),
-else "sparse_block"; with `output_attentions` the masked reference "sparse_dense", which returns the probabilities.
-The source padding mask reaches it as a 2-D boolean key mask. The decoder's self-attention and the cross-attention
-stay dense; when `config._attn_implementation` names a sparse kernel they run on "sdpa" (masks built for it).
+`sparse_attention.py`, loaded only then; the source padding mask reaches it as a 2-D boolean key mask. The decoder's
+self-attention and the cross-attention stay dense. `attention.select_attention_kernel` says which kernel each
+attention runs; the dense attentions' masks are built for that kernel.
 """
 
 from __future__ import annotations
@@ -35,64 +34,30 @@ from transformers.modeling_outputs import (
     Seq2SeqModelOutput,
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.utils import logging
 
-from .attention import eager_attention_forward
+from .attention import eager_attention_forward, select_attention_kernel, sparse_padding_mask
 from .configuration_seq2seq_transformer import Seq2SeqTransformerConfig
 from .hub_mixin import HubMixin
 from .input_checks import IGNORE_INDEX, check_mask_shape, check_not_empty, check_token_ids
 from .positional import sinusoidal_position_table
-from .sparse_attention import SPARSE_KERNELS, sparse_padding_mask
-from .sparse_layouts import SparsePattern, build_pattern
-
-logger = logging.get_logger(__name__)
-
-# Written into every saved config, so each Auto class can open a checkpoint with trust_remote_code.
-AUTO_MAP = {
-    "AutoConfig": "configuration_seq2seq_transformer.Seq2SeqTransformerConfig",
-    "AutoModel": "modeling_seq2seq_transformer.Seq2SeqTransformerModel",
-    "AutoModelForSeq2SeqLM": "modeling_seq2seq_transformer.Seq2SeqTransformerForConditionalGeneration",
-}
+from .sparse_layouts import SparsePattern, pattern_from_config
 
 # The paper's decoding (sec. 6.1): beam size 4, length penalty alpha = 0.6. Its maximum output length,
 # "input length + 50", depends on each input: pass `max_new_tokens=input_ids.shape[1] + 50` to `generate`.
 PAPER_GENERATION_SETTINGS = {"num_beams": 4, "length_penalty": 0.6}
 
-DEFAULT_SPARSE_KERNEL = "sparse_block"
-# The dense attentions of a model whose `_attn_implementation` names a sparse kernel run on this one.
-DENSE_FALLBACK_KERNEL = "sdpa"
 
+class _MaskConfig:
+    """The config as transformers' mask builders see it, with `_attn_implementation` the kernel the dense attentions
+    run (`select_attention_kernel`), when that is not the configured one (a sparse kernel's mask function returns a
+    2-D padding mask, which the dense attentions cannot use)."""
 
-def encoder_sparse_pattern_from_config(config: Seq2SeqTransformerConfig) -> SparsePattern | None:
-    """The bidirectional pattern of `config.encoder_attention_type` (None for the paper's dense encoder)."""
-    kind = getattr(config, "encoder_attention_type", "dense")
-    if kind == "dense":
-        return None
-    return build_pattern(
-        kind,
-        config.encoder_sparse_stride,
-        summary_size=config.encoder_sparse_summary_size,
-        num_summary_blocks=config.encoder_sparse_num_summary_blocks,
-        causal=False,
-    )
-
-
-class _DenseMaskConfig:
-    """The config as transformers' mask builders see it, with `_attn_implementation` the dense fallback kernel:
-    a sparse kernel's mask function returns a 2-D padding mask, which the dense attentions cannot use."""
-
-    def __init__(self, config: Seq2SeqTransformerConfig):
+    def __init__(self, config: Seq2SeqTransformerConfig, kernel: str):
         self._config = config
-        self._attn_implementation = DENSE_FALLBACK_KERNEL
+        self._attn_implementation = kernel
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._config, name)
-
-
-def _dense_mask_config(config: Seq2SeqTransformerConfig):
-    if config._attn_implementation in SPARSE_KERNELS:
-        return _DenseMaskConfig(config)
-    return config
 
 
 def shift_tokens_right(labels: torch.Tensor, pad_token_id: int | None, decoder_start_token_id: int | None):
@@ -117,9 +82,9 @@ class Seq2SeqTransformerAttention(nn.Module):
     """Multi-head attention (sec. 3.2.2): MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O.
 
     Self-attention when `key_value_states` is None, else cross-attention with queries from the decoder and keys and
-    values from the encoder output. The kernel (eager reference or sdpa) is chosen by `config._attn_implementation`.
+    values from the encoder output. `select_attention_kernel` picks the kernel from `config._attn_implementation`.
     With a `sparse_pattern` (the encoder's self-attention of a sparse encoder) a sparse kernel computes it; the
-    pattern travels to the kernel as the attributes `sparse_pattern`, `sparse_mode` and `layer_idx`.
+    pattern travels to the kernel as the attributes `sparse_pattern` and `layer_idx`.
     """
 
     def __init__(
@@ -129,7 +94,6 @@ class Seq2SeqTransformerAttention(nn.Module):
         layer_idx: int,
         is_causal: bool,
         sparse_pattern: SparsePattern | None = None,
-        sparse_mode: str = "merged",
     ):
         super().__init__()
         self.config = config
@@ -141,9 +105,6 @@ class Seq2SeqTransformerAttention(nn.Module):
         # sdpa assumes a causal mask when it gets none: only the decoder's self-attention is causal.
         self.is_causal = is_causal
         self.sparse_pattern = sparse_pattern
-        self.sparse_mode = sparse_mode
-        if sparse_pattern is not None:
-            sparse_pattern.head_parts(sparse_mode, layer_idx, num_heads)  # raises if the heads do not fit the mode
         self.q_proj = nn.Linear(config.d_model, config.d_model)
         self.k_proj = nn.Linear(config.d_model, config.d_model)
         self.v_proj = nn.Linear(config.d_model, config.d_model)
@@ -180,31 +141,14 @@ class Seq2SeqTransformerAttention(nn.Module):
                 else:
                     key, value = past_key_values.self_attention_cache.update(key, value, self.layer_idx)
 
-        # Fused kernels do not return the probabilities; the reference kernel does. The interface is called here
-        # directly (as `get_attention_function` does) because `PreTrainedModel.set_attn_implementation` only
-        # switches kernels of models whose source shows this call.
-        implementation = self.config._attn_implementation or "eager"
-        if self.sparse_pattern is not None:
-            # attention_mask: None or the (B, Tk) boolean padding mask (True = real token) built by the stack.
-            if output_attentions:
-                implementation = "sparse_dense"
-            elif implementation not in SPARSE_KERNELS:
-                implementation = DEFAULT_SPARSE_KERNEL
-            attention_fn = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, SPARSE_KERNELS[implementation])
-        elif output_attentions:
-            attention_fn = eager_attention_forward
-        else:
-            if implementation in SPARSE_KERNELS:
-                implementation = DENSE_FALLBACK_KERNEL
-            attention_fn = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+        # A sparse self-attention's attention_mask is None or the (B, Tk) boolean padding mask (True = real token).
+        implementation = select_attention_kernel(
+            self.config._attn_implementation, self.sparse_pattern, query.device.type, output_attentions
+        )
+        attention_fn = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+        dropout = self.attention_dropout if self.training else 0.0
         attn_output, attn_weights = attention_fn(
-            self,
-            query,
-            key,
-            value,
-            attention_mask,
-            dropout=self.attention_dropout if self.training else 0.0,
-            scaling=self.scaling,
+            self, query, key, value, attention_mask, dropout=dropout, scaling=self.scaling
         )
         attn_output = attn_output.reshape(batch_size, seq_len, -1).contiguous()  # (B, Tq, H*Dh)
         return self.o_proj(attn_output), attn_weights
@@ -229,8 +173,7 @@ class Seq2SeqTransformerLayer(GradientCheckpointingLayer):
             num_heads,
             layer_idx,
             is_causal=is_decoder,
-            sparse_pattern=None if is_decoder else encoder_sparse_pattern_from_config(config),
-            sparse_mode=getattr(config, "encoder_sparse_pattern_mode", "merged"),
+            sparse_pattern=None if is_decoder else pattern_from_config(config),
         )
         self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         if is_decoder:
@@ -328,7 +271,7 @@ class Seq2SeqTransformerStack(nn.Module):
         self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.normalize_before else None
         self.dropout = nn.Dropout(config.dropout)
         # A sparse encoder's kernels take the source padding as a 2-D key mask, not a 4-D dense mask.
-        self.sparse_encoder = not is_decoder and encoder_sparse_pattern_from_config(config) is not None
+        self.sparse_encoder = not is_decoder and pattern_from_config(config) is not None
 
     @property
     def input_names(self) -> tuple[str, str, str]:
@@ -420,9 +363,11 @@ class Seq2SeqTransformerStack(nn.Module):
         given = self.input_names[0 if input_ids is not None else 1], (batch_size, seq_len)
         self._check_masks(attention_mask, encoder_hidden_states, encoder_attention_mask, given, past_length)
 
-        # Returning attention probabilities goes through the eager kernel, which needs every mask materialised.
+        # The dense attentions' masks, built for the kernel they run; the eager kernel (attention probabilities)
+        # needs every mask materialised.
         skip = not output_attentions
-        mask_config = _dense_mask_config(self.config)
+        kernel = select_attention_kernel(self.config._attn_implementation, None, hidden_states.device.type, not skip)
+        mask_config = self.config if kernel == self.config._attn_implementation else _MaskConfig(self.config, kernel)
         if self.is_decoder:
             # No target padding mask (the usual case): the causal mask alone, which sdpa applies without a tensor.
             self_mask = create_causal_mask(
@@ -501,9 +446,12 @@ class Seq2SeqTransformerPreTrainedModel(HubMixin, PreTrainedModel):
     _supports_flex_attn = False
     _supports_attention_backend = True
 
-    def __init__(self, config: Seq2SeqTransformerConfig, *inputs, **kwargs):
-        super().__init__(config, *inputs, **kwargs)
-        self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **AUTO_MAP}
+    # Written into every saved config (see HubMixin): each Auto class opens a checkpoint with trust_remote_code.
+    remote_code_auto_map = {
+        "AutoConfig": "configuration_seq2seq_transformer.Seq2SeqTransformerConfig",
+        "AutoModel": "modeling_seq2seq_transformer.Seq2SeqTransformerModel",
+        "AutoModelForSeq2SeqLM": "modeling_seq2seq_transformer.Seq2SeqTransformerForConditionalGeneration",
+    }
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -686,6 +634,8 @@ class Seq2SeqTransformerForConditionalGeneration(Seq2SeqTransformerPreTrainedMod
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
+    # The arguments of `Seq2SeqTransformerModel.forward` plus `labels`, spelled out: Trainer and `generate` read the
+    # signature (tests/test_copies.py keeps the two in sync).
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -759,8 +709,8 @@ class Seq2SeqTransformerForConditionalGeneration(Seq2SeqTransformerPreTrainedMod
             raise ValueError(f"`labels` has shape {tuple(labels.shape)}, expected {tuple(logits.shape[:2])}.")
         labels = labels.to(logits.device)
         summed = nn.functional.cross_entropy(
-            logits.float().reshape(-1, logits.shape[-1]),
-            labels.reshape(-1),
+            logits.float().reshape(-1, logits.shape[-1]),  # (B*T, V)
+            labels.reshape(-1),  # (B*T,)
             ignore_index=-100,
             reduction="sum",
             label_smoothing=self.config.label_smoothing,
@@ -784,7 +734,9 @@ def _sparse_key_mask(attention_mask: torch.Tensor | None, batch_size: int, seq_l
     return sparse_padding_mask(batch_size, seq_len, seq_len, attention_mask=attention_mask)
 
 
+# Copied from modeling_vit_plus._flag
 def _flag(value: bool | None, config, name: str, default: bool = False) -> bool:
+    """`value` if given, else the config's setting `name` (transformers' convention for output flags)."""
     if value is not None:
         return value
     return bool(getattr(config, name, default))
@@ -795,6 +747,5 @@ __all__ = [
     "Seq2SeqTransformerForConditionalGeneration",
     "Seq2SeqTransformerModel",
     "Seq2SeqTransformerPreTrainedModel",
-    "encoder_sparse_pattern_from_config",
     "shift_tokens_right",
 ]

@@ -7,10 +7,10 @@ follows the factorised pattern of `config.attention_type` (sec. 4.2-4.3) combine
 `config.sparse_pattern_mode` says (sec. 5.1).
 
 Which kernel computes a sparse attention (the pattern itself lives in `sparse_layouts.py`):
-- `config._attn_implementation` names one of the sparse kernels of `sparse_attention.py` ("sparse_dense",
-  "sparse_block", "sparse_flex"): that kernel, for every uncached sequence without left padding;
-- otherwise ("eager", "sdpa", the default): the fast block kernel "sparse_block" for every uncached sequence
-  without left padding (the training case, forward and backward; right padding is passed on as a 2-D mask);
+- every uncached sequence without left padding (the training case; right padding is passed on as a 2-D mask): the
+  kernel of `attention.select_attention_kernel`: the sparse kernel that `config._attn_implementation` names
+  ("sparse_dense", "sparse_block", "sparse_flex"), else the fast one for the device ("sparse_block" on CPU,
+  "sparse_flex" on CUDA), both with forward and backward;
 - always, whatever the setting: a left-padded batch or a forward on top of a cache (prefill after a cache,
   chunked prefill) uses the masked dense reference with a mask built from the positions (left padding shifts the
   positions, and the fixed pattern depends on absolute positions); a single new token on top of a cache (the
@@ -33,38 +33,12 @@ from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.utils import logging
 
-from .attention import eager_attention_forward
+from .attention import eager_attention_forward, select_attention_kernel
 from .configuration_sparse_transformer import SparseTransformerConfig
 from .hub_mixin import HubMixin
 from .input_checks import IGNORE_INDEX, check_mask_shape, check_not_empty, check_token_ids, tracing
-from .sparse_attention import SPARSE_KERNELS
-from .sparse_layouts import SparsePattern, allowed_key_indices, build_pattern
-
-logger = logging.get_logger(__name__)
-
-# Written into every saved config, so each Auto class can open a checkpoint with trust_remote_code.
-AUTO_MAP = {
-    "AutoConfig": "configuration_sparse_transformer.SparseTransformerConfig",
-    "AutoModel": "modeling_sparse_transformer.SparseTransformerModel",
-    "AutoModelForCausalLM": "modeling_sparse_transformer.SparseTransformerForCausalLM",
-}
-
-DEFAULT_SPARSE_KERNEL = "sparse_block"
-
-
-def sparse_pattern_from_config(config) -> SparsePattern | None:
-    """The causal pattern of `config.attention_type` (None for dense attention)."""
-    if config.attention_type == "dense":
-        return None
-    return build_pattern(
-        config.attention_type,
-        config.sparse_stride,
-        summary_size=config.sparse_summary_size,
-        num_summary_blocks=config.sparse_num_summary_blocks,
-        causal=True,
-    )
+from .sparse_layouts import SparsePattern, allowed_key_indices, pattern_from_config
 
 
 def _pattern_mask(pattern: SparsePattern, head_parts: list[int | None], q_pos, k_pos) -> torch.Tensor:
@@ -190,8 +164,9 @@ class SparseTransformerEmbeddings(nn.Module):
 class SparseTransformerAttention(nn.Module):
     """Multi-head causal self-attention restricted to the factorised pattern of its layer (sec. 4.2-4.3).
 
-    The pattern travels to the kernels as attributes: `sparse_pattern` (a `SparsePattern`, None for dense
-    attention), `sparse_mode` and `layer_idx`; `head_parts[h]` is the part head h uses alone (None = merged).
+    The pattern travels to the kernels as the attributes `sparse_pattern` (a `SparsePattern`, None for dense
+    attention; its `mode` says how the layers use its parts) and `layer_idx`; `head_parts[h]` is the part head h
+    uses alone (None = merged).
     """
 
     def __init__(self, config: SparseTransformerConfig, layer_idx: int = 0):
@@ -203,18 +178,12 @@ class SparseTransformerAttention(nn.Module):
         self.scaling = self.head_dim**-0.5
         self.attention_dropout = config.attention_probs_dropout_prob
         self.is_causal = True
-        self.sparse_pattern = sparse_pattern_from_config(config)
-        self.sparse_mode = config.sparse_pattern_mode
-        self.head_parts = (
-            self.sparse_pattern.head_parts(self.sparse_mode, layer_idx, self.num_heads)
-            if self.sparse_pattern is not None
-            else None
-        )
+        self.sparse_pattern = pattern = pattern_from_config(config)
+        self.head_parts = pattern.head_parts(None, layer_idx, self.num_heads) if pattern is not None else None
         self.q_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=config.qkv_bias)
         self.k_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=config.qkv_bias)
         self.v_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=config.qkv_bias)
         self.o_proj = nn.Linear(config.hidden_size, config.hidden_size)
-        self.o_proj.residual_branch_output = True  # initialised with std / sqrt(2N), see `_init_weights`
 
     def forward(
         self,
@@ -227,23 +196,26 @@ class SparseTransformerAttention(nn.Module):
         batch_size, seq_len, _ = hidden_states.shape
         hidden_shape = (batch_size, seq_len, self.num_heads, self.head_dim)
         query = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # (B, H, Tq, Dh)
-        key = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
-        value = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        key = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # (B, H, Tq, Dh)
+        value = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # (B, H, Tq, Dh)
         if past_key_values is not None:
             key, value = past_key_values.update(key, value, self.layer_idx)
             # A static cache returns its whole buffer; the slots after the current token are empty.
             key, value = key[:, :, : context.kv_length], value[:, :, : context.kv_length]  # (B, H, Tk, Dh)
         dropout = self.attention_dropout if self.training else 0.0
+        implementation = select_attention_kernel(
+            self.config._attn_implementation, self.sparse_pattern, query.device.type, output_attentions
+        )
+        attention_fn = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
 
         if self.sparse_pattern is None:
-            attn_fn = eager_attention_forward if output_attentions else self._dense_kernel()
-            attn_output, attn_weights = attn_fn(
+            attn_output, attn_weights = attention_fn(
                 self, query, key, value, context.dense_mask(), dropout=dropout, scaling=self.scaling, **kwargs
             )
         elif seq_len == 1 and context.past_length > 0:
             attn_output, attn_weights = self._decode_step(query, key, value, context, output_attentions)
         elif context.in_natural_order and not output_attentions:
-            attn_output, attn_weights = self._sparse_kernel()(
+            attn_output, attn_weights = attention_fn(
                 self, query, key, value, context.key_valid, dropout=dropout, scaling=self.scaling, **kwargs
             )
         else:
@@ -253,20 +225,6 @@ class SparseTransformerAttention(nn.Module):
             )
         attn_output = attn_output.reshape(batch_size, seq_len, -1).contiguous()  # (B, Tq, H*Dh)
         return self.o_proj(attn_output), attn_weights
-
-    # The kernels are looked up with `ALL_ATTENTION_FUNCTIONS.get_interface` written out here: transformers'
-    # `set_attn_implementation` only switches models whose modeling source contains that call.
-    def _dense_kernel(self):
-        implementation = self.config._attn_implementation or "sdpa"
-        if implementation in SPARSE_KERNELS:
-            implementation = "sdpa"
-        return ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
-
-    def _sparse_kernel(self):
-        implementation = self.config._attn_implementation
-        if implementation not in SPARSE_KERNELS:
-            implementation = DEFAULT_SPARSE_KERNEL
-        return ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
 
     def _decode_step(self, query, key, value, context: _AttentionContext, output_attentions: bool):
         """One new token per row on top of a cache: attend only to the cached keys the pattern allows.
@@ -291,7 +249,7 @@ class SparseTransformerAttention(nn.Module):
                 logical[b, h, : len(indices)] = indices.to(query.device)
                 valid[b, h, : len(indices)] = True
         slots = torch.gather(context.key_order[:, None, :].expand(-1, num_heads, -1), 2, logical)  # (B, H, K)
-        gather_index = slots[..., None].expand(-1, -1, -1, head_dim)
+        gather_index = slots[..., None].expand(-1, -1, -1, head_dim)  # (B, H, K, Dh)
         key_sel = torch.gather(key, 2, gather_index)  # (B, H, K, Dh)
         value_sel = torch.gather(value, 2, gather_index)
         attn_output, weights = eager_attention_forward(
@@ -304,15 +262,15 @@ class SparseTransformerAttention(nn.Module):
         return attn_output, full
 
 
+# Copied from modeling_vit_plus.ViTPlusMLP with ViTPlus->SparseTransformer
 class SparseTransformerMLP(nn.Module):
-    """The feed-forward branch: Linear -> GELU -> Linear (sec. 5.2)."""
+    """The feed-forward branch: Linear -> activation (`config.hidden_act`; GELU in the paper) -> Linear."""
 
     def __init__(self, config: SparseTransformerConfig):
         super().__init__()
         self.fc1 = nn.Linear(config.hidden_size, config.intermediate_size)
         self.activation_fn = ACT2FN[config.hidden_act]
         self.fc2 = nn.Linear(config.intermediate_size, config.hidden_size)
-        self.fc2.residual_branch_output = True  # initialised with std / sqrt(2N), see `_init_weights`
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.activation_fn(self.fc1(hidden_states)))
@@ -332,6 +290,9 @@ class SparseTransformerLayer(GradientCheckpointingLayer):
         self.layernorm_after = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.mlp = SparseTransformerMLP(config)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        # Sec. 5.2: the branches' output projections start with std / sqrt(2N) (see `_init_weights`).
+        self.self_attn.o_proj.residual_branch_output = True
+        self.mlp.fc2.residual_branch_output = True
 
     def forward(
         self,
@@ -367,9 +328,12 @@ class SparseTransformerPreTrainedModel(HubMixin, PreTrainedModel):
     _supports_flash_attn = False
     _supports_attention_backend = True
 
-    def __init__(self, config: SparseTransformerConfig, *inputs, **kwargs):
-        super().__init__(config, *inputs, **kwargs)
-        self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **AUTO_MAP}
+    # Written into every saved config (see HubMixin): each Auto class opens a checkpoint with trust_remote_code.
+    remote_code_auto_map = {
+        "AutoConfig": "configuration_sparse_transformer.SparseTransformerConfig",
+        "AutoModel": "modeling_sparse_transformer.SparseTransformerModel",
+        "AutoModelForCausalLM": "modeling_sparse_transformer.SparseTransformerForCausalLM",
+    }
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -520,7 +484,7 @@ class SparseTransformerModel(SparseTransformerPreTrainedModel):
         # Without padding the cheaper no-mask path runs; under torch.compile/export the data-dependent test would
         # break the graph, so traced code keeps the (exact) masked path.
         if key_valid is None or (not torch.compiler.is_compiling() and bool(key_valid.all())):
-            key_positions = torch.arange(kv_length, device=device).expand(batch_size, -1)
+            key_positions = torch.arange(kv_length, device=device).expand(batch_size, -1)  # (B, Tk)
             key_order = key_positions
             key_valid = None
         else:
@@ -620,7 +584,7 @@ class SparseTransformerForCausalLM(SparseTransformerPreTrainedModel, GenerationM
         if labels.shape != logits.shape[:2]:
             raise ValueError(f"`labels` must have shape {tuple(logits.shape[:2])}, got {tuple(labels.shape)}.")
         shift_logits = logits[:, :-1].float().reshape(-1, logits.shape[-1])  # (B*(T-1), V)
-        shift_labels = labels[:, 1:].to(logits.device).reshape(-1)
+        shift_labels = labels[:, 1:].to(logits.device).reshape(-1)  # (B*(T-1),)
         if num_items_in_batch is None:
             return nn.functional.cross_entropy(shift_logits, shift_labels, ignore_index=-100)
         total = nn.functional.cross_entropy(shift_logits, shift_labels, ignore_index=-100, reduction="sum")
@@ -629,7 +593,9 @@ class SparseTransformerForCausalLM(SparseTransformerPreTrainedModel, GenerationM
         return total / num_items_in_batch
 
 
+# Copied from modeling_vit_plus._flag
 def _flag(value: bool | None, config, name: str, default: bool = False) -> bool:
+    """`value` if given, else the config's setting `name` (transformers' convention for output flags)."""
     if value is not None:
         return value
     return bool(getattr(config, name, default))

@@ -3,6 +3,10 @@
 Read top to bottom: patch embedding (sec. 3.1, eq. 1) -> [class] token and learned 1-D positions -> L pre-norm
 encoder blocks (eq. 2-3) -> final LayerNorm -> head on the class token (eq. 4). Parameter names follow
 transformers' ViT so that checkpoints convert with a rename (see `hf_vit_plus.conversion`).
+
+Optionally (`config.attention_type` "strided" or "fixed") the self-attention follows a bidirectional Sparse
+Transformer pattern (Child et al. 2019; `sparse_layouts.py`); its kernels (`sparse_attention.py`) are loaded only
+then. `attention.select_attention_kernel` says which kernel a layer runs.
 """
 
 from __future__ import annotations
@@ -17,26 +21,12 @@ from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import ImageClassifierOutput, ModelOutput
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.utils import logging
 
-from .attention import eager_attention_forward
+from .attention import eager_attention_forward, select_attention_kernel
 from .configuration_vit_plus import ViTPlusConfig
 from .hub_mixin import HubMixin
 from .positional import resample_patch_position_embeddings
-from .sparse_attention import SPARSE_KERNELS
-from .sparse_layouts import SparsePattern, build_pattern
-
-# The fast sparse kernel (forward and backward); `attn_implementation="sparse_dense"|"sparse_flex"` picks another.
-DEFAULT_SPARSE_KERNEL = "sparse_block"
-
-logger = logging.get_logger(__name__)
-
-# Written into every saved config, so each Auto class can open a checkpoint with trust_remote_code.
-AUTO_MAP = {
-    "AutoConfig": "configuration_vit_plus.ViTPlusConfig",
-    "AutoModel": "modeling_vit_plus.ViTPlusModel",
-    "AutoModelForImageClassification": "modeling_vit_plus.ViTPlusForImageClassification",
-}
+from .sparse_layouts import pattern_from_config
 
 
 @dataclass
@@ -110,7 +100,7 @@ class ViTPlusEmbeddings(nn.Module):
     def forward(self, pixel_values: torch.Tensor, interpolate_pos_encoding: bool = False) -> torch.Tensor:
         batch_size, _, height, width = pixel_values.shape
         patches = self.patch_embeddings(pixel_values, interpolate_pos_encoding=interpolate_pos_encoding)
-        cls_tokens = self.cls_token.expand(batch_size, -1, -1)
+        cls_tokens = self.cls_token.expand(batch_size, -1, -1)  # (B, 1, D)
         embeddings = torch.cat((cls_tokens, patches), dim=1)  # (B, N+1, D)
         if interpolate_pos_encoding:
             embeddings = embeddings + self.interpolate_pos_encoding(height, width)
@@ -135,9 +125,8 @@ class ViTPlusAttention(nn.Module):
         self.k_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=config.qkv_bias)
         self.v_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=config.qkv_bias)
         self.o_proj = nn.Linear(config.hidden_size, config.hidden_size)
-        # Sparse Transformer patterns (bidirectional): the kernels read these attributes (see sparse_attention.py).
-        self.sparse_pattern = _own_pattern(config.sparse_pattern())
-        self.sparse_mode = config.sparse_pattern_mode
+        # The bidirectional Sparse Transformer pattern (None: dense); the sparse kernels read it from here.
+        self.sparse_pattern = pattern_from_config(config)
 
     def forward(
         self,
@@ -149,35 +138,23 @@ class ViTPlusAttention(nn.Module):
         batch_size, seq_len, _ = hidden_states.shape
         hidden_shape = (batch_size, seq_len, self.num_heads, self.head_dim)
         query = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # (B, H, T, Dh)
-        key = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
-        value = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        key = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # (B, H, T, Dh)
+        value = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # (B, H, T, Dh)
 
-        implementation = self.config._attn_implementation
-        if self.sparse_pattern is not None:
-            if output_attentions:  # the masked reference returns the probabilities
-                implementation = "sparse_dense"
-            elif implementation not in SPARSE_KERNELS:
-                implementation = DEFAULT_SPARSE_KERNEL
-        elif output_attentions or implementation in SPARSE_KERNELS:
-            # Fused kernels do not return the probabilities; the reference kernel does. Sparse kernels need a pattern.
-            implementation = "eager"
+        implementation = select_attention_kernel(
+            self.config._attn_implementation, self.sparse_pattern, query.device.type, output_attentions
+        )
         attention_fn = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+        dropout = self.attention_dropout if self.training else 0.0
         attn_output, attn_weights = attention_fn(
-            self,
-            query,
-            key,
-            value,
-            attention_mask,
-            dropout=self.attention_dropout if self.training else 0.0,
-            scaling=self.scaling,
-            **kwargs,
+            self, query, key, value, attention_mask, dropout=dropout, scaling=self.scaling, **kwargs
         )
         attn_output = attn_output.reshape(batch_size, seq_len, -1).contiguous()  # (B, T, H*Dh)
         return self.o_proj(attn_output), attn_weights
 
 
 class ViTPlusMLP(nn.Module):
-    """Two linear layers with a GELU between them."""
+    """The feed-forward branch: Linear -> activation (`config.hidden_act`; GELU in the paper) -> Linear."""
 
     def __init__(self, config: ViTPlusConfig):
         super().__init__()
@@ -232,9 +209,12 @@ class ViTPlusPreTrainedModel(HubMixin, PreTrainedModel):
     # Trainer: the classification loss is a per-example mean and ignores num_items_in_batch.
     accepts_loss_kwargs = False
 
-    def __init__(self, config: ViTPlusConfig, *inputs, **kwargs):
-        super().__init__(config, *inputs, **kwargs)
-        self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **AUTO_MAP}
+    # Written into every saved config (see HubMixin): each Auto class opens a checkpoint with trust_remote_code.
+    remote_code_auto_map = {
+        "AutoConfig": "configuration_vit_plus.ViTPlusConfig",
+        "AutoModel": "modeling_vit_plus.ViTPlusModel",
+        "AutoModelForImageClassification": "modeling_vit_plus.ViTPlusForImageClassification",
+    }
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -377,7 +357,7 @@ class ViTPlusForImageClassification(ViTPlusPreTrainedModel):
                     f"Multi-label `labels` must have shape {tuple(logits.shape)}, got {tuple(labels.shape)}."
                 )
             return nn.functional.binary_cross_entropy_with_logits(logits, labels.to(logits.dtype))
-        labels = labels.view(-1)
+        labels = labels.view(-1)  # (B,)
         if labels.shape[0] != logits.shape[0]:
             raise ValueError(f"Got {labels.shape[0]} labels for a batch of {logits.shape[0]} images.")
         bad = labels[(labels < 0) | (labels >= self.num_labels)]
@@ -389,21 +369,8 @@ class ViTPlusForImageClassification(ViTPlusPreTrainedModel):
         return nn.functional.cross_entropy(logits, labels)
 
 
-def _own_pattern(pattern) -> SparsePattern | None:
-    """The config's pattern rebuilt with this module's `SparsePattern` class: under trust_remote_code the config and
-    the model come from different dynamic modules, and the kernels check the class."""
-    if pattern is None:
-        return None
-    return build_pattern(
-        pattern.kind,
-        pattern.stride,
-        summary_size=pattern.summary_size,
-        num_summary_blocks=pattern.num_summary_blocks,
-        causal=pattern.causal,
-    )
-
-
 def _flag(value: bool | None, config, name: str, default: bool = False) -> bool:
+    """`value` if given, else the config's setting `name` (transformers' convention for output flags)."""
     if value is not None:
         return value
     return bool(getattr(config, name, default))

@@ -1,4 +1,5 @@
-"""Sparse Transformer attention kernels (Child et al. 2019), registered with transformers' attention interface.
+"""Sparse Transformer attention kernels (Child et al. 2019). `attention.py` registers their names with transformers'
+attention interfaces (thin shims that import this module on their first call, so a dense model never loads it).
 
 Kernels (all `fn(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs)`,
 query/key/value (B, H, T, D), returning the output as (B, T, H, D) and the weights or None):
@@ -18,9 +19,9 @@ CPU attention ops that return the log-sum-exp) only if their schemas equal `FLAS
 logsumexp ops, about 2x slower, with the same results.
 
 Attribute contract of the attention `module` (kwargs of the same names override them):
-- `sparse_pattern`: a `SparsePattern` (required);
-- `sparse_mode`: "merged" (default), "interleaved" (layer i uses part i mod num_parts) or "heads" (head h uses part
-  h mod num_parts);
+- `sparse_pattern`: a `SparsePattern` (required); its `mode` says how the layer uses the parts: "merged" (the
+  union), "interleaved" (layer i uses part i mod num_parts) or "heads" (head h uses part h mod num_parts);
+- `sparse_mode` (optional): overrides the pattern's mode;
 - `layer_idx`: int (default 0), used by the interleaved mode;
 - `training`: attention dropout is applied only by "sparse_dense" ("sparse_block" falls back to it, logged once).
 Causality comes from the pattern (`SparsePattern.causal`); the kernels ignore `is_causal`. `scaling=None` is
@@ -40,10 +41,8 @@ import logging
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import AttentionInterface
-from transformers.masking_utils import AttentionMaskInterface
 
-from .attention import eager_attention_forward
+from .attention import eager_attention_forward, sparse_padding_mask
 from .sparse_layouts import SparsePattern, allowed_key_indices, check_mode
 
 logger = logging.getLogger(__name__)
@@ -485,6 +484,12 @@ def _padding_mask_2d(attention_mask, batch: int, kv_len: int, kernel: str) -> to
     return attention_mask if attention_mask.dtype == torch.bool else attention_mask != 0
 
 
+def _mode(pattern: SparsePattern, mode: str | None) -> str:
+    mode = pattern.mode if mode is None else mode
+    check_mode(mode)
+    return mode
+
+
 def _check_qkv(query, key, value):
     if query.dim() != 4 or key.shape != value.shape or query.shape[:2] != key.shape[:2] or key.dim() != 4:
         raise ValueError(
@@ -514,11 +519,11 @@ def sparse_allowed_mask(
 
 
 def dense_sparse_attention(
-    query, key, value, pattern: SparsePattern, mode: str = "merged", layer_idx: int = 0,
+    query, key, value, pattern: SparsePattern, mode: str | None = None, layer_idx: int = 0,
     padding_mask: torch.Tensor | None = None, scaling: float | None = None,
 ) -> torch.Tensor:  # fmt: skip
-    """Dense masked reference, (B, H, Tq, D) -> (B, H, Tq, D)."""
-    check_mode(mode)
+    """Dense masked reference, (B, H, Tq, D) -> (B, H, Tq, D); `mode` None is the pattern's own."""
+    mode = _mode(pattern, mode)
     _check_qkv(query, key, value)
     allowed = sparse_allowed_mask(
         pattern, mode, layer_idx, query.shape[2], key.shape[2], query.shape[1], padding_mask, query.device
@@ -527,21 +532,22 @@ def dense_sparse_attention(
 
 
 def block_sparse_attention(
-    query, key, value, pattern: SparsePattern, mode: str = "merged", layer_idx: int = 0,
+    query, key, value, pattern: SparsePattern, mode: str | None = None, layer_idx: int = 0,
     padding_mask: torch.Tensor | None = None, scaling: float | None = None, use_flash: bool | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """O(n sqrt(n)) exact sparse attention with forward and backward, (B, H, T, D) -> (B, H, T, D).
 
-    `use_flash`: None = the private flash-for-cpu ops when available (schema pinned) for this dtype; False = the
-    plain-PyTorch path (same parts and merge)."""
-    check_mode(mode)
+    `use_flash`: None = the private flash-for-cpu ops when available (schema pinned) for this dtype and the inputs
+    are on the CPU (the ops have no other device's kernel); False = the plain-PyTorch path (same parts and merge).
+    `mode` None is the pattern's own."""
+    mode = _mode(pattern, mode)
     _check_qkv(query, key, value)
     B, H, n, D = query.shape
     if key.shape[2] != n:  # cached decoding: a few queries against the cache
         return dense_sparse_attention(query, key, value, pattern, mode, layer_idx, padding_mask, scaling)
     head_parts = pattern.head_parts(mode, layer_idx, H)
     if use_flash is None:
-        use_flash = FLASH_OPS_AVAILABLE and query.dtype in _FLASH_DTYPES
+        use_flash = FLASH_OPS_AVAILABLE and query.device.type == "cpu" and query.dtype in _FLASH_DTYPES
     elif use_flash and not FLASH_OPS_AVAILABLE:
         raise ValueError("use_flash=True but the private CPU flash ops are missing or their schema changed.")
     scale = D**-0.5 if scaling is None else scaling
@@ -563,7 +569,7 @@ def flex_sparse_attention(
     key,
     value,
     pattern: SparsePattern,
-    mode: str = "merged",
+    mode: str | None = None,
     layer_idx: int = 0,
     padding_mask: torch.Tensor | None = None,
     scaling: float | None = None,
@@ -572,13 +578,13 @@ def flex_sparse_attention(
 ) -> torch.Tensor:
     """flex_attention with a per-head BlockMask built from the layer's parts (and padding), (B, H, T, D) ->
     (B, H, T, D). One call in natural order: blocks that no part touches are skipped (for the strided pattern only
-    the causal half, see docs/sparse-attention.md); `compile=False` runs flex's eager reference (tests).
+    the causal half: see "The Sparse Transformer" in the README); `compile=False` runs flex's eager reference (tests).
 
     On CPU flex_attention has no backward: a call that needs gradients there raises ValueError (the registered
     kernel falls back to "sparse_block" instead)."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    check_mode(mode)
+    mode = _mode(pattern, mode)
     _check_qkv(query, key, value)
     needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (query, key, value))
     if query.device.type == "cpu" and needs_grad:
@@ -625,7 +631,7 @@ def _module_settings(module, kwargs, kernel: str):
             f"The {kernel!r} attention kernel needs `module.sparse_pattern` (a SparsePattern) on "
             f"{type(module).__name__}, got {pattern!r}."
         )
-    mode = kwargs.get("sparse_mode", getattr(module, "sparse_mode", "merged"))
+    mode = kwargs.get("sparse_mode", getattr(module, "sparse_mode", None)) or pattern.mode
     layer_idx = kwargs.get("layer_idx", getattr(module, "layer_idx", 0)) or 0
     return pattern, mode, layer_idx
 
@@ -690,27 +696,8 @@ def sparse_flex_attention_forward(
     return out.transpose(1, 2).contiguous(), None
 
 
-def sparse_padding_mask(
-    batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0,
-    mask_function=None, attention_mask: torch.Tensor | None = None, **kwargs,
-) -> torch.Tensor | None:  # fmt: skip
-    """AttentionMaskInterface function for the sparse kernels: the 2-D boolean padding mask (B, kv_length), or
-    None without padding. The pattern itself comes from the attention module (absolute positions)."""
-    if attention_mask is None:
-        return None
-    mask = attention_mask[:, kv_offset : kv_offset + kv_length].to(torch.bool)
-    if mask.shape[-1] < kv_length:  # a mask shorter than the keys: the missing (newest) positions are real
-        mask = F.pad(mask, (0, kv_length - mask.shape[-1]), value=True)
-    if torch.compiler.is_compiling():  # a data-dependent branch would break the graph: keep the (all-True) mask
-        return mask
-    return None if bool(mask.all()) else mask
-
-
 SPARSE_KERNELS = {
     "sparse_dense": sparse_dense_attention_forward,
     "sparse_block": sparse_block_attention_forward,
     "sparse_flex": sparse_flex_attention_forward,
 }
-for _name, _fn in SPARSE_KERNELS.items():
-    AttentionInterface.register(_name, _fn)
-    AttentionMaskInterface.register(_name, sparse_padding_mask)
