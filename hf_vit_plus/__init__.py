@@ -1,6 +1,7 @@
 """hf_vit_plus: the Vision Transformer, the encoder-decoder Transformer and the Sparse Transformer as
 first-class Hugging Face models. Importing the package registers every class with the Auto classes."""
 
+from . import _noise  # noqa: F401  (first: it filters a log record that importing transformers emits)
 from .models.configuration_seq2seq_transformer import Seq2SeqTransformerConfig
 from .models.configuration_sparse_transformer import SparseTransformerConfig
 from .models.configuration_vit_plus import ViTPlusConfig

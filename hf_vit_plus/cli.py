@@ -39,13 +39,32 @@ class CommandParser(argparse.ArgumentParser):
         return namespace, extras
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each flag's default, unless there is none to show (None, an off switch) or the help says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default in (None, False) or "default:" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def one_line(message: str) -> str:
     return " ".join(line.strip() for line in str(message).splitlines() if line.strip())
 
 
+DESCRIPTION = (
+    "The Vision Transformer, the encoder-decoder Transformer and the Sparse Transformer as Hugging Face models: "
+    "convert checkpoints, draw attention figures, train with Accelerate, push to the Hub. "
+    "`hf-vit-plus COMMAND --help` describes a command."
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = CommandParser(prog="hf-vit-plus", description=__doc__.split("\n")[0])
-    subparsers = parser.add_subparsers(dest="command", required=True)
+    from hf_vit_plus import __version__
+
+    parser = CommandParser(prog="hf-vit-plus", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).add_parser(subparsers)
     return parser

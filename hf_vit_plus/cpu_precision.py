@@ -55,28 +55,31 @@ def cpu_output_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype | Non
     return dtype
 
 
-class Fp32MatmulLinear(nn.Linear):
+class _Fp32Products:
+    """The fp32 path shared by the layers below: `forward` runs the layer's own product (`_product`) on fp32 copies
+    of the input and weights, then rounds to the low-precision dtype; everywhere else the standard `forward`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out_dtype = cpu_output_dtype(x, self.weight)
+        if out_dtype is None:
+            return super().forward(x)
+        bias = self.bias.float() if self.bias is not None else None
+        with torch.autocast("cpu", enabled=False):
+            return self._product(x.float(), self.weight.float(), bias).to(out_dtype)
+
+
+class Fp32MatmulLinear(_Fp32Products, nn.Linear):
     """`nn.Linear` that computes low-precision CPU products in fp32 where the CPU lacks native support."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out_dtype = cpu_output_dtype(x, self.weight)
-        if out_dtype is None:
-            return super().forward(x)
-        bias = self.bias.float() if self.bias is not None else None
-        with torch.autocast("cpu", enabled=False):
-            return F.linear(x.float(), self.weight.float(), bias).to(out_dtype)
+    def _product(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return F.linear(x, weight, bias)
 
 
-class Fp32MatmulConv2d(nn.Conv2d):
+class Fp32MatmulConv2d(_Fp32Products, nn.Conv2d):
     """`nn.Conv2d` (e.g. the ViT patch projection) with the same fp32 path as `Fp32MatmulLinear`."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out_dtype = cpu_output_dtype(x, self.weight)
-        if out_dtype is None:
-            return super().forward(x)
-        bias = self.bias.float() if self.bias is not None else None
-        with torch.autocast("cpu", enabled=False):
-            return self._conv_forward(x.float(), self.weight.float(), bias).to(out_dtype)
+    def _product(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return self._conv_forward(x, weight, bias)
 
 
 # Exact types only: a subclass of nn.Linear (a LoRA or quantized layer, MultiheadAttention's out_proj) has its own

@@ -1,4 +1,4 @@
-"""`hf-vit-plus` and user errors (issue 14): a sparse ViT trained from the command line ends with its card and
+"""`hf-vit-plus` and user errors: a sparse ViT trained from the command line ends with its card and
 figures; unknown --config_overrides keys are refused; every user error is one line `hf-vit-plus <cmd>: error: ...`
 on stderr with exit status 2, while an error inside the run keeps its traceback."""
 
@@ -16,8 +16,8 @@ from tests.utils import REPO_ROOT
 
 TINY_VIT = "hidden_size=32,num_hidden_layers=2,num_attention_heads=2,intermediate_size=64"
 QUICK_RUN = [
-    "--max_train_steps", "2", "--max_train_samples", "64", "--max_eval_samples", "32",
-    "--per_device_train_batch_size", "16", "--report_to", "none", "--checkpointing_steps", "none",
+    "--max_steps", "2", "--max_train_samples", "64", "--max_eval_samples", "32",
+    "--per_device_train_batch_size", "16", "--report_to", "none", "--save_steps", "none",
 ]  # fmt: skip
 
 
@@ -67,12 +67,13 @@ def test_sparse_vit_trained_from_the_cli_writes_card_and_figures(tmp_path, capsy
 def test_pattern_from_config_uses_the_model_pattern_of_each_family(tmp_path, capsys):
     from hf_vit_plus import Seq2SeqTransformerConfig, SparseTransformerConfig, ViTPlusConfig
     from hf_vit_plus.interpret import pattern_from_config
+    from hf_vit_plus.models.sparse_layouts import pattern_from_config as model_pattern_from_config
 
     vit = ViTPlusConfig(image_size=8, patch_size=2, num_channels=1, hidden_size=32, num_hidden_layers=1,
                         num_attention_heads=2, intermediate_size=64, attention_type="fixed")  # fmt: skip
-    assert vit.sparse_stride is None
+    assert (vit.sparse_stride, vit.sparse_summary_size) == (4, 1)  # resolved from the image geometry
     pattern = pattern_from_config(vit)
-    model_pattern = vit.sparse_pattern()
+    model_pattern = model_pattern_from_config(vit)
     assert (pattern.kind, pattern.stride, pattern.summary_size, pattern.causal) == (
         "fixed", model_pattern.stride, model_pattern.summary_size, False,
     )  # fmt: skip
@@ -121,7 +122,7 @@ def test_unknown_config_field_is_refused_by_the_python_api(tmp_path):
     from hf_vit_plus.training.args import family_arguments
     from hf_vit_plus.training.loop import train
 
-    args = family_arguments("vit", output_dir=str(tmp_path / "run"), report_to="none", max_train_steps=1,
+    args = family_arguments("vit", output_dir=str(tmp_path / "run"), report_to="none", max_steps=1,
                             config_overrides=TINY_VIT.replace("hidden_size", "hiden_size"))  # fmt: skip
     with pytest.raises(ValueError, match="Unknown config field 'hiden_size' for vit_plus; did you mean 'hidden_size'"):
         train(args)
@@ -143,7 +144,8 @@ USER_ERRORS = [
     (["train", "vit", "--resume_from_checkpoint", "{missing}"], "train vit", "does not exist"),
     (["train", "vit", "--model_name_or_path", "{missing}"], "train vit", "--model_name_or_path"),
     (["train", "vit", "--per_device_train_batch_size", "0"], "train vit", "must be a positive integer"),
-    (["train", "seq2seq", "--train_dir", "{missing}"], "train seq2seq", "reads text"),
+    (["train", "seq2seq", "--train_dir", "{missing}"], "train seq2seq", "unrecognized arguments: --train_dir"),
+    (["train", "vit", "--block_size", "64"], "train vit", "unrecognized arguments: --block_size 64"),
     (["train", "sparse-lm", "--train_file", "{missing}.txt"], "train sparse-lm", "--train_file"),
     (["train", "sparse-lm", "--config_name", "{missing}"], "train sparse-lm", "--config_name"),
     (["train", "sparse-lm", "--config_overrides", "sparse_strid=8"], "train sparse-lm", "'sparse_stride'"),
@@ -200,3 +202,95 @@ def test_python_m_entry_point_prints_one_line(tmp_path):
     assert proc.stderr.strip().splitlines() == [
         f"hf-vit-plus push: error: Checkpoint folder {str(tmp_path / 'missing')!r} does not exist."
     ]
+
+
+# ------------------------------------------------------------------------------------------ 4: the flags themselves
+def _subparsers(parser) -> dict:
+    import argparse
+
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return action.choices
+
+
+def _all_parsers():
+    """(prog, parser) of every command and sub-command of `hf-vit-plus`."""
+    from hf_vit_plus.cli import build_parser
+
+    pending = [build_parser()]
+    while pending:
+        parser = pending.pop()
+        yield parser.prog, parser
+        try:
+            pending.extend(_subparsers(parser).values())
+        except StopIteration:
+            pass
+
+
+def test_every_flag_has_help_and_an_underscore_name(capsys):
+    import argparse
+
+    for prog, parser in _all_parsers():
+        for action in parser._actions:
+            if action.help == argparse.SUPPRESS or isinstance(action, argparse._SubParsersAction):
+                continue
+            assert action.help, f"{prog}: {action.option_strings or action.dest} has no help"
+            for option in action.option_strings:
+                assert "-" not in option.lstrip("-"), f"{prog}: {option} (underscores are the visible spelling)"
+
+
+@pytest.mark.parametrize(
+    "family, absent",
+    [
+        ("vit", ["--train_file", "--text_column", "--block_size", "--tokenizer_name", "--label_smoothing_factor"]),
+        ("seq2seq", ["--train_dir", "--image_column_name", "--block_size", "--ignore_mismatched_sizes"]),
+        ("sparse-lm", ["--train_dir", "--source_column", "--vocab_size", "--label_smoothing_factor"]),
+    ],
+)
+def test_family_flags_are_on_their_subcommand_only(capsys, family, absent):
+    with pytest.raises(SystemExit):
+        main(["train", family, "--help"])
+    text = capsys.readouterr().out
+    assert all(flag not in text for flag in absent), text
+    assert "--max_train_steps" not in text and "--checkpointing_steps" not in text  # old names are hidden
+
+
+def test_renamed_flags_are_hidden_aliases_of_the_new_ones():
+    from hf_vit_plus.cli import build_parser
+    from hf_vit_plus.training.args import args_from_namespace
+
+    parser = build_parser()
+    old = parser.parse_args(["train", "vit", "--max_train_steps", "5", "--lr_scheduler", "linear",
+                             "--checkpointing_steps", "none", "--checkpoints_total_limit", "3", "--hub_private",
+                             "--dataset_config", "c", "--image_column", "img", "--label_column", "y"])  # fmt: skip
+    new = parser.parse_args(["train", "vit", "--max_steps", "5", "--lr_scheduler_type", "linear",
+                             "--save_steps", "none", "--save_total_limit", "3", "--hub_private_repo",
+                             "--dataset_config_name", "c", "--image_column_name", "img",
+                             "--label_column_name", "y"])  # fmt: skip
+    assert args_from_namespace(old) == args_from_namespace(new)
+    seq2seq = parser.parse_args(["train", "seq2seq", "--label_smoothing", "0.2"])
+    assert args_from_namespace(seq2seq).label_smoothing_factor == 0.2
+    assert parser.parse_args(["demo", "--max_train_steps", "7"]).max_steps == 7
+    push = parser.parse_args(["push", "d", "u/r", "--branch", "b", "--no-create-branch", "--commit-message", "m"])
+    assert (push.revision, push.create_branch, push.commit_message) == ("b", False, "m")
+
+
+def test_old_keyword_names_work_in_family_arguments(tmp_path):
+    from hf_vit_plus.training.args import family_arguments
+
+    old = family_arguments("vit", max_train_steps=3, checkpointing_steps="none", label_column="y")
+    assert (old.max_steps, old.save_steps, old.label_column_name) == (3, "none", "y")
+    with pytest.raises(ValueError, match="max_steps= or its old name max_train_steps="):
+        family_arguments("vit", max_train_steps=3, max_steps=4)
+
+
+def test_version_and_a_whole_sentence_of_top_level_help(capsys):
+    import hf_vit_plus
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out.strip() == f"hf-vit-plus {hf_vit_plus.__version__}"
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "Hugging Face models: convert checkpoints, draw attention figures, train with Accelerate" in text
+    assert all(command in text for command in ("convert", "explain", "train", "demo", "push"))

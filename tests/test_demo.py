@@ -20,7 +20,7 @@ REPO_ID = "demo-user/vit-digits"
 def test_demo_trains_saves_a_loadable_model_with_card_and_pushes(tmp_path, hub_server):
     output_dir = tmp_path / "demo"
     command = [
-        sys.executable, "-m", "hf_vit_plus.cli", "demo", "--output_dir", str(output_dir), "--max_train_steps", "60",
+        sys.executable, "-m", "hf_vit_plus.cli", "demo", "--output_dir", str(output_dir), "--max_steps", "60",
         "--report_to", "tensorboard", "--push_to_hub", "--hub_model_id", REPO_ID, "--hub_revision", "demo",
     ]  # fmt: skip
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO_ROOT), HF_TOKEN="hf_test_token_123")

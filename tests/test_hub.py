@@ -296,7 +296,7 @@ def test_pickled_weights_are_refused_before_any_request(tmp_path, monkeypatch, c
 
     from hf_vit_plus.cli import main
 
-    assert main(["push", str(folder), REPO]) == 2  # a user error (issue 14): status 2, as argparse
+    assert main(["push", str(folder), REPO]) == 2  # a user error: status 2, as argparse
     assert "Refusing to push pickled files" in capsys.readouterr().err
     left = sorted(p.name for p in folder.iterdir())
     assert left == ["checkpoint-10", "config.json", "model.safetensors", "pytorch_model.bin"]

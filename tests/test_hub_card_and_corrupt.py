@@ -58,7 +58,7 @@ FAMILIES = {
         AutoModelForSeq2SeqLM,
         'An encoder-decoder Transformer ("Attention Is All You Need", Vaswani et al., NeurIPS 2017)',
     ),
-    "sparse_lm": (
+    "sparse-lm": (
         SparseTransformerForCausalLM,
         lambda: SparseTransformerConfig(
             vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
@@ -107,7 +107,7 @@ def pushed(hub_server, saved):
 
     root = Path({str(saved)!r})
     autos = {{"vit": AutoModelForImageClassification, "seq2seq": AutoModelForSeq2SeqLM,
-              "sparse_lm": AutoModelForCausalLM}}
+              "sparse-lm": AutoModelForCausalLM}}
     out = {{}}
     for family, auto in autos.items():
         model = auto.from_pretrained(root / family)
@@ -250,7 +250,7 @@ def test_corrupt_weights_are_named_by_from_pretrained(saved, tmp_path, family, h
 
 
 def test_a_corrupt_shard_is_the_one_named(saved, tmp_path):
-    model = SparseTransformerForCausalLM.from_pretrained(saved / "sparse_lm")
+    model = SparseTransformerForCausalLM.from_pretrained(saved / "sparse-lm")
     model.save_pretrained(tmp_path, max_shard_size="10KB")
     shards = sorted(tmp_path.glob("model-*.safetensors"))
     assert len(shards) >= 2

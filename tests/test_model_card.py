@@ -34,14 +34,14 @@ TRAINING_ARGS = {"learning_rate": 3e-4, "per_device_train_batch_size": 64, "num_
 FAMILIES = {
     "vit": ("image-classification", "AutoModelForImageClassification", "dosovitskiy2021image", "2010.11929"),
     "seq2seq": ("translation", "AutoModelForSeq2SeqLM", "vaswani2017attention", "1706.03762"),
-    "sparse_lm": ("text-generation", "AutoModelForCausalLM", "child2019generating", "1904.10509"),
+    "sparse-lm": ("text-generation", "AutoModelForCausalLM", "child2019generating", "1904.10509"),
 }
 CONFIGS = {
     "vit": ViTPlusConfig(
         hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, num_labels=4
     ),
     "seq2seq": {"model_type": "seq2seq_transformer", "d_model": 64, "encoder_layers": 2, "decoder_layers": 2},
-    "sparse_lm": {
+    "sparse-lm": {
         "model_type": "sparse_transformer",
         "hidden_size": 64,
         "attention_type": "fixed",
@@ -149,7 +149,7 @@ def test_every_family_renders_a_valid_card(tmp_path, family):
     assert f"{{{bibkey}," in text and arxiv in text
     if family == "seq2seq":
         assert meta["language"] == ["en", "es"] and meta["metrics"] == ["bleu"]
-    if family == "sparse_lm":
+    if family == "sparse-lm":
         assert "| attention_type | fixed |" in text and "| sparse_stride | 8 |" in text
         assert "metrics" not in meta  # a loss only: no evaluate metric id to list
 
@@ -266,7 +266,7 @@ def test_card_from_config_alone_says_nothing_was_recorded(tmp_path, family):
 
 def test_trained_card_keeps_its_dataset_wording(tmp_path):
     path = write_model_card(
-        tmp_path, family="sparse_lm", model_config=CONFIGS["sparse_lm"], training_args={}, eval_results={},
+        tmp_path, family="sparse-lm", model_config=CONFIGS["sparse-lm"], training_args={}, eval_results={},
         dataset_name="austen",
     )  # fmt: skip
     text = path.read_text()
@@ -306,3 +306,19 @@ def test_model_cards_folder_holds_the_packaged_templates():
         shipped = TEMPLATES_DIR / f"{family}.md"
         assert shipped.is_file() and shipped.parent == REPO_ROOT / "hf_vit_plus" / "hub" / "templates"
         assert (REPO_ROOT / "model_cards" / f"{family}.md").read_text() == shipped.read_text()
+
+
+def test_one_family_id_everywhere_and_the_old_card_name_is_accepted(tmp_path):
+    """The card families are the training families (`hf-vit-plus train vit|seq2seq|sparse-lm`); release 0.1's card
+    name of the LM, "sparse_lm", still renders the same card."""
+    from hf_vit_plus.training import FAMILIES as TRAINING_FAMILIES
+
+    assert sorted(FAMILIES) == sorted(TRAINING_FAMILIES)
+    config = CONFIGS["sparse-lm"]
+    old = model_card_from_config(config, repo_id="test-org/lm", family="sparse_lm")
+    assert str(old) == str(model_card_from_config(config, repo_id="test-org/lm", family="sparse-lm"))
+    path = write_model_card(tmp_path, family="sparse_lm", model_config=config, training_args={}, eval_results={},
+                            dataset_name="austen")  # fmt: skip
+    assert not validate_card_metadata(path)
+    with pytest.raises(ValueError, match=r"Unknown model family 'sparse_transformer'; expected one of"):
+        model_card_from_config(config, repo_id="test-org/lm", family="sparse_transformer")

@@ -58,9 +58,9 @@ def vit_args(output_dir: Path, batch: int, **overrides):
         max_eval_samples=63,  # odd: the last eval batch is padded on one process, and gather_for_metrics drops it
         per_device_train_batch_size=batch,
         per_device_eval_batch_size=16,
-        checkpointing_steps="none",
+        save_steps="none",
         logging_steps=1,
-        max_train_steps=6,
+        max_steps=6,
         learning_rate=3e-3,
     )
     values.update(overrides)
@@ -126,9 +126,9 @@ def _trainer_losses(family_name: str, output_dir: str, batch: int) -> None:
     args = family_arguments(family_name, output_dir=output_dir, config_overrides=TINY[family_name],
                             max_train_samples=64, max_eval_samples=8, block_size=32, vocab_size=300)  # fmt: skip
     set_seed(0)
-    raw, _ = family.load_raw_data(args)
-    model, processor = family.build(args, raw)
-    datasets = family.transform(raw, processor, model, args)
+    data = family.load_data(args)
+    model, processor = family.build(args, data)
+    datasets = family.transform(data, processor, model, args)
     trainer_args = HFTrainingArguments(
         output_dir=output_dir,
         per_device_train_batch_size=batch,
@@ -149,7 +149,7 @@ def _trainer_losses(family_name: str, output_dir: str, batch: int) -> None:
         model=model,
         args=trainer_args,
         train_dataset=datasets["train"],
-        data_collator=family.collate_fn(processor, model),
+        data_collator=family.collate_fn(processor),
     )
     trainer.train()
     if PartialState().is_main_process:
@@ -177,9 +177,9 @@ def test_accelerate_launch_command_line(tmp_path):
     command = [
         sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
         "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-        str(REPO_ROOT / "scripts" / "train_vit.py"), "--output_dir", str(output_dir), "--config_overrides", TINY_VIT,
+        "-m", "hf_vit_plus.cli", "train", "vit", "--output_dir", str(output_dir), "--config_overrides", TINY_VIT,
         "--report_to", "none", "--max_train_samples", "64", "--max_eval_samples", "16",
-        "--per_device_train_batch_size", "8", "--max_train_steps", "2", "--checkpointing_steps", "none",
+        "--per_device_train_batch_size", "8", "--max_steps", "2", "--save_steps", "none",
         "--write_card", "false",
     ]  # fmt: skip
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO_ROOT))

@@ -42,7 +42,7 @@ def tiny_vit(tmp_path: Path, name: str = "run", **overrides) -> TrainingArgument
         max_train_samples=96,
         max_eval_samples=64,
         per_device_train_batch_size=16,
-        checkpointing_steps="none",
+        save_steps="none",
         logging_steps=1,
         num_train_epochs=1.0,
     )
@@ -81,7 +81,7 @@ def test_gradient_accumulation_equals_the_big_batch(tmp_path):
     assert accumulated.global_step == big.global_step == 3
     a = load_file(tmp_path / "acc" / "model.safetensors")
     b = load_file(tmp_path / "big" / "model.safetensors")
-    initial = train(tiny_vit(tmp_path, "zero", max_train_steps=1, learning_rate=1e-12))
+    initial = train(tiny_vit(tmp_path, "zero", max_steps=1, learning_rate=1e-12))
     z = load_file(tmp_path / "zero" / "model.safetensors")
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6)
@@ -90,8 +90,8 @@ def test_gradient_accumulation_equals_the_big_batch(tmp_path):
 
 
 def test_activation_checkpointing_gives_the_same_updates(tmp_path):
-    plain = train(tiny_vit(tmp_path, "plain", max_train_steps=3))
-    checkpointed = train(tiny_vit(tmp_path, "ckpt", max_train_steps=3, activation_checkpointing=True))
+    plain = train(tiny_vit(tmp_path, "plain", max_steps=3))
+    checkpointed = train(tiny_vit(tmp_path, "ckpt", max_steps=3, activation_checkpointing=True))
     a = load_file(tmp_path / "plain" / "model.safetensors")
     b = load_file(tmp_path / "ckpt" / "model.safetensors")
     for key in a:
@@ -127,7 +127,7 @@ def test_resume_mid_epoch_is_bitwise_identical(tmp_path):
         config_overrides=TINY_VIT + ",hidden_dropout_prob=0.1",
         gradient_accumulation_steps=2,
         num_train_epochs=3.0,  # 6 micro-batches = 3 updates per epoch, 9 in all
-        checkpointing_steps="100",  # only the final state is saved (plus the stop)
+        save_steps="100",  # only the final state is saved (plus the stop)
     )
     full = train(tiny_vit(tmp_path, "full", **common))
     stopped = train(tiny_vit(tmp_path, "split", stop_after_steps=4, **common))
@@ -149,10 +149,10 @@ def test_resume_mid_epoch_is_bitwise_identical(tmp_path):
 
 # ---------------------------------------------------------------------------------------------------- bad input
 def test_unknown_column_is_named(tmp_path):
-    with pytest.raises(ValueError, match=r"--image_column='photo'.*Available columns: \['image', 'label'\]"):
-        train(tiny_vit(tmp_path, image_column="photo"))
-    with pytest.raises(ValueError, match=r"--label_column='digit'"):
-        train(tiny_vit(tmp_path, label_column="digit"))
+    with pytest.raises(ValueError, match=r"--image_column_name='photo'.*Available columns: \['image', 'label'\]"):
+        train(tiny_vit(tmp_path, image_column_name="photo"))
+    with pytest.raises(ValueError, match=r"--label_column_name='digit'"):
+        train(tiny_vit(tmp_path, label_column_name="digit"))
 
 
 def test_label_count_mismatch_is_named(tmp_path):
@@ -188,7 +188,7 @@ def test_resume_refuses_missing_paths_and_other_models(tmp_path):
     "overrides, message",
     [
         (dict(per_device_train_batch_size=0), "--per_device_train_batch_size must be a positive integer"),
-        (dict(checkpointing_steps="often"), "--checkpointing_steps must be"),
+        (dict(save_steps="often"), "--save_steps must be"),
         (dict(mixed_precision="fp8"), "--mixed_precision must be one of"),
         (dict(push_to_hub=True), "--push_to_hub needs --hub_model_id"),
         (dict(train_dir="a", train_file="b.csv"), "either --train_dir"),
@@ -200,10 +200,10 @@ def test_bad_arguments(tmp_path, overrides, message):
 
 
 def test_cli_parser_uses_family_defaults():
-    vit = parse_args("vit", ["--output_dir", "x", "--max_train_steps", "5", "--activation_checkpointing"])
-    assert (vit.family, vit.max_train_steps, vit.activation_checkpointing, vit.learning_rate) == ("vit", 5, True, 2e-3)
+    vit = parse_args("vit", ["--output_dir", "x", "--max_steps", "5", "--activation_checkpointing"])
+    assert (vit.family, vit.max_steps, vit.activation_checkpointing, vit.learning_rate) == ("vit", 5, True, 2e-3)
     s2s = parse_args("seq2seq", [])
-    assert (s2s.learning_rate, s2s.adam_beta2, s2s.adam_epsilon, s2s.label_smoothing) == (1.0, 0.98, 1e-9, 0.1)
+    assert (s2s.learning_rate, s2s.adam_beta2, s2s.adam_epsilon, s2s.label_smoothing_factor) == (1.0, 0.98, 1e-9, 0.1)
 
 
 def test_image_folder_user_data(tmp_path):
@@ -224,7 +224,7 @@ def test_image_folder_user_data(tmp_path):
         tmp_path,
         train_dir=str(tmp_path / "images"),
         max_train_samples=None,
-        max_train_steps=2,
+        max_steps=2,
         per_device_train_batch_size=8,
         config_overrides=TINY_VIT + ",image_size=8,patch_size=2",
     )
@@ -239,9 +239,9 @@ def test_image_folder_user_data(tmp_path):
 def test_sigterm_saves_the_state_and_exits_cleanly(tmp_path):
     output_dir = tmp_path / "sigterm"
     command = [
-        sys.executable, str(REPO_ROOT / "scripts" / "train_vit.py"), "--output_dir", str(output_dir),
+        sys.executable, "-m", "hf_vit_plus.cli", "train", "vit", "--output_dir", str(output_dir),
         "--config_overrides", TINY_VIT, "--report_to", "none", "--num_train_epochs", "1000",
-        "--max_train_samples", "64", "--per_device_train_batch_size", "16", "--checkpointing_steps", "none",
+        "--max_train_samples", "64", "--per_device_train_batch_size", "16", "--save_steps", "none",
     ]  # fmt: skip
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO_ROOT))
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
@@ -268,7 +268,7 @@ def test_sigterm_saves_the_state_and_exits_cleanly(tmp_path):
 
 
 def test_bf16_mixed_precision_trains(tmp_path):
-    result = train(tiny_vit(tmp_path, mixed_precision="bf16", max_train_steps=3))
+    result = train(tiny_vit(tmp_path, mixed_precision="bf16", max_steps=3))
     losses = [e["loss"] for e in result.log_history if "loss" in e]
     assert len(losses) == 3 and all(0 < loss < 10 for loss in losses)
     weights = load_file(tmp_path / "run" / "model.safetensors")
@@ -304,8 +304,8 @@ def test_seq2seq_stop_and_resume_reuses_the_trained_tokenizer(tmp_path):
         write_card=False,
         max_train_samples=128,
         max_eval_samples=16,
-        max_train_steps=6,
-        checkpointing_steps="none",
+        max_steps=6,
+        save_steps="none",
         logging_steps=1,
     )
     stopped = train(family_arguments("seq2seq", stop_after_steps=2, **common))
@@ -316,3 +316,57 @@ def test_seq2seq_stop_and_resume_reuses_the_trained_tokenizer(tmp_path):
     in_checkpoint = json.loads((stopped.last_checkpoint / "processor" / "tokenizer.json").read_text())
     assert saved["model"]["vocab"] == in_checkpoint["model"]["vocab"]
     assert set(resumed.eval_metrics) >= {"loss", "perplexity", "token_accuracy", "exact_match"}
+
+
+# ------------------------------------------------------------------------------------------------ regressions
+def test_fine_tuning_a_saved_vit(tmp_path):
+    """--model_name_or_path of a saved ViT (it crashed: the labels went to the model's __init__); with
+    --ignore_mismatched_sizes a head of another size is replaced."""
+    from hf_vit_plus import ViTPlusConfig, ViTPlusForImageClassification
+
+    for num_labels in (10, 3):
+        config = ViTPlusConfig(image_size=8, patch_size=2, num_channels=1, hidden_size=32, num_hidden_layers=1,
+                               num_attention_heads=2, intermediate_size=64, num_labels=num_labels)  # fmt: skip
+        saved, run = tmp_path / f"saved{num_labels}", f"tuned{num_labels}"
+        ViTPlusForImageClassification(config).save_pretrained(saved)
+        result = train(tiny_vit(tmp_path, run, config_overrides=None, model_name_or_path=str(saved),
+                                ignore_mismatched_sizes=num_labels != 10, max_steps=1))  # fmt: skip
+        assert result.global_step == 1
+        tuned = json.loads((tmp_path / run / "config.json").read_text())
+        assert tuned["id2label"]["0"] == "zero" and len(tuned["id2label"]) == 10
+
+
+def test_train_runs_outside_the_main_thread(tmp_path):
+    """Signals belong to the main thread: a run in another thread (a notebook or service worker) must not fail when
+    it gives the SIGTERM handler back (it raised ValueError at the end of every run)."""
+    import threading
+
+    results, errors = [], []
+
+    def run():
+        try:
+            results.append(train(tiny_vit(tmp_path, max_steps=1)))
+        except Exception as error:  # reported by the assertion below
+            errors.append(error)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    assert not errors and results[0].global_step == 1, errors
+
+
+def test_a_seq2seq_config_folder_gets_the_runs_label_smoothing_and_vocabulary(tmp_path):
+    """A fresh seq2seq model from a --config_name folder is sized for the tokenizer and uses
+    --label_smoothing_factor, as one from a preset or the default config does (the folder's values were kept)."""
+    from hf_vit_plus import Seq2SeqTransformerConfig
+    from hf_vit_plus.training.families import get_family
+
+    Seq2SeqTransformerConfig(d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+                             decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, vocab_size=5000,
+                             label_smoothing=0.0).save_pretrained(tmp_path / "config")  # fmt: skip
+    args = family_arguments("seq2seq", output_dir=str(tmp_path / "run"), config_name=str(tmp_path / "config"),
+                            label_smoothing_factor=0.2, max_train_samples=200, vocab_size=300)  # fmt: skip
+    family = get_family("seq2seq")
+    model, tokenizer = family.build(args, family.load_data(args))
+    assert model.config.label_smoothing == 0.2 and model.config.vocab_size == len(tokenizer)
+    assert model.config.d_model == 32

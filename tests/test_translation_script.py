@@ -1,5 +1,6 @@
 """scripts/train_translation.py end to end on a data set in the WMT layout (a `translation` column of
-{lang: text} dicts, `train` and `validation` splits), the path `--dataset_name wmt14 --dataset_config de-en` takes.
+{lang: text} dicts, `train` and `validation` splits), the path `--dataset_name wmt14 --dataset_config_name de-en`
+takes.
 
 The data set is a local folder of JSON-lines files, which `datasets.load_dataset(name)` reads like a Hub repository:
 numbers written as digits ("en") -> English words ("words"), no network.

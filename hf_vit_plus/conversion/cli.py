@@ -12,10 +12,13 @@ logger = logging.getLogger(__name__)
 
 
 def add_parser(subparsers) -> None:
+    from ..cli import HelpFormatter
+
     parser = subparsers.add_parser(
         "convert",
         help="convert a timm or transformers ViT checkpoint to a ViTPlus checkpoint folder",
         description=__doc__,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("source", choices=["timm", "transformers"], help="where the checkpoint comes from")
     parser.add_argument(
@@ -23,7 +26,7 @@ def add_parser(subparsers) -> None:
         help="timm: a .safetensors state dict (or 'pretrained' to let timm download the named weights); "
         "transformers: a folder or Hub id of a ViTForImageClassification",
     )
-    parser.add_argument("output_dir", type=Path)
+    parser.add_argument("output_dir", type=Path, help="folder the ViTPlus checkpoint (model + processor) is saved to")
     parser.add_argument("--timm_name", default="vit_base_patch16_224", help="timm architecture name")
     parser.add_argument("--num_classes", type=int, default=None, help="timm: number of classes of the checkpoint")
     parser.add_argument("--image_size", type=int, default=None, help="timm: input resolution of the checkpoint")

@@ -10,7 +10,7 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from datasets import ClassLabel, Dataset, DatasetDict, load_dataset
+from datasets import ClassLabel, DatasetDict, load_dataset
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ def file_builder(path: str | Path) -> str:
 def load_user_dataset(
     *,
     dataset_name: str | None = None,
-    dataset_config: str | None = None,
+    dataset_config_name: str | None = None,
     train_dir: str | None = None,
     validation_dir: str | None = None,
     train_file: str | None = None,
@@ -43,7 +43,7 @@ def load_user_dataset(
     data has a `ClassLabel` column).
     """
     if dataset_name:
-        raw = load_dataset(dataset_name, dataset_config)
+        raw = load_dataset(dataset_name, dataset_config_name)
     elif train_dir:
         _require_exists(train_dir, "--train_dir")
         data_files = {"train": str(Path(train_dir) / "**")}
@@ -84,21 +84,6 @@ def ensure_validation_split(raw: DatasetDict, validation_split_percentage: float
         split = train.train_test_split(test_size=test_size, seed=seed)
     logger.info("No validation split: using %.1f%% of the training data.", validation_split_percentage)
     return DatasetDict(train=split["train"], validation=split["test"])
-
-
-def check_columns(
-    dataset: Dataset | DatasetDict, required: dict[str, str | None], *, source: str = "data set"
-) -> None:
-    """`required` maps a role (e.g. "--image_column") to a column name; raise a `ValueError` naming every
-    missing one and the columns that exist."""
-    splits = dataset.values() if isinstance(dataset, DatasetDict) else [dataset]
-    for split in splits:
-        missing = {
-            role: name for role, name in required.items() if name is not None and name not in split.column_names
-        }
-        if missing:
-            wanted = ", ".join(f"{role}={name!r}" for role, name in missing.items())
-            raise ValueError(f"Unknown column(s) in the {source}: {wanted}. Available columns: {split.column_names}.")
 
 
 def pick_column(column_names: Sequence[str], requested: str | None, candidates: Sequence[str], role: str) -> str:

@@ -51,7 +51,7 @@ FAMILIES: dict[str, dict[str, Any]] = {
          "max_position_embeddings", "normalize_before", "scale_embedding", "tie_word_embeddings", "dropout",
          "label_smoothing"),
     ),
-    "sparse_lm": _family(
+    "sparse-lm": _family(
         "text-generation",
         "Text Generation",
         ("sparse_transformer",),
@@ -61,6 +61,8 @@ FAMILIES: dict[str, dict[str, Any]] = {
          "sparse_num_summary_blocks", "sparse_pattern_mode"),
     ),
 }  # fmt: skip
+# Family names of release 0.1, still accepted.
+FAMILY_ALIASES = {"sparse_lm": "sparse-lm"}
 
 # Keys of `trainer.evaluate()` output that describe the run, not the model: kept out of the model-index.
 _BOOKKEEPING = re.compile(r"(^|_)(runtime|samples_per_second|steps_per_second|model_preparation_time)$|^(epoch|step)$")
@@ -82,15 +84,21 @@ PIPELINE_TAGS = frozenset(
 FIGURE_SUFFIXES = (".png", ".jpg", ".jpeg", ".svg", ".gif")
 
 
-def template_path(family: str) -> Path:
-    """The Jinja template of `family` ("vit", "seq2seq" or "sparse_lm")."""
+def check_family(family: str) -> str:
+    """`family` ("vit", "seq2seq" or "sparse-lm"; an old spelling is accepted), or a ValueError naming it."""
+    family = FAMILY_ALIASES.get(family, family)
     if family not in FAMILIES:
         raise ValueError(f"Unknown model family {family!r}; expected one of {sorted(FAMILIES)}.")
-    return TEMPLATES_DIR / f"{family}.md"
+    return family
+
+
+def template_path(family: str) -> Path:
+    """The Jinja template of `family` ("vit", "seq2seq" or "sparse-lm")."""
+    return TEMPLATES_DIR / f"{check_family(family)}.md"
 
 
 def family_of(model_config) -> str | None:
-    """The card family ("vit", "seq2seq", "sparse_lm") of a config or config dict, by its `model_type`; None for a
+    """The card family ("vit", "seq2seq", "sparse-lm") of a config or config dict, by its `model_type`; None for a
     model type that is not one of this project's."""
     model_type = _config_dict(model_config).get("model_type")
     return next((name for name, spec in FAMILIES.items() if model_type in spec["model_types"]), None)
@@ -200,7 +208,7 @@ def write_model_card(
 
     Args:
         output_dir: the checkpoint folder (it must exist; figures outside it are copied into it).
-        family: "vit", "seq2seq" or "sparse_lm".
+        family: "vit", "seq2seq" or "sparse-lm".
         model_config: the model's `PretrainedConfig` (or its dict); its architecture fields go in a table.
         training_args: hyperparameters for the table (e.g. selected `TrainingArguments` fields).
         eval_results: metric name -> number, e.g. `trainer.evaluate()`; numbers go into the model-index
@@ -217,7 +225,7 @@ def write_model_card(
     output_dir = Path(output_dir)
     if not output_dir.is_dir():
         raise FileNotFoundError(f"output_dir {str(output_dir)!r} is not an existing folder.")
-    template_path(family)  # raises ValueError naming an unknown family
+    family = check_family(family)
     spec = FAMILIES[family]
     if not isinstance(dataset_name, str) or not dataset_name.strip():
         raise ValueError(f"dataset_name must be a non-empty string, got {dataset_name!r}.")
@@ -273,7 +281,7 @@ def model_card_from_config(
     Args:
         model_config: the model's `PretrainedConfig` (or its dict).
         repo_id: the Hub id used in the title and the loading examples.
-        family: "vit", "seq2seq" or "sparse_lm" (default: from the config's `model_type`).
+        family: "vit", "seq2seq" or "sparse-lm" (default: from the config's `model_type`).
         tags: extra Hub tags, added after the family's.
         license: a Hub license id.
         language: language codes for the metadata (text models).
@@ -289,7 +297,7 @@ def model_card_from_config(
                 f"No model card family for model_type {config.get('model_type')!r}; expected one of "
                 f"{sorted(t for spec in FAMILIES.values() for t in spec['model_types'])}, or pass family=."
             )
-    template_path(family)  # validates `family`
+    family = check_family(family)
     if config.get("model_type") not in FAMILIES[family]["model_types"]:
         raise ValueError(f"family {family!r} does not match the config's model_type {config.get('model_type')!r}.")
     if not isinstance(repo_id, str) or not repo_id.strip():
@@ -396,46 +404,45 @@ def _check_str_list(metadata: dict, key: str, errors: list[str], required: bool)
         errors.append(f"'{key}' must be a non-empty list of non-empty strings, got {metadata[key]!r}")
 
 
+def _items(value, where: str, errors: list[str], name: str | None = None) -> list[tuple[str, Any]]:
+    """(location, item) for each item of `value`, which must be a non-empty list (else an error naming it)."""
+    if not isinstance(value, list) or not value:
+        errors.append(f"{name or where} must be a non-empty list")
+        return []
+    return [(f"{where}[{i}]", item) for i, item in enumerate(value)]
+
+
 def _check_model_index(model_index, errors: list[str]) -> None:
-    if not isinstance(model_index, list) or not model_index:
-        errors.append("'model-index' must be a non-empty list")
-        return
-    for i, model in enumerate(model_index):
-        where = f"model-index[{i}]"
+    for where, model in _items(model_index, "model-index", errors, name="'model-index'"):
         if not isinstance(model, dict):
             errors.append(f"{where} must be a mapping")
             continue
         if not isinstance(model.get("name"), str) or not model["name"]:
             errors.append(f"{where}.name must be a non-empty string")
-        results = model.get("results")
-        if not isinstance(results, list) or not results:
-            errors.append(f"{where}.results must be a non-empty list")
+        for result_where, result in _items(model.get("results"), f"{where}.results", errors):
+            if isinstance(result, dict):
+                _check_result(result, result_where, errors)
+            else:
+                errors.append(f"{result_where} must be a mapping")
+
+
+def _check_result(result: dict, where: str, errors: list[str]) -> None:
+    """One entry of a model-index's results: a Hub task, a named dataset, finite metric values."""
+    task = result.get("task")
+    if not isinstance(task, dict) or not isinstance(task.get("type"), str):
+        errors.append(f"{where}.task.type must be a string")
+    elif task["type"] not in PIPELINE_TAGS:
+        errors.append(f"{where}.task.type {task['type']!r} is not a Hub task")
+    dataset = result.get("dataset")
+    if not isinstance(dataset, dict) or not all(isinstance(dataset.get(k), str) for k in ("name", "type")):
+        errors.append(f"{where}.dataset must have string 'name' and 'type'")
+    for metric_where, metric in _items(result.get("metrics"), f"{where}.metrics", errors):
+        if not isinstance(metric, dict) or not isinstance(metric.get("type"), str) or not metric["type"]:
+            errors.append(f"{metric_where}.type must be a non-empty string")
             continue
-        for j, result in enumerate(results):
-            rwhere = f"{where}.results[{j}]"
-            if not isinstance(result, dict):
-                errors.append(f"{rwhere} must be a mapping")
-                continue
-            task = result.get("task")
-            if not isinstance(task, dict) or not isinstance(task.get("type"), str):
-                errors.append(f"{rwhere}.task.type must be a string")
-            elif task["type"] not in PIPELINE_TAGS:
-                errors.append(f"{rwhere}.task.type {task['type']!r} is not a Hub task")
-            dataset = result.get("dataset")
-            if not isinstance(dataset, dict) or not all(isinstance(dataset.get(k), str) for k in ("name", "type")):
-                errors.append(f"{rwhere}.dataset must have string 'name' and 'type'")
-            metrics = result.get("metrics")
-            if not isinstance(metrics, list) or not metrics:
-                errors.append(f"{rwhere}.metrics must be a non-empty list")
-                continue
-            for k, metric in enumerate(metrics):
-                mwhere = f"{rwhere}.metrics[{k}]"
-                if not isinstance(metric, dict) or not isinstance(metric.get("type"), str) or not metric["type"]:
-                    errors.append(f"{mwhere}.type must be a non-empty string")
-                    continue
-                value = metric.get("value")
-                if not _is_number(value) or not math.isfinite(value):
-                    errors.append(f"{mwhere}.value must be a finite number, got {value!r}")
+        value = metric.get("value")
+        if not _is_number(value) or not math.isfinite(value):
+            errors.append(f"{metric_where}.value must be a finite number, got {value!r}")
 
 
 def validate_card_metadata(path: str | Path, *, require_datasets: bool = True) -> list[str]:

@@ -9,6 +9,8 @@ from ..errors import UsageError
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
+    from ..cli import HelpFormatter
+
     parser = subparsers.add_parser(
         "push",
         help="push a checkpoint folder (safetensors, config, model code, card) to the Hub",
@@ -19,20 +21,27 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
             "rendered from config.json (the folder itself is only read). "
             "The endpoint is HF_ENDPOINT (default https://huggingface.co)."
         ),
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("dir", help="checkpoint folder")
     parser.add_argument("repo_id", help="Hub repository id, 'namespace/name'")
-    parser.add_argument("--revision", "--branch", dest="revision", default=None, help="branch to push to (main)")
+    parser.add_argument("--revision", default=None, help="branch to push to (default: main)")
     parser.add_argument(
         "--no_create_branch",
-        "--no-create-branch",
         dest="create_branch",
         action="store_false",
         help="fail instead of creating --revision when it does not exist",
     )
     parser.add_argument("--private", action="store_true", help="create the repository private")
     parser.add_argument("--token", default=None, help="Hub token (default: HF_TOKEN or the saved login)")
-    parser.add_argument("--commit_message", "--commit-message", dest="commit_message", default=None)
+    parser.add_argument(
+        "--commit_message", default=None, help="title of the commit (default: 'Upload DIR with hf_vit_plus')"
+    )
+    # Other spellings accepted before, hidden: --branch, and dashes for underscores.
+    hidden = dict(default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    parser.add_argument("--branch", dest="revision", **hidden)
+    parser.add_argument("--no-create-branch", dest="create_branch", action="store_false", **hidden)
+    parser.add_argument("--commit-message", dest="commit_message", **hidden)
     parser.set_defaults(func=run)
     return parser
 

@@ -16,6 +16,7 @@ Call it from the main process only (e.g. under `if accelerator.is_main_process:`
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import tempfile
@@ -239,28 +240,24 @@ def push_checkpoint(
     return info
 
 
-def push_model(
-    model,
-    repo_id: str,
-    *,
-    commit_message: str | None = None,
-    commit_description: str | None = None,
-    private: bool | None = None,
-    token: bool | str | None = None,
-    revision: str | None = None,
-    create_pr: bool = False,
-    max_shard_size: int | str | None = "50GB",
-    tags: list[str] | str | None = None,
-):
+def push_model(model, repo_id: str, **options):
     """`model.push_to_hub(repo_id, ...)` for the project's models: transformers' steps (create the repository,
     `save_pretrained` into a temporary folder, create the branch, one commit) with the family's model card as
     README.md instead of transformers' stock card.
 
     The README.md already in the repository (on `revision` when it exists, else the default branch) is kept: it is
     left out of the commit, or, when `tags` (with the model's `model_tags`) adds tags it lacks, loaded and pushed
-    back with those tags appended, as transformers does. Arguments and return value (a `CommitInfo`) are those of
-    transformers' `PreTrainedModel.push_to_hub`; Hub errors propagate as transformers' do.
+    back with those tags appended, as transformers does. `options` and the return value (a `CommitInfo`) are those
+    of transformers' `PreTrainedModel.push_to_hub`, declared once, with their defaults, by
+    `hf_vit_plus.models.hub_mixin.HubMixin.push_to_hub`; Hub errors propagate as transformers' do.
     """
+    from ..models.hub_mixin import HubMixin
+
+    bound = inspect.signature(HubMixin.push_to_hub).bind(model, repo_id, **options)  # a TypeError names a typo
+    bound.apply_defaults()
+    options = bound.arguments
+    token, revision = options["token"], options["revision"]
+
     from .card import family_of, model_card_from_config
 
     if family_of(model.config) is None:
@@ -268,16 +265,15 @@ def push_model(
             f"push_model renders the card of an hf_vit_plus family; {type(model).__name__} has model_type "
             f"{getattr(model.config, 'model_type', None)!r}."
         )
-    if isinstance(tags, str):
-        tags = [tags]
-    extra_tags = list(dict.fromkeys([*(getattr(model, "model_tags", None) or []), *(tags or [])]))
+    tags = [options["tags"]] if isinstance(options["tags"], str) else options["tags"] or []
+    extra_tags = list(dict.fromkeys([*(getattr(model, "model_tags", None) or []), *tags]))
     api = HfApi(token=token)
-    repo_id = api.create_repo(repo_id, private=private, token=token, exist_ok=True).repo_id
+    repo_id = api.create_repo(repo_id, private=options["private"], token=token, exist_ok=True).repo_id
     if revision is not None and not revision.startswith("refs/pr"):
         try:
             api.create_branch(repo_id, branch=revision, token=token, exist_ok=True)
         except HfHubHTTPError as err:  # as transformers: a PR on a repository we cannot write to
-            if not (create_pr and err.response is not None and err.response.status_code == 403):
+            if not (options["create_pr"] and err.response is not None and err.response.status_code == 403):
                 raise
     try:
         existing = api.hf_hub_download(repo_id, "README.md", revision=revision, token=token)
@@ -285,7 +281,7 @@ def push_model(
         existing = None
 
     with tempfile.TemporaryDirectory() as tmp_dir:
-        model.save_pretrained(tmp_dir, max_shard_size=max_shard_size)
+        model.save_pretrained(tmp_dir, max_shard_size=options["max_shard_size"])
         readme = Path(tmp_dir) / "README.md"
         if existing is None:
             model_card_from_config(model.config, repo_id=repo_id, tags=extra_tags).save(readme)
@@ -302,8 +298,8 @@ def push_model(
         return api.upload_folder(
             repo_id=repo_id,
             folder_path=tmp_dir,
-            commit_message=commit_message or "Upload model",
-            commit_description=commit_description,
+            commit_message=options["commit_message"] or "Upload model",
+            commit_description=options["commit_description"],
             revision=revision,
-            create_pr=create_pr,
+            create_pr=options["create_pr"],
         )

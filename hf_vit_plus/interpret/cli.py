@@ -46,26 +46,24 @@ def existing_file(text: str) -> Path:
     return path
 
 
-def positive_int(text: str) -> int:
-    """argparse `type` of a count or a length."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+def checked_number(convert: type, accept, expected: str):
+    """An argparse `type` that reads a number with `convert` and refuses (one line, exit status 2) what `accept`
+    rejects, saying what was `expected`."""
+
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            value = None
+        if value is None or not accept(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
+
+    return parse
 
 
-def unit_interval(text: str) -> float:
-    """argparse `type` of a weight in [0, 1]."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}") from None
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}")
-    return value
+positive_int = checked_number(int, lambda value: value >= 1, "a positive integer")  # a count or a length
+unit_interval = checked_number(float, lambda value: 0.0 <= value <= 1.0, "a number in [0, 1]")  # a weight
 
 
 def load_checkpoint(checkpoint: str | Path, trust_remote_code: bool = False):
@@ -235,6 +233,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def add_parser(subparsers) -> None:
+    from ..cli import HelpFormatter
+
     parser = subparsers.add_parser(
         "explain",
         help="interpretability figures: attention rollout, attention distance, embeddings, patterns",
@@ -244,7 +244,7 @@ def add_parser(subparsers) -> None:
     modes = parser.add_subparsers(dest="mode", required=True)
 
     def mode(name: str, func, help_text: str, default_output: str | None, checkpoint: str = "required"):
-        sub = modes.add_parser(name, help=help_text, description=help_text)
+        sub = modes.add_parser(name, help=help_text, description=help_text, formatter_class=HelpFormatter)
         if checkpoint == "required":
             sub.add_argument("checkpoint", help="saved model folder or Hub id")
         elif checkpoint == "optional":
@@ -262,7 +262,9 @@ def add_parser(subparsers) -> None:
     sub.add_argument(
         "--residual_weight", type=unit_interval, default=0.5, help="weight of the identity (Abnar & Zuidema)"
     )
-    sub.add_argument("--head_fusion", choices=["mean", "max", "min"], default="mean")
+    sub.add_argument(
+        "--head_fusion", choices=["mean", "max", "min"], default="mean", help="how a layer's heads are combined"
+    )
 
     sub = mode(
         "distance",
@@ -272,7 +274,7 @@ def add_parser(subparsers) -> None:
     )
     sub.add_argument("images", nargs="*", type=existing_file, help="image files (none: N(0, 1) noise inputs)")
     sub.add_argument("--num_random", type=positive_int, default=16, help="noise inputs when no images are given")
-    sub.add_argument("--seed", type=int, default=0)
+    sub.add_argument("--seed", type=int, default=0, help="random seed of the noise inputs")
 
     mode(
         "positions",
@@ -287,7 +289,7 @@ def add_parser(subparsers) -> None:
         "principal components of the patch-embedding filters (ViT Fig. 7 left)",
         "patch_embedding_components.png",
     )
-    sub.add_argument("--num_components", type=positive_int, default=28)
+    sub.add_argument("--num_components", type=positive_int, default=28, help="principal components drawn")
 
     sub = mode(
         "pattern",
@@ -314,5 +316,5 @@ def add_parser(subparsers) -> None:
 
     sub = mode("all", _all, "every figure of a ViT checkpoint into a folder (for its model card)", None)
     sub.add_argument("images", nargs="+", type=existing_file, help="image files")
-    sub.add_argument("--output_dir", type=Path, default=Path("figures"))
+    sub.add_argument("--output_dir", type=Path, default=Path("figures"), help="folder the PNGs are written to")
     sub.add_argument("--max_images", type=positive_int, default=4, help="images shown in attention_maps.png")

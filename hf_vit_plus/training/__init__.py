@@ -1,8 +1,8 @@
 """Training on Accelerate: one loop (`loop.train`) for the three families, their per-family pieces
-(`families`), the shared command-line arguments (`args`), the `train` / `demo` sub-commands (`cli`) and the
-learning-rate schedules of the papers (`schedules`).
+(`families`), the options of a run (`args`), the `train` / `demo` sub-commands (`cli`), the learning-rate schedules
+of the papers (`schedules`) and checkpoint averaging (`averaging`).
 
-Importing this package is cheap: the loop and the families import their heavy dependencies when used.
+Importing this package does not import the loop (Accelerate, datasets): `train` imports it when called.
 """
 
 from .args import FAMILIES, TrainingArguments, family_arguments, parse_args

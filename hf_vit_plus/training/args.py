@@ -1,8 +1,14 @@
-"""Command-line arguments of the training scripts, shared by the three families.
+"""The options of a training run, one dataclass for the three families.
 
-Every option lives in one dataclass, `TrainingArguments`, so the library loop can be called from Python
-(`train(TrainingArguments(family="vit", ...))`) and from the command line (`parse_args("vit", argv)`) alike.
-Each family supplies its own defaults (`FAMILY_DEFAULTS`): the same flag means the same thing everywhere.
+`TrainingArguments` serves the library loop from Python (`train(family_arguments("vit", ...))`) and the command
+line (`hf-vit-plus train vit ...`) alike. Each field carries its help text and the families it applies to in its
+metadata, as transformers' `HfArgumentParser` reads them: `add_training_arguments` adds one flag per field of the
+family, so `train vit --help` lists no text-only flag. Each family supplies its own defaults (`FAMILY_DEFAULTS`):
+the same flag means the same thing everywhere.
+
+Names follow transformers' `TrainingArguments` and its example scripts (`--max_steps`, `--lr_scheduler_type`,
+`--save_steps`, `--dataset_config_name`, ...). The names of release 0.1 (`RENAMED`) are still accepted: as hidden
+flags on the command line and as keywords of `family_arguments`.
 """
 
 from __future__ import annotations
@@ -10,80 +16,167 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..errors import UsageError, check_exists, check_model_location
 
 FAMILIES = ("vit", "seq2seq", "sparse-lm")
 SCHEDULERS = ("auto", "cosine", "noam", "linear", "constant")
 MIXED_PRECISION = ("no", "fp16", "bf16")
+TEXT_FAMILIES = ("seq2seq", "sparse-lm")
+
+# Release 0.1's names -> today's (transformers' names for the same options).
+RENAMED = {
+    "max_train_steps": "max_steps",
+    "lr_scheduler": "lr_scheduler_type",
+    "checkpointing_steps": "save_steps",
+    "checkpoints_total_limit": "save_total_limit",
+    "hub_private": "hub_private_repo",
+    "dataset_config": "dataset_config_name",
+    "image_column": "image_column_name",
+    "label_column": "label_column_name",
+    "label_smoothing": "label_smoothing_factor",
+}
+
+
+def _option(default: Any, help: str | dict[str, str], families: tuple[str, ...] = FAMILIES, choices=None):
+    """A field that is also a command-line flag. `help` may differ per family (a dict family -> text)."""
+    return field(default=default, metadata={"help": help, "families": families, "choices": choices})
 
 
 @dataclass
 class TrainingArguments:
     family: str = "vit"
-    output_dir: str = "outputs/run"
+    output_dir: str = _option("outputs/run", "where the final model, card, figures, logs and checkpoints/ go")
     # --- model
-    model_name_or_path: str | None = None
-    config_name: str | None = None
-    config_overrides: str | None = None
-    tokenizer_name: str | None = None
-    ignore_mismatched_sizes: bool = False
+    model_name_or_path: str | None = _option(
+        None, "fine-tune a saved model (folder or Hub id) instead of training a fresh one"
+    )
+    config_name: str | None = _option(
+        None,
+        {
+            "vit": "preset ({tiny,small,base,large,huge}-patch{14,16,32}-{224,384}, e.g. 'tiny-patch16-224') or "
+            "config folder of a fresh model; default: a small config for the data",
+            "seq2seq": "preset ('base' or 'big', the paper's) or config folder of a fresh model; default: a small "
+            "2+2-layer model",
+            "sparse-lm": "config folder or Hub id of a fresh model; default: a small 4-layer strided model",
+        },
+    )
+    config_overrides: str | None = _option(
+        None, "comma-separated config fields of the model, e.g. 'num_hidden_layers=2,hidden_size=64'"
+    )
+    tokenizer_name: str | None = _option(
+        None,
+        {
+            "seq2seq": "saved tokenizer (folder or Hub id); default: the model's own, else a byte-level BPE trained "
+            "on the data",
+            "sparse-lm": "saved tokenizer (folder or Hub id); default: the model's own, else the byte tokenizer",
+        },
+        TEXT_FAMILIES,
+    )
+    ignore_mismatched_sizes: bool = _option(
+        False, "replace a pretrained classification head of another size (another number of labels)", ("vit",)
+    )
     # --- data
-    dataset_name: str | None = None
-    dataset_config: str | None = None
-    train_dir: str | None = None
-    validation_dir: str | None = None
-    train_file: str | None = None
-    validation_file: str | None = None
-    image_column: str | None = None
-    label_column: str | None = None
-    source_column: str | None = None
-    target_column: str | None = None
-    text_column: str | None = None
-    validation_split_percentage: float = 10.0
-    max_train_samples: int | None = None
-    max_eval_samples: int | None = None
-    max_source_length: int = 64
-    max_target_length: int = 64
-    block_size: int = 128
-    vocab_size: int = 1000
-    dataloader_num_workers: int = 0
+    dataset_name: str | None = _option(
+        None,
+        "data set on the Hub (or a local folder `load_dataset` reads); default: the built-in data (vit: 8x8 "
+        "digits, seq2seq: numbers -> English words, sparse-lm: the Python standard library's sources)",
+    )
+    dataset_config_name: str | None = _option(None, "configuration of --dataset_name")
+    train_dir: str | None = _option(None, "image folder (one sub-folder per class) to train on", ("vit",))
+    validation_dir: str | None = _option(
+        None, "image folder to evaluate on (default: a split of --train_dir)", ("vit",)
+    )
+    train_file: str | None = _option(None, "text/csv/tsv/json(l) file to train on", TEXT_FAMILIES)
+    validation_file: str | None = _option(
+        None, "text/csv/tsv/json(l) file to evaluate on (default: a split of --train_file)", TEXT_FAMILIES
+    )
+    image_column_name: str | None = _option(
+        None, "column of the images (default: the first of image, img, picture)", ("vit",)
+    )
+    label_column_name: str | None = _option(
+        None, "column of the class labels (default: the first of label, labels, fine_label)", ("vit",)
+    )
+    source_column: str | None = _option(
+        None, "column of the source texts (default: the first of source, src, input)", ("seq2seq",)
+    )
+    target_column: str | None = _option(
+        None, "column of the target texts (default: the first of target, tgt, output)", ("seq2seq",)
+    )
+    text_column: str | None = _option(
+        None, "column of the texts (default: the first of text, content)", ("sparse-lm",)
+    )
+    validation_split_percentage: float = _option(
+        10.0, "percentage of the training data held out when the data has no validation split"
+    )
+    max_train_samples: int | None = _option(None, "train on the first N examples only (quick runs)")
+    max_eval_samples: int | None = _option(None, "evaluate on the first N examples only")
+    max_source_length: int = _option(64, "source tokens kept per example (longer ones are cut)", ("seq2seq",))
+    max_target_length: int = _option(64, "target tokens kept per example (longer ones are cut)", ("seq2seq",))
+    block_size: int = _option(128, "tokens per training sequence: the text is cut into blocks", ("sparse-lm",))
+    vocab_size: int = _option(1000, "size of the BPE vocabulary trained on the data", ("seq2seq",))
+    dataloader_num_workers: int = _option(0, "worker processes per data loader (0: the main process loads)")
     # --- optimisation
-    per_device_train_batch_size: int = 32
-    per_device_eval_batch_size: int = 64
-    gradient_accumulation_steps: int = 1
-    learning_rate: float = 1e-3
-    weight_decay: float = 0.05
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_epsilon: float = 1e-8
-    max_grad_norm: float = 1.0
-    num_train_epochs: float = 3.0
-    max_train_steps: int | None = None
-    lr_scheduler: str = "auto"
-    warmup_steps: int | None = None
-    warmup_ratio: float = 0.1
-    label_smoothing: float = 0.0
-    mixed_precision: str | None = None
-    activation_checkpointing: bool = False
-    use_cpu: bool = False
-    seed: int = 42
+    per_device_train_batch_size: int = _option(32, "training examples per process and micro-batch")
+    per_device_eval_batch_size: int = _option(64, "evaluation examples per process and batch")
+    gradient_accumulation_steps: int = _option(
+        1, "micro-batches per optimiser update (global batch: per-device batch x processes x this)"
+    )
+    learning_rate: float = _option(
+        1e-3,
+        {
+            "vit": "peak learning rate",
+            "seq2seq": "factor of the paper's warm-up schedule (1.0: the paper's absolute rates)",
+            "sparse-lm": "peak learning rate",
+        },
+    )
+    weight_decay: float = _option(0.05, "AdamW weight decay of the matrices (tensors of rank < 2 are not decayed)")
+    adam_beta1: float = _option(0.9, "Adam's beta1")
+    adam_beta2: float = _option(0.999, "Adam's beta2")
+    adam_epsilon: float = _option(1e-8, "Adam's epsilon")
+    max_grad_norm: float = _option(1.0, "clip the gradient norm to this value (0: no clipping)")
+    num_train_epochs: float = _option(3.0, "passes over the training data (unless --max_steps is given)")
+    max_steps: int | None = _option(None, "optimiser updates in all; overrides --num_train_epochs")
+    lr_scheduler_type: str = _option(
+        "auto",
+        {
+            "vit": "learning-rate schedule; 'auto': linear warm-up then cosine decay",
+            "seq2seq": "learning-rate schedule; 'auto': the paper's warm-up then inverse square root ('noam')",
+            "sparse-lm": "learning-rate schedule; 'auto': linear warm-up then cosine decay",
+        },
+        choices=SCHEDULERS,
+    )
+    warmup_steps: int | None = _option(None, "updates of warm-up (overrides --warmup_ratio)")
+    warmup_ratio: float = _option(0.1, "share of the updates spent warming up")
+    label_smoothing_factor: float = _option(
+        0.0, "label smoothing of the training loss (set in the model's config)", ("seq2seq",)
+    )
+    mixed_precision: str | None = _option(
+        None, "mixed precision; default: the accelerate config / launcher setting", choices=MIXED_PRECISION
+    )
+    activation_checkpointing: bool = _option(False, "recompute block activations in the backward pass (less memory)")
+    use_cpu: bool = _option(False, "train on the CPU even when an accelerator is present")
+    seed: int = _option(42, "random seed of the initial weights and of the data order")
     # --- logging, evaluation, checkpoints
-    logging_steps: int = 10
-    eval_steps: int | None = None
-    checkpointing_steps: str = "epoch"
-    checkpoints_total_limit: int | None = 2
-    resume_from_checkpoint: str | None = None
-    stop_after_steps: int | None = None
-    report_to: str = "tensorboard"
-    project_name: str | None = None
+    logging_steps: int = _option(10, "log the mean training loss every N updates")
+    eval_steps: int | None = _option(None, "evaluate every N updates (default: at the end of every epoch)")
+    save_steps: str = _option("epoch", "save the training state every N updates, at every 'epoch', or 'none'")
+    save_total_limit: int | None = _option(2, "training states kept in OUTPUT_DIR/checkpoints (the oldest go)")
+    resume_from_checkpoint: str | None = _option(
+        None, "training state to resume from: a checkpoint folder, or 'latest' (newest in OUTPUT_DIR/checkpoints)"
+    )
+    stop_after_steps: int | None = _option(
+        None, "stop after this many updates and save the state, to resume later (time-limited jobs)"
+    )
+    report_to: str = _option("tensorboard", "tracker(s) of accelerate's log_with: tensorboard, wandb, ..., all, none")
+    project_name: str | None = _option(None, "project name given to the trackers (default: hf_vit_plus-FAMILY)")
     # --- outputs
-    push_to_hub: bool = False
-    hub_model_id: str | None = None
-    hub_revision: str | None = None
-    hub_private: bool = False
-    write_card: bool = True
-    extra: dict = field(default_factory=dict)
+    push_to_hub: bool = _option(False, "push the model folder to the Hub at the end (needs --hub_model_id)")
+    hub_model_id: str | None = _option(None, "Hub repository to push to, 'namespace/name'")
+    hub_revision: str | None = _option(None, "branch to push to (created if missing; default: main)")
+    hub_private_repo: bool = _option(False, "create the Hub repository private")
+    write_card: bool = _option(True, "write README.md (the model card) and its figures next to the model")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -96,17 +189,17 @@ class TrainingArguments:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise UsageError(f"--{name} must be a positive integer, got {value!r}.")
-        for name in ("max_train_steps", "stop_after_steps", "eval_steps", "max_train_samples", "max_eval_samples"):
+        for name in ("max_steps", "stop_after_steps", "eval_steps", "max_train_samples", "max_eval_samples"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise UsageError(f"--{name} must be a positive integer, got {value!r}.")
         if self.logging_steps < 1:
             raise UsageError(f"--logging_steps must be a positive integer, got {self.logging_steps!r}.")
-        if self.lr_scheduler not in SCHEDULERS:
-            raise UsageError(f"--lr_scheduler must be one of {SCHEDULERS}, got {self.lr_scheduler!r}.")
+        if self.lr_scheduler_type not in SCHEDULERS:
+            raise UsageError(f"--lr_scheduler_type must be one of {SCHEDULERS}, got {self.lr_scheduler_type!r}.")
         if self.mixed_precision is not None and self.mixed_precision not in MIXED_PRECISION:
             raise UsageError(f"--mixed_precision must be one of {MIXED_PRECISION}, got {self.mixed_precision!r}.")
-        if self.num_train_epochs <= 0 and self.max_train_steps is None:
+        if self.num_train_epochs <= 0 and self.max_steps is None:
             raise UsageError(f"--num_train_epochs must be > 0, got {self.num_train_epochs!r}.")
         if self.learning_rate <= 0:
             raise UsageError(f"--learning_rate must be > 0, got {self.learning_rate!r}.")
@@ -116,11 +209,11 @@ class TrainingArguments:
             raise UsageError(
                 f"--validation_split_percentage must be in (0, 100), got {self.validation_split_percentage!r}."
             )
-        steps = self.checkpointing_steps
+        steps = self.save_steps
         if steps not in ("epoch", "none") and not (str(steps).isdigit() and int(steps) > 0):
-            raise UsageError(f"--checkpointing_steps must be 'epoch', 'none' or a positive integer, got {steps!r}.")
-        if self.checkpoints_total_limit is not None and self.checkpoints_total_limit < 1:
-            raise UsageError(f"--checkpoints_total_limit must be >= 1, got {self.checkpoints_total_limit!r}.")
+            raise UsageError(f"--save_steps must be 'epoch', 'none' or a positive integer, got {steps!r}.")
+        if self.save_total_limit is not None and self.save_total_limit < 1:
+            raise UsageError(f"--save_total_limit must be >= 1, got {self.save_total_limit!r}.")
         if self.push_to_hub and not self.hub_model_id:
             raise UsageError("--push_to_hub needs --hub_model_id (e.g. 'my-user/vit-digits').")
         if self.train_dir and self.train_file:
@@ -150,9 +243,9 @@ class TrainingArguments:
                 check_model_location(getattr(self, name), f"--{name}")
 
     @property
-    def checkpoint_every(self) -> int | None:
-        """Updates between two checkpoints; None when checkpoints are per epoch or switched off."""
-        return int(self.checkpointing_steps) if str(self.checkpointing_steps).isdigit() else None
+    def save_every(self) -> int | None:
+        """Updates between two saved training states; None when they are saved per epoch or not at all."""
+        return int(self.save_steps) if str(self.save_steps).isdigit() else None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -178,7 +271,7 @@ FAMILY_DEFAULTS: dict[str, dict] = {
         num_train_epochs=10.0,
         per_device_train_batch_size=32,
         warmup_steps=200,
-        label_smoothing=0.1,
+        label_smoothing_factor=0.1,
         max_grad_norm=0.0,
     ),
     "sparse-lm": dict(
@@ -192,36 +285,6 @@ FAMILY_DEFAULTS: dict[str, dict] = {
     ),
 }
 
-_HELP = {
-    "output_dir": "where the final model, card, figures, logs and checkpoints/ are written",
-    "model_name_or_path": "start from a saved model (folder or Hub id) instead of a fresh one",
-    "config_name": "preset or config folder of a fresh model (ViT: e.g. 'tiny-patch16-224'; default: the family's "
-    "small built-in config)",
-    "config_overrides": "comma-separated config fields, e.g. 'num_hidden_layers=2,hidden_size=64'",
-    "tokenizer_name": "saved tokenizer folder (text families); default: a BPE tokenizer trained on the data",
-    "ignore_mismatched_sizes": "allow a pretrained head of another size to be replaced (new number of labels)",
-    "dataset_name": "data set on the Hub (or a local folder `load_dataset` understands)",
-    "dataset_config": "configuration of --dataset_name",
-    "train_dir": "image folder (class sub-folders) for training",
-    "validation_dir": "image folder for evaluation (default: a split of --train_dir)",
-    "train_file": "text/csv/json(l) file for training",
-    "validation_file": "text/csv/json(l) file for evaluation (default: a split of --train_file)",
-    "checkpointing_steps": "save the training state every N updates, every 'epoch', or 'none'",
-    "resume_from_checkpoint": "checkpoint folder to resume from, or 'latest' (newest under OUTPUT_DIR/checkpoints)",
-    "stop_after_steps": "stop after this many updates, saving the state to resume later (time-limited jobs)",
-    "report_to": "tracker(s) for accelerate's log_with: tensorboard, wandb, ..., 'all' or 'none'",
-    "lr_scheduler": "'auto' is the family's schedule: warm-up + cosine (ViT, LM), the paper's warm-up (seq2seq)",
-    "mixed_precision": "default: the accelerate config / launcher setting",
-    "activation_checkpointing": "recompute block activations in the backward pass to save memory",
-    "use_cpu": "train on the CPU even when a GPU is present (always the case on a machine without one)",
-    "hub_revision": "branch to push to (created if missing)",
-    "write_card": "write README.md (model card) and figures next to the model",
-}
-
-
-# Flags with a fixed set of values: argparse refuses the others itself.
-_CHOICES = {"mixed_precision": MIXED_PRECISION, "lr_scheduler": SCHEDULERS}
-
 
 def _parse_bool(text: str) -> bool:
     lowered = str(text).lower()
@@ -229,40 +292,50 @@ def _parse_bool(text: str) -> bool:
         return True
     if lowered in ("0", "false", "no", "n"):
         return False
-    raise argparse.ArgumentTypeError(f"expected a boolean, got {text!r}")
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
 def add_training_arguments(parser: argparse.ArgumentParser, family: str) -> argparse.ArgumentParser:
-    """Add one flag per field of `TrainingArguments`, with the family's defaults."""
+    """Add one flag per field of `TrainingArguments` that applies to `family`, with the family's defaults and help;
+    release 0.1's names (`RENAMED`) are added as hidden flags with the same destination."""
     if family not in FAMILIES:
         raise ValueError(f"Unknown family {family!r}; expected one of {FAMILIES}.")
-    defaults = {f.name: (f.default if f.default is not dataclasses.MISSING else None) for f in _fields()}
-    defaults.update(FAMILY_DEFAULTS[family])
-    for f in _fields():
-        kind = _base_type(f.type)
-        kwargs = dict(default=defaults[f.name], help=_HELP.get(f.name))
-        if kind is bool:
-            if defaults[f.name]:
-                kwargs.update(type=_parse_bool, nargs="?", const=True)
+    old_names = {new: old for old, new in RENAMED.items()}
+    for f in flag_fields(family):
+        default = FAMILY_DEFAULTS[family].get(f.name, f.default)
+        help_text = f.metadata["help"]
+        if isinstance(help_text, dict):
+            help_text = help_text[family]
+        kwargs: dict[str, Any] = dict(default=default, help=help_text)
+        if _base_type(f.type) is bool:
+            if default:  # `--write_card false` switches it off
+                kwargs.update(type=_parse_bool, nargs="?", const=True, metavar="{true,false}")
             else:
                 kwargs.update(action="store_true")
         else:
-            kwargs["type"] = kind
-        if f.name in _CHOICES:
-            kwargs["choices"] = _CHOICES[f.name]
+            kwargs.update(type=_base_type(f.type), choices=f.metadata["choices"])
         parser.add_argument(f"--{f.name}", **kwargs)
+        if f.name in old_names:
+            hidden = dict(kwargs, help=argparse.SUPPRESS, default=argparse.SUPPRESS)
+            parser.add_argument(f"--{old_names[f.name]}", dest=f.name, **hidden)
     parser.set_defaults(family=family)
     return parser
 
 
 def args_from_namespace(namespace: argparse.Namespace) -> TrainingArguments:
-    values = {f.name: getattr(namespace, f.name) for f in _fields() if hasattr(namespace, f.name)}
+    """`TrainingArguments` of a namespace parsed by `add_training_arguments` (fields without a flag keep their
+    defaults)."""
+    values = {f.name: getattr(namespace, f.name) for f in flag_fields() if hasattr(namespace, f.name)}
     return TrainingArguments(family=namespace.family, **values)
 
 
 def parse_args(family: str, argv: list[str] | None = None) -> TrainingArguments:
     """Parse `argv` (default: sys.argv); a bad value exits with argparse's error (status 2)."""
-    parser = argparse.ArgumentParser(description=f"Train the {family} family with Accelerate.")
+    from ..cli import HelpFormatter
+
+    parser = argparse.ArgumentParser(
+        description=f"Train the {family} family with Accelerate.", formatter_class=HelpFormatter
+    )
     add_training_arguments(parser, family)
     namespace = parser.parse_args(argv)
     try:
@@ -271,15 +344,26 @@ def parse_args(family: str, argv: list[str] | None = None) -> TrainingArguments:
         parser.error(str(error))
 
 
-def family_arguments(family: str, **overrides) -> TrainingArguments:
-    """`TrainingArguments` with the family's defaults and `overrides` (the Python spelling of the CLI)."""
-    values = dict(FAMILY_DEFAULTS[family])
-    values.update(overrides)
-    return TrainingArguments(family=family, **values)
+def family_arguments(family: str, **values) -> TrainingArguments:
+    """`TrainingArguments` with the family's defaults and `values` (the Python spelling of the command line;
+    release 0.1's names are accepted)."""
+    if family not in FAMILY_DEFAULTS:
+        raise UsageError(f"Unknown family {family!r}; expected one of {FAMILIES}.")
+    for old, new in RENAMED.items():
+        if old in values:
+            if new in values:
+                raise UsageError(f"Give {new}= or its old name {old}=, not both.")
+            values[new] = values.pop(old)
+    return TrainingArguments(family=family, **{**FAMILY_DEFAULTS[family], **values})
 
 
-def _fields() -> list[dataclasses.Field]:
-    return [f for f in dataclasses.fields(TrainingArguments) if f.name not in ("family", "extra")]
+def flag_fields(family: str | None = None) -> list[dataclasses.Field]:
+    """The fields of `TrainingArguments` that are command-line flags (of `family`, when given)."""
+    return [
+        f
+        for f in dataclasses.fields(TrainingArguments)
+        if "help" in f.metadata and (family is None or family in f.metadata["families"])
+    ]
 
 
 def _base_type(annotation) -> type:

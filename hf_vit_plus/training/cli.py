@@ -8,18 +8,30 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
 from ..errors import UsageError
 from .args import FAMILIES, TrainingArguments, add_training_arguments, args_from_namespace, family_arguments
 
-DEMO_DEFAULTS = dict(num_train_epochs=30.0, checkpointing_steps="epoch", checkpoints_total_limit=1)
+FAMILY_HELP = {
+    "vit": "the Vision Transformer, an image classifier (default data: 8x8 digits)",
+    "seq2seq": "the encoder-decoder Transformer (default data: numbers -> English words)",
+    "sparse-lm": "the Sparse Transformer, a causal language model (default data: the Python standard library)",
+}
+# The demo keeps the last training state only: enough to resume, small on disk.
+DEMO_DEFAULTS = dict(num_train_epochs=30.0, save_steps="epoch", save_total_limit=1)
 
 
 def add_parser(subparsers) -> None:
+    from ..cli import HelpFormatter
+
     train_parser = subparsers.add_parser(
-        "train", help="train a model with Accelerate (one loop for the three families)", description=__doc__
+        "train",
+        help="train a model with Accelerate (one loop for the three families)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     family_parsers = train_parser.add_subparsers(
         dest="family_command", required=True, metavar="{" + ",".join(FAMILIES) + "}"
@@ -27,8 +39,9 @@ def add_parser(subparsers) -> None:
     for family in FAMILIES:
         parser = family_parsers.add_parser(
             family,
-            help=f"train the {family} family",
-            formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+            help=FAMILY_HELP[family],
+            description=f"Train {FAMILY_HELP[family]} with Accelerate.",
+            formatter_class=HelpFormatter,
         )
         add_training_arguments(parser, family)
         parser.set_defaults(func=run_train)
@@ -36,13 +49,17 @@ def add_parser(subparsers) -> None:
     demo = subparsers.add_parser(
         "demo",
         help="train a small ViT on the built-in digits, evaluate, write the card and figures, reload and predict",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
-    demo.add_argument("--output_dir", default="outputs/demo")
-    demo.add_argument("--num_train_epochs", type=float, default=DEMO_DEFAULTS["num_train_epochs"])
-    demo.add_argument("--max_train_steps", type=int, default=None, help="stop after this many updates (quick runs)")
-    demo.add_argument("--seed", type=int, default=42)
-    demo.add_argument("--report_to", default="tensorboard", help="tracker(s), or 'none'")
+    demo.add_argument("--output_dir", default="outputs/demo", help="where the model, card and figures go")
+    demo.add_argument(
+        "--num_train_epochs", type=float, default=DEMO_DEFAULTS["num_train_epochs"], help="passes over the digits"
+    )
+    demo.add_argument("--max_steps", type=int, default=None, help="stop after this many updates (quick runs)")
+    hidden = dict(default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    demo.add_argument("--max_train_steps", dest="max_steps", type=int, **hidden)  # release 0.1's name
+    demo.add_argument("--seed", type=int, default=42, help="random seed of the initial weights and the data order")
+    demo.add_argument("--report_to", default="tensorboard", help="tracker(s) of accelerate's log_with, or 'none'")
     demo.add_argument("--min_accuracy", type=float, default=0.0, help="exit with status 1 below this accuracy")
     demo.add_argument(
         "--num_threads",
@@ -52,8 +69,8 @@ def add_parser(subparsers) -> None:
         "per process avoids oversubscribing a shared machine)",
     )
     demo.add_argument("--push_to_hub", action="store_true", help="push the model folder (needs --hub_model_id)")
-    demo.add_argument("--hub_model_id", default=None)
-    demo.add_argument("--hub_revision", default=None)
+    demo.add_argument("--hub_model_id", default=None, help="Hub repository to push to, 'namespace/name'")
+    demo.add_argument("--hub_revision", default=None, help="branch to push to (created if missing; default: main)")
     demo.set_defaults(func=run_demo)
 
 
@@ -78,31 +95,29 @@ def check_inputs(args: TrainingArguments) -> None:
             resolve_checkpoint(args.resume_from_checkpoint, args.output_dir)
         except (FileNotFoundError, ValueError) as error:  # missing folder, or not a training checkpoint
             raise UsageError(str(error)) from error
-    family = get_family(args.family)
-    config_class = family.config_class(args)  # also checks --model_name_or_path / --config_name
+    config_class = get_family(args.family).config_class_for(args)  # also checks --model_name_or_path / --config_name
     check_config_overrides(config_class, parse_overrides(args.config_overrides))
 
 
 def run_demo(namespace: argparse.Namespace) -> int:
+    import torch
+    from accelerate import PartialState
+
     from .loop import train
 
     args = family_arguments(
         "vit",
         output_dir=namespace.output_dir,
         num_train_epochs=namespace.num_train_epochs,
-        max_train_steps=namespace.max_train_steps,
+        max_steps=namespace.max_steps,
         seed=namespace.seed,
         report_to=namespace.report_to,
         push_to_hub=namespace.push_to_hub,
         hub_model_id=namespace.hub_model_id,
         hub_revision=namespace.hub_revision,
-        checkpointing_steps=DEMO_DEFAULTS["checkpointing_steps"],
-        checkpoints_total_limit=DEMO_DEFAULTS["checkpoints_total_limit"],
+        save_steps=DEMO_DEFAULTS["save_steps"],
+        save_total_limit=DEMO_DEFAULTS["save_total_limit"],
     )
-    import os
-
-    import torch
-
     check_inputs(args)
     threads = namespace.num_threads or int(os.environ.get("OMP_NUM_THREADS") or 1)
     torch.set_num_threads(max(1, threads))
@@ -112,20 +127,15 @@ def run_demo(namespace: argparse.Namespace) -> int:
         print(f"Demo interrupted ({result.stop_reason}); resume with: hf-vit-plus train vit --output_dir "
               f"{args.output_dir} --resume_from_checkpoint latest")  # fmt: skip
         return 0
-    from accelerate import PartialState
-
     if not PartialState().is_main_process:
         return 0
-    from .families import get_family
-
     accuracy = result.eval_metrics["accuracy"]
     output_dir = Path(args.output_dir)
     print(f"\nHeld-out accuracy on {result.eval_metrics['samples']} digits: {accuracy:.2%} "
           f"({result.global_step} updates, {result.train_seconds:.0f} s of training, "
           f"{time.perf_counter() - start:.0f} s in all)")  # fmt: skip
     print(f"Reloading {output_dir} with AutoModelForImageClassification.from_pretrained:")
-    preview = get_family("vit").predictions_preview(output_dir, result.raw_datasets, n=10)
-    for i, (predicted, truth) in enumerate(preview):
+    for i, (predicted, truth) in enumerate(predictions_preview(output_dir, result.raw_datasets, n=10)):
         print(f"  digit {i}: predicted {predicted:<6} truth {truth:<6} {'ok' if predicted == truth else 'WRONG'}")
     written = sorted(p.name for p in output_dir.iterdir() if p.is_file())
     print(f"Files in {output_dir}: {', '.join(written)}")
@@ -136,3 +146,20 @@ def run_demo(namespace: argparse.Namespace) -> int:
         print(f"Accuracy {accuracy:.2%} is below --min_accuracy {namespace.min_accuracy:.2%}.")
         return 1
     return 0
+
+
+def predictions_preview(model_dir: Path, raw, n: int = 8) -> list[tuple[str, str]]:
+    """(predicted, true) class names of the first `n` validation images, by the model reloaded from `model_dir`
+    with the Auto classes, as a user would load it."""
+    import torch
+    from transformers import AutoImageProcessor, AutoModelForImageClassification
+
+    model = AutoModelForImageClassification.from_pretrained(model_dir).eval()
+    processor = AutoImageProcessor.from_pretrained(model_dir)
+    mode = "L" if model.config.num_channels == 1 else "RGB"
+    rows = raw["validation"].select(range(min(n, len(raw["validation"]))))
+    inputs = processor(images=[row["image"].convert(mode) for row in rows], return_tensors="pt")
+    with torch.no_grad():
+        predicted = model(**inputs).logits.argmax(-1).tolist()
+    names = raw["validation"].features["label"].names
+    return [(model.config.id2label[p], names[row["label"]]) for p, row in zip(predicted, rows)]

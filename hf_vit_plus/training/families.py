@@ -1,9 +1,18 @@
 """What differs between the three families inside the one training loop (`loop.py`).
 
-Each `Family` builds its model and processor (image processor or tokenizer), loads and transforms its data
-(built-in data by default, user data otherwise), collates batches, computes per-example evaluation outputs that
-`gather_for_metrics` can gather, turns them into metrics, and picks its optimiser and schedule. The text families
-import their model classes lazily, so the ViT path works on its own.
+A family holds no state: each step takes what it needs and returns values. The loop calls
+
+    load_data(args)                        -> TrainingData: "train" / "validation" with the family's columns
+    build(args, data)                      -> (model, processor): image processor or tokenizer
+    transform(data, processor, model, args)-> the datasets the loaders read, processed on the fly
+    collate_fn(processor)                  -> batches
+    eval_outputs(model, batch), metrics(gathered)
+    create_optimizer(model, args), create_scheduler(optimizer, args, total_steps, config)
+    figures(model, processor, raw, output_dir)   for the model card
+
+Every family builds its model on one path (`build_config`, then `load_or_create_model`): the config of
+--model_name_or_path, of a --config_name folder or preset, or the family's small default, with what the data fixes
+(labels, vocabulary, special tokens) and then --config_overrides set on top.
 """
 
 from __future__ import annotations
@@ -11,36 +20,58 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import inspect
-import logging
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from datasets import ClassLabel, DatasetDict
+from datasets import ClassLabel, Dataset, DatasetDict
+from transformers import (
+    AutoConfig,
+    AutoImageProcessor,
+    AutoModelForCausalLM,
+    AutoModelForImageClassification,
+    AutoModelForSeq2SeqLM,
+    AutoTokenizer,
+    PretrainedConfig,
+)
 
 from ..data.loading import check_labels, label_names, load_user_dataset, pick_column
 from ..errors import UsageError, load_config
+from ..models.configuration_seq2seq_transformer import Seq2SeqTransformerConfig
+from ..models.configuration_sparse_transformer import SparseTransformerConfig
+from ..models.configuration_vit_plus import ViTPlusConfig
+from ..models.image_processing_vit_plus import ViTPlusImageProcessor
+from ..models.modeling_seq2seq_transformer import Seq2SeqTransformerForConditionalGeneration
+from ..models.modeling_sparse_transformer import SparseTransformerForCausalLM
+from ..models.modeling_vit_plus import ViTPlusForImageClassification
 from .args import TrainingArguments
-
-logger = logging.getLogger(__name__)
 
 # The demo's ViT for 8x8 digits: 2x2 patches (16 tokens + [CLS]), 4 blocks of width 64.
 DIGITS_VIT_CONFIG = dict(
-    image_size=8,
-    patch_size=2,
-    num_channels=1,
-    hidden_size=64,
-    num_hidden_layers=4,
-    num_attention_heads=4,
+    image_size=8, patch_size=2, num_channels=1, hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
     intermediate_size=128,
-)
+)  # fmt: skip
 # A fresh ViT for user images when no --config_name is given: 32x32 RGB, 4x4 patches.
 SMALL_VIT_CONFIG = dict(DIGITS_VIT_CONFIG, image_size=32, patch_size=4, num_channels=3, hidden_size=128)
+# A fresh encoder-decoder for the built-in number -> words task (post-norm, as in the paper).
+SMALL_SEQ2SEQ_CONFIG = dict(
+    d_model=128, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+    encoder_ffn_dim=256, decoder_ffn_dim=256, dropout=0.1, max_position_embeddings=256,
+)  # fmt: skip
+# A fresh Sparse Transformer for byte-level text: 4 blocks of width 128, strided pattern of stride 16.
+SMALL_SPARSE_LM_CONFIG = dict(
+    hidden_size=128, num_hidden_layers=4, num_attention_heads=4, intermediate_size=512, attention_type="strided",
+    sparse_stride=16, max_position_embeddings=1024,
+)  # fmt: skip
+STDLIB_TRAIN_BYTES = 2_000_000
+STDLIB_HELDOUT_BYTES = 100_000
 
 
+# ------------------------------------------------------------------------------------------------ config checks
 def parse_overrides(text: str | None) -> dict[str, Any]:
     """'a=1,b=0.5,c=gelu,d=true' -> {"a": 1, "b": 0.5, "c": "gelu", "d": True}."""
     result: dict[str, Any] = {}
@@ -73,8 +104,6 @@ def config_fields(config_class: type) -> set[str]:
     """The field names a config class accepts: its own `__init__` parameters (and those of the project classes
     it derives from), `PretrainedConfig`'s standard fields (`id2label`, `num_labels`, ...) and its `attribute_map`
     aliases (e.g. `hidden_size` for the encoder-decoder's `d_model`)."""
-    from transformers import PretrainedConfig
-
     names: set[str] = set()
     for cls in config_class.__mro__:
         if cls is PretrainedConfig or not issubclass(cls, PretrainedConfig):
@@ -87,9 +116,7 @@ def config_fields(config_class: type) -> set[str]:
             names.update(f.name for f in dataclasses.fields(cls))
     names.update(PretrainedConfig().to_dict())
     # settable properties of the base class, e.g. num_labels (it resizes id2label / label2id)
-    names.update(
-        name for name, value in vars(PretrainedConfig).items() if isinstance(value, property) and value.fset
-    )
+    names.update(name for name, value in vars(PretrainedConfig).items() if isinstance(value, property) and value.fset)
     names.update(getattr(config_class, "attribute_map", {}) or {})
     return {name for name in names if not name.startswith("_")} - {"model_type", "transformers_version"}
 
@@ -120,6 +147,7 @@ def config_value_errors(args: TrainingArguments) -> Iterator[None]:
         raise UsageError(f"Invalid model config{given}: {error}") from error
 
 
+# --------------------------------------------------------------------------------------------------- optimisation
 def weight_decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     """Two optimiser groups, decided by tensor rank (as in nanoGPT): matrices (rank >= 2) are decayed; biases,
     norm weights and other rank < 2 tensors are not."""
@@ -131,72 +159,97 @@ def weight_decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dic
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
+def warmup_steps(args: TrainingArguments, total_steps: int) -> int:
+    if args.warmup_steps is not None:
+        return min(args.warmup_steps, total_steps)
+    return int(math.ceil(args.warmup_ratio * total_steps))
+
+
+# ---------------------------------------------------------------------------------------------------- the family
+@dataclass(frozen=True)
+class TrainingData:
+    """The raw splits of a run, as `Family.load_data` returns them."""
+
+    raw: DatasetDict  # "train" and "validation", with the family's column names
+    name: str  # the data set's name in the model card
+    label_column: str | None = None  # ViT: the user's label column, named when the model has another class count
+
+
 class Family:
-    """The per-family pieces. Subclasses set `name`, `auto_class` and implement the abstract methods."""
+    """The per-family pieces of the loop. Subclasses set the class attributes and implement the data and
+    evaluation methods."""
 
     name: str = ""
-    card_family: str = ""  # the family name of `hf_vit_plus.hub.write_model_card`
-    auto_class: str = "AutoModel"
-    default_scheduler: str = "cosine"
+    config_class: type  # the config of a fresh model
+    model_class: type  # the model trained
+    auto_model_class: type  # the Auto class that loads --model_name_or_path
+    default_scheduler: str = "cosine"  # what --lr_scheduler_type auto means
     trains_its_processor: bool = False  # a tokenizer trained on the data (saved with each checkpoint)
 
-    # --- model config
-    def default_config_class(self) -> type:
-        """The config class of a fresh model of this family."""
-        raise NotImplementedError
+    # --- model
+    def is_preset(self, config_name: str) -> bool:
+        """Whether --config_name names a preset of the family (else a config folder or Hub id)."""
+        return hasattr(self.config_class, "from_preset") and not Path(config_name).is_dir()
 
-    def config_class(self, args: TrainingArguments) -> type:
-        """The class of the config `build` makes: that of --model_name_or_path or a --config_name folder, else the
-        family's own (after checking that a --config_name preset exists)."""
+    def config_class_for(self, args: TrainingArguments) -> type:
+        """The class of the config `build_config` makes: that of --model_name_or_path or a --config_name folder,
+        else the family's own (after checking that a --config_name preset exists)."""
         if args.model_name_or_path:
             return type(load_config(args.model_name_or_path, "--model_name_or_path"))
-        config_class = self.default_config_class()
+        if args.config_name and not self.is_preset(args.config_name):
+            return type(load_config(args.config_name, "--config_name"))
         if args.config_name:
-            # a folder, or for a family without presets (sparse-lm) also a Hub id
-            if Path(args.config_name).is_dir() or not hasattr(config_class, "from_preset"):
-                return type(load_config(args.config_name, "--config_name"))
             try:
-                config_class.from_preset(args.config_name)
+                self.config_class.from_preset(args.config_name)
             except ValueError as error:  # an unknown preset; the message lists the known ones
                 raise UsageError(f"--config_name: {error}") from error
-        return config_class
+        return self.config_class
 
     def config_overrides(self, args: TrainingArguments) -> dict[str, Any]:
-        """--config_overrides parsed and checked against the fields of the config `build` makes."""
+        """--config_overrides parsed and checked against the fields of the config `build_config` makes."""
         overrides = parse_overrides(args.config_overrides)
         if overrides:
-            check_config_overrides(self.config_class(args), overrides)
+            check_config_overrides(self.config_class_for(args), overrides)
         return overrides
 
-    # --- data
-    def load_raw_data(self, args: TrainingArguments) -> tuple[DatasetDict, str]:
-        """Return ("train", "validation") raw splits and the data set's name for the model card."""
-        raise NotImplementedError
+    def build_config(self, args: TrainingArguments, defaults: dict, fields: dict) -> PretrainedConfig:
+        """The model's config: that of --model_name_or_path, of a --config_name folder, Hub id or preset, or the
+        family's `defaults`; then `fields` (what the data and the run fix) and --config_overrides on top."""
+        values = {**fields, **self.config_overrides(args)}
+        source = args.model_name_or_path or args.config_name
+        with config_value_errors(args):
+            if source and (args.model_name_or_path or not self.is_preset(source)):
+                return AutoConfig.from_pretrained(source, **values)
+            if source:
+                return self.config_class.from_preset(source, **values)
+            return self.config_class(**{**defaults, **values})
 
-    def build(self, args: TrainingArguments, raw: DatasetDict) -> tuple[torch.nn.Module, Any]:
+    def load_or_create_model(self, args: TrainingArguments, config: PretrainedConfig) -> torch.nn.Module:
+        """The saved model of --model_name_or_path with `config`, or a fresh one."""
+        if args.model_name_or_path:
+            return self.auto_model_class.from_pretrained(
+                args.model_name_or_path, config=config, ignore_mismatched_sizes=args.ignore_mismatched_sizes
+            )
+        return self.model_class(config)
+
+    def build(self, args: TrainingArguments, data: TrainingData) -> tuple[torch.nn.Module, Any]:
         """Return the model and its processor (image processor or tokenizer)."""
         raise NotImplementedError
 
-    def transform(self, raw: DatasetDict, processor, model, args: TrainingArguments) -> DatasetDict:
+    # --- data
+    def load_data(self, args: TrainingArguments) -> TrainingData:
         raise NotImplementedError
 
-    def collate_fn(self, processor, model) -> Callable[[list[dict]], dict]:
+    def transform(self, data: TrainingData, processor, model, args: TrainingArguments) -> DatasetDict:
         raise NotImplementedError
 
-    def training_loss(self, model, batch: dict, args: TrainingArguments) -> torch.Tensor:
-        return model(**batch).loss
+    def collate_fn(self, processor) -> Callable[[list[dict]], dict]:
+        raise NotImplementedError
 
     # --- evaluation
     def eval_outputs(self, model, batch: dict) -> dict[str, torch.Tensor]:
         """Per-example tensors (first dimension = batch) for `gather_for_metrics`."""
         raise NotImplementedError
-
-    def pad_for_gather(self, accelerator, outputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Pad variable-length outputs to the same shape on every process before gathering."""
-        return outputs
-
-    def concat(self, key: str, values: list[torch.Tensor]) -> torch.Tensor:
-        return torch.cat(values)
 
     def metrics(self, gathered: dict[str, torch.Tensor]) -> dict[str, float]:
         raise NotImplementedError
@@ -215,7 +268,7 @@ class Family:
 
         from .schedules import get_noam_schedule, get_warmup_cosine_schedule
 
-        kind = self.default_scheduler if args.lr_scheduler == "auto" else args.lr_scheduler
+        kind = self.default_scheduler if args.lr_scheduler_type == "auto" else args.lr_scheduler_type
         warmup = warmup_steps(args, total_steps)
         if kind == "cosine":
             return get_warmup_cosine_schedule(optimizer, warmup, total_steps)
@@ -226,115 +279,66 @@ class Family:
         if kind == "noam":
             d_model = getattr(model_config, "d_model", None) or model_config.hidden_size
             return get_noam_schedule(optimizer, d_model=d_model, warmup_steps=max(1, warmup))
-        raise ValueError(f"Unknown --lr_scheduler {kind!r}.")
+        raise ValueError(f"Unknown --lr_scheduler_type {kind!r}.")
 
     # --- card extras
     def figures(self, model, processor, raw: DatasetDict, output_dir: Path) -> list[Path]:
         """The sparse attention pattern the model uses (the Sparse Transformer paper's Fig. 3), when it has one."""
-        from ..interpret.patterns import model_sparse_pattern, pattern_from_config
+        from ..models.sparse_layouts import pattern_from_config as sparse_pattern
 
-        if model_sparse_pattern(model.config)[0] is None:
+        if sparse_pattern(model.config) is None:  # dense attention
             return []
-        from ..interpret.plots import plot_sparse_patterns
+        from ..interpret import pattern_from_config, plot_sparse_patterns
 
         return [plot_sparse_patterns([pattern_from_config(model.config)], output_dir / "sparse_attention_pattern.png")]
-
-    def predictions_preview(self, model_dir: Path, raw: DatasetDict, n: int = 8) -> list[tuple[str, str]]:
-        return []
-
-
-def warmup_steps(args: TrainingArguments, total_steps: int) -> int:
-    if args.warmup_steps is not None:
-        return min(args.warmup_steps, total_steps)
-    return int(math.ceil(args.warmup_ratio * total_steps))
 
 
 # ----------------------------------------------------------------------------------------------------------- ViT
 class ViTFamily(Family):
     name = "vit"
-    card_family = "vit"
-    auto_class = "AutoModelForImageClassification"
-    default_scheduler = "cosine"
+    config_class = ViTPlusConfig
+    model_class = ViTPlusForImageClassification
+    auto_model_class = AutoModelForImageClassification
 
-    def default_config_class(self):
-        from ..models.configuration_vit_plus import ViTPlusConfig
-
-        return ViTPlusConfig
-
-    def load_raw_data(self, args):
-        if not (args.dataset_name or args.train_dir):
-            if args.train_file:
-                raise ValueError("The ViT family reads images: use --train_dir or --dataset_name, not --train_file.")
+    def load_data(self, args):
+        if builtin_data(args):
             from ..data.digits import load_digits_dataset
 
             digits = load_digits_dataset(seed=0)
-            raw, dataset_name = DatasetDict(train=digits["train"], validation=digits["test"]), "sklearn-digits"
+            raw, name = DatasetDict(train=digits["train"], validation=digits["test"]), "sklearn-digits"
         else:
-            raw = load_user_dataset(
-                dataset_name=args.dataset_name,
-                dataset_config=args.dataset_config,
-                train_dir=args.train_dir,
-                validation_dir=args.validation_dir,
-                validation_split_percentage=args.validation_split_percentage,
-                seed=args.seed,
-            )
-            dataset_name = args.dataset_name or Path(args.train_dir).name
-        columns = raw["train"].column_names
-        image_column = pick_column(columns, args.image_column, ("image", "img", "picture"), "--image_column")
-        label_column = pick_column(columns, args.label_column, ("label", "labels", "fine_label"), "--label_column")
-        for split in raw.values():  # the same columns must exist in every split
-            pick_column(split.column_names, image_column, (), "--image_column")
-            pick_column(split.column_names, label_column, (), "--label_column")
-        names = label_names(raw, label_column)
-        raw = raw.select_columns([image_column, label_column])
-        if not isinstance(raw["train"].features[label_column], ClassLabel):
-            raw = raw.cast_column(label_column, ClassLabel(names=names))
-        if image_column != "image":
-            raw = raw.rename_column(image_column, "image")
-        if label_column != "label":
-            raw = raw.rename_column(label_column, "label")
-        raw = _limit(raw, args)
-        self.label_column = label_column
-        return raw, dataset_name
+            raw, name = load_user_data(args), args.dataset_name or Path(args.train_dir).name
+        raw, chosen = select_columns(
+            raw,
+            image=(args.image_column_name, ("image", "img", "picture"), "--image_column_name"),
+            label=(args.label_column_name, ("label", "labels", "fine_label"), "--label_column_name"),
+        )
+        if not isinstance(raw["train"].features["label"], ClassLabel):
+            raw = raw.cast_column("label", ClassLabel(names=label_names(raw, "label")))
+        return TrainingData(limit_samples(raw, args), name, label_column=chosen["label"])
 
-    def build(self, args, raw):
-        from transformers import AutoConfig, AutoImageProcessor, AutoModelForImageClassification
-
-        from ..models.configuration_vit_plus import ViTPlusConfig
-        from ..models.image_processing_vit_plus import ViTPlusImageProcessor
-        from ..models.modeling_vit_plus import ViTPlusForImageClassification
-
-        names = raw["train"].features["label"].names
+    def build(self, args, data):
+        names = data.raw["train"].features["label"].names
         labels = dict(
             num_labels=len(names), id2label=dict(enumerate(names)), label2id={n: i for i, n in enumerate(names)}
         )
-        overrides = self.config_overrides(args)
-        if args.model_name_or_path:
-            with config_value_errors(args):
-                config = AutoConfig.from_pretrained(args.model_name_or_path, **overrides)
-            if not args.ignore_mismatched_sizes:
-                check_labels(names, config.num_labels, model=args.model_name_or_path, label_column=self.label_column)
-            model = AutoModelForImageClassification.from_pretrained(
-                args.model_name_or_path, config=config, ignore_mismatched_sizes=args.ignore_mismatched_sizes, **labels
-            )
-            try:
-                processor = AutoImageProcessor.from_pretrained(args.model_name_or_path)
-            except OSError:
-                processor = ViTPlusImageProcessor.from_model_config(model.config)
-        else:
-            with config_value_errors(args):
-                if args.config_name and Path(args.config_name).is_dir():
-                    config = AutoConfig.from_pretrained(args.config_name, **overrides, **labels)
-                elif args.config_name:
-                    config = ViTPlusConfig.from_preset(args.config_name, **overrides, **labels)
-                else:
-                    base = DIGITS_VIT_CONFIG if not (args.dataset_name or args.train_dir) else SMALL_VIT_CONFIG
-                    config = ViTPlusConfig(**{**base, **overrides, **labels})
-            model = ViTPlusForImageClassification(config)
-            processor = ViTPlusImageProcessor.from_model_config(config)
-        return model, processor
+        if args.model_name_or_path and not args.ignore_mismatched_sizes:
+            saved = load_config(args.model_name_or_path, "--model_name_or_path")
+            check_labels(names, saved.num_labels, model=args.model_name_or_path, label_column=data.label_column)
+        defaults = DIGITS_VIT_CONFIG if builtin_data(args) else SMALL_VIT_CONFIG
+        model = self.load_or_create_model(args, self.build_config(args, defaults, labels))
+        return model, self.image_processor(args, model.config)
 
-    def transform(self, raw, processor, model, args):
+    def image_processor(self, args, config) -> ViTPlusImageProcessor:
+        """The saved model's processor, else one made from the model's config."""
+        if args.model_name_or_path:
+            try:
+                return AutoImageProcessor.from_pretrained(args.model_name_or_path)
+            except OSError:
+                pass
+        return ViTPlusImageProcessor.from_model_config(config)
+
+    def transform(self, data, processor, model, args):
         mode = "L" if model.config.num_channels == 1 else "RGB"
 
         def to_pixels(examples):
@@ -342,9 +346,9 @@ class ViTFamily(Family):
             pixel_values = processor(images=images, return_tensors="pt")["pixel_values"]
             return {"pixel_values": pixel_values, "labels": torch.tensor(examples["label"], dtype=torch.long)}
 
-        return raw.with_transform(to_pixels)
+        return data.raw.with_transform(to_pixels)
 
-    def collate_fn(self, processor, model):
+    def collate_fn(self, processor):
         return collate_images
 
     def eval_outputs(self, model, batch):
@@ -357,140 +361,69 @@ class ViTFamily(Family):
         return {"accuracy": correct.mean().item(), "loss": gathered["loss"].mean().item(), "samples": len(correct)}
 
     def figures(self, model, processor, raw, output_dir):
-        try:
-            from ..interpret import write_vit_figures  # written by the interpretability module, when present
-        except ImportError:
-            return []
+        from ..interpret import write_vit_figures
+
         mode = "L" if model.config.num_channels == 1 else "RGB"
         images = [raw["validation"][i]["image"].convert(mode) for i in range(min(32, len(raw["validation"])))]
         return list(write_vit_figures(model, images, output_dir, processor=processor, max_images=4))
 
-    def predictions_preview(self, model_dir, raw, n=8):
-        from transformers import AutoImageProcessor, AutoModelForImageClassification
-
-        model = AutoModelForImageClassification.from_pretrained(model_dir).eval()
-        processor = AutoImageProcessor.from_pretrained(model_dir)
-        mode = "L" if model.config.num_channels == 1 else "RGB"
-        rows = raw["validation"].select(range(min(n, len(raw["validation"]))))
-        inputs = processor(images=[row["image"].convert(mode) for row in rows], return_tensors="pt")
-        with torch.no_grad():
-            predicted = model(**inputs).logits.argmax(-1).tolist()
-        names = raw["validation"].features["label"].names
-        return [(model.config.id2label[p], names[row["label"]]) for p, row in zip(predicted, rows)]
-
 
 # --------------------------------------------------------------------------------------------------- seq2seq
-# A fresh encoder-decoder for the built-in number -> words task (post-norm, as in the paper).
-SMALL_SEQ2SEQ_CONFIG = dict(
-    d_model=128,
-    encoder_layers=2,
-    decoder_layers=2,
-    encoder_attention_heads=4,
-    decoder_attention_heads=4,
-    encoder_ffn_dim=256,
-    decoder_ffn_dim=256,
-    dropout=0.1,
-    max_position_embeddings=256,
-)
-
-
 class Seq2SeqFamily(Family):
     name = "seq2seq"
-    card_family = "seq2seq"
-    auto_class = "AutoModelForSeq2SeqLM"
+    config_class = Seq2SeqTransformerConfig
+    model_class = Seq2SeqTransformerForConditionalGeneration
+    auto_model_class = AutoModelForSeq2SeqLM
     default_scheduler = "noam"
     trains_its_processor = True
 
-    def default_config_class(self):
-        from ..models.configuration_seq2seq_transformer import Seq2SeqTransformerConfig
-
-        return Seq2SeqTransformerConfig
-
-    def load_raw_data(self, args):
-        if not (args.dataset_name or args.train_file):
-            if args.train_dir:
-                raise ValueError("The seq2seq family reads text: use --train_file or --dataset_name, not --train_dir.")
+    def load_data(self, args):
+        if builtin_data(args):
             from ..data.number_words import load_number_words_dataset
 
-            data = load_number_words_dataset(max_number=9999, num_test=500, seed=0)
-            raw, dataset_name = DatasetDict(train=data["train"], validation=data["test"]), "number-words"
+            words = load_number_words_dataset(max_number=9999, num_test=500, seed=0)
+            raw, name = DatasetDict(train=words["train"], validation=words["test"]), "number-words"
         else:
-            raw = load_user_dataset(
-                dataset_name=args.dataset_name,
-                dataset_config=args.dataset_config,
-                train_file=args.train_file,
-                validation_file=args.validation_file,
-                validation_split_percentage=args.validation_split_percentage,
-                seed=args.seed,
-            )
-            dataset_name = args.dataset_name or Path(args.train_file).stem
-        for split in raw.values():
-            source = pick_column(split.column_names, args.source_column, ("source", "src", "input"), "--source_column")
-            target = pick_column(
-                split.column_names, args.target_column, ("target", "tgt", "output"), "--target_column"
-            )
-        raw = raw.select_columns([source, target])
-        if source != "source":
-            raw = raw.rename_column(source, "source")
-        if target != "target":
-            raw = raw.rename_column(target, "target")
-        return _limit(raw, args), dataset_name
+            raw, name = load_user_data(args), args.dataset_name or Path(args.train_file).stem
+        raw, _ = select_columns(
+            raw,
+            source=(args.source_column, ("source", "src", "input"), "--source_column"),
+            target=(args.target_column, ("target", "tgt", "output"), "--target_column"),
+        )
+        return TrainingData(limit_samples(raw, args), name)
 
-    def build(self, args, raw):
-        from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
-
-        from ..models.configuration_seq2seq_transformer import Seq2SeqTransformerConfig
-        from ..models.modeling_seq2seq_transformer import Seq2SeqTransformerForConditionalGeneration
-
-        overrides = self.config_overrides(args)
-        if args.tokenizer_name or args.model_name_or_path:
-            tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name or args.model_name_or_path)
-        else:
+    def build(self, args, data):
+        tokenizer = saved_tokenizer(args)
+        if tokenizer is None:
             from ..tokenization import train_bpe_tokenizer
 
-            texts = list(raw["train"]["source"]) + list(raw["train"]["target"])
+            texts = list(data.raw["train"]["source"]) + list(data.raw["train"]["target"])
             tokenizer = train_bpe_tokenizer(texts, vocab_size=args.vocab_size, split_digits=True)
-        special = dict(
-            pad_token_id=tokenizer.pad_token_id,
-            bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            decoder_start_token_id=tokenizer.bos_token_id,
-        )
-        if args.model_name_or_path:
-            with config_value_errors(args):
-                config = AutoConfig.from_pretrained(
-                    args.model_name_or_path, label_smoothing=args.label_smoothing, **overrides
-                )
-            model = AutoModelForSeq2SeqLM.from_pretrained(args.model_name_or_path, config=config)
-        else:
-            fields = dict(SMALL_SEQ2SEQ_CONFIG, vocab_size=len(tokenizer), label_smoothing=args.label_smoothing)
-            fields.update(special)
-            with config_value_errors(args):
-                if args.config_name and Path(args.config_name).is_dir():
-                    config = AutoConfig.from_pretrained(args.config_name, **{**special, **overrides})
-                elif args.config_name:
-                    config = Seq2SeqTransformerConfig.from_preset(
-                        args.config_name, vocab_size=len(tokenizer), label_smoothing=args.label_smoothing,
-                        **{**special, **overrides},
-                    )  # fmt: skip
-                else:
-                    config = Seq2SeqTransformerConfig(**{**fields, **overrides})
-            model = Seq2SeqTransformerForConditionalGeneration(config)
+        fields = dict(label_smoothing=args.label_smoothing_factor)
+        if not args.model_name_or_path:  # a fresh model is sized for the tokenizer
+            fields.update(
+                vocab_size=len(tokenizer),
+                pad_token_id=tokenizer.pad_token_id,
+                bos_token_id=tokenizer.bos_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+                decoder_start_token_id=tokenizer.bos_token_id,
+            )
+        model = self.load_or_create_model(args, self.build_config(args, SMALL_SEQ2SEQ_CONFIG, fields))
         if model.config.vocab_size < len(tokenizer):
             raise ValueError(
                 f"The tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {model.config.vocab_size}."
             )
         return model, tokenizer
 
-    def transform(self, raw, tokenizer, model, args):
+    def transform(self, data, tokenizer, model, args):
         def tokenize(examples):
             inputs = tokenizer(examples["source"], truncation=True, max_length=args.max_source_length)
             labels = tokenizer(text_target=examples["target"], truncation=True, max_length=args.max_target_length)
             return {"input_ids": inputs["input_ids"], "labels": labels["input_ids"]}
 
-        return raw.with_transform(tokenize)
+        return data.raw.with_transform(tokenize)
 
-    def collate_fn(self, tokenizer, model):
+    def collate_fn(self, tokenizer):
         pad = tokenizer.pad_token_id
 
         def collate(examples):
@@ -556,102 +489,41 @@ class Seq2SeqFamily(Family):
             "samples": len(gathered["tokens"]),
         }
 
-    def predictions_preview(self, model_dir, raw, n=8):
-        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-
-        model = AutoModelForSeq2SeqLM.from_pretrained(model_dir).eval()
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        rows = raw["validation"].select(range(min(n, len(raw["validation"]))))
-        inputs = tokenizer(list(rows["source"]), return_tensors="pt", padding=True)
-        with torch.no_grad():
-            out = model.generate(**inputs, num_beams=1, do_sample=False, max_new_tokens=32)
-        return list(zip(tokenizer.batch_decode(out, skip_special_tokens=True), rows["target"]))
-
 
 # ------------------------------------------------------------------------------------------------- sparse LM
-# A fresh Sparse Transformer for byte-level text: 4 blocks of width 128, strided pattern of stride 16.
-SMALL_SPARSE_LM_CONFIG = dict(
-    hidden_size=128,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    intermediate_size=512,
-    attention_type="strided",
-    sparse_stride=16,
-    max_position_embeddings=1024,
-)
-STDLIB_TRAIN_BYTES = 2_000_000
-STDLIB_HELDOUT_BYTES = 100_000
-
-
 class SparseLMFamily(Family):
     name = "sparse-lm"
-    card_family = "sparse_lm"
-    auto_class = "AutoModelForCausalLM"
-    default_scheduler = "cosine"
+    config_class = SparseTransformerConfig
+    model_class = SparseTransformerForCausalLM
+    auto_model_class = AutoModelForCausalLM
 
-    def default_config_class(self):
-        from ..models.configuration_sparse_transformer import SparseTransformerConfig
-
-        return SparseTransformerConfig
-
-    def load_raw_data(self, args):
-        from datasets import Dataset
-
-        if not (args.dataset_name or args.train_file):
-            if args.train_dir:
-                raise ValueError("The sparse-lm family reads text: use --train_file or --dataset_name.")
+    def load_data(self, args):
+        if builtin_data(args):
             from ..data.text import load_stdlib_text, sequential_windows
 
             text = load_stdlib_text(max_train_bytes=STDLIB_TRAIN_BYTES, max_heldout_bytes=STDLIB_HELDOUT_BYTES)
             # Byte ids already: non-overlapping windows of block_size, shuffled by the sampler each epoch.
-            splits = {}
-            for split, key in (("train", "train"), ("validation", "heldout")):
-                windows = sequential_windows(text[key], args.block_size)
-                splits[split] = Dataset.from_dict({"input_ids": windows.tolist()})
-            self.pretokenized = True
-            return _limit(DatasetDict(splits), args), "python-stdlib-bytes"
-        raw = load_user_dataset(
-            dataset_name=args.dataset_name,
-            dataset_config=args.dataset_config,
-            train_file=args.train_file,
-            validation_file=args.validation_file,
-            validation_split_percentage=args.validation_split_percentage,
-            seed=args.seed,
-        )
-        for split in raw.values():
-            column = pick_column(split.column_names, args.text_column, ("text", "content"), "--text_column")
-        raw = raw.select_columns([column])
-        if column != "text":
-            raw = raw.rename_column(column, "text")
-        self.pretokenized = False
-        return raw, args.dataset_name or Path(args.train_file).stem
+            windows = {
+                split: Dataset.from_dict({"input_ids": sequential_windows(text[key], args.block_size).tolist()})
+                for split, key in (("train", "train"), ("validation", "heldout"))
+            }
+            return TrainingData(limit_samples(DatasetDict(windows), args), "python-stdlib-bytes")
+        raw, _ = select_columns(load_user_data(args), text=(args.text_column, ("text", "content"), "--text_column"))
+        return TrainingData(raw, args.dataset_name or Path(args.train_file).stem)  # limited once grouped in blocks
 
-    def build(self, args, raw):
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
+    def build(self, args, data):
         from ..data.text import byte_tokenizer
-        from ..models.configuration_sparse_transformer import SparseTransformerConfig
-        from ..models.modeling_sparse_transformer import SparseTransformerForCausalLM
 
-        overrides = self.config_overrides(args)
-        if args.tokenizer_name or args.model_name_or_path:
-            tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name or args.model_name_or_path)
-        else:
-            tokenizer = byte_tokenizer()
-        if args.model_name_or_path:
-            with config_value_errors(args):
-                config = AutoConfig.from_pretrained(args.model_name_or_path, **overrides)
-            model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, config=config)
-        elif args.config_name:
-            with config_value_errors(args):
-                config = AutoConfig.from_pretrained(args.config_name, **overrides)
-            model = SparseTransformerForCausalLM(config)
-        else:
-            fields = dict(SMALL_SPARSE_LM_CONFIG, vocab_size=len(tokenizer), max_position_embeddings=args.block_size)
-            fields.update(pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
-            with config_value_errors(args):
-                config = SparseTransformerConfig(**{**fields, **overrides})
-            model = SparseTransformerForCausalLM(config)
+        tokenizer = saved_tokenizer(args) or byte_tokenizer()
+        # The small default is sized for the tokenizer and --block_size; a saved model or config is taken as it is.
+        defaults = dict(
+            SMALL_SPARSE_LM_CONFIG,
+            vocab_size=len(tokenizer),
+            max_position_embeddings=args.block_size,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
+        model = self.load_or_create_model(args, self.build_config(args, defaults, {}))
         if args.block_size > model.config.max_position_embeddings:
             raise ValueError(
                 f"--block_size {args.block_size} exceeds the model's max_position_embeddings "
@@ -659,8 +531,9 @@ class SparseLMFamily(Family):
             )
         return model, tokenizer
 
-    def transform(self, raw, tokenizer, model, args):
-        if not self.pretokenized:
+    def transform(self, data, tokenizer, model, args):
+        raw = data.raw
+        if "text" in raw["train"].column_names:  # user text: tokenised, concatenated and cut into blocks
             block = args.block_size
 
             def group(examples):
@@ -669,13 +542,13 @@ class SparseLMFamily(Family):
                 return {"input_ids": [ids[i : i + block] for i in range(0, usable, block)]}
 
             raw = raw.map(group, batched=True, remove_columns=["text"], desc="tokenizing and grouping")
-            raw = _limit(raw, args)
-            for split, data in raw.items():
-                if len(data) == 0:
+            raw = limit_samples(raw, args)
+            for split, blocks in raw.items():
+                if len(blocks) == 0:
                     raise ValueError(f"The {split} text is shorter than one --block_size ({block} tokens).")
         return raw.with_format("torch")
 
-    def collate_fn(self, tokenizer, model):
+    def collate_fn(self, tokenizer):
         def collate(examples):
             input_ids = torch.stack([torch.as_tensor(e["input_ids"]) for e in examples])
             return {"input_ids": input_ids, "labels": input_ids.clone()}
@@ -698,6 +571,54 @@ class SparseLMFamily(Family):
         }
 
 
+# ------------------------------------------------------------------------------------------------- data helpers
+def builtin_data(args: TrainingArguments) -> bool:
+    """Whether the run uses the family's built-in data (no data option given)."""
+    return not (args.dataset_name or args.train_dir or args.train_file)
+
+
+def load_user_data(args: TrainingArguments) -> DatasetDict:
+    """The user's data (--dataset_name, --train_dir or --train_file) with "train" and "validation" splits."""
+    return load_user_dataset(
+        dataset_name=args.dataset_name,
+        dataset_config_name=args.dataset_config_name,
+        train_dir=args.train_dir,
+        validation_dir=args.validation_dir,
+        train_file=args.train_file,
+        validation_file=args.validation_file,
+        validation_split_percentage=args.validation_split_percentage,
+        seed=args.seed,
+    )
+
+
+def select_columns(raw: DatasetDict, **roles: tuple[str | None, tuple[str, ...], str]):
+    """Keep one column per role, renamed to the role: `roles` maps it to (the column the user asked for or None,
+    the names to guess from, the flag that sets it). Returns the data and the chosen column of each role; a column
+    missing from any split is named with the columns that exist."""
+    chosen = {}
+    for role, (requested, candidates, flag) in roles.items():
+        chosen[role] = pick_column(raw["train"].column_names, requested, candidates, flag)
+        for split in raw.values():
+            pick_column(split.column_names, chosen[role], (), flag)
+    raw = raw.select_columns(list(chosen.values()))
+    return raw.rename_columns({column: role for role, column in chosen.items() if column != role}), chosen
+
+
+def limit_samples(raw: DatasetDict, args: TrainingArguments) -> DatasetDict:
+    """The first --max_train_samples / --max_eval_samples examples."""
+    if args.max_train_samples is not None:
+        raw["train"] = raw["train"].select(range(min(args.max_train_samples, len(raw["train"]))))
+    if args.max_eval_samples is not None:
+        raw["validation"] = raw["validation"].select(range(min(args.max_eval_samples, len(raw["validation"]))))
+    return raw
+
+
+def saved_tokenizer(args: TrainingArguments):
+    """The tokenizer of --tokenizer_name or --model_name_or_path; None when neither is given."""
+    location = args.tokenizer_name or args.model_name_or_path
+    return AutoTokenizer.from_pretrained(location) if location else None
+
+
 def _pad(sequences: list, value: int) -> torch.Tensor:
     width = max(len(s) for s in sequences)
     out = torch.full((len(sequences), width), value, dtype=torch.long)
@@ -713,18 +634,10 @@ def collate_images(examples: list[dict]) -> dict[str, torch.Tensor]:
     }
 
 
-def _limit(raw: DatasetDict, args: TrainingArguments) -> DatasetDict:
-    if args.max_train_samples is not None:
-        raw["train"] = raw["train"].select(range(min(args.max_train_samples, len(raw["train"]))))
-    if args.max_eval_samples is not None:
-        raw["validation"] = raw["validation"].select(range(min(args.max_eval_samples, len(raw["validation"]))))
-    return raw
-
-
-_FAMILIES: dict[str, type[Family]] = {"vit": ViTFamily, "seq2seq": Seq2SeqFamily, "sparse-lm": SparseLMFamily}
+FAMILY_CLASSES: dict[str, type[Family]] = {"vit": ViTFamily, "seq2seq": Seq2SeqFamily, "sparse-lm": SparseLMFamily}
 
 
 def get_family(name: str) -> Family:
-    if name not in _FAMILIES:
-        raise ValueError(f"Unknown family {name!r}; expected one of {sorted(_FAMILIES)}.")
-    return _FAMILIES[name]()
+    if name not in FAMILY_CLASSES:
+        raise ValueError(f"Unknown family {name!r}; expected one of {sorted(FAMILY_CLASSES)}.")
+    return FAMILY_CLASSES[name]()

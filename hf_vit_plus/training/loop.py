@@ -5,7 +5,10 @@ NCCL on GPUs), on several machines, and under FSDP/DeepSpeed configs, which Acce
 
 Order (as in Accelerate's examples): Accelerator -> set_seed -> data under `main_process_first` -> model ->
 optimiser groups -> `prepare` -> `accumulate` -> `gather_for_metrics` -> save on the main process with
-`unwrap_model(...).save_pretrained`.
+`unwrap_model(...).save_pretrained`. `train` reads as these steps: `create_accelerator`, `find_resume_point`,
+`prepare_run` (data, model, loaders, optimiser, schedule: a `Run`), `restore_progress`, `run_epochs` (`train_epoch`
+-> `training_step` and `after_update`; `end_epoch`), then `finish` (final evaluation and `save_final`) or
+`stop_early`. What differs between the families is in `families.py`.
 
 Checkpoints (`OUTPUT_DIR/checkpoints/checkpoint-<update>`) hold Accelerate's state (model as safetensors,
 optimiser, scheduler, RNG states, loaded with `weights_only=True`) plus `training_state.json` (position in the
@@ -25,6 +28,8 @@ import shutil
 import signal
 import time
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,9 +38,10 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, set_seed
 from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
 
 from .args import TrainingArguments
-from .families import Family, get_family
+from .families import Family, TrainingData, get_family
 
 logger = logging.getLogger(__name__)
 
@@ -166,57 +172,174 @@ def save_checkpoint(
 
 
 # ----------------------------------------------------------------------------------------------------- the loop
+@dataclass
+class Run:
+    """What the epochs need, built once by `prepare_run` (model, optimiser, scheduler and loaders prepared)."""
+
+    accelerator: Accelerator
+    args: TrainingArguments
+    family: Family
+    data: TrainingData
+    model: Any
+    processor: Any
+    optimizer: Any
+    scheduler: Any
+    train_dataloader: Any
+    eval_dataloader: Any
+    fingerprint: dict  # `model_fingerprint` of the model's config, recorded in each training state
+    total_steps: int
+    num_epochs: int
+
+    @property
+    def output_dir(self) -> Path:
+        return Path(self.args.output_dir)
+
+
+class RunningLoss:
+    """The mean training loss since the last log line, averaged over processes when read."""
+
+    def __init__(self, device: torch.device):
+        self.total, self.count = torch.zeros((), device=device), 0
+
+    def add(self, loss: torch.Tensor) -> None:
+        self.total += loss.detach().float()
+        self.count += 1
+
+    def mean_and_reset(self, accelerator: Accelerator) -> float:
+        mean = accelerator.reduce(self.total / self.count, reduction="mean").item()
+        self.total.zero_()
+        self.count = 0
+        return mean
+
+
+@dataclass
+class Progress:
+    """Where the run stands: updates done, where the first epoch resumes, the log, the last training state."""
+
+    loss: RunningLoss
+    global_step: int = 0
+    start_epoch: int = 0
+    skip_batches: int = 0  # batches of `start_epoch` already trained before a resume
+    log_history: list[dict] = field(default_factory=list)
+    eval_metrics: dict[str, float] = field(default_factory=dict)
+    stop_reason: str = ""  # "finished", "stop_after_steps" or "SIGTERM" once the loop stops
+    last_checkpoint: Path | None = None
+    last_saved_step: int = -1
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    path: Path
+    state: dict  # its training_state.json
+
+
 def train(args: TrainingArguments, family: Family | None = None) -> TrainResult:
     """Train `args.family` as `args` says; returns the final evaluation and where things were written."""
     family = family or get_family(args.family)
+    accelerator = create_accelerator(args)
+    set_seed(args.seed)
+    resume = find_resume_point(args, family)
+    args = reuse_checkpoint_processor(args, family, resume)
+    run = prepare_run(accelerator, args, family, resume)
+    progress = restore_progress(run, resume)
+    with stop_on_sigterm(accelerator):
+        announce(run)
+        start = time.perf_counter()
+        run_epochs(run, progress)
+        train_seconds = time.perf_counter() - start
+    if progress.stop_reason != "finished":
+        return stop_early(run, progress, train_seconds)
+    return finish(run, progress, train_seconds)
+
+
+def create_accelerator(args: TrainingArguments) -> Accelerator:
     output_dir = Path(args.output_dir)
-    log_with = _trackers(args.report_to)
-    accelerator = Accelerator(
+    return Accelerator(
         # Without an accelerator device, say so: then `accelerate launch --multi_gpu` / torchrun processes join one
         # gloo group on CPU instead of each training alone.
         cpu=args.use_cpu or not torch.accelerator.is_available(),
         mixed_precision=args.mixed_precision,
         gradient_accumulation_steps=args.gradient_accumulation_steps,
-        log_with=log_with,
+        log_with=_trackers(args.report_to),
         project_config=ProjectConfiguration(project_dir=str(output_dir), logging_dir=str(output_dir / "logs")),
         # Data order depends on (seed, epoch) only: the same on every process, and again after a resume.
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=args.seed),
-        # The schedule counts optimiser updates, whatever the number of processes (see the update step below).
+        # The schedule counts optimiser updates, whatever the number of processes (see `training_step`).
         step_scheduler_with_optimizer=False,
     )
-    set_seed(args.seed)
-    resume_path = resolve_checkpoint(args.resume_from_checkpoint, output_dir) if args.resume_from_checkpoint else None
-    resume_state = read_training_state(resume_path) if resume_path else None
-    if resume_state is not None and resume_state["family"] != family.name:
-        check_same_model(resume_state, family.name, {}, resume_path)
 
+
+def find_resume_point(args: TrainingArguments, family: Family) -> ResumePoint | None:
+    """The training state --resume_from_checkpoint names, refused when it belongs to another family."""
+    if not args.resume_from_checkpoint:
+        return None
+    path = resolve_checkpoint(args.resume_from_checkpoint, args.output_dir)
+    state = read_training_state(path)
+    if state["family"] != family.name:
+        check_same_model(state, family.name, {}, path)
+    return ResumePoint(path, state)
+
+
+def reuse_checkpoint_processor(
+    args: TrainingArguments, family: Family, resume: ResumePoint | None
+) -> TrainingArguments:
+    """A tokenizer trained on the data is saved with each checkpoint: a resumed run uses the very same one."""
     if (
-        resume_path is not None
+        resume is not None
         and family.trains_its_processor
         and not (args.tokenizer_name or args.model_name_or_path)
-        and (resume_path / PROCESSOR_DIR).is_dir()
+        and (resume.path / PROCESSOR_DIR).is_dir()
     ):
-        # a tokenizer trained on the data is saved with each checkpoint: resume with the very same one
-        args = dataclasses.replace(args, tokenizer_name=str(resume_path / PROCESSOR_DIR))
+        return dataclasses.replace(args, tokenizer_name=str(resume.path / PROCESSOR_DIR))
+    return args
+
+
+def prepare_run(accelerator: Accelerator, args: TrainingArguments, family: Family, resume: ResumePoint | None) -> Run:
+    """Data, model and processor (on the main process first, so that caches are written once), then the loaders,
+    optimiser and schedule, all through `accelerator.prepare`."""
     with accelerator.main_process_first():
-        raw, dataset_name = family.load_raw_data(args)
-        model, processor = family.build(args, raw)
-        datasets = family.transform(raw, processor, model, args)
+        data = family.load_data(args)
+        model, processor = family.build(args, data)
+        datasets = family.transform(data, processor, model, args)
     fingerprint = model_fingerprint(model.config)
-    if resume_state is not None:
-        check_same_model(resume_state, family.name, fingerprint, resume_path)
+    if resume is not None:
+        check_same_model(resume.state, family.name, fingerprint, resume.path)
     if args.activation_checkpointing:
         if not getattr(model, "supports_gradient_checkpointing", False):
             raise ValueError(f"{type(model).__name__} does not support --activation_checkpointing.")
         model.activation_checkpointing_enable()
 
-    world = accelerator.num_processes
+    loaders = make_dataloaders(args, datasets, family.collate_fn(processor), accelerator.num_processes)
+    optimizer = family.create_optimizer(model, args)
+    train_dataloader, eval_dataloader = accelerator.prepare(*loaders)
+    updates_per_epoch = math.ceil(len(train_dataloader) / args.gradient_accumulation_steps)
+    total_steps = args.max_steps or math.ceil(args.num_train_epochs * updates_per_epoch)
+    scheduler = family.create_scheduler(optimizer, args, total_steps, model.config)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    return Run(
+        accelerator=accelerator,
+        args=args,
+        family=family,
+        data=data,
+        model=model,
+        processor=processor,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        train_dataloader=train_dataloader,
+        eval_dataloader=eval_dataloader,
+        fingerprint=fingerprint,
+        total_steps=total_steps,
+        num_epochs=math.ceil(total_steps / updates_per_epoch),
+    )
+
+
+def make_dataloaders(args: TrainingArguments, datasets, collate, world: int) -> tuple[DataLoader, DataLoader]:
+    """The training loader (shuffled with the run's seed, full batches only) and the evaluation loader."""
     if len(datasets["train"]) < args.per_device_train_batch_size * world:
         raise ValueError(
             f"The training set has {len(datasets['train'])} examples, fewer than one global batch "
             f"({args.per_device_train_batch_size} x {world} processes)."
         )
-    collate = family.collate_fn(processor, model)
     train_dataloader = DataLoader(
         datasets["train"],
         batch_size=args.per_device_train_batch_size,
@@ -232,168 +355,194 @@ def train(args: TrainingArguments, family: Family | None = None) -> TrainResult:
         collate_fn=collate,
         num_workers=args.dataloader_num_workers,
     )
-    optimizer = family.create_optimizer(model, args)
-    train_dataloader, eval_dataloader = accelerator.prepare(train_dataloader, eval_dataloader)
+    return train_dataloader, eval_dataloader
 
-    updates_per_epoch = math.ceil(len(train_dataloader) / args.gradient_accumulation_steps)
-    total_steps = args.max_train_steps or math.ceil(args.num_train_epochs * updates_per_epoch)
-    num_epochs = math.ceil(total_steps / updates_per_epoch)
-    scheduler = family.create_scheduler(optimizer, args, total_steps, model.config)
-    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
 
-    global_step, start_epoch, skip_batches = 0, 0, 0
-    log_history: list[dict] = []
-    if resume_state is not None:
-        _warn_if_layout_changed(resume_state, args, world)
-        # Accelerate loads optimizer/scheduler/RNG with torch.load(weights_only=True) and the model from
-        # safetensors; nothing else (no custom pickled objects) is registered for checkpointing.
-        accelerator.load_state(str(resume_path), load_kwargs={"weights_only": True})
-        global_step = resume_state["global_step"]
-        start_epoch, skip_batches = resume_state["epoch"], resume_state["batches_in_epoch"]
-        log_history = list(resume_state.get("log_history", []))
-        accelerator.print(
-            f"Resumed from {resume_path} at update {global_step} (epoch {start_epoch}, batch {skip_batches})."
-        )
+def restore_progress(run: Run, resume: ResumePoint | None) -> Progress:
+    """A fresh start, or the position, log and optimiser/scheduler/RNG states of the training state resumed."""
+    progress = Progress(loss=RunningLoss(run.accelerator.device))
+    if resume is None:
+        return progress
+    _warn_if_layout_changed(resume.state, run.args, run.accelerator.num_processes)
+    # Accelerate loads optimizer/scheduler/RNG with torch.load(weights_only=True) and the model from safetensors;
+    # nothing else (no custom pickled objects) is registered for checkpointing.
+    run.accelerator.load_state(str(resume.path), load_kwargs={"weights_only": True})
+    progress.global_step = resume.state["global_step"]
+    progress.start_epoch, progress.skip_batches = resume.state["epoch"], resume.state["batches_in_epoch"]
+    progress.log_history = list(resume.state.get("log_history", []))
+    run.accelerator.print(
+        f"Resumed from {resume.path} at update {progress.global_step} (epoch {progress.start_epoch}, batch "
+        f"{progress.skip_batches})."
+    )
+    return progress
 
-    previous_handler = _install_sigterm(accelerator)
-    if log_with:
-        accelerator.init_trackers(args.project_name or f"hf_vit_plus-{family.name}", config=_hparams(args))
+
+def announce(run: Run) -> None:
+    """Start the trackers and print what is trained on what."""
+    accelerator, args = run.accelerator, run.args
+    if _trackers(args.report_to):
+        accelerator.init_trackers(args.project_name or f"hf_vit_plus-{run.family.name}", config=_hparams(args))
+    world = accelerator.num_processes
     accelerator.print(
-        f"Training {family.name}: {_count(model)} parameters, {len(datasets['train'])} train / "
-        f"{len(datasets['validation'])} eval examples, {world} process(es), global batch "
-        f"{args.per_device_train_batch_size * world * args.gradient_accumulation_steps}, {total_steps} updates."
+        f"Training {run.family.name}: {_count(run.model)} parameters, {len(run.train_dataloader.dataset)} train / "
+        f"{len(run.eval_dataloader.dataset)} eval examples, {world} process(es), global batch "
+        f"{args.per_device_train_batch_size * world * args.gradient_accumulation_steps}, {run.total_steps} updates."
     )
 
-    def state_at(epoch: int, batches_in_epoch: int) -> dict:
-        if batches_in_epoch >= len(train_dataloader):
-            epoch, batches_in_epoch = epoch + 1, 0
-        return {
-            "format": STATE_FORMAT,
-            "version": 1,
-            "family": family.name,
-            "model_config": fingerprint,
-            "global_step": global_step,
-            "total_steps": total_steps,
-            "epoch": epoch,
-            "batches_in_epoch": batches_in_epoch,
-            "num_processes": world,
-            "per_device_train_batch_size": args.per_device_train_batch_size,
-            "gradient_accumulation_steps": args.gradient_accumulation_steps,
-            "seed": args.seed,
-            "log_history": log_history,
-            "args": args.to_dict(),
-        }
 
-    from tqdm.auto import tqdm
-
-    progress = tqdm(total=total_steps, initial=global_step, disable=not accelerator.is_local_main_process)
-    stop_reason = "finished" if global_step >= total_steps else ""
-    last_checkpoint, last_saved_step = None, -1
-    running_loss, running_count = torch.zeros((), device=accelerator.device), 0
-    eval_metrics: dict[str, float] = {}
-    start = time.perf_counter()
-    try:
-        for epoch in range(start_epoch, num_epochs):
-            if stop_reason:
+def run_epochs(run: Run, progress: Progress) -> None:
+    """Train until `total_steps` updates, --stop_after_steps or SIGTERM; sets `progress.stop_reason`."""
+    if progress.global_step >= run.total_steps:  # resumed from the final training state
+        progress.stop_reason = "finished"
+    hidden = not run.accelerator.is_local_main_process
+    with tqdm(total=run.total_steps, initial=progress.global_step, disable=hidden) as bar:
+        for epoch in range(progress.start_epoch, run.num_epochs):
+            if progress.stop_reason:
                 break
-            model.train()
-            train_dataloader.set_epoch(epoch)
-            skip = skip_batches if epoch == start_epoch else 0
-            batches = accelerator.skip_first_batches(train_dataloader, skip) if skip else train_dataloader
-            batches_in_epoch = skip
-            for batch in batches:
-                with accelerator.accumulate(model):
-                    loss = family.training_loss(model, batch, args)
-                    accelerator.backward(loss)
-                    if accelerator.sync_gradients and args.max_grad_norm and args.max_grad_norm > 0:
-                        accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-                    optimizer.step()  # a no-op until the last micro-batch of the accumulation
-                    if accelerator.sync_gradients and not accelerator.optimizer_step_was_skipped:
-                        scheduler.step()
-                    optimizer.zero_grad(set_to_none=True)
-                batches_in_epoch += 1
-                running_loss += loss.detach().float()
-                running_count += 1
-                if not accelerator.sync_gradients:
-                    continue
-                global_step += 1
-                progress.update(1)
-                if global_step % args.logging_steps == 0 or global_step == total_steps:
-                    mean_loss = accelerator.reduce(running_loss / running_count, reduction="mean").item()
-                    entry = {"step": global_step, "epoch": round(epoch + batches_in_epoch / len(train_dataloader), 4)}
-                    entry.update(loss=mean_loss, learning_rate=scheduler.get_last_lr()[0])
-                    _log(accelerator, log_history, entry, "train")
-                    progress.set_postfix(loss=f"{mean_loss:.4f}")
-                    running_loss.zero_()
-                    running_count = 0
-                if args.eval_steps and global_step % args.eval_steps == 0:
-                    eval_metrics = evaluate(accelerator, model, eval_dataloader, family)
-                    _log(accelerator, log_history, {"step": global_step, **_prefixed(eval_metrics)}, "eval")
-                    model.train()
-                if global_step >= total_steps:
-                    stop_reason = "finished"
-                elif args.stop_after_steps and global_step >= args.stop_after_steps:
-                    stop_reason = "stop_after_steps"
-                elif accelerator.check_trigger():
-                    stop_reason = "SIGTERM"
-                every = args.checkpoint_every
-                if (every and global_step % every == 0) or stop_reason in ("stop_after_steps", "SIGTERM"):
-                    last_checkpoint = save_checkpoint(
-                        accelerator,
-                        output_dir,
-                        state_at(epoch, batches_in_epoch),
-                        args.checkpoints_total_limit,
-                        processor,
-                    )
-                    last_saved_step = global_step
-                if stop_reason:
-                    break
-            else:
-                if not args.eval_steps:
-                    eval_metrics = evaluate(accelerator, model, eval_dataloader, family)
-                    _log(
-                        accelerator,
-                        log_history,
-                        {"step": global_step, "epoch": epoch + 1, **_prefixed(eval_metrics)},
-                        "eval",
-                    )
-                if args.checkpointing_steps == "epoch" and global_step != last_saved_step:
-                    last_checkpoint = save_checkpoint(
-                        accelerator, output_dir, state_at(epoch + 1, 0), args.checkpoints_total_limit, processor
-                    )
-                    last_saved_step = global_step
-        if not stop_reason:
-            stop_reason = "finished"
-    finally:
-        signal.signal(signal.SIGTERM, previous_handler)
-        progress.close()
-    train_seconds = time.perf_counter() - start
+            skip = progress.skip_batches if epoch == progress.start_epoch else 0
+            if train_epoch(run, progress, epoch, skip, bar):
+                end_epoch(run, progress, epoch)
+    if not progress.stop_reason:
+        progress.stop_reason = "finished"
 
-    interrupted = stop_reason != "finished"
-    if interrupted:
-        accelerator.print(
-            f"Stopped at update {global_step}/{total_steps} ({stop_reason}); state saved in {last_checkpoint}."
-        )
-        accelerator.end_training()
-        return TrainResult(
-            output_dir, global_step, total_steps, eval_metrics, log_history, True, stop_reason, last_checkpoint,
-            train_seconds, raw_datasets=raw, model=accelerator.unwrap_model(model),
-        )  # fmt: skip
 
-    if args.checkpointing_steps != "none" and global_step != last_saved_step:
-        last_checkpoint = save_checkpoint(
-            accelerator, output_dir, state_at(num_epochs, 0), args.checkpoints_total_limit, processor
-        )
-    eval_metrics = evaluate(accelerator, model, eval_dataloader, family)
-    if not log_history or log_history[-1].get("step") != global_step or "eval_loss" not in log_history[-1]:
-        _log(accelerator, log_history, {"step": global_step, **_prefixed(eval_metrics)}, "eval")
-    files = save_final(accelerator, model, processor, family, args, raw, dataset_name, eval_metrics, log_history)
-    accelerator.end_training()
-    accelerator.print(f"Final evaluation: {json.dumps(eval_metrics)}; model saved in {output_dir}.")
+def train_epoch(run: Run, progress: Progress, epoch: int, skip: int, bar) -> bool:
+    """One pass over the training batches after the first `skip` (those a resumed run has trained already).
+    Returns False when the run stopped within the epoch."""
+    accelerator = run.accelerator
+    run.model.train()
+    run.train_dataloader.set_epoch(epoch)
+    batches = accelerator.skip_first_batches(run.train_dataloader, skip) if skip else run.train_dataloader
+    batches_in_epoch = skip
+    for batch in batches:
+        loss = training_step(run, batch)
+        batches_in_epoch += 1
+        progress.loss.add(loss)
+        if not accelerator.sync_gradients:  # inside a gradient accumulation: no update yet
+            continue
+        progress.global_step += 1
+        bar.update(1)
+        after_update(run, progress, epoch, batches_in_epoch, bar)
+        if progress.stop_reason:
+            return False
+    return True
+
+
+def training_step(run: Run, batch: dict) -> torch.Tensor:
+    """Forward and backward of one micro-batch; on the last one of an accumulation, clipping, the optimiser step
+    and the schedule step. Returns the loss."""
+    accelerator, args = run.accelerator, run.args
+    with accelerator.accumulate(run.model):
+        loss = run.model(**batch).loss
+        accelerator.backward(loss)
+        if accelerator.sync_gradients and args.max_grad_norm and args.max_grad_norm > 0:
+            accelerator.clip_grad_norm_(run.model.parameters(), args.max_grad_norm)
+        run.optimizer.step()  # a no-op until the last micro-batch of the accumulation
+        if accelerator.sync_gradients and not accelerator.optimizer_step_was_skipped:
+            run.scheduler.step()
+        run.optimizer.zero_grad(set_to_none=True)
+    return loss
+
+
+def after_update(run: Run, progress: Progress, epoch: int, batches_in_epoch: int, bar) -> None:
+    """What follows an optimiser update, as the arguments ask: log the loss, evaluate, decide whether to stop, save
+    the training state."""
+    accelerator, args, step = run.accelerator, run.args, progress.global_step
+    if step % args.logging_steps == 0 or step == run.total_steps:
+        mean_loss = progress.loss.mean_and_reset(accelerator)
+        entry = {"step": step, "epoch": round(epoch + batches_in_epoch / len(run.train_dataloader), 4)}
+        entry.update(loss=mean_loss, learning_rate=run.scheduler.get_last_lr()[0])
+        _log(accelerator, progress.log_history, entry, "train")
+        bar.set_postfix(loss=f"{mean_loss:.4f}")
+    if args.eval_steps and step % args.eval_steps == 0:
+        progress.eval_metrics = evaluate(accelerator, run.model, run.eval_dataloader, run.family)
+        _log(accelerator, progress.log_history, {"step": step, **_prefixed(progress.eval_metrics)}, "eval")
+        run.model.train()
+    if step >= run.total_steps:
+        progress.stop_reason = "finished"
+    elif args.stop_after_steps and step >= args.stop_after_steps:
+        progress.stop_reason = "stop_after_steps"
+    elif accelerator.check_trigger():  # SIGTERM on any process; a collective, so every process calls it
+        progress.stop_reason = "SIGTERM"
+    if (args.save_every and step % args.save_every == 0) or progress.stop_reason in ("stop_after_steps", "SIGTERM"):
+        save_training_state(run, progress, epoch, batches_in_epoch)
+
+
+def end_epoch(run: Run, progress: Progress, epoch: int) -> None:
+    """At the end of an epoch: evaluate (unless --eval_steps sets its own rhythm) and save with --save_steps epoch."""
+    if not run.args.eval_steps:
+        progress.eval_metrics = evaluate(run.accelerator, run.model, run.eval_dataloader, run.family)
+        entry = {"step": progress.global_step, "epoch": epoch + 1, **_prefixed(progress.eval_metrics)}
+        _log(run.accelerator, progress.log_history, entry, "eval")
+    if run.args.save_steps == "epoch" and progress.global_step != progress.last_saved_step:
+        save_training_state(run, progress, epoch + 1, 0)
+
+
+def save_training_state(run: Run, progress: Progress, epoch: int, batches_in_epoch: int) -> None:
+    """A checkpoint of the run at this position: the next batch to train is `batches_in_epoch` of `epoch`."""
+    if batches_in_epoch >= len(run.train_dataloader):
+        epoch, batches_in_epoch = epoch + 1, 0
+    state = {
+        "format": STATE_FORMAT,
+        "version": 1,
+        "family": run.family.name,
+        "model_config": run.fingerprint,
+        "global_step": progress.global_step,
+        "total_steps": run.total_steps,
+        "epoch": epoch,
+        "batches_in_epoch": batches_in_epoch,
+        "num_processes": run.accelerator.num_processes,
+        "per_device_train_batch_size": run.args.per_device_train_batch_size,
+        "gradient_accumulation_steps": run.args.gradient_accumulation_steps,
+        "seed": run.args.seed,
+        "log_history": progress.log_history,
+        "args": run.args.to_dict(),
+    }
+    progress.last_checkpoint = save_checkpoint(
+        run.accelerator, run.output_dir, state, run.args.save_total_limit, run.processor
+    )
+    progress.last_saved_step = progress.global_step
+
+
+def stop_early(run: Run, progress: Progress, train_seconds: float) -> TrainResult:
+    """The run stopped before its last update (--stop_after_steps, SIGTERM): its state is saved, no final model."""
+    run.accelerator.print(
+        f"Stopped at update {progress.global_step}/{run.total_steps} ({progress.stop_reason}); state saved in "
+        f"{progress.last_checkpoint}."
+    )
+    run.accelerator.end_training()
+    return _result(run, progress, train_seconds, files=[])
+
+
+def finish(run: Run, progress: Progress, train_seconds: float) -> TrainResult:
+    """The last training state, the final evaluation, then the model folder (and the Hub push)."""
+    if run.args.save_steps != "none" and progress.global_step != progress.last_saved_step:
+        save_training_state(run, progress, run.num_epochs, 0)
+    progress.eval_metrics = evaluate(run.accelerator, run.model, run.eval_dataloader, run.family)
+    history = progress.log_history
+    if not history or history[-1].get("step") != progress.global_step or "eval_loss" not in history[-1]:
+        _log(run.accelerator, history, {"step": progress.global_step, **_prefixed(progress.eval_metrics)}, "eval")
+    files = save_final(run, progress.eval_metrics, history)
+    run.accelerator.end_training()
+    run.accelerator.print(f"Final evaluation: {json.dumps(progress.eval_metrics)}; model saved in {run.output_dir}.")
+    return _result(run, progress, train_seconds, files)
+
+
+def _result(run: Run, progress: Progress, train_seconds: float, files: list[Path]) -> TrainResult:
     return TrainResult(
-        output_dir, global_step, total_steps, eval_metrics, log_history, False, "finished", last_checkpoint,
-        train_seconds, files, raw, accelerator.unwrap_model(model),
-    )  # fmt: skip
+        output_dir=run.output_dir,
+        global_step=progress.global_step,
+        total_steps=run.total_steps,
+        eval_metrics=progress.eval_metrics,
+        log_history=progress.log_history,
+        interrupted=progress.stop_reason != "finished",
+        stop_reason=progress.stop_reason,
+        last_checkpoint=progress.last_checkpoint,
+        train_seconds=train_seconds,
+        files=files,
+        raw_datasets=run.data.raw,
+        model=run.accelerator.unwrap_model(run.model),
+    )
 
 
 def evaluate(accelerator: Accelerator, model, dataloader, family: Family) -> dict[str, float]:
@@ -402,22 +551,17 @@ def evaluate(accelerator: Accelerator, model, dataloader, family: Family) -> dic
     chunks: dict[str, list[torch.Tensor]] = defaultdict(list)
     with torch.no_grad():
         for batch in dataloader:
-            outputs = family.eval_outputs(model, batch)
-            outputs = family.pad_for_gather(accelerator, outputs)
-            for key, value in accelerator.gather_for_metrics(outputs).items():
+            for key, value in accelerator.gather_for_metrics(family.eval_outputs(model, batch)).items():
                 chunks[key].append(value.cpu())
-    gathered = {key: family.concat(key, values) for key, values in chunks.items()}
-    return family.metrics(gathered)
+    return family.metrics({key: torch.cat(values) for key, values in chunks.items()})
 
 
-def save_final(
-    accelerator, model, processor, family, args, raw, dataset_name, eval_metrics, log_history
-) -> list[Path]:
+def save_final(run: Run, eval_metrics: dict[str, float], log_history: list[dict]) -> list[Path]:
     """Model + processor, evaluation results, curves, figures and the card; push when asked. Main process writes."""
-    output_dir = Path(args.output_dir)
+    accelerator, args, output_dir = run.accelerator, run.args, run.output_dir
     accelerator.wait_for_everyone()
-    unwrapped = accelerator.unwrap_model(model)
-    state_dict = accelerator.get_state_dict(model)  # collective under FSDP/DeepSpeed: every process calls it
+    unwrapped = accelerator.unwrap_model(run.model)
+    state_dict = accelerator.get_state_dict(run.model)  # collective under FSDP/DeepSpeed: every process calls it
     if args.activation_checkpointing:
         unwrapped.activation_checkpointing_disable()
     files: list[Path] = []
@@ -426,7 +570,7 @@ def save_final(
         staging = output_dir / ".tmp-final"
         shutil.rmtree(staging, ignore_errors=True)
         unwrapped.save_pretrained(staging, is_main_process=True, state_dict=state_dict, save_function=accelerator.save)
-        processor.save_pretrained(staging)
+        run.processor.save_pretrained(staging)
         for path in sorted(staging.iterdir()):
             os.replace(path, output_dir / path.name)
         staging.rmdir()
@@ -435,43 +579,36 @@ def save_final(
         (output_dir / "log_history.json").write_text(json.dumps(log_history, indent=1))
         files += [output_dir / "eval_results.json", output_dir / "log_history.json"]
         if args.write_card:
-            files += write_card_and_figures(
-                unwrapped, processor, family, args, raw, dataset_name, eval_metrics, log_history
-            )
+            files += write_card_and_figures(run, unwrapped, eval_metrics, log_history)
         if args.push_to_hub:
             push(output_dir, args)
     accelerator.wait_for_everyone()
     return files
 
 
-def write_card_and_figures(model, processor, family, args, raw, dataset_name, eval_metrics, log_history) -> list[Path]:
-    import importlib.util
-
-    output_dir = Path(args.output_dir)
-    missing = [m for m in ("hf_vit_plus.hub.card", "hf_vit_plus.hub.figures") if importlib.util.find_spec(m) is None]
-    if missing:
-        logger.warning("%s not available: no model card or training-curve figure written.", ", ".join(missing))
-        return []
+def write_card_and_figures(run: Run, model, eval_metrics: dict[str, float], log_history: list[dict]) -> list[Path]:
+    """The training curves, the family's figures of the trained `model` and the model card that shows them."""
     from ..hub import plot_training_curves, write_model_card
 
+    args, output_dir = run.args, run.output_dir
     figures = [Path(plot_training_curves(log_history, output_dir / "training_curves.png"))]
     was_training = model.training
     model.eval()
-    figures += [Path(p) for p in family.figures(model, processor, raw, output_dir)]
+    figures += [Path(p) for p in run.family.figures(model, run.processor, run.data.raw, output_dir)]
     model.train(was_training)
     card = write_model_card(
         output_dir,
-        family=family.card_family,
+        family=run.family.name,
         model_config=model.config,
         training_args=card_hyperparameters(args),
-        eval_results={f"eval_{k}": v for k, v in eval_metrics.items() if k != "samples"},
-        dataset_name=dataset_name,
-        dataset_config=args.dataset_config,
+        eval_results=_prefixed(eval_metrics),
+        dataset_name=run.data.name,
+        dataset_config=args.dataset_config_name,
         figures=figures,
         base_model=args.model_name_or_path,
         repo_id=args.hub_model_id,
     )
-    return figures + [Path(card) if card else output_dir / "README.md"]
+    return figures + [Path(card)]
 
 
 CARD_FIELDS = (
@@ -484,11 +621,11 @@ CARD_FIELDS = (
     "adam_epsilon",
     "max_grad_norm",
     "num_train_epochs",
-    "max_train_steps",
-    "lr_scheduler",
+    "max_steps",
+    "lr_scheduler_type",
     "warmup_steps",
     "warmup_ratio",
-    "label_smoothing",
+    "label_smoothing_factor",
     "mixed_precision",
     "seed",
 )
@@ -497,7 +634,7 @@ CARD_FIELDS = (
 def card_hyperparameters(args: TrainingArguments) -> dict:
     """The hyperparameters shown in the model card (those that describe the optimisation)."""
     values = {k: getattr(args, k) for k in CARD_FIELDS if getattr(args, k) is not None}
-    values["scheduler"] = values.pop("lr_scheduler")
+    values["scheduler"] = values.pop("lr_scheduler_type")
     return values
 
 
@@ -509,25 +646,31 @@ def push(output_dir: Path, args: TrainingArguments) -> None:
     shutil.rmtree(staging, ignore_errors=True)
     shutil.copytree(output_dir, staging, ignore=shutil.ignore_patterns(CHECKPOINTS_DIR, "logs", ".tmp-*"))
     try:
-        push_checkpoint(staging, args.hub_model_id, revision=args.hub_revision, private=args.hub_private)
+        push_checkpoint(staging, args.hub_model_id, revision=args.hub_revision, private=args.hub_private_repo)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     logger.info("Pushed %s to %s (revision %s).", output_dir, args.hub_model_id, args.hub_revision or "main")
 
 
 # --------------------------------------------------------------------------------------------------- small bits
-def _install_sigterm(accelerator: Accelerator):
-    """On SIGTERM, raise Accelerate's trigger; the loop checks it (across processes) after each update, saves the
-    state and returns."""
+@contextmanager
+def stop_on_sigterm(accelerator: Accelerator) -> Iterator[None]:
+    """On SIGTERM, raise Accelerate's trigger: the loop checks it (across processes) after each update, saves the
+    state and returns. The previous handler is back on exit; outside the main thread signals are left alone."""
 
     def handler(signum, frame):
         logger.warning("SIGTERM received: saving the training state after this update.")
         accelerator.set_trigger()
 
     try:
-        return signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread: leave signals alone
-        return signal.getsignal(signal.SIGTERM)
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
 def _trackers(report_to: str | None):

@@ -44,15 +44,15 @@ STRIDES = {1024: 32, 2048: 64, 4096: 64, 8192: 128, 16384: 128}
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--max_n", type=int, default=16384)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--head_dim", type=int, default=64)
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--max_n", type=int, default=16384, help="longest sequence measured")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per case")
+    p.add_argument("--heads", type=int, default=8, help="attention heads")
+    p.add_argument("--head_dim", type=int, default=64, help="size of each head")
+    p.add_argument("--threads", type=int, default=1, help="torch threads")
     p.add_argument("--dense_max_n", type=int, default=4096, help="largest n for the dense masked reference")
     p.add_argument("--flex_max_n", type=int, default=2048, help="largest n for compiled flex (forward only)")
     p.add_argument("--no_memory", action="store_true", help="skip the per-case memory subprocesses")
-    p.add_argument("--no_flex", action="store_true")
+    p.add_argument("--no_flex", action="store_true", help="skip flex_attention")
     p.add_argument("--case", default=None, help=argparse.SUPPRESS)  # internal: one memory measurement
     return p.parse_args(argv)
 

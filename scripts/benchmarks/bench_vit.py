@@ -160,12 +160,18 @@ def _cpu_name() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--preset", default="base-patch16-224")
-    parser.add_argument("--batch_sizes", type=int, nargs="+", default=[1, 8, 32])
-    parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16-autocast", "bf16"])
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--preset", default="base-patch16-224", help="ViTPlusConfig preset measured")
+    parser.add_argument("--batch_sizes", type=int, nargs="+", default=[1, 8, 32], help="batch sizes measured")
+    parser.add_argument(
+        "--precisions",
+        nargs="+",
+        default=["fp32", "bf16-autocast", "bf16"],
+        choices=["fp32", "bf16-autocast", "bf16"],
+        help="precisions measured",
+    )
+    parser.add_argument("--repeats", type=int, default=7, help="timed runs per model and case")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed runs before the timed ones")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument(
         "--no_fp32_matmul",
         action="store_true",
