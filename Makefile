@@ -33,7 +33,7 @@ demo: $(VENV)/.stamp-base
 
 # The multi-process tests fork (accelerate.debug_launcher), which torch refuses in a process that already ran
 # autograd: they run first, in a fresh interpreter of their own; the rest runs on 2 pytest-xdist workers.
-DISTRIBUTED_TESTS := tests/test_training_distributed.py
+DISTRIBUTED_TESTS := tests/training/test_training_distributed.py
 test: $(VENV)/.stamp-test
 	OMP_NUM_THREADS=1 $(PY) -m pytest -p no:xdist -q $(DISTRIBUTED_TESTS)
 	OMP_NUM_THREADS=1 $(PY) -m pytest $(PYTEST_ARGS) --ignore=$(DISTRIBUTED_TESTS) tests

@@ -74,7 +74,7 @@ class SparseTransformerConfig(PretrainedConfig):
     sparse_fields = SparseFields(causal=True)
 
     # The fields it shares with `ViTPlusConfig` carry the same (transformers' ViT) names in the same order
-    # (tests/test_copies.py checks them).
+    # (tests/models/test_copies.py checks them).
     def __init__(
         self,
         vocab_size: int = 259,

@@ -635,7 +635,7 @@ class Seq2SeqTransformerForConditionalGeneration(Seq2SeqTransformerPreTrainedMod
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
     # The arguments of `Seq2SeqTransformerModel.forward` plus `labels`, spelled out: Trainer and `generate` read the
-    # signature (tests/test_copies.py keeps the two in sync).
+    # signature (tests/models/test_copies.py keeps the two in sync).
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-MODELS = Path(__file__).resolve().parent.parent / "hf_vit_plus" / "models"
+MODELS = Path(__file__).resolve().parents[2] / "hf_vit_plus" / "models"
 MARKER = re.compile(  # a top-level function or class under its marker
     r"^# Copied from (?P<module>\w+)\.(?P<name>[\w.]+)(?: with (?P<replace>.+))?\n(?:class|def) (?P<target>\w+)", re.M
 )

@@ -21,7 +21,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 from hf_vit_plus.data.number_words import number_to_words
 from hf_vit_plus.hub.card import load_card_metadata, validate_card_metadata
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _load_script():

@@ -166,7 +166,7 @@ def test_the_block_kernel_uses_the_cpu_flash_ops_only_for_cpu_tensors(monkeypatc
 # ------------------------------------------------------------------------------- what a dense model's forward loads
 LOADS = """
 import sys, torch
-from tests.test_sparse_settings import tiny
+from tests.models.test_sparse_settings import tiny
 from hf_vit_plus import SparseTransformerForCausalLM, Seq2SeqTransformerModel, ViTPlusModel
 models = {"vit": ViTPlusModel, "seq2seq": Seq2SeqTransformerModel, "sparse-lm": SparseTransformerForCausalLM}
 inputs = {"vit": dict(pixel_values=torch.randn(1, 3, 16, 16)),
@@ -202,7 +202,7 @@ REMOTE_WITH_PACKAGE_CONFIG = """
 import sys, torch
 from transformers.dynamic_module_utils import get_class_from_dynamic_module
 from hf_vit_plus.models.sparse_layouts import SparsePattern
-from tests.test_sparse_settings import tiny
+from tests.models.test_sparse_settings import tiny
 remote_class = get_class_from_dynamic_module("modeling_vit_plus.ViTPlusModel", sys.argv[1])
 model = remote_class(tiny("vit", attention_type="fixed")).eval()  # the package's config, the checkpoint's code
 pattern = model.layers[0].attention.sparse_pattern
