@@ -18,8 +18,7 @@ from hf_vit_plus import (
 )
 from hf_vit_plus.conversion.nn_transformer import config_from_torch_transformer, seq2seq_from_torch_transformer
 from hf_vit_plus.models.positional import sinusoidal_position_table
-
-from .utils import run_without_package
+from tests.utils import run_without_package
 
 PAD, BOS, EOS = 0, 1, 2
 VOCAB = 20

@@ -12,8 +12,7 @@ from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
 from hf_vit_plus import Seq2SeqTransformerConfig, Seq2SeqTransformerForConditionalGeneration
 from hf_vit_plus.models.sparse_layouts import SparsePattern, pattern_from_config
-
-from .utils import run_without_package
+from tests.utils import run_without_package
 
 PAD, BOS, EOS = 0, 1, 2
 VOCAB = 20

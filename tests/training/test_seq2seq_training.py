@@ -18,8 +18,7 @@ from hf_vit_plus.data.number_words import load_number_words_dataset, number_to_w
 from hf_vit_plus.models.pipeline_text2text_generation import Text2TextGenerationPipeline, save_text2text_pipeline
 from hf_vit_plus.tokenization import train_bpe_tokenizer
 from hf_vit_plus.training.schedules import get_noam_schedule, paper_adam
-
-from .utils import run_without_package
+from tests.utils import run_without_package
 
 
 def test_number_to_words_examples():
