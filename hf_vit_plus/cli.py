@@ -21,6 +21,7 @@ COMMAND_MODULES = [
     "hf_vit_plus.interpret.cli",
     "hf_vit_plus.training.cli",
     "hf_vit_plus.hub.cli",
+    "hf_vit_plus.export_cli",
 ]
 
 

@@ -1,12 +1,18 @@
 """ViT throughput: hf_vit_plus against timm and transformers' ViT with the same weights, measured interleaved.
 
-    python scripts/benchmarks/bench_vit.py                       # ViT-B/16 at 224, batch 1/8/32, fp32 + bf16
+    python scripts/benchmarks/bench_vit.py                       # ViT-B/16 at 224, batch 1/8/32, fp32, bf16, int8
     python scripts/benchmarks/bench_vit.py --preset tiny-patch16-224 --batch_sizes 1 8 --repeats 5
+    python scripts/benchmarks/bench_vit.py --precisions fp32 int8-dynamic --batch_sizes 8   # the int8 target
 
 For each (precision, batch) the three models run round-robin, `--repeats` times each, after warm-up; the table
 gives the median images/s, our ratio to each peer, and the achieved GFLOP/s as a share of a measured GEMM peak
 (a (B*T x D) @ (D x 4D) matmul in the same precision, the shape of the MLP's first layer).
-Precisions: fp32; bf16-autocast (fp32 weights, `torch.autocast("cpu", torch.bfloat16)`); bf16 (bf16 weights).
+Precisions: fp32; bf16-autocast (fp32 weights, `torch.autocast("cpu", torch.bfloat16)`); bf16 (bf16 weights);
+int8-dynamic and int8-weight-only: ours quantized by `hf_vit_plus.quantization.quantize` (torchao; every linear
+layer), while timm and transformers stay in fp32, the baseline int8 is measured against. The int8-dynamic row's
+GEMM peak for ours is that of an int8 x int8 -> int32 product (`torch._int_mm`) of the same shape; weight-only int8
+computes its products in fp32 (fp32 peak). int8-dynamic-compiled (not in the default list): the int8-dynamic model
+under `torch.compile`, which fuses the per-row quantization of the activations (compiled during the warm-up).
 
 "ours" is hf_vit_plus with the opt-in `hf_vit_plus.cpu_precision.use_fp32_matmul_for_low_precision` (bf16/fp16 CPU
 products computed in fp32 where the CPU lacks native bf16 instructions; a no-op in fp32 and on CPUs with native
@@ -25,6 +31,8 @@ from contextlib import nullcontext
 import torch
 
 from hf_vit_plus.cpu_precision import cpu_has_native_low_precision_matmul
+
+INT8_SCHEMES = ("int8-dynamic", "int8-weight-only")  # hf_vit_plus.quantization.SCHEMES (imported only when measured)
 
 
 def build_models(preset: str, fp32_matmul: bool = True):
@@ -76,14 +84,20 @@ def forward_flops(config, batch: int) -> float:
 
 def gemm_peak(config, batch: int, dtype: torch.dtype, repeats: int = 5) -> float:
     m = batch * (config.num_patches + 1)
-    a = torch.randn(m, config.hidden_size, dtype=dtype)
-    b = torch.randn(config.hidden_size, config.intermediate_size, dtype=dtype)
+    if dtype == torch.int8:  # int8 x int8 -> int32, the product of dynamic int8 quantization
+        a = torch.randint(-127, 128, (m, config.hidden_size), dtype=dtype)
+        b = torch.randint(-127, 128, (config.hidden_size, config.intermediate_size), dtype=dtype)
+        product = torch._int_mm
+    else:
+        a = torch.randn(m, config.hidden_size, dtype=dtype)
+        b = torch.randn(config.hidden_size, config.intermediate_size, dtype=dtype)
+        product = torch.matmul
     for _ in range(2):
-        a @ b
+        product(a, b)
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        a @ b
+        product(a, b)
         times.append(time.perf_counter() - start)
     return 2 * m * config.hidden_size * config.intermediate_size / min(times)
 
@@ -96,6 +110,9 @@ def run(args) -> None:
     print(f"# CPU: {_cpu_name()}, native bf16 matmul: {cpu_has_native_low_precision_matmul()}")
     if fp32_matmul:
         print("# ours = hf_vit_plus with hf_vit_plus.cpu_precision.use_fp32_matmul_for_low_precision (opt-in)")
+    if any(p.startswith("int8") for p in args.precisions):
+        print("# int8-* rows: ours = hf_vit_plus quantized with hf_vit_plus.quantization.quantize (torchao); timm and "
+              "transformers in fp32")  # fmt: skip
     header = (
         f"| precision | batch | {ours} img/s | timm img/s | transformers img/s | vs timm | vs transformers "
         "| ours GFLOP/s | % of GEMM peak | timm % | transformers % |"
@@ -105,11 +122,17 @@ def run(args) -> None:
     for precision in args.precisions:
         if precision == "bf16":
             models = {name: _copy_to(m, torch.bfloat16) for name, m in fp32_models.items()}
+        elif precision in INT8_SCHEMES:
+            models = {**fp32_models, "hf_vit_plus": _quantized(fp32_models["hf_vit_plus"], precision)}
+        elif precision == "int8-dynamic-compiled":
+            compiled = torch.compile(_quantized(fp32_models["hf_vit_plus"], "int8-dynamic"))
+            models = {**fp32_models, "hf_vit_plus": compiled}
         else:
             models = fp32_models
         autocast = precision == "bf16-autocast"
         context = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if autocast else nullcontext
-        peak_dtype = torch.float32 if precision == "fp32" else torch.bfloat16
+        peak_dtype = torch.bfloat16 if precision.startswith("bf16") else torch.float32
+        ours_peak_dtype = torch.int8 if precision.startswith("int8-dynamic") else peak_dtype
         for batch in args.batch_sizes:
             dtype = torch.bfloat16 if precision == "bf16" else torch.float32
             x = torch.randn(batch, config.num_channels, config.image_size, config.image_size, dtype=dtype)
@@ -128,7 +151,10 @@ def run(args) -> None:
             ips = {name: batch / statistics.median(t) for name, t in times.items()}
             flops = forward_flops(config, batch)
             peak = gemm_peak(config, batch, peak_dtype)
-            share = {name: 100 * flops * ips[name] / batch / peak for name in models}
+            peaks = {name: peak for name in models}
+            if ours_peak_dtype != peak_dtype:
+                peaks["hf_vit_plus"] = gemm_peak(config, batch, ours_peak_dtype)
+            share = {name: 100 * flops * ips[name] / batch / peaks[name] for name in models}
             print(
                 f"| {precision} | {batch} | {ips['hf_vit_plus']:.1f} | {ips['timm']:.1f} | {ips['transformers']:.1f} "
                 f"| {ips['hf_vit_plus'] / ips['timm']:.2f}x | {ips['hf_vit_plus'] / ips['transformers']:.2f}x "
@@ -148,6 +174,16 @@ def _copy_to(model, dtype):
     return copy.deepcopy(model).to(dtype)
 
 
+def _quantized(model, scheme: str):
+    """A copy of `model` with standard layers (the fp32-matmul opt-in undone), quantized by torchao."""
+    import copy
+
+    from hf_vit_plus.cpu_precision import restore_standard_layers
+    from hf_vit_plus.quantization import quantize
+
+    return quantize(restore_standard_layers(copy.deepcopy(model)), scheme)
+
+
 def _cpu_name() -> str:
     try:
         for line in open("/proc/cpuinfo"):
@@ -165,8 +201,8 @@ def main() -> None:
     parser.add_argument(
         "--precisions",
         nargs="+",
-        default=["fp32", "bf16-autocast", "bf16"],
-        choices=["fp32", "bf16-autocast", "bf16"],
+        default=["fp32", "bf16-autocast", "bf16", *INT8_SCHEMES],
+        choices=["fp32", "bf16-autocast", "bf16", *INT8_SCHEMES, "int8-dynamic-compiled"],
         help="precisions measured",
     )
     parser.add_argument("--repeats", type=int, default=7, help="timed runs per model and case")

@@ -1,0 +1,472 @@
+"""ONNX export through torch's exporter (`torch.onnx.export(..., dynamo=True)`, which needs onnxscript), and
+small onnxruntime drivers that decode with the exported graphs.
+
+    from hf_vit_plus.export import export_onnx, OnnxSeq2SeqGenerator
+
+    export_onnx(model, "onnx/")                      # the files depend on the family, see below
+    generator = OnnxSeq2SeqGenerator("onnx/")        # onnxruntime; no torch model needed
+    tokens = generator.generate(input_ids, attention_mask, max_new_tokens=32)   # = model.generate greedy
+
+What is written (plus the model's config.json, and generation_config.json for the generative families):
+
+- ViT classifier: `model.onnx`, `pixel_values` (batch, channels, image_size, image_size) -> `logits`. The image size
+  is the config's (the position embeddings are not interpolated in the graph).
+- seq2seq: `encoder_model.onnx`, `input_ids`, `attention_mask` (batch, source) -> `last_hidden_state` and, for each
+  decoder layer i, the cross-attention keys and values `cross_key.{i}`, `cross_value.{i}` (batch, heads, source,
+  head_dim), computed once per source as in `generate`. `decoder_model.onnx`, one decoding step:
+  `decoder_input_ids` (batch, 1), `encoder_hidden_states` (only its shape is read), `encoder_attention_mask`,
+  `past_key.{i}`, `past_value.{i}` (batch, heads, past, head_dim; past = 0 at the first step), `cross_key.{i}`,
+  `cross_value.{i}` -> `logits` (batch, 1, vocab) and `present_key.{i}`, `present_value.{i}` (past + 1 positions).
+- Sparse Transformer LM (dense or sparse): `model.onnx`, one graph for the prompt and the decoding steps:
+  `input_ids` (batch, new), `attention_mask` (batch, past + new), `past_key.{i}`, `past_value.{i}` (past = 0 for the
+  prompt) -> `logits` (batch, new, vocab), `present_key.{i}`, `present_value.{i}`.
+
+Sparse attention is exported through the masked dense reference ("sparse_dense": the pattern as a boolean mask
+built from the positions, exact, O(n^2) memory). The fast block-sparse CPU kernel is not exportable: it picks blocks
+with Python loops over the sequence, which the exporter would freeze at the traced shape (a graph that only runs on
+the example's batch and length), and the decoding step's gathered keys are read on the host.
+
+The exporter is torch's dynamo-based one (`torch.export`, then onnxscript). The TorchScript exporter
+(`dynamo=False`, deprecated since torch 2.9) handles the ViT but freezes every length the model code reads as a
+Python number into a constant, and fails on the LM's cache path. Each export checks that the axes it declares
+dynamic (batch, source length, cache length) stayed symbolic in the graph, and raises otherwise.
+
+Models quantized with `hf_vit_plus.quantization` are refused: export the float model (onnxruntime's own
+`onnxruntime.quantization.quantize_dynamic` quantizes an exported file).
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+VIT_FILE = "model.onnx"
+ENCODER_FILE = "encoder_model.onnx"
+DECODER_FILE = "decoder_model.onnx"
+LM_FILE = "model.onnx"
+
+# Example lengths the graphs are traced at: neither 0 nor 1 (the exporter specialises those), and distinct, so that
+# no two axes are unified by accident.
+_EXAMPLE_BATCH, _EXAMPLE_SOURCE, _EXAMPLE_PAST, _EXAMPLE_NEW = 2, 5, 3, 2
+
+
+def _require_onnx_exporter() -> None:
+    missing = []
+    for name in ("onnx", "onnxscript"):
+        try:
+            __import__(name)
+        except ImportError:
+            missing.append(name)
+    if missing:
+        raise ImportError(
+            f"ONNX export needs {' and '.join(missing)}: `pip install onnx onnxscript` (or "
+            "`pip install hf_vit_plus[inference]`)."
+        )
+
+
+def _family(model: nn.Module) -> str:
+    from .models.modeling_seq2seq_transformer import Seq2SeqTransformerForConditionalGeneration
+    from .models.modeling_sparse_transformer import SparseTransformerForCausalLM
+    from .models.modeling_vit_plus import ViTPlusForImageClassification
+
+    if isinstance(model, ViTPlusForImageClassification):
+        return "vit"
+    if isinstance(model, Seq2SeqTransformerForConditionalGeneration):
+        return "seq2seq"
+    if isinstance(model, SparseTransformerForCausalLM):
+        return "sparse-lm"
+    raise TypeError(
+        f"export_onnx takes a ViTPlusForImageClassification, Seq2SeqTransformerForConditionalGeneration or "
+        f"SparseTransformerForCausalLM, got {type(model).__name__}."
+    )
+
+
+def _has_sparse_attention(model: nn.Module) -> bool:
+    return any(getattr(module, "sparse_pattern", None) is not None for module in model.modules())
+
+
+@contextmanager
+def _export_mode(model: nn.Module):
+    """Eval mode and the exportable kernels for the duration of the export: sdpa for dense attention, the masked
+    dense reference for sparse patterns (`select_attention_kernel` gives the dense layers sdpa then)."""
+    was_training = model.training
+    previous = model.config._attn_implementation
+    model.eval()
+    model.set_attn_implementation("sparse_dense" if _has_sparse_attention(model) else "sdpa")
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(previous)
+        model.train(was_training)
+
+
+def _export(module: nn.Module, args: tuple, path: Path, input_names, output_names, dynamic_shapes, dynamic_inputs):
+    """Export `module` to `path` and check that every axis named in `dynamic_inputs` ({input: {axis: name}})
+    stayed symbolic: a model whose code turns a traced length into a Python int would otherwise give a graph that
+    only runs at the example's shape."""
+    import onnx
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the exporter's notes on axis names and deprecations
+        program = torch.onnx.export(
+            module,
+            args,
+            dynamo=True,
+            input_names=list(input_names),
+            output_names=list(output_names),
+            dynamic_shapes=dynamic_shapes,
+            verbose=False,
+        )
+    graph_inputs = {value.name: value for value in program.model_proto.graph.input}
+    for name, axes in dynamic_inputs.items():
+        dims = graph_inputs[name].type.tensor_type.shape.dim
+        for axis, axis_name in axes.items():
+            if not dims[axis].dim_param:
+                raise RuntimeError(
+                    f"Exporting {path.name}: axis {axis} ({axis_name}) of input {name!r} was fixed to "
+                    f"{dims[axis].dim_value} while tracing: the model code reads that length as a Python number. "
+                    "The exported graph would only run at the example's shape."
+                )
+    program.save(str(path))
+    onnx.checker.check_model(str(path))
+    logger.info("wrote %s", path)
+    return path
+
+
+# ------------------------------------------------------------------------------------------------------ ViT
+class _ViTLogits(nn.Module):
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return self.model(pixel_values=pixel_values).logits
+
+
+def _export_vit(model: nn.Module, output_dir: Path) -> list[Path]:
+    config = model.config
+    pixel_values = torch.randn(_EXAMPLE_BATCH, config.num_channels, config.image_size, config.image_size)
+    batch = torch.export.Dim("batch")
+    path = _export(
+        _ViTLogits(model).eval(),
+        (pixel_values.to(model.dtype),),
+        output_dir / VIT_FILE,
+        ["pixel_values"],
+        ["logits"],
+        {"pixel_values": {0: batch}},
+        {"pixel_values": {0: "batch"}},
+    )
+    return [path]
+
+
+# -------------------------------------------------------------------------------------------------- seq2seq
+class _Seq2SeqEncoder(nn.Module):
+    """Source -> encoder output and every decoder layer's cross-attention keys and values (computed once)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+        hidden = self.model.get_encoder()(input_ids, attention_mask=attention_mask, return_dict=True).last_hidden_state
+        batch_size, source_length, _ = hidden.shape
+        outputs = [hidden]
+        for layer in self.model.get_decoder().layers:
+            attention = layer.encoder_attn  # its keys and values of the encoder output
+            shape = (batch_size, source_length, attention.num_heads, attention.head_dim)
+            for projection in (attention.k_proj, attention.v_proj):
+                outputs.append(projection(hidden).view(shape).transpose(1, 2))  # (B, H, S, Dh)
+        return tuple(outputs)
+
+
+class _Seq2SeqDecoderStep(nn.Module):
+    """One decoding step on top of the self-attention cache, with the cross-attention keys/values given."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+        self.num_layers = model.config.decoder_layers
+
+    def forward(self, decoder_input_ids, encoder_hidden_states, encoder_attention_mask, past):
+        from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+        self_cache, cross_cache = DynamicCache(), DynamicCache()
+        for i in range(self.num_layers):
+            past_key, past_value, cross_key, cross_value = past[4 * i : 4 * i + 4]
+            self_cache.update(past_key, past_value, i)
+            cross_cache.update(cross_key, cross_value, i)
+        cache = EncoderDecoderCache(self_cache, cross_cache)
+        for i in range(self.num_layers):
+            cache.is_updated[i] = True  # the cross-attention reads the given keys/values
+        logits = self.model(
+            encoder_outputs=(encoder_hidden_states,),
+            attention_mask=encoder_attention_mask,
+            decoder_input_ids=decoder_input_ids,
+            past_key_values=cache,
+            use_cache=True,
+            return_dict=True,
+        ).logits
+        present = []
+        for i in range(self.num_layers):
+            layer = cache.self_attention_cache.layers[i]
+            present += [layer.keys, layer.values]
+        return (logits, *present)
+
+
+def _cache_names(prefix: str, num_layers: int, cross: bool = False) -> list[str]:
+    names = []
+    for i in range(num_layers):
+        names += [f"{prefix}_key.{i}", f"{prefix}_value.{i}"]
+        if cross:
+            names += [f"cross_key.{i}", f"cross_value.{i}"]
+    return names
+
+
+def _export_seq2seq(model: nn.Module, output_dir: Path) -> list[Path]:
+    config = model.config
+    batch, source, past = torch.export.Dim("batch"), torch.export.Dim("source_length"), torch.export.Dim("past_length")
+    num_layers, heads = config.decoder_layers, config.decoder_attention_heads
+    head_dim = config.d_model // heads
+    generator = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(3, config.vocab_size, (_EXAMPLE_BATCH, _EXAMPLE_SOURCE), generator=generator)
+    attention_mask = torch.ones_like(input_ids)
+    cross_names = [name for i in range(num_layers) for name in (f"cross_key.{i}", f"cross_value.{i}")]
+    encoder = _export(
+        _Seq2SeqEncoder(model).eval(),
+        (input_ids, attention_mask),
+        output_dir / ENCODER_FILE,
+        ["input_ids", "attention_mask"],
+        ["last_hidden_state", *cross_names],
+        {"input_ids": {0: batch, 1: source}, "attention_mask": {0: batch, 1: source}},
+        {"input_ids": {0: "batch", 1: "source_length"}},
+    )
+
+    dtype = model.dtype
+
+    def cache_tensor(length: int) -> torch.Tensor:
+        return torch.randn(_EXAMPLE_BATCH, heads, length, head_dim, generator=generator).to(dtype)
+
+    past_tensors, past_shapes = [], []
+    for _ in range(num_layers):
+        past_tensors += [cache_tensor(_EXAMPLE_PAST), cache_tensor(_EXAMPLE_PAST)]
+        past_tensors += [cache_tensor(_EXAMPLE_SOURCE), cache_tensor(_EXAMPLE_SOURCE)]
+        past_shapes += [{0: batch, 2: past}, {0: batch, 2: past}, {0: batch, 2: source}, {0: batch, 2: source}]
+    decoder_input_ids = torch.full((_EXAMPLE_BATCH, 1), config.decoder_start_token_id or 0, dtype=torch.long)
+    encoder_hidden_states = torch.randn(_EXAMPLE_BATCH, _EXAMPLE_SOURCE, config.d_model, generator=generator)
+    input_names = ["decoder_input_ids", "encoder_hidden_states", "encoder_attention_mask"]
+    input_names += _cache_names("past", num_layers, cross=True)
+    decoder = _export(
+        _Seq2SeqDecoderStep(model).eval(),
+        (decoder_input_ids, encoder_hidden_states.to(dtype), attention_mask, tuple(past_tensors)),
+        output_dir / DECODER_FILE,
+        input_names,
+        ["logits", *_cache_names("present", num_layers)],
+        ({0: batch}, {0: batch, 1: source}, {0: batch, 1: source}, tuple(past_shapes)),
+        {"past_key.0": {0: "batch", 2: "past_length"}, "encoder_attention_mask": {1: "source_length"}},
+    )
+    return [encoder, decoder]
+
+
+# ----------------------------------------------------------------------------------------------- causal LM
+class _CausalLMStep(nn.Module):
+    """Prompt or decoding step of the causal LM on top of a (possibly empty) cache."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+        self.num_layers = model.config.num_hidden_layers
+
+    def forward(self, input_ids, attention_mask, past):
+        from transformers.cache_utils import DynamicCache
+
+        cache = DynamicCache()
+        for i in range(self.num_layers):
+            cache.update(past[2 * i], past[2 * i + 1], i)
+        logits = self.model(
+            input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache, use_cache=True, return_dict=True
+        ).logits
+        present = []
+        for i in range(self.num_layers):
+            present += [cache.layers[i].keys, cache.layers[i].values]
+        return (logits, *present)
+
+
+def _export_causal_lm(model: nn.Module, output_dir: Path) -> list[Path]:
+    config = model.config
+    num_layers, heads = config.num_hidden_layers, config.num_attention_heads
+    head_dim = config.hidden_size // heads
+    generator = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(0, config.vocab_size, (_EXAMPLE_BATCH, _EXAMPLE_NEW), generator=generator)
+    attention_mask = torch.ones(_EXAMPLE_BATCH, _EXAMPLE_PAST + _EXAMPLE_NEW, dtype=torch.long)
+    past_tensors = [
+        torch.randn(_EXAMPLE_BATCH, heads, _EXAMPLE_PAST, head_dim, generator=generator).to(model.dtype)
+        for _ in range(2 * num_layers)
+    ]
+    # Dim.DYNAMIC, not named dims: the traced code branches on "one new token" and "an empty cache" (the sparse
+    # decoding step, the uncached kernels); at the example's lengths it takes the masked reference path, exact for
+    # any length, and the graph keeps the axes symbolic.
+    dynamic = torch.export.Dim.DYNAMIC
+    cache_shape = {0: dynamic, 2: dynamic}
+    path = _export(
+        _CausalLMStep(model).eval(),
+        (input_ids, attention_mask, tuple(past_tensors)),
+        output_dir / LM_FILE,
+        ["input_ids", "attention_mask", *_cache_names("past", num_layers)],
+        ["logits", *_cache_names("present", num_layers)],
+        ({0: dynamic, 1: dynamic}, {0: dynamic, 1: dynamic}, tuple(cache_shape for _ in past_tensors)),
+        {"input_ids": {0: "batch", 1: "new_tokens"}, "past_key.0": {2: "past_length"}},
+    )
+    return [path]
+
+
+# ---------------------------------------------------------------------------------------------------- API
+def export_onnx(model: nn.Module, output_dir: str | Path) -> list[Path]:
+    """Export `model` (a ViTPlusForImageClassification, Seq2SeqTransformerForConditionalGeneration or
+    SparseTransformerForCausalLM) to ONNX files in `output_dir`, with its config (and generation config); returns
+    the paths of the .onnx files. The model is left as it was (mode and attention kernel restored)."""
+    family = _family(model)
+    from .quantization import is_quantized_weight
+
+    quantized = [name for name, p in model.named_parameters() if is_quantized_weight(p)]
+    if quantized:
+        raise ValueError(
+            f"The model holds torchao-quantized weights (e.g. {quantized[0]!r}), which the ONNX exporter cannot "
+            "translate: export the float model (onnxruntime.quantization.quantize_dynamic quantizes the .onnx file)."
+        )
+    _require_onnx_exporter()
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    export = {"vit": _export_vit, "seq2seq": _export_seq2seq, "sparse-lm": _export_causal_lm}[family]
+    with torch.no_grad(), _export_mode(model):
+        paths = export(model, output_dir)
+    model.config.save_pretrained(output_dir)
+    if family != "vit" and getattr(model, "generation_config", None) is not None:
+        model.generation_config.save_pretrained(output_dir)
+    return paths
+
+
+# ------------------------------------------------------------------------------------------- onnxruntime
+def _session(path: Path, threads: int | None):
+    try:
+        import onnxruntime
+    except ImportError as error:
+        raise ImportError("Running the exported graphs needs onnxruntime: `pip install onnxruntime`.") from error
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: export the model with export_onnx first.")
+    options = onnxruntime.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
+    return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def _numpy(x):
+    return x.detach().cpu().numpy() if torch.is_tensor(x) else x
+
+
+def _greedy_loop(step, first_tokens, num_layers, empty_cache, pad_token_id, eos_token_id, max_new_tokens):
+    """Greedy decoding as `generate(num_beams=1, do_sample=False)` does it with no logits processor: finished rows get
+    the pad token (the first EOS id without one, as `generate` does)."""
+    import numpy as np
+
+    eos = np.asarray([] if eos_token_id is None else np.atleast_1d(eos_token_id))
+    if pad_token_id is None and eos.size:
+        pad_token_id = int(eos[0])
+    tokens, past = first_tokens, [empty_cache] * (2 * num_layers)
+    generated = []
+    finished = np.zeros(first_tokens.shape[0], dtype=bool)
+    for _ in range(max_new_tokens):
+        logits, past = step(tokens, past)
+        next_tokens = logits[:, -1].argmax(-1)
+        if pad_token_id is not None:
+            next_tokens = np.where(finished, pad_token_id, next_tokens)
+        finished |= np.isin(next_tokens, eos)
+        tokens = next_tokens[:, None].astype(np.int64)
+        generated.append(tokens)
+        if finished.all():
+            break
+    return np.concatenate(generated, axis=1)
+
+
+class OnnxSeq2SeqGenerator:
+    """Greedy decoding with `encoder_model.onnx` and `decoder_model.onnx` of an `export_onnx` folder: the tokens of
+    `model.generate(num_beams=1, do_sample=False, max_new_tokens=...)` when the generation config adds no logits
+    processor (no `min_length`, `bad_words_ids`, forced or suppressed tokens, repetition penalty)."""
+
+    def __init__(self, folder: str | Path, threads: int | None = None):
+        from .models.configuration_seq2seq_transformer import Seq2SeqTransformerConfig
+
+        folder = Path(folder)
+        self.config = Seq2SeqTransformerConfig.from_pretrained(folder)
+        self.encoder = _session(folder / ENCODER_FILE, threads)
+        self.decoder = _session(folder / DECODER_FILE, threads)
+
+    def generate(self, input_ids, attention_mask=None, max_new_tokens: int = 20):
+        """(batch, 1 + new) int64 array: the decoder start token and the greedy tokens, padded after EOS."""
+        import numpy as np
+
+        config = self.config
+        input_ids = _numpy(input_ids).astype(np.int64)
+        mask = np.ones_like(input_ids) if attention_mask is None else _numpy(attention_mask).astype(np.int64)
+        hidden, *cross = self.encoder.run(None, {"input_ids": input_ids, "attention_mask": mask})
+        num_layers = config.decoder_layers
+        heads = config.decoder_attention_heads
+        empty = np.zeros((input_ids.shape[0], heads, 0, config.d_model // heads), dtype=hidden.dtype)
+        names = {value.name for value in self.decoder.get_inputs()}
+
+        def step(tokens, past):
+            feed = {"decoder_input_ids": tokens, "encoder_hidden_states": hidden, "encoder_attention_mask": mask}
+            for i in range(num_layers):
+                feed[f"past_key.{i}"], feed[f"past_value.{i}"] = past[2 * i], past[2 * i + 1]
+                feed[f"cross_key.{i}"], feed[f"cross_value.{i}"] = cross[2 * i], cross[2 * i + 1]
+            logits, *present = self.decoder.run(None, {k: v for k, v in feed.items() if k in names})
+            return logits, present
+
+        start = np.full((input_ids.shape[0], 1), config.decoder_start_token_id, dtype=np.int64)
+        new = _greedy_loop(step, start, num_layers, empty, config.pad_token_id, config.eos_token_id, max_new_tokens)
+        return np.concatenate([start, new], axis=1)
+
+
+class OnnxCausalLMGenerator:
+    """Greedy decoding with the `model.onnx` of an exported Sparse Transformer LM (plain greedy, as
+    `OnnxSeq2SeqGenerator`)."""
+
+    def __init__(self, folder: str | Path, threads: int | None = None):
+        from .models.configuration_sparse_transformer import SparseTransformerConfig
+
+        folder = Path(folder)
+        self.config = SparseTransformerConfig.from_pretrained(folder)
+        self.session = _session(folder / LM_FILE, threads)
+
+    def generate(self, input_ids, attention_mask=None, max_new_tokens: int = 20):
+        """(batch, prompt + new) int64 array; left-padded prompts (with their mask) are supported."""
+        import numpy as np
+
+        config = self.config
+        input_ids = _numpy(input_ids).astype(np.int64)
+        mask = np.ones_like(input_ids) if attention_mask is None else _numpy(attention_mask).astype(np.int64)
+        heads = config.num_attention_heads
+        empty = np.zeros((input_ids.shape[0], heads, 0, config.hidden_size // heads), dtype=np.float32)
+        state = {"mask": mask}
+
+        def step(tokens, past):
+            feed = {"input_ids": tokens, "attention_mask": state["mask"]}
+            for i in range(config.num_hidden_layers):
+                feed[f"past_key.{i}"], feed[f"past_value.{i}"] = past[2 * i], past[2 * i + 1]
+            logits, *present = self.session.run(None, feed)
+            state["mask"] = np.concatenate([state["mask"], np.ones_like(state["mask"][:, :1])], axis=1)
+            return logits, present
+
+        new = _greedy_loop(
+            step, input_ids, config.num_hidden_layers, empty, config.pad_token_id, config.eos_token_id, max_new_tokens
+        )
+        return np.concatenate([input_ids, new], axis=1)
+
+
+__all__ = ["OnnxCausalLMGenerator", "OnnxSeq2SeqGenerator", "export_onnx"]

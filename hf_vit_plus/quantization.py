@@ -1,0 +1,109 @@
+"""int8 inference for every family with torchao (`pip install torchao`, or the `inference` extra).
+
+    from hf_vit_plus.quantization import quantize
+
+    model = AutoModelForSeq2SeqLM.from_pretrained(path).eval()
+    quantize(model, "int8-dynamic")          # in place; returns the model
+    model.generate(**batch)
+
+`quantize` applies torchao's own `quantize_` to every `nn.Linear` of the model (the families use the standard
+layers, so each projection, MLP layer and head is found by type; the ViT's patch embedding is a `Conv2d` and stays in
+float, as do embeddings and LayerNorms). The weights become torchao `Int8Tensor`s (per-row symmetric scales):
+
+- "int8-dynamic": `Int8DynamicActivationInt8WeightConfig`, int8 weights and activations quantized per row at run
+  time; the products are int8 GEMMs (`torch._int_mm`). The fast one on CPUs with int8 dot-product instructions.
+- "int8-weight-only": `Int8WeightOnlyConfig`, int8 weights dequantized for each product: a quarter of the fp32 weight
+  memory, no faster than fp32 on CPU.
+
+In eager mode "int8-dynamic" runs the per-row quantization of each activation as separate element-wise operations:
+they cost more than the int8 products save for narrow models (the digits ViT, width 64, or ViT-Ti/16, width 192, are
+slower than in fp32), and about half of ViT-B/16's time. `torch.compile(model)` fuses them (torchao's `quantize_`
+also sets its recommended inductor options, process-wide).
+
+A tied output projection (the seq2seq `lm_head` and the Sparse Transformer's, tied to the token embeddings) is
+quantized too: it gets its own int8 copy, while the embedding lookup keeps the float matrix.
+
+Saving: a model quantized this way is for inference in the running process. Its `save_pretrained` (and
+`push_to_hub`) raise a `ValueError`: safetensors cannot store torchao's tensor subclasses directly, and transformers'
+loader would tie the float embedding back over a quantized output projection. Save the float checkpoint and call
+`quantize` again after `from_pretrained`: it takes well under a second (0.4 s for ViT-B/16 on one CPU thread) and
+gives the same int8 weights. (transformers' own route, `from_pretrained(path, quantization_config=TorchAoConfig(
+Int8DynamicActivationInt8WeightConfig()))`, also works with these models and can be saved; it leaves the output
+projection in float.)
+"""
+
+from __future__ import annotations
+
+import logging
+
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+SCHEMES = ("int8-dynamic", "int8-weight-only")
+
+
+def _torchao_config(scheme: str):
+    try:
+        from torchao.quantization import Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig
+    except ImportError as error:
+        raise ImportError(
+            "int8 quantization needs torchao: `pip install torchao` (or `pip install hf_vit_plus[inference]`)."
+        ) from error
+    if scheme == "int8-dynamic":
+        return Int8DynamicActivationInt8WeightConfig()
+    return Int8WeightOnlyConfig()
+
+
+def is_quantized_weight(weight) -> bool:
+    """Whether `weight` is a torchao quantized tensor (any torchao tensor subclass)."""
+    try:
+        from torchao.utils import TorchAOBaseTensor
+    except ImportError:
+        return False
+    return isinstance(weight, TorchAOBaseTensor)
+
+
+def quantize(model: nn.Module, scheme: str) -> nn.Module:
+    """Quantize every `nn.Linear` of `model` in place with torchao's `quantize_` and return the model.
+
+    scheme: "int8-dynamic" (int8 weights and activations) or "int8-weight-only". The model should be in eval mode
+    (quantized weights have no gradients). Afterwards `save_pretrained` raises a `ValueError`: save the float model
+    and quantize again after loading (see the module docstring).
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"quantize() takes a torch.nn.Module, got {type(model).__name__}.")
+    if scheme not in SCHEMES:
+        raise ValueError(f"Unknown quantization scheme {scheme!r}: expected one of {', '.join(map(repr, SCHEMES))}.")
+    linears = [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
+    if not linears:
+        raise ValueError(f"{type(model).__name__} has no nn.Linear layer to quantize.")
+    already = [name for name in linears if is_quantized_weight(model.get_submodule(name).weight)]
+    if already:
+        raise ValueError(
+            f"{type(model).__name__} is already quantized ({len(already)} linear layers, e.g. {already[0]!r}): "
+            "quantize the float model once."
+        )
+    config = _torchao_config(scheme)
+    from torchao.quantization import quantize_
+
+    quantize_(model, config)
+    logger.info("quantized %d linear layers of %s with torchao (%s)", len(linears), type(model).__name__, scheme)
+    # Instance attributes shadow the classes' methods (deepcopy keeps them); push_to_hub is refused before it
+    # creates a repository.
+    for method in ("save_pretrained", "push_to_hub"):
+        if hasattr(model, method):
+            setattr(model, method, _refuse_save)
+    return model
+
+
+def _refuse_save(*args, **kwargs):
+    raise ValueError(
+        "This model was quantized with hf_vit_plus.quantization.quantize() and cannot be saved: safetensors cannot "
+        "store torchao's int8 tensors as they are. Save the float model and call quantize(model, scheme) again after "
+        "from_pretrained (it gives the same int8 weights), or load with transformers' from_pretrained(..., "
+        "quantization_config=TorchAoConfig(...)), which can be saved (its output projection stays float)."
+    )
+
+
+__all__ = ["SCHEMES", "is_quantized_weight", "quantize"]

@@ -1,0 +1,129 @@
+"""int8 with torchao (`hf_vit_plus.quantization.quantize`) over every family variant of the common matrix: each
+`nn.Linear` is quantized, outputs stay close to fp32, generation runs, saving is refused with a clear message and
+re-quantizing after loading gives the same model."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from tests.conftest import MODEL_CASES
+
+pytest.importorskip("torchao")
+from torchao.quantization import Int8Tensor  # noqa: E402
+
+from hf_vit_plus.quantization import SCHEMES, quantize  # noqa: E402
+
+CASE_IDS = [case.id for case in MODEL_CASES]
+GENERATIVE = [case for case in MODEL_CASES if case.generative]
+
+
+def _logits(model, inputs):
+    with torch.no_grad():
+        return model(**inputs).logits
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("case", MODEL_CASES, ids=CASE_IDS)
+def test_quantize_every_linear_and_stay_close(case, scheme):
+    model = case.model()
+    inputs = case.inputs()
+    expected = _logits(model, inputs)
+    linears = [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
+
+    assert quantize(model, scheme) is model
+    for name in linears:
+        weight = model.get_submodule(name).weight
+        assert type(weight) is Int8Tensor, name
+        assert weight.qdata.dtype == torch.int8
+        # dynamic: activations are quantized too (the tensor carries their settings); weight-only: they are not
+        assert (weight.act_quant_kwargs is not None) == (scheme == "int8-dynamic"), name
+    assert not [m for m in model.modules() if isinstance(m, nn.Embedding) and type(m.weight) is Int8Tensor]
+
+    got = _logits(model, inputs)
+    assert expected.abs().max() > 0.1
+    # int8 per-row weights (and activations): close to fp32 relative to the logits' scale
+    assert (got - expected).abs().max() <= 0.05 * expected.abs().max(), (got - expected).abs().max()
+
+
+@pytest.mark.parametrize("case", GENERATIVE, ids=[case.id for case in GENERATIVE])
+def test_quantized_model_generates(case):
+    model = quantize(case.model(), "int8-dynamic")
+    inputs = case.inputs()
+    inputs.pop("decoder_input_ids", None)
+    for kwargs in (dict(num_beams=1, do_sample=False), dict(num_beams=3, do_sample=False)):
+        out = model.generate(**inputs, max_new_tokens=5, min_new_tokens=5, **kwargs)
+        prompt = 1 if case.family == "seq2seq" else inputs["input_ids"].shape[1]
+        assert out.shape == (inputs["input_ids"].shape[0], prompt + 5)
+        assert 0 <= int(out.min()) and int(out.max()) < model.config.vocab_size
+
+
+def test_tied_output_projection_gets_its_own_int8_copy():
+    case = next(c for c in MODEL_CASES if c.id == "seq2seq-dense")
+    model = case.model()
+    assert model.lm_head.weight is model.get_input_embeddings().weight
+    embedding_before = model.get_input_embeddings().weight.detach().clone()
+    quantize(model, "int8-dynamic")
+    assert type(model.lm_head.weight) is Int8Tensor
+    assert type(model.get_input_embeddings().weight) is nn.Parameter  # the lookup keeps the float matrix
+    assert torch.equal(model.get_input_embeddings().weight, embedding_before)
+
+
+def test_quantize_rejects_bad_input():
+    case = MODEL_CASES[0]
+    with pytest.raises(ValueError, match=r"'int4'.*'int8-dynamic', 'int8-weight-only'"):
+        quantize(case.model(), "int4")
+    with pytest.raises(TypeError, match="dict"):
+        quantize({"weight": torch.zeros(2)}, "int8-dynamic")
+    with pytest.raises(ValueError, match="no nn.Linear"):
+        quantize(nn.Sequential(nn.ReLU()), "int8-dynamic")
+    model = quantize(case.model(), "int8-dynamic")
+    with pytest.raises(ValueError, match="already quantized"):
+        quantize(model, "int8-weight-only")
+
+
+@pytest.mark.parametrize("case_id", ["vit-dense", "seq2seq-dense", "sparse-lm-fixed-merged"])
+def test_save_is_refused_and_requantizing_after_load_restores_the_model(case_id, tmp_path):
+    case = next(c for c in MODEL_CASES if c.id == case_id)
+    model = case.model()
+    model.save_pretrained(tmp_path / "float")
+    quantized = quantize(copy.deepcopy(model), "int8-dynamic")
+    with pytest.raises(ValueError, match="quantize\\(model, scheme\\) again after from_pretrained"):
+        quantized.save_pretrained(tmp_path / "int8")
+    with pytest.raises(ValueError, match="cannot be saved"):
+        copy.deepcopy(quantized).save_pretrained(tmp_path / "int8")
+    with pytest.raises(ValueError, match="cannot be saved"):
+        quantized.push_to_hub("user/int8-model")  # refused before any request
+    assert not (tmp_path / "int8").exists()
+
+    reloaded = quantize(case.head_class.from_pretrained(tmp_path / "float").eval(), "int8-dynamic")
+    inputs = case.inputs()
+    torch.testing.assert_close(_logits(reloaded, inputs), _logits(quantized, inputs), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("case_id", ["vit-dense", "seq2seq-dense"])
+def test_transformers_torchao_config_route_loads_and_saves(case_id, tmp_path):
+    """The serialisable alternative that the docs point to: transformers quantizes on load and saves torchao's
+    flattened tensors; its output projection stays float."""
+    from torchao.quantization import Int8DynamicActivationInt8WeightConfig
+    from transformers import TorchAoConfig
+
+    case = next(c for c in MODEL_CASES if c.id == case_id)
+    model = case.model()
+    model.save_pretrained(tmp_path / "float")
+    loaded = case.head_class.from_pretrained(
+        tmp_path / "float", quantization_config=TorchAoConfig(Int8DynamicActivationInt8WeightConfig())
+    ).eval()
+    assert type(loaded.get_submodule(_first_linear(loaded)).weight) is Int8Tensor
+    loaded.save_pretrained(tmp_path / "int8")
+    again = case.head_class.from_pretrained(tmp_path / "int8").eval()
+    assert type(again.get_submodule(_first_linear(again)).weight) is Int8Tensor
+    inputs = case.inputs()
+    torch.testing.assert_close(_logits(again, inputs), _logits(loaded, inputs), rtol=0, atol=0)
+
+
+def _first_linear(model) -> str:
+    return next(name for name, module in model.named_modules() if isinstance(module, nn.Linear))
