@@ -170,6 +170,17 @@ MODEL_CASES = [
     ModelCase("vit-strided", "vit", {"attention_type": "strided"}),
     ModelCase("vit-fixed", "vit", {"attention_type": "fixed"}),
     ModelCase("seq2seq-dense", "seq2seq"),
+    # What a converted opus-mt checkpoint uses (hf_vit_plus.conversion.seq2seq_from_marian).
+    ModelCase(
+        "seq2seq-marian",
+        "seq2seq",
+        {
+            "activation_function": "swish",
+            "sinusoid_layout": "halves",
+            "add_final_logits_bias": True,
+            "decoder_start_token_id": 0,
+        },
+    ),
     ModelCase(
         "seq2seq-strided",
         "seq2seq",

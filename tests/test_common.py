@@ -366,7 +366,9 @@ def test_generate_with_and_without_cache_and_with_a_static_cache_give_the_same_t
     cached = run(use_cache=True)
     assert cached.shape[-1] >= 8
     torch.testing.assert_close(run(use_cache=False), cached, rtol=0, atol=0)
-    torch.testing.assert_close(run(use_cache=True, cache_implementation="static"), cached, rtol=0, atol=0)
+    # Eager steps on the static cache; the compiled ones (the default) are tests/models/test_compiled_decoding.py's.
+    static = run(use_cache=True, cache_implementation="static", disable_compile=True)
+    torch.testing.assert_close(static, cached, rtol=0, atol=0)
 
 
 def test_resize_token_embeddings_keeps_the_tied_matrices_tied(generative_case):

@@ -1,14 +1,32 @@
-"""`hf-vit-plus convert`: turn a saved timm or transformers ViT checkpoint into a ViTPlus checkpoint folder."""
+"""`hf-vit-plus convert`: turn a saved timm or transformers ViT checkpoint into a ViTPlus checkpoint folder, or a
+saved transformers Marian translation model (opus-mt) into a Seq2seq Transformer checkpoint folder with its
+tokenizer."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import shutil
 from pathlib import Path
 
 from ..errors import UsageError, check_exists, load_config
 
 logger = logging.getLogger(__name__)
+
+# A Marian tokenizer's files (transformers' `MarianTokenizer.vocab_files_names` and the special-token files), copied
+# as they are so that `AutoTokenizer.from_pretrained(OUT_DIR)` loads the same `MarianTokenizer` (sentencepiece).
+MARIAN_TOKENIZER_FILES = (
+    "source.spm",
+    "target.spm",
+    "vocab.json",
+    "target_vocab.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+)
+_MARIAN_TOKENIZER_REQUIRED = ("source.spm", "target.spm", "vocab.json")
+_SAFETENSORS_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
 
 
 def add_parser(subparsers) -> None:
@@ -16,17 +34,22 @@ def add_parser(subparsers) -> None:
 
     parser = subparsers.add_parser(
         "convert",
-        help="convert a timm or transformers ViT checkpoint to a ViTPlus checkpoint folder",
+        help="convert a timm or transformers ViT (to ViTPlus) or a Marian translation model (to Seq2seq Transformer)",
         description=__doc__,
         formatter_class=HelpFormatter,
     )
-    parser.add_argument("source", choices=["timm", "transformers"], help="where the checkpoint comes from")
+    parser.add_argument("source", choices=["timm", "transformers", "marian"], help="where the checkpoint comes from")
     parser.add_argument(
         "checkpoint",
         help="timm: a .safetensors state dict (or 'pretrained' to let timm download the named weights); "
-        "transformers: a folder or Hub id of a ViTForImageClassification",
+        "transformers: a folder or Hub id of a ViTForImageClassification; marian: a local folder of a MarianMTModel "
+        "saved with safetensors weights (e.g. `hf download Helsinki-NLP/opus-mt-en-de --local-dir DIR`)",
     )
-    parser.add_argument("output_dir", type=Path, help="folder the ViTPlus checkpoint (model + processor) is saved to")
+    parser.add_argument(
+        "output_dir",
+        type=Path,
+        help="folder the checkpoint is saved to (ViTPlus: model + processor; marian: model + the Marian tokenizer)",
+    )
     parser.add_argument("--timm_name", default="vit_base_patch16_224", help="timm architecture name")
     parser.add_argument("--num_classes", type=int, default=None, help="timm: number of classes of the checkpoint")
     parser.add_argument("--image_size", type=int, default=None, help="timm: input resolution of the checkpoint")
@@ -44,7 +67,9 @@ def convert_checkpoint(
     """Convert and save model + image processor (with the model code, for trust_remote_code).
 
     A checkpoint that does not exist, is not a safetensors file (timm) or not a ViT (transformers), or that does not
-    fit the timm architecture, raises a `UsageError` (a `ValueError`)."""
+    fit the timm architecture, raises a `UsageError` (a `ValueError`). `source="marian"`: see `convert_marian`."""
+    if source == "marian":
+        return convert_marian(checkpoint, output_dir)
     from ..models.hub_mixin import naming_corrupt_safetensors
     from ..models.image_processing_vit_plus import ViTPlusImageProcessor
     from .vit import vit_plus_from_timm, vit_plus_from_transformers
@@ -97,7 +122,7 @@ def convert_checkpoint(
         model = vit_plus_from_transformers(hf_model)
         processor = ViTPlusImageProcessor.from_model_config(model.config)
     else:
-        raise UsageError(f"Unknown source {source!r}: expected 'timm' or 'transformers'.")
+        raise UsageError(f"Unknown source {source!r}: expected 'timm', 'transformers' or 'marian'.")
     output_dir = Path(output_dir)
     model.save_pretrained(output_dir)
     processor.save_pretrained(output_dir)
@@ -105,9 +130,77 @@ def convert_checkpoint(
     return output_dir
 
 
+def convert_marian(checkpoint: str | Path, output_dir: str | Path) -> Path:
+    """Convert the `MarianMTModel` saved in the folder `checkpoint` (safetensors weights) into a Seq2seq Transformer
+    checkpoint in `output_dir` (model, generation config, model code for trust_remote_code) and copy its tokenizer.
+
+    A folder that does not exist, is not a Marian model, holds no safetensors weights (pickled `.bin` files are not
+    read: loading them can run code) or a Marian the converter cannot express raises a `UsageError`. A folder
+    without the tokenizer files is converted with a warning: `output_dir` then has no tokenizer."""
+    from transformers import MarianMTModel
+
+    from ..models.hub_mixin import naming_corrupt_safetensors
+    from .marian import seq2seq_from_marian
+
+    source = check_exists(checkpoint, "CHECKPOINT", "dir")
+    config = load_config(source, "CHECKPOINT")
+    if config.model_type != "marian":
+        raise UsageError(
+            f"{str(checkpoint)!r} is a {config.model_type!r} model; the 'marian' source converts transformers' "
+            "MarianMTModel (model_type 'marian')."
+        )
+    if not any((source / name).is_file() for name in _SAFETENSORS_WEIGHTS):
+        found = sorted(path.name for path in source.iterdir() if path.suffix in (".bin", ".pt", ".pth", ".h5"))
+        raise UsageError(
+            f"{str(checkpoint)!r} has no safetensors weights ({' or '.join(_SAFETENSORS_WEIGHTS)}; found "
+            f"{found or 'no weights file'}): only safetensors are read, since loading pickled weights can run code. "
+            "Re-save the model with safetensors (transformers 5's `save_pretrained` writes them)."
+        )
+    with naming_corrupt_safetensors(source):  # a corrupt or truncated weights file is named
+        marian = MarianMTModel.from_pretrained(source, use_safetensors=True)
+    try:
+        model = seq2seq_from_marian(marian)
+    except ValueError as error:
+        raise UsageError(f"{str(checkpoint)!r}: {error}") from error
+    output_dir = Path(output_dir)
+    model.save_pretrained(output_dir)
+    copy_marian_tokenizer(source, output_dir)
+    logger.info("wrote %s", output_dir)
+    return output_dir
+
+
+def copy_marian_tokenizer(source: Path, output_dir: Path) -> list[str]:
+    """Copy the Marian tokenizer files of `source` into `output_dir`; returns the names copied.
+
+    `tokenizer_config.json` gets `"tokenizer_class": "MarianTokenizer"` when it does not name a class (older opus-mt
+    folders): `AutoTokenizer` would otherwise look the class up from the model type, which is now ours."""
+    copied = [name for name in MARIAN_TOKENIZER_FILES if (source / name).is_file()]
+    for name in copied:
+        shutil.copyfile(source / name, output_dir / name)
+    missing = [name for name in _MARIAN_TOKENIZER_REQUIRED if name not in copied]
+    if missing:
+        logger.warning(
+            "%s has no complete Marian tokenizer (missing %s): %s has no tokenizer; save one there with "
+            "`MarianTokenizer(...).save_pretrained`.",
+            source,
+            ", ".join(missing),
+            output_dir,
+        )
+        return copied
+    tokenizer_config_path = output_dir / "tokenizer_config.json"
+    tokenizer_config = json.loads(tokenizer_config_path.read_text()) if tokenizer_config_path.is_file() else {}
+    if not tokenizer_config.get("tokenizer_class"):
+        tokenizer_config["tokenizer_class"] = "MarianTokenizer"
+        tokenizer_config_path.write_text(json.dumps(tokenizer_config, indent=2, ensure_ascii=False) + "\n")
+        if "tokenizer_config.json" not in copied:
+            copied.append("tokenizer_config.json")
+    return copied
+
+
 def run(args: argparse.Namespace) -> int:
     out = convert_checkpoint(
         args.source, args.checkpoint, args.output_dir, args.timm_name, args.num_classes, args.image_size
     )
-    print(f"ViTPlus checkpoint written to {out}")
+    family = "Seq2seq Transformer" if args.source == "marian" else "ViTPlus"
+    print(f"{family} checkpoint written to {out}")
     return 0

@@ -54,15 +54,21 @@ def eager_attention_forward(
     return output.transpose(1, 2).contiguous(), weights
 
 
-def select_attention_kernel(requested: str | None, pattern, device_type: str, output_attentions: bool) -> str:
+def select_attention_kernel(
+    requested: str | None, pattern, device_type: str, output_attentions: bool, query_length: int | None = None
+) -> str:
     """The name of the kernel an attention layer runs (look it up with `ALL_ATTENTION_FUNCTIONS.get_interface`).
 
     requested: `config._attn_implementation` (None: the eager reference); pattern: the layer's `SparsePattern`, or
     None for dense attention; device_type: of the inputs ("cpu", "cuda", ...); output_attentions: whether the
-    caller wants the attention probabilities, which only the reference kernels return.
+    caller wants the attention probabilities, which only the reference kernels return; query_length: the number of
+    queries per row, when known.
 
     - dense attention: "eager" when the probabilities are asked for; "sdpa" when a sparse kernel is requested
-      (those need a pattern); otherwise the requested kernel.
+      (those need a pattern); "eager" instead of "sdpa" for one query per row (a decoding step) traced by
+      torch.compile on CPU: inductor fuses the reference's matmul-softmax-matmul, while sdpa's CPU kernel, made for
+      long queries, stays an opaque call that costs several times more for one query (about 15% of a compiled beam
+      search step at 64 rows); otherwise the requested kernel.
     - sparse attention: "sparse_dense" (the masked reference) when the probabilities are asked for; the requested
       sparse kernel; otherwise the fast one for the device: "sparse_flex" on CUDA (flex_attention trains there),
       "sparse_block" elsewhere (forward and backward on CPU).
@@ -70,7 +76,10 @@ def select_attention_kernel(requested: str | None, pattern, device_type: str, ou
     if pattern is None:
         if output_attentions or requested is None:
             return "eager"
-        return "sdpa" if requested in SPARSE_KERNEL_NAMES else requested
+        kernel = "sdpa" if requested in SPARSE_KERNEL_NAMES else requested
+        if kernel == "sdpa" and query_length == 1 and device_type == "cpu" and torch.compiler.is_compiling():
+            return "eager"
+        return kernel
     if output_attentions:
         return "sparse_dense"
     if requested in SPARSE_KERNEL_NAMES:

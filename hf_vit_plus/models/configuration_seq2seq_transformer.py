@@ -12,6 +12,7 @@ from transformers import PretrainedConfig
 
 from .config_checks import (
     check_activation,
+    check_choice,
     check_divisible,
     check_positive_int,
     check_positive_number,
@@ -25,6 +26,9 @@ SEQ2SEQ_TRANSFORMER_PRESETS: dict[str, tuple[int, int, int, int, float]] = {
     "base": (6, 512, 2048, 8, 0.1),
     "big": (6, 1024, 4096, 16, 0.3),
 }
+
+# Where sin and cos sit in the sinusoidal position vectors: the paper's interleaving, or Marian's two halves.
+SINUSOID_LAYOUTS = ("interleaved", "halves")
 
 
 class Seq2SeqTransformerConfig(PretrainedConfig):
@@ -65,6 +69,14 @@ class Seq2SeqTransformerConfig(PretrainedConfig):
         encoder_sparse_pattern_mode: how the two parts of the pattern combine: "merged" (each head attends to the
             union), "interleaved" (encoder layer i uses part i mod 2) or "heads" (head h uses part h mod 2;
             `encoder_attention_heads` must be even).
+        sinusoid_layout: where the sin and cos of each frequency sit in the position vector: "interleaved" (the
+            paper, sec. 3.5: sin at 2i, cos at 2i+1) or "halves" (Marian / opus-mt: sin at i, cos at d_model/2 + i).
+        share_encoder_decoder_embeddings: with `tie_word_embeddings`, whether the source embedding is the shared
+            matrix too (the paper) or only the target embedding and the output projection share one (as in Marian
+            checkpoints saved with `share_encoder_decoder_embeddings=False`). Without `tie_word_embeddings` all three
+            are separate matrices.
+        add_final_logits_bias: add the vector `final_logits_bias` (vocab_size,) to the logits: Marian's output bias,
+            a buffer (saved with the weights, not trained); the paper's model has none.
 
     Generation settings (beam size 4, length penalty 0.6 in the paper) belong in a `GenerationConfig`: see
     `Seq2SeqTransformerForConditionalGeneration.paper_generation_config()`.
@@ -113,6 +125,9 @@ class Seq2SeqTransformerConfig(PretrainedConfig):
         encoder_sparse_summary_size: int = 8,
         encoder_sparse_num_summary_blocks: int = 1,
         encoder_sparse_pattern_mode: str = "merged",
+        sinusoid_layout: str = "interleaved",
+        share_encoder_decoder_embeddings: bool = True,
+        add_final_logits_bias: bool = False,
         **kwargs,
     ):
         self.vocab_size = vocab_size
@@ -144,6 +159,9 @@ class Seq2SeqTransformerConfig(PretrainedConfig):
         self.encoder_sparse_summary_size = encoder_sparse_summary_size
         self.encoder_sparse_num_summary_blocks = encoder_sparse_num_summary_blocks
         self.encoder_sparse_pattern_mode = encoder_sparse_pattern_mode
+        self.sinusoid_layout = sinusoid_layout
+        self.share_encoder_decoder_embeddings = share_encoder_decoder_embeddings
+        self.add_final_logits_bias = add_final_logits_bias
         super().__init__(is_encoder_decoder=is_encoder_decoder, **kwargs)
         self.validate_seq2seq_transformer()
 
@@ -166,6 +184,10 @@ class Seq2SeqTransformerConfig(PretrainedConfig):
         if self.d_model % 2 != 0:
             raise ValueError(f"`d_model` ({self.d_model}) must be even: the sinusoidal table pairs sin and cos.")
         check_activation("activation_function", self.activation_function)
+        check_choice("sinusoid_layout", self.sinusoid_layout, SINUSOID_LAYOUTS)
+        for name in ("share_encoder_decoder_embeddings", "add_final_logits_bias"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"`{name}` must be True or False, got {getattr(self, name)!r}.")
         for name in ("dropout", "attention_dropout", "activation_dropout", "label_smoothing"):
             check_probability(name, getattr(self, name))
         for name in ("init_std", "layer_norm_eps"):
@@ -207,4 +229,4 @@ class Seq2SeqTransformerConfig(PretrainedConfig):
         return cls(**fields)
 
 
-__all__ = ["SEQ2SEQ_TRANSFORMER_PRESETS", "Seq2SeqTransformerConfig"]
+__all__ = ["SEQ2SEQ_TRANSFORMER_PRESETS", "SINUSOID_LAYOUTS", "Seq2SeqTransformerConfig"]

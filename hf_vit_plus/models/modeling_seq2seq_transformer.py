@@ -25,7 +25,7 @@ from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
-from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
+from transformers.masking_utils import create_bidirectional_mask, create_causal_mask, create_masks_for_generate
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutput,
@@ -36,9 +36,10 @@ from transformers.modeling_outputs import (
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .attention import eager_attention_forward, select_attention_kernel, sparse_padding_mask
+from .compiled_decoding import GenerationWithCompiledDecoding, reorder_cache_in_place
 from .configuration_seq2seq_transformer import Seq2SeqTransformerConfig
 from .hub_mixin import HubMixin
-from .input_checks import IGNORE_INDEX, check_mask_shape, check_not_empty, check_token_ids
+from .input_checks import IGNORE_INDEX, check_mask_shape, check_not_empty, check_token_ids, tracing
 from .positional import sinusoidal_position_table
 from .sparse_layouts import SparsePattern, pattern_from_config
 
@@ -143,7 +144,7 @@ class Seq2SeqTransformerAttention(nn.Module):
 
         # A sparse self-attention's attention_mask is None or the (B, Tk) boolean padding mask (True = real token).
         implementation = select_attention_kernel(
-            self.config._attn_implementation, self.sparse_pattern, query.device.type, output_attentions
+            self.config._attn_implementation, self.sparse_pattern, query.device.type, output_attentions, seq_len
         )
         attention_fn = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
         dropout = self.attention_dropout if self.training else 0.0
@@ -247,6 +248,15 @@ class Seq2SeqTransformerLayer(GradientCheckpointingLayer):
         return hidden_states, self_attn_weights, cross_attn_weights
 
 
+def position_table(config: Seq2SeqTransformerConfig) -> torch.Tensor:
+    """The (max_position_embeddings, d_model) sinusoidal positions (sec. 3.5) in `config.sinusoid_layout`."""
+    table = sinusoidal_position_table(config.max_position_embeddings, config.d_model)
+    if config.sinusoid_layout == "halves":
+        # Marian: the sines of all frequencies, then their cosines (the paper's values in another order).
+        table = torch.cat((table[:, 0::2], table[:, 1::2]), dim=1)  # (T, D)
+    return table
+
+
 class Seq2SeqTransformerStack(nn.Module):
     """The encoder (`is_decoder=False`) or the decoder (`is_decoder=True`): token embeddings times sqrt(d_model)
     plus sinusoidal positions, dropout (sec. 3.4, 3.5, 5.4), then N layers; pre-norm adds a final LayerNorm."""
@@ -259,11 +269,7 @@ class Seq2SeqTransformerStack(nn.Module):
         self.max_positions = config.max_position_embeddings
         self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model, padding_idx=config.pad_token_id)
         # Not a parameter and not saved: rebuilt by `_init_weights`, also after loading on the meta device.
-        self.register_buffer(
-            "embed_positions",
-            sinusoidal_position_table(config.max_position_embeddings, config.d_model),
-            persistent=False,
-        )
+        self.register_buffer("embed_positions", position_table(config), persistent=False)
         num_layers = config.decoder_layers if is_decoder else config.encoder_layers
         self.layers = nn.ModuleList(
             [Seq2SeqTransformerLayer(config, layer_idx=i, is_decoder=is_decoder) for i in range(num_layers)]
@@ -286,8 +292,13 @@ class Seq2SeqTransformerStack(nn.Module):
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.embed_tokens = value
 
-    def embed(self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, past_length: int = 0):
-        """Scaled token embeddings + positions past_length .. past_length+T-1, then dropout. Returns (B, T, D)."""
+    def embed(
+        self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, past_length: int | torch.Tensor = 0
+    ):
+        """Scaled token embeddings + positions past_length .. past_length+T-1, then dropout. Returns (B, T, D).
+
+        `past_length` is a 0-d tensor with a static cache (its token count): the positions are then gathered, and the
+        length check, which reads the count, is skipped under torch.compile (a data-dependent branch)."""
         ids_name, embeds_name = self.input_names[:2]
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError(f"Pass exactly one of `{ids_name}` and `{embeds_name}`.")
@@ -302,12 +313,17 @@ class Seq2SeqTransformerStack(nn.Module):
             check_not_empty(embeds_name, tuple(inputs_embeds.shape))
         batch_size, seq_len = inputs_embeds.shape[:2]
         what = "target" if self.is_decoder else "source"
-        if past_length + seq_len > self.max_positions:
+        if not (torch.is_tensor(past_length) and tracing()) and past_length + seq_len > self.max_positions:
             raise ValueError(
-                f"The {what} sequence has {past_length + seq_len} positions but max_position_embeddings is "
+                f"The {what} sequence has {int(past_length) + seq_len} positions but max_position_embeddings is "
                 f"{self.max_positions}; shorten or split the input (no silent truncation)."
             )
-        positions = self.embed_positions[past_length : past_length + seq_len].to(inputs_embeds.dtype)  # (T, D)
+        if torch.is_tensor(past_length):
+            index = past_length + torch.arange(seq_len, device=past_length.device)
+            positions = self.embed_positions.index_select(0, index.to(self.embed_positions.device))  # (T, D)
+        else:
+            positions = self.embed_positions[past_length : past_length + seq_len]  # (T, D)
+        positions = positions.to(inputs_embeds.dtype)
         return self.dropout(inputs_embeds * self.embed_scale + positions)
 
     def _check_masks(self, attention_mask, encoder_hidden_states, encoder_attention_mask, given, past: int) -> None:
@@ -318,10 +334,11 @@ class Seq2SeqTransformerStack(nn.Module):
         if attention_mask is not None:
             name, (batch_size, seq_len) = given
             what = f"`{name}` of shape {(batch_size, seq_len)}"
-            if self.is_decoder:
+            if self.is_decoder and not (torch.is_tensor(past) and tracing()):  # a static cache's count: a tensor
+                past = int(past) if torch.is_tensor(past) else past  # int() would freeze an exported length
                 what += f" after {past} cached tokens" if past else ""
                 check_mask_shape(mask_name, attention_mask, batch_size, past + seq_len, what, query_length=seq_len)
-            else:
+            elif not self.is_decoder:
                 check_mask_shape(mask_name, attention_mask, batch_size, seq_len, what)
         if self.is_decoder and encoder_attention_mask is not None:
             source_shape = tuple(encoder_hidden_states.shape[:2])
@@ -468,8 +485,49 @@ class Seq2SeqTransformerPreTrainedModel(HubMixin, PreTrainedModel):
             init.ones_(module.weight)
             init.zeros_(module.bias)
         elif isinstance(module, Seq2SeqTransformerStack):
-            table = sinusoidal_position_table(self.config.max_position_embeddings, self.config.d_model)
-            init.copy_(module.embed_positions, table.to(module.embed_positions.device))
+            init.copy_(module.embed_positions, position_table(self.config).to(module.embed_positions.device))
+        elif isinstance(module, Seq2SeqTransformerForConditionalGeneration) and module.final_logits_bias is not None:
+            init.zeros_(module.final_logits_bias)
+
+    def resize_token_embeddings(
+        self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
+    ) -> nn.Embedding:
+        """transformers' resizing (the source embedding and the output projection, tied or not), completed: one
+        vocabulary serves both stacks, so a decoder embedding of its own (untied, or
+        `share_encoder_decoder_embeddings=False`) and `final_logits_bias` get the new size too. The decoder
+        embedding's new rows start at the mean of its old rows (`mean_resizing`) or at the init distribution; new
+        bias entries at 0."""
+        embeddings = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        vocab_size = embeddings.num_embeddings
+        decoder = self.base_model.decoder
+        if decoder.embed_tokens.num_embeddings != vocab_size:
+            decoder.embed_tokens = _resized_embedding(
+                decoder.embed_tokens, vocab_size, self.config.init_std, mean_resizing
+            )
+            self.tie_weights()  # the output projection tied to the decoder embedding follows it
+        bias = getattr(self, "final_logits_bias", None)
+        if bias is not None and bias.shape[-1] != vocab_size:
+            keep = min(vocab_size, bias.shape[-1])
+            resized = bias.new_zeros(1, vocab_size)  # (1, V)
+            resized[:, :keep] = bias[:, :keep]
+            self.final_logits_bias = resized
+        return embeddings
+
+
+def _resized_embedding(old: nn.Embedding, num_embeddings: int, std: float, mean_resizing: bool) -> nn.Embedding:
+    """`old` with `num_embeddings` rows: its first rows kept, new rows at the mean of its rows or drawn from
+    N(0, std)."""
+    weight = old.weight
+    new = nn.Embedding(
+        num_embeddings, old.embedding_dim, padding_idx=old.padding_idx, device=weight.device, dtype=weight.dtype
+    )
+    keep = min(num_embeddings, old.num_embeddings)
+    with torch.no_grad():
+        new.weight.normal_(0.0, std)
+        if mean_resizing:
+            new.weight[keep:] = weight.mean(dim=0)
+        new.weight[:keep] = weight[:keep]
+    return new
 
 
 class Seq2SeqTransformerModel(Seq2SeqTransformerPreTrainedModel):
@@ -477,15 +535,17 @@ class Seq2SeqTransformerModel(Seq2SeqTransformerPreTrainedModel):
 
     def __init__(self, config: Seq2SeqTransformerConfig):
         super().__init__(config)
-        # Sec. 3.4: one matrix for both embeddings (and the output projection, in the LM head model). Untied, each
-        # stack keeps its own embedding and there is no `shared` module left unused.
+        # Sec. 3.4: one matrix for both embeddings (and the output projection, in the LM head model). Untied, or
+        # with `share_encoder_decoder_embeddings=False` (Marian), each stack keeps its own embedding and there is no
+        # `shared` module left unused.
         self.shared = None
-        if config.tie_word_embeddings:
+        self._tied_weights_keys = None
+        if config.tie_word_embeddings and config.share_encoder_decoder_embeddings:
             self.shared = nn.Embedding(config.vocab_size, config.d_model, padding_idx=config.pad_token_id)
-        self._tied_weights_keys = {
-            "encoder.embed_tokens.weight": "shared.weight",
-            "decoder.embed_tokens.weight": "shared.weight",
-        }
+            self._tied_weights_keys = {
+                "encoder.embed_tokens.weight": "shared.weight",
+                "decoder.embed_tokens.weight": "shared.weight",
+            }
         self.encoder = Seq2SeqTransformerStack(config, is_decoder=False)
         self.decoder = Seq2SeqTransformerStack(config, is_decoder=True)
         self.gradient_checkpointing = False
@@ -568,9 +628,19 @@ class Seq2SeqTransformerModel(Seq2SeqTransformerPreTrainedModel):
         return output if return_dict else output.to_tuple()
 
 
-class Seq2SeqTransformerForConditionalGeneration(Seq2SeqTransformerPreTrainedModel, GenerationMixin):
+class Seq2SeqTransformerForConditionalGeneration(
+    GenerationWithCompiledDecoding, Seq2SeqTransformerPreTrainedModel, GenerationMixin
+):
     """The Transformer for translation: the decoder output times the shared embedding matrix gives the
-    pre-softmax logits (sec. 3.4); with `labels`, the label-smoothed cross-entropy (sec. 5.4)."""
+    pre-softmax logits (sec. 3.4); with `labels`, the label-smoothed cross-entropy (sec. 5.4).
+
+    `generate(..., cache_implementation="static")` runs each decoding step after the first as one compiled graph,
+    on CPU too and for greedy, sampling and beam search, with the tokens of eager decoding; the encoder output and
+    the cross-attention keys/values are computed once, by the first (eager) step. The first call per shape pays
+    the compilation (tens of seconds on a CPU). A new graph is traced when the batch size x beams, the source
+    length, the static cache's length (the largest `max_length` so far, or `max_cache_len`), the dtype, the device
+    or the output flags change; `disable_compile=True` decodes the static cache eagerly. See `compiled_decoding.py`.
+    """
 
     _tied_weights_keys = {
         "lm_head.weight": "model.shared.weight",
@@ -581,7 +651,12 @@ class Seq2SeqTransformerForConditionalGeneration(Seq2SeqTransformerPreTrainedMod
     def __init__(self, config: Seq2SeqTransformerConfig):
         super().__init__(config)
         self.model = Seq2SeqTransformerModel(config)
+        if not config.share_encoder_decoder_embeddings:  # Marian's untied source embedding
+            self._tied_weights_keys = {"lm_head.weight": "model.decoder.embed_tokens.weight"}
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        # Marian's output bias: a buffer, saved with the weights but not trained; None (and not saved) otherwise.
+        bias = torch.zeros(1, config.vocab_size) if config.add_final_logits_bias else None  # (1, V)
+        self.register_buffer("final_logits_bias", bias)
         self.post_init()
         self.generation_config = self.paper_generation_config(config)
 
@@ -626,10 +701,18 @@ class Seq2SeqTransformerForConditionalGeneration(Seq2SeqTransformerPreTrainedMod
         the same cross-attention keys and values (one encoder output, expanded), so gathering those would copy
         (batch x beams x source length x d_model x 2) values per layer and step for an identical result."""
         if isinstance(past_key_values, EncoderDecoderCache):
-            past_key_values.self_attention_cache.reorder_cache(beam_idx)
+            reorder_cache_in_place(past_key_values.self_attention_cache, beam_idx)
         else:
-            past_key_values.reorder_cache(beam_idx)
+            reorder_cache_in_place(past_key_values, beam_idx)
         return past_key_values
+
+    def create_masks_for_generate(self, attention_mask=None, **kwargs):
+        """`generate` asks for the decoder's mask ahead of each step when the cache is static. Without a target
+        padding mask (the usual case) there is none to prepare: the decoder builds its causal mask inside the
+        (compiled) step; a given one becomes transformers' 4-D mask."""
+        if attention_mask is None:
+            return None
+        return create_masks_for_generate(attention_mask=attention_mask, **kwargs)
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
@@ -680,6 +763,8 @@ class Seq2SeqTransformerForConditionalGeneration(Seq2SeqTransformerPreTrainedMod
             return_dict=True,
         )
         logits = self.lm_head(outputs.last_hidden_state)  # (B, T, V)
+        if self.final_logits_bias is not None:
+            logits = logits + self.final_logits_bias
         loss = None
         if labels is not None:
             loss = self.compute_loss(logits, labels, num_items_in_batch=kwargs.get("num_items_in_batch"))

@@ -15,7 +15,10 @@ Which kernel computes a sparse attention (the pattern itself lives in `sparse_la
   chunked prefill) uses the masked dense reference with a mask built from the positions (left padding shifts the
   positions, and the fixed pattern depends on absolute positions); a single new token on top of a cache (the
   decoding step of `generate()`) gathers only the cached keys the pattern allows for its position and attends
-  to those (sec. 4.2: l + i/l keys for strided, the own block plus the summaries for fixed).
+  to those (sec. 4.2: l + i/l keys for strided, the own block plus the summaries for fixed);
+- a step on a filled static cache (`generate(cache_implementation="static")`, decoded by one compiled graph, see
+  `compiled_decoding.py`): the masked dense reference over every slot of the cache, with a mask built from tensors
+  only (the gather above needs the positions as Python numbers, which a compiled graph cannot read).
 `output_attentions=True` always uses the masked reference, the one kernel that returns the probabilities.
 """
 
@@ -35,6 +38,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .attention import eager_attention_forward, select_attention_kernel
+from .compiled_decoding import GenerationWithCompiledDecoding, is_static_cache, reorder_cache_in_place
 from .configuration_sparse_transformer import SparseTransformerConfig
 from .hub_mixin import HubMixin
 from .input_checks import IGNORE_INDEX, check_mask_shape, check_not_empty, check_token_ids, tracing
@@ -65,14 +69,17 @@ class _AttentionContext:
     query_positions: (B, Tq) logical positions of the new tokens; key_positions: (B, Tk) of all keys (cache + new);
     key_valid: (B, Tk) bool, False on padding, or None when there is none; past_length: tokens already cached;
     key_order: (B, Tk) physical index of each logical position (left padding moves them), for the decoding step.
+    static: the keys are all the slots of a static cache (Tk = its length), those not written yet invalid, and
+    past_length is the cache's 0-d count tensor: no Python branch may read it (torch.compile traces this case).
     """
 
     query_positions: torch.Tensor
     key_positions: torch.Tensor
     key_valid: torch.Tensor | None
-    past_length: int
+    past_length: int | torch.Tensor
     key_order: torch.Tensor
     masks: dict
+    static: bool = False
 
     @property
     def kv_length(self) -> int:
@@ -81,13 +88,13 @@ class _AttentionContext:
     @property
     def is_full_sequence(self) -> bool:
         """No cache before, no padding: kernels may assume positions 0..T-1 in natural order."""
-        return self.past_length == 0 and self.key_valid is None
+        return not self.static and self.past_length == 0 and self.key_valid is None
 
     @property
     def in_natural_order(self) -> bool:
         """No cache before and every real token at its own index (no padding, or padding on the right only): the
         sparse kernels, which use absolute positions plus a 2-D padding mask, are exact."""
-        if self.past_length != 0:
+        if self.static or self.past_length != 0:
             return False
         if self.key_valid is None:
             return True
@@ -123,7 +130,8 @@ class _AttentionContext:
         # Every query sees itself, so that padding queries get a finite (ignored) output instead of NaN.
         q_len = self.query_positions.shape[1]
         diagonal = torch.zeros(q_len, self.kv_length, dtype=torch.bool, device=mask.device)
-        diagonal[torch.arange(q_len), self.past_length + torch.arange(q_len)] = True
+        rows = torch.arange(q_len, device=mask.device)
+        diagonal[rows, self.past_length + rows] = True
         return mask | diagonal
 
 
@@ -204,7 +212,7 @@ class SparseTransformerAttention(nn.Module):
             key, value = key[:, :, : context.kv_length], value[:, :, : context.kv_length]  # (B, H, Tk, Dh)
         dropout = self.attention_dropout if self.training else 0.0
         implementation = select_attention_kernel(
-            self.config._attn_implementation, self.sparse_pattern, query.device.type, output_attentions
+            self.config._attn_implementation, self.sparse_pattern, query.device.type, output_attentions, seq_len
         )
         attention_fn = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
 
@@ -212,7 +220,7 @@ class SparseTransformerAttention(nn.Module):
             attn_output, attn_weights = attention_fn(
                 self, query, key, value, context.dense_mask(), dropout=dropout, scaling=self.scaling, **kwargs
             )
-        elif seq_len == 1 and context.past_length > 0:
+        elif seq_len == 1 and not context.static and context.past_length > 0:
             attn_output, attn_weights = self._decode_step(query, key, value, context, output_attentions)
         elif context.in_natural_order and not output_attentions:
             attn_output, attn_weights = attention_fn(
@@ -352,10 +360,15 @@ class SparseTransformerPreTrainedModel(HubMixin, PreTrainedModel):
             init.ones_(module.weight)
             init.zeros_(module.bias)
 
-    def create_masks_for_generate(self, attention_mask=None, **kwargs):
+    def create_masks_for_generate(self, attention_mask=None, past_key_values=None, **kwargs):
         """`generate` with a static cache asks for a 4-D mask prepared in advance (a plain causal one by default,
-        which would drop the sparse pattern): keep the 2-D padding mask, the model builds its own masks."""
-        return attention_mask
+        which would drop the sparse pattern): keep the 2-D padding mask, the model builds its own masks. It grows by
+        one column per step; padded with zeros to the cache's length it keeps one shape, which the compiled
+        decoding step needs (a new shape would be a new graph)."""
+        if attention_mask is None or attention_mask.dim() != 2 or not is_static_cache(past_key_values):
+            return attention_mask
+        missing = past_key_values.get_max_length() - attention_mask.shape[1]
+        return nn.functional.pad(attention_mask, (0, missing)) if missing > 0 else attention_mask
 
 
 class SparseTransformerModel(SparseTransformerPreTrainedModel):
@@ -414,17 +427,29 @@ class SparseTransformerModel(SparseTransformerPreTrainedModel):
         if not use_cache:
             past_key_values = None
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
-        if torch.is_tensor(past_length):
-            # A static cache counts its tokens in a tensor that each layer's update advances in place: read it once.
-            past_length = int(past_length)
-        if attention_mask is not None:
+        # A static cache (compiled decoding) has buffers of a fixed length, which a 2-D mask may span (`generate`
+        # pads it so, see `create_masks_for_generate`); once filled it counts its tokens in a 0-d tensor that each
+        # layer's update advances in place, and the attention then runs over all its slots (`_static_context`).
+        static_length = past_key_values.get_max_length() if is_static_cache(past_key_values) else None
+        if attention_mask is not None and not (torch.is_tensor(past_length) and tracing()):
             # During generation the mask covers the cached tokens and the new ones.
+            past = int(past_length) if torch.is_tensor(past_length) else past_length  # int() would freeze an export
+            known_length = past + seq_len
+            if static_length is not None and attention_mask.dim() == 2 and attention_mask.shape[1] == static_length:
+                known_length = static_length
             given = "input_ids" if input_ids is not None else "inputs_embeds"
             what = f"`{given}` of shape {(batch_size, seq_len)}"
-            what += f" after {past_length} cached tokens" if past_length else ""
-            check_mask_shape("attention_mask", attention_mask, batch_size, past_length + seq_len, what)
+            what += f" after {past} cached tokens" if past else ""
+            check_mask_shape("attention_mask", attention_mask, batch_size, known_length, what)
         device = (input_ids if input_ids is not None else inputs_embeds).device
-        context = self._attention_context(batch_size, seq_len, past_length, attention_mask, device)
+        if torch.is_tensor(past_length):
+            # A copy: the first layer's cache update advances the cache's own count before the masks are built.
+            past_length = past_length.clone()
+            context = self._static_context(batch_size, seq_len, past_length, attention_mask, static_length, device)
+        else:
+            if attention_mask is not None and attention_mask.shape[1] > past_length + seq_len:
+                attention_mask = attention_mask[:, : past_length + seq_len]  # the first step on a static cache
+            context = self._attention_context(batch_size, seq_len, past_length, attention_mask, device)
         positions_given = position_ids is not None
         if not positions_given:
             position_ids = context.query_positions
@@ -469,6 +494,33 @@ class SparseTransformerModel(SparseTransformerPreTrainedModel):
         )
         return output if return_dict else output.to_tuple()
 
+    @staticmethod
+    def _static_context(
+        batch_size: int, seq_len: int, past_length: torch.Tensor, attention_mask: torch.Tensor | None,
+        cache_length: int, device,
+    ) -> _AttentionContext:  # fmt: skip
+        """The keys of a filled static cache: all its `cache_length` slots, valid up to the new tokens and where the
+        mask is 1; positions count the valid slots (left padding). No Python branch reads a value (torch.compile
+        traces this), so the attention layers take the masked path, which is exact for any padding."""
+        slots = torch.arange(cache_length, device=device)
+        key_valid = (slots < past_length + seq_len).expand(batch_size, -1)  # (B, L)
+        if attention_mask is not None:
+            mask = attention_mask.to(device=device, dtype=torch.long)[:, :cache_length]
+            if mask.shape[1] < cache_length:  # a mask of the tokens so far (not from `generate`)
+                mask = nn.functional.pad(mask, (0, cache_length - mask.shape[1]))
+            key_valid = key_valid & mask.bool()
+        key_positions = (key_valid.long().cumsum(-1) - 1).clamp(min=0)  # (B, L)
+        query_slots = past_length + torch.arange(seq_len, device=device)  # (Tq,)
+        return _AttentionContext(
+            query_positions=key_positions.index_select(1, query_slots),
+            key_positions=key_positions,
+            key_valid=key_valid,
+            past_length=past_length,
+            key_order=slots.expand(batch_size, -1),
+            masks={},
+            static=True,
+        )
+
     def _attention_context(
         self, batch_size: int, seq_len: int, past_length: int, attention_mask: torch.Tensor | None, device
     ) -> _AttentionContext:
@@ -503,9 +555,18 @@ class SparseTransformerModel(SparseTransformerPreTrainedModel):
         )
 
 
-class SparseTransformerForCausalLM(SparseTransformerPreTrainedModel, GenerationMixin):
+class SparseTransformerForCausalLM(GenerationWithCompiledDecoding, SparseTransformerPreTrainedModel, GenerationMixin):
     """The Sparse Transformer with a linear output layer over the vocabulary; `labels` give the next-token
-    cross-entropy (sec. 5: the model maximises the log-likelihood of each token given the previous ones)."""
+    cross-entropy (sec. 5: the model maximises the log-likelihood of each token given the previous ones).
+
+    `generate(..., cache_implementation="static")` runs each decoding step after the prompt as one compiled graph,
+    on CPU too and for greedy, sampling and beam search, with the tokens of eager decoding. That step attends through
+    the pattern's mask over every slot of the static cache (the eager step on a dynamic cache gathers only the keys
+    the pattern allows: O(sqrt(n)) keys instead of n), which is exact and cheap next to the projections at the
+    lengths a static cache is sized for. A new graph is traced when the batch size x beams, the cache's length (the
+    largest `max_length` so far, or `max_cache_len`), the dtype, the device or the output flags change;
+    `disable_compile=True` decodes the static cache eagerly. See `compiled_decoding.py`.
+    """
 
     _tied_weights_keys = {"lm_head.weight": "model.embeddings.embed_tokens.weight"}
 
@@ -520,6 +581,13 @@ class SparseTransformerForCausalLM(SparseTransformerPreTrainedModel, GenerationM
 
     def set_input_embeddings(self, value: nn.Module) -> None:
         self.model.embeddings.embed_tokens = value
+
+    @staticmethod
+    def _reorder_cache(past_key_values: Cache, beam_idx: torch.LongTensor) -> Cache:
+        """Beam search's per-step cache reordering (called by `GenerationMixin`); a static cache's buffers are
+        rewritten in place, where the compiled decoding step reads them."""
+        reorder_cache_in_place(past_key_values, beam_idx)
+        return past_key_values
 
     def get_output_embeddings(self) -> nn.Module:
         return self.lm_head
