@@ -23,6 +23,19 @@ def hub_server(tmp_path_factory):
         server.stop()
 
 
+@pytest.fixture
+def fresh_accelerate_state():
+    """Each `train` call builds its own Accelerator, and forked workers must not inherit this process's: Accelerate
+    keeps process-wide singletons, so reset them before and after the test."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # The model matrix of the common suite (tests/test_common.py): every family, head and attention variant as a tiny
 # config. Each case builds its config, its model classes and a batch of inputs; checks that do not apply to a case

@@ -21,16 +21,7 @@ QUICK_RUN = [
 ]  # fmt: skip
 
 
-@pytest.fixture(autouse=True)
-def fresh_accelerate_state():
-    """Each `train` call builds its own Accelerator; Accelerate keeps process-wide singletons, so reset them."""
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-    yield
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")  # tests/conftest.py
 
 
 def run_cli(argv: list[str], capsys) -> tuple[int, list[str]]:

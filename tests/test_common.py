@@ -454,18 +454,6 @@ CLI_ATTENTION = {
 CLI_RUNS = [(family, attention) for family, options in CLI_ATTENTION.items() for attention in options]
 
 
-@pytest.fixture
-def fresh_accelerate_state():
-    """Each `train` call builds its own Accelerator; Accelerate keeps process-wide singletons, so reset them."""
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-    yield
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-
-
 @pytest.mark.parametrize(
     ("family", "attention"), CLI_RUNS, ids=[f"{f}-{a.split(',')[0].split('=')[1]}" for f, a in CLI_RUNS]
 )

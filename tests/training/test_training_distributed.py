@@ -36,16 +36,7 @@ WEIGHT_ATOL = 2e-5
 LOSS_RTOL = 1e-4
 
 
-@pytest.fixture(autouse=True)
-def fresh_accelerate_state():
-    """Forked workers must not inherit this process's (single-process) Accelerate singletons."""
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-    yield
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")  # tests/conftest.py
 
 
 def vit_args(output_dir: Path, batch: int, **overrides):

@@ -21,16 +21,7 @@ from tests.utils import REPO_ROOT
 TINY_VIT = "hidden_size=32,num_hidden_layers=2,num_attention_heads=2,intermediate_size=64"
 
 
-@pytest.fixture(autouse=True)
-def fresh_accelerate_state():
-    """Each `train` call builds its own Accelerator; Accelerate keeps process-wide singletons, so reset them."""
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-    yield
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")  # tests/conftest.py
 
 
 def tiny_vit(tmp_path: Path, name: str = "run", **overrides) -> TrainingArguments:
