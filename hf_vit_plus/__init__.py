@@ -13,6 +13,7 @@ from .models.modeling_seq2seq_transformer import (
 )
 from .models.modeling_sparse_transformer import (
     SparseTransformerForCausalLM,
+    SparseTransformerForImageGeneration,
     SparseTransformerModel,
     SparseTransformerPreTrainedModel,
 )
@@ -35,6 +36,7 @@ __all__ = [
     "Seq2SeqTransformerPreTrainedModel",
     "SparseTransformerConfig",
     "SparseTransformerForCausalLM",
+    "SparseTransformerForImageGeneration",
     "SparseTransformerModel",
     "SparseTransformerPreTrainedModel",
     "register_auto_classes",

@@ -10,7 +10,7 @@ Two registrations per class:
 from __future__ import annotations
 
 import transformers
-from transformers import AutoConfig, AutoImageProcessor, AutoVideoProcessor
+from transformers import AutoConfig, AutoImageProcessor, AutoModelForCausalLM, AutoVideoProcessor
 
 from .models.configuration_seq2seq_transformer import Seq2SeqTransformerConfig
 from .models.configuration_sparse_transformer import SparseTransformerConfig
@@ -20,7 +20,11 @@ from .models.modeling_seq2seq_transformer import (
     Seq2SeqTransformerForConditionalGeneration,
     Seq2SeqTransformerModel,
 )
-from .models.modeling_sparse_transformer import SparseTransformerForCausalLM, SparseTransformerModel
+from .models.modeling_sparse_transformer import (
+    SparseTransformerForCausalLM,
+    SparseTransformerForImageGeneration,
+    SparseTransformerModel,
+)
 from .models.modeling_vit_plus import ViTPlusForImageClassification, ViTPlusModel
 
 _REGISTERED = False
@@ -66,4 +70,10 @@ def register_auto_classes() -> None:
         SparseTransformerConfig,
         {"AutoModel": SparseTransformerModel, "AutoModelForCausalLM": SparseTransformerForCausalLM},
     )
+    # Text and image models share the config class: for `AutoModelForCausalLM` it maps to both heads, and
+    # transformers picks the one the saved config's `architectures` names (the text LM by default).
+    AutoModelForCausalLM.register(
+        SparseTransformerConfig, (SparseTransformerForCausalLM, SparseTransformerForImageGeneration), exist_ok=True
+    )
+    SparseTransformerForImageGeneration.register_for_auto_class("AutoModelForCausalLM")
     _REGISTERED = True

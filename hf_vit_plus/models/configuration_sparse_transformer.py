@@ -23,6 +23,7 @@ from .config_checks import (
 from .sparse_layouts import SparseFields, pattern_from_config
 
 POSITION_EMBEDDING_TYPES = ("learned", "factorized")
+PIXEL_LEVELS = 256  # an image model's tokens 0..255 are 8-bit intensities; its start token comes after them
 
 
 class SparseTransformerConfig(PretrainedConfig):
@@ -62,6 +63,11 @@ class SparseTransformerConfig(PretrainedConfig):
             one learned table per axis of `factorized_shape`, summed, e.g. rows, columns, channels of an image).
         factorized_shape: the axes of a "factorized" position, outermost first; their product must equal
             `max_position_embeddings`. Position p has mixed-radix coordinates in this shape.
+        image_size: [height, width] of the images of an image model (sec. 5.3 and 7.1 of the paper: pixels as tokens
+            in raster order, channels interleaved), or None for a model of token sequences. An image model's tokens
+            0..255 are the 8-bit intensities, `bos_token_id` (256 by default, see `for_images`) is the start token
+            the sequence is shifted by, and `max_position_embeddings` is height x width x num_channels.
+        num_channels: channels of an image model's images (1 grey, 3 RGB); None for a model of token sequences.
         pad_token_id / bos_token_id / eos_token_id: special token ids.
         use_cache: whether the model returns a key/value cache by default.
         tie_word_embeddings: share the token embedding with the output projection.
@@ -96,6 +102,8 @@ class SparseTransformerConfig(PretrainedConfig):
         sparse_pattern_mode: str = "merged",
         position_embedding_type: str = "learned",
         factorized_shape: tuple[int, ...] | list[int] | None = None,
+        image_size: tuple[int, int] | list[int] | None = None,
+        num_channels: int | None = None,
         pad_token_id: int | None = 0,
         bos_token_id: int | None = 1,
         eos_token_id: int | None = 1,
@@ -122,6 +130,8 @@ class SparseTransformerConfig(PretrainedConfig):
         self.sparse_pattern_mode = sparse_pattern_mode
         self.position_embedding_type = position_embedding_type
         self.factorized_shape = list(factorized_shape) if factorized_shape is not None else None
+        self.image_size = list(image_size) if isinstance(image_size, (list, tuple)) else image_size
+        self.num_channels = num_channels
         self.pad_token_id = pad_token_id
         self.bos_token_id = bos_token_id
         self.eos_token_id = eos_token_id
@@ -167,6 +177,71 @@ class SparseTransformerConfig(PretrainedConfig):
                 f"`factorized_shape` {self.factorized_shape!r} is only used with `position_embedding_type`="
                 f"'factorized', got {self.position_embedding_type!r}."
             )
+        self._validate_image_fields()
+
+    @property
+    def is_image_model(self) -> bool:
+        """Whether the model generates images (its `image_size` is set)."""
+        return self.image_size is not None
+
+    @property
+    def pixels_per_image(self) -> int:
+        """Tokens per image: height x width x channels (the sequence length of an image model)."""
+        height, width = self.image_size
+        return height * width * self.num_channels
+
+    def _validate_image_fields(self) -> None:
+        if self.image_size is None:
+            if self.num_channels is not None:
+                raise ValueError(f"`num_channels` ({self.num_channels!r}) is set but `image_size` is None.")
+            return
+        size = self.image_size
+        if (
+            not isinstance(size, list)
+            or len(size) != 2
+            or any(isinstance(s, bool) or not isinstance(s, int) or s <= 0 for s in size)
+        ):
+            raise ValueError(f"`image_size` must be [height, width], two positive integers, got {size!r}.")
+        check_positive_int("num_channels", self.num_channels)
+        if self.max_position_embeddings != self.pixels_per_image:
+            raise ValueError(
+                f"An image model's `max_position_embeddings` must be height x width x num_channels = "
+                f"{size[0]} x {size[1]} x {self.num_channels} = {self.pixels_per_image}, got "
+                f"{self.max_position_embeddings}."
+            )
+        if self.bos_token_id is None or self.bos_token_id < PIXEL_LEVELS:
+            raise ValueError(
+                f"An image model's `bos_token_id` is its start token and must not be a pixel value (0..255): expected "
+                f"an id >= {PIXEL_LEVELS} below vocab_size={self.vocab_size}, got {self.bos_token_id!r}."
+            )
+
+    @classmethod
+    def for_images(cls, height: int, width: int, num_channels: int = 1, **kwargs) -> SparseTransformerConfig:
+        """The config of an image model (sec. 7.1 of the paper): 256 intensity tokens plus a start token (id 256),
+        one position per pixel and channel with row / column (/ channel) embeddings (sec. 5.3), and, for the sparse
+        patterns, a stride of one image row (width x channels tokens: the strided pattern's band is the row so far,
+        its other part the same column in every earlier row) with summaries of a quarter row (fixed). `kwargs`
+        override any field (e.g. hidden_size, num_hidden_layers, attention_type)."""
+        for name, value in (("height", height), ("width", width), ("num_channels", num_channels)):
+            check_positive_int(name, value)
+        row = width * num_channels
+        values = dict(
+            vocab_size=PIXEL_LEVELS + 1,
+            bos_token_id=PIXEL_LEVELS,
+            pad_token_id=None,
+            eos_token_id=None,
+            max_position_embeddings=height * row,
+            position_embedding_type="factorized",
+            factorized_shape=[height, width, num_channels] if num_channels > 1 else [height, width],
+            attention_type="strided",
+            sparse_stride=row,
+            sparse_summary_size=max(1, row // 4),
+            tie_word_embeddings=False,
+            image_size=[height, width],
+            num_channels=num_channels,
+        )
+        values.update(kwargs)
+        return cls(**values)
 
 
-__all__ = ["POSITION_EMBEDDING_TYPES", "SparseTransformerConfig"]
+__all__ = ["PIXEL_LEVELS", "POSITION_EMBEDDING_TYPES", "SparseTransformerConfig"]

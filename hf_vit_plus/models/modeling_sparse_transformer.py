@@ -39,9 +39,16 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .attention import eager_attention_forward, select_attention_kernel
 from .compiled_decoding import GenerationWithCompiledDecoding, is_static_cache, reorder_cache_in_place
-from .configuration_sparse_transformer import SparseTransformerConfig
+from .configuration_sparse_transformer import PIXEL_LEVELS, SparseTransformerConfig
 from .hub_mixin import HubMixin
-from .input_checks import IGNORE_INDEX, check_mask_shape, check_not_empty, check_token_ids, tracing
+from .input_checks import (
+    IGNORE_INDEX,
+    check_mask_shape,
+    check_not_empty,
+    check_token_ids,
+    check_token_range,
+    tracing,
+)
 from .sparse_layouts import SparsePattern, allowed_key_indices, pattern_from_config
 
 
@@ -661,6 +668,151 @@ class SparseTransformerForCausalLM(GenerationWithCompiledDecoding, SparseTransfo
         return total / num_items_in_batch
 
 
+class SparseTransformerForImageGeneration(SparseTransformerForCausalLM):
+    """The Sparse Transformer as an image model (sec. 7.1 of the paper): an image is the sequence of its 8-bit
+    intensities in raster order, channels interleaved (red, green, blue of a pixel, then the next pixel), and the
+    model predicts each from all earlier ones. Built from `SparseTransformerConfig.for_images(height, width, ...)`:
+    row / column (/ channel) position embeddings, a strided stride of one image row.
+
+    `forward(pixel_values=...)` takes integer images, (batch, channels, height, width) or (batch, height, width) for
+    grey ones, values 0..255; the input is the sequence shifted right by the start token (`bos_token_id`), so
+    position t predicts pixel t, and the loss is the mean negative log-likelihood per dimension (sub-pixel) in nats:
+    divided by ln 2 it is the paper's bits per dim. Everything else is the causal LM's: `generate` from the start
+    token draws images (`max_new_tokens = pixels_per_image`; tokens back to images with `tokens_to_pixels`), with
+    the pattern-aware cache, static-cache compilation and the Auto classes (the checkpoint names this class for
+    `AutoModelForCausalLM`). Tokens that are not intensities (the start token) get a logit of -inf, so no decoding
+    strategy ever draws them.
+    """
+
+    remote_code_auto_map = {
+        **SparseTransformerPreTrainedModel.remote_code_auto_map,
+        "AutoModelForCausalLM": "modeling_sparse_transformer.SparseTransformerForImageGeneration",
+    }
+
+    def __init__(self, config: SparseTransformerConfig):
+        if not config.is_image_model:
+            raise ValueError(
+                "SparseTransformerForImageGeneration needs an image config (`image_size` and `num_channels` set, "
+                "see `SparseTransformerConfig.for_images`); got image_size=None. For text use "
+                "SparseTransformerForCausalLM."
+            )
+        super().__init__(config)
+
+    def pixels_to_tokens(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """Images (B, C, H, W), or (B, H, W) for one channel, of integer intensities 0..255 -> tokens (B, H*W*C) in
+        raster order with the channels interleaved. Raises a TypeError / ValueError naming a wrong dtype, shape or
+        value."""
+        height, width = self.config.image_size
+        channels = self.config.num_channels
+        if not torch.is_tensor(pixel_values):
+            raise TypeError(f"`pixel_values` must be a torch.Tensor, got {type(pixel_values).__name__}.")
+        if pixel_values.is_floating_point() or pixel_values.dtype == torch.bool or pixel_values.is_complex():
+            raise TypeError(
+                f"`pixel_values` of an image model must hold integer intensities 0..255 (uint8 or int64), got dtype "
+                f"{pixel_values.dtype}; images scaled to [0, 1] need `(x * 255).round().long()`."
+            )
+        if pixel_values.dim() == 3 and channels == 1:
+            pixel_values = pixel_values[:, None]
+        expected = (channels, height, width)
+        if pixel_values.dim() != 4 or tuple(pixel_values.shape[1:]) != expected:
+            grey = " or (batch, height, width)" if channels == 1 else ""
+            raise ValueError(
+                f"`pixel_values` must have shape (batch, {channels}, {height}, {width}){grey} for this model "
+                f"(num_channels={channels}, image_size={[height, width]}), got {tuple(pixel_values.shape)}."
+            )
+        check_not_empty("pixel_values", (pixel_values.shape[0], 1))
+        tokens = pixel_values.permute(0, 2, 3, 1).reshape(pixel_values.shape[0], -1).long()  # (B, H*W*C)
+        check_token_range("pixel_values", tokens, PIXEL_LEVELS)
+        return tokens
+
+    def tokens_to_pixels(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Tokens (B, H*W*C) in raster order (e.g. `generate`'s output without the start token) -> images
+        (B, C, H, W) uint8."""
+        height, width = self.config.image_size
+        channels = self.config.num_channels
+        if tokens.dim() != 2 or tokens.shape[1] != self.config.pixels_per_image:
+            raise ValueError(
+                f"Expected tokens of shape (batch, {self.config.pixels_per_image}), one per pixel and channel, got "
+                f"{tuple(tokens.shape)}."
+            )
+        return tokens.reshape(-1, height, width, channels).permute(0, 3, 1, 2).clamp(0, PIXEL_LEVELS - 1).byte()
+
+    def shifted_input_ids(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The model's input for the pixels `tokens` (B, n): the start token, then every pixel but the last."""
+        start = torch.full_like(tokens[:, :1], self.config.bos_token_id)
+        return torch.cat([start, tokens[:, :-1]], dim=1)
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        pixel_values: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        logits_to_keep: int = 0,
+        **kwargs: Any,
+    ) -> CausalLMOutputWithPast | tuple:
+        r"""pixel_values: integer images (B, C, H, W) or (B, H, W), 0..255: the model reads them shifted by the start
+        token and returns the loss of predicting every pixel (nats per dimension); `input_ids` must not be given too.
+        labels: with `pixel_values`, targets aligned with the pixels (B, H*W*C), -100 where there is no loss
+        (default: the pixels themselves); with `input_ids`, next-token labels as for the causal LM."""
+        return_dict = _flag(return_dict, self.config, "return_dict", default=True)
+        if pixel_values is None:
+            output = super().forward(
+                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                past_key_values=past_key_values, inputs_embeds=inputs_embeds, labels=labels, use_cache=use_cache,
+                output_attentions=output_attentions, output_hidden_states=output_hidden_states, return_dict=True,
+                logits_to_keep=logits_to_keep, **kwargs,
+            )  # fmt: skip
+            output.logits = self._pixels_only(output.logits)
+            return output if return_dict else output.to_tuple()
+        if input_ids is not None or inputs_embeds is not None:
+            raise ValueError("Pass either `pixel_values` or `input_ids` / `inputs_embeds`, not both.")
+        tokens = self.pixels_to_tokens(pixel_values)
+        if labels is None:
+            labels = tokens
+        elif labels.shape != tokens.shape:
+            raise ValueError(
+                f"With `pixel_values`, `labels` must be aligned with the pixels: shape {tuple(tokens.shape)}, got "
+                f"{tuple(labels.shape)}."
+            )
+        kwargs.pop("num_items_in_batch", None)
+        outputs = self.model(
+            input_ids=self.shifted_input_ids(tokens),
+            use_cache=False if use_cache is None else use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            **kwargs,
+        )
+        logits = self._pixels_only(self.lm_head(outputs.last_hidden_state))  # (B, n, V)
+        loss = nn.functional.cross_entropy(
+            logits.float().reshape(-1, logits.shape[-1]), labels.to(logits.device).reshape(-1), ignore_index=-100
+        )
+        output = CausalLMOutputWithPast(
+            loss=loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+        return output if return_dict else output.to_tuple()
+
+    @staticmethod
+    def _pixels_only(logits: torch.Tensor) -> torch.Tensor:
+        """-inf for every token that is not an intensity (the start token): never drawn, never predicted."""
+        if logits.shape[-1] <= PIXEL_LEVELS:
+            return logits
+        not_pixel = torch.arange(logits.shape[-1], device=logits.device) >= PIXEL_LEVELS
+        return logits.masked_fill(not_pixel, float("-inf"))
+
+
 # Copied from modeling_vit_plus._flag
 def _flag(value: bool | None, config, name: str, default: bool = False) -> bool:
     """`value` if given, else the config's setting `name` (transformers' convention for output flags)."""
@@ -671,6 +823,7 @@ def _flag(value: bool | None, config, name: str, default: bool = False) -> bool:
 
 __all__ = [
     "SparseTransformerForCausalLM",
+    "SparseTransformerForImageGeneration",
     "SparseTransformerModel",
     "SparseTransformerPreTrainedModel",
 ]
