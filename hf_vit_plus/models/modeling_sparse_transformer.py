@@ -110,9 +110,10 @@ class _AttentionContext:
         natural = torch.arange(self.kv_length, device=self.key_positions.device)
         return bool(((self.key_positions == natural) | ~self.key_valid).all())
 
-    def dense_mask(self) -> torch.Tensor | None:
-        """Causal mask (B, 1, Tq, Tk) with padding, or None when plain causal attention is exact."""
-        if self.is_full_sequence:
+    def dense_mask(self, explicit: bool = False) -> torch.Tensor | None:
+        """Causal mask (B, 1, Tq, Tk) with padding, or None when plain causal attention is exact and the kernel
+        applies it itself (`explicit` False: sdpa reads the module's `is_causal`; the eager reference does not)."""
+        if self.is_full_sequence and not explicit:
             return None
         if "dense" not in self.masks:
             self.masks["dense"] = self._finish(
@@ -224,8 +225,9 @@ class SparseTransformerAttention(nn.Module):
         attention_fn = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
 
         if self.sparse_pattern is None:
+            mask = context.dense_mask(explicit=implementation != "sdpa")
             attn_output, attn_weights = attention_fn(
-                self, query, key, value, context.dense_mask(), dropout=dropout, scaling=self.scaling, **kwargs
+                self, query, key, value, mask, dropout=dropout, scaling=self.scaling, **kwargs
             )
         elif seq_len == 1 and not context.static and context.past_length > 0:
             attn_output, attn_weights = self._decode_step(query, key, value, context, output_attentions)
