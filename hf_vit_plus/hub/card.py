@@ -60,13 +60,29 @@ FAMILIES: dict[str, dict[str, Any]] = {
          "intermediate_size", "hidden_act", "attention_type", "sparse_stride", "sparse_summary_size",
          "sparse_num_summary_blocks", "sparse_pattern_mode"),
     ),
+    "image-lm": _family(
+        "unconditional-image-generation",
+        "Unconditional Image Generation",
+        ("sparse_transformer",),
+        ["unconditional-image-generation", "image-generation", "sparse-attention", "sparse-transformer",
+         "hf_vit_plus", "custom_code"],
+        ("image_size", "num_channels", "vocab_size", "max_position_embeddings", "hidden_size", "num_hidden_layers",
+         "num_attention_heads", "intermediate_size", "hidden_act", "position_embedding_type", "factorized_shape",
+         "attention_type", "sparse_stride", "sparse_summary_size", "sparse_num_summary_blocks",
+         "sparse_pattern_mode"),
+    ),
 }  # fmt: skip
+# The text and the image Sparse Transformer share a model type: an image model's config has `image_size` set.
+IMAGE_FAMILY = "image-lm"
 # Family names of release 0.1, still accepted.
 FAMILY_ALIASES = {"sparse_lm": "sparse-lm"}
 
 # Keys of `trainer.evaluate()` output that describe the run, not the model: kept out of the model-index.
 _BOOKKEEPING = re.compile(r"(^|_)(runtime|samples_per_second|steps_per_second|model_preparation_time)$|^(epoch|step)$")
 _SPLIT_PREFIXES = {"eval_": "validation", "test_": "test", "predict_": "test"}
+# Metrics named "baseline_..." (after the split prefix) are reference numbers on the same split, not the model's
+# (e.g. an image model's floors, "eval_baseline_pixel_histogram_bits_per_dim"): a table of their own, no model-index.
+_BASELINE_PREFIX = "baseline_"
 
 # The Hub's pipeline tags (huggingface.js `PIPELINE_DATA`), for `validate_card_metadata`.
 PIPELINE_TAGS = frozenset(
@@ -85,7 +101,8 @@ FIGURE_SUFFIXES = (".png", ".jpg", ".jpeg", ".svg", ".gif")
 
 
 def check_family(family: str) -> str:
-    """`family` ("vit", "seq2seq" or "sparse-lm"; an old spelling is accepted), or a ValueError naming it."""
+    """`family` ("vit", "seq2seq", "sparse-lm" or "image-lm"; an old spelling is accepted), or a ValueError naming
+    it."""
     family = FAMILY_ALIASES.get(family, family)
     if family not in FAMILIES:
         raise ValueError(f"Unknown model family {family!r}; expected one of {sorted(FAMILIES)}.")
@@ -93,15 +110,36 @@ def check_family(family: str) -> str:
 
 
 def template_path(family: str) -> Path:
-    """The Jinja template of `family` ("vit", "seq2seq" or "sparse-lm")."""
+    """The Jinja template of `family` ("vit", "seq2seq", "sparse-lm" or "image-lm")."""
     return TEMPLATES_DIR / f"{check_family(family)}.md"
 
 
 def family_of(model_config) -> str | None:
-    """The card family ("vit", "seq2seq", "sparse-lm") of a config or config dict, by its `model_type`; None for a
-    model type that is not one of this project's."""
-    model_type = _config_dict(model_config).get("model_type")
-    return next((name for name, spec in FAMILIES.items() if model_type in spec["model_types"]), None)
+    """The card family ("vit", "seq2seq", "sparse-lm", "image-lm") of a config or config dict, by its `model_type`
+    (and, for the Sparse Transformer, whether it is an image model); None for a model type that is not one of this
+    project's."""
+    config = _config_dict(model_config)
+    model_type = config.get("model_type")
+    if model_type in FAMILIES[IMAGE_FAMILY]["model_types"] and config.get("image_size") is not None:
+        return IMAGE_FAMILY
+    return next(
+        (name for name, spec in FAMILIES.items() if name != IMAGE_FAMILY and model_type in spec["model_types"]), None
+    )
+
+
+def _check_family_matches(family: str, config: dict) -> None:
+    """A ValueError when the config is one of this project's model types but of another card family than `family`."""
+    model_type = config.get("model_type")
+    known = {t for spec in FAMILIES.values() for t in spec["model_types"]}
+    if model_type not in known or family_of(config) == family:
+        return
+    if model_type in FAMILIES[family]["model_types"]:  # the Sparse Transformer: text and image models
+        kind = "an image model" if config.get("image_size") is not None else "not an image model (no image_size)"
+        raise ValueError(
+            f"family {family!r} does not match the config's model_type {model_type!r}: the config is {kind}, whose "
+            f"family is {family_of(config)!r}."
+        )
+    raise ValueError(f"family {family!r} does not match the config's model_type {model_type!r}.")
 
 
 def _is_number(value) -> bool:
@@ -129,19 +167,20 @@ def _cell(value) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _split_metric(key: str) -> tuple[str, str | None]:
+def _split_metric(key: str, eval_split: str = "validation") -> tuple[str, str | None]:
     for prefix, split in _SPLIT_PREFIXES.items():
         if key.startswith(prefix):
-            return key[len(prefix) :], split
+            return key[len(prefix) :], eval_split if prefix == "eval_" else split
     return key, None
 
 
 def _eval_results(
-    eval_results: dict[str, float], family: str, dataset_name: str, dataset_config: str | None
-) -> list[EvalResult]:
+    eval_results: dict[str, float], family: str, dataset_name: str, dataset_config: str | None, eval_split: str
+) -> tuple[list[EvalResult], list[tuple[str, str, str]]]:
+    """The model's results (for the model-index) and the baselines' rows (name, value, split) of `eval_results`."""
     if not isinstance(eval_results, dict):
         raise ValueError(f"eval_results must be a dict of metric name -> number, got {type(eval_results).__name__}.")
-    results = []
+    results, baselines = [], []
     for key, value in eval_results.items():
         if not isinstance(key, str) or not key:
             raise ValueError(f"eval_results keys must be non-empty strings, got {key!r}.")
@@ -152,7 +191,10 @@ def _eval_results(
         if not math.isfinite(value):
             logger.warning("Leaving eval_results[%r] = %r out of the model-index (not finite).", key, value)
             continue
-        metric, split = _split_metric(key)
+        metric, split = _split_metric(key, eval_split)
+        if metric.startswith(_BASELINE_PREFIX):
+            baselines.append((metric.removeprefix(_BASELINE_PREFIX), _cell(value), split or ""))
+            continue
         results.append(
             EvalResult(
                 task_type=FAMILIES[family]["pipeline_tag"],
@@ -166,7 +208,7 @@ def _eval_results(
                 metric_value=float(value) if isinstance(value, float) else value,
             )
         )
-    return results
+    return results, baselines
 
 
 def _place_figures(figures, output_dir: Path) -> list[str]:
@@ -203,17 +245,21 @@ def write_model_card(
     repo_id: str | None = None,
     license: str = "apache-2.0",
     language: list[str] | None = None,
+    eval_split: str = "validation",
 ) -> Path:
     """Render the family's model card into `output_dir/README.md` and return its path.
 
     Args:
         output_dir: the checkpoint folder (it must exist; figures outside it are copied into it).
-        family: "vit", "seq2seq" or "sparse-lm".
+        family: "vit", "seq2seq", "sparse-lm" or "image-lm".
         model_config: the model's `PretrainedConfig` (or its dict); its architecture fields go in a table.
         training_args: hyperparameters for the table (e.g. selected `TrainingArguments` fields).
         eval_results: metric name -> number, e.g. `trainer.evaluate()`; numbers go into the model-index
             (an "eval_"/"test_" prefix sets the split and is dropped from the metric type; runtime/throughput/epoch
-            entries are skipped; non-finite values are left out with a warning).
+            entries are skipped; non-finite values are left out with a warning). Metrics named "baseline_..."
+            after the prefix (e.g. "eval_baseline_uniform_bits_per_dim") are reference numbers measured on the same
+            split, not the model's: they get a table of their own beside the results and stay out of the
+            model-index.
         dataset_name: the dataset id (goes in `datasets` and in the model-index).
         dataset_config: the dataset configuration, if any.
         figures: image files to embed (relative paths from the folder).
@@ -221,24 +267,24 @@ def write_model_card(
         repo_id: the Hub id used in the loading examples (default: the folder's name).
         license: a Hub license id.
         language: language codes for the metadata (text models).
+        eval_split: the data set's split that the "eval_" results were measured on (e.g. "test" when the run
+            evaluates on the test split); "test_"/"predict_" results are always "test".
     """
     output_dir = Path(output_dir)
     if not output_dir.is_dir():
         raise FileNotFoundError(f"output_dir {str(output_dir)!r} is not an existing folder.")
     family = check_family(family)
-    spec = FAMILIES[family]
     if not isinstance(dataset_name, str) or not dataset_name.strip():
         raise ValueError(f"dataset_name must be a non-empty string, got {dataset_name!r}.")
     if not isinstance(training_args, dict):
         raise ValueError(f"training_args must be a dict, got {type(training_args).__name__}.")
+    if not isinstance(eval_split, str) or not eval_split.strip():
+        raise ValueError(f"eval_split must be a non-empty string (e.g. 'validation' or 'test'), got {eval_split!r}.")
     config = _config_dict(model_config)
-    model_type = config.get("model_type")
-    known = {t for f in FAMILIES.values() for t in f["model_types"]}
-    if model_type in known and model_type not in spec["model_types"]:
-        raise ValueError(f"family {family!r} does not match the config's model_type {model_type!r}.")
+    _check_family_matches(family, config)
 
     model_id = repo_id or output_dir.resolve().name
-    results = _eval_results(eval_results, family, dataset_name, dataset_config)
+    results, baselines = _eval_results(eval_results, family, dataset_name, dataset_config, eval_split)
     card = _render_card(
         family,
         config,
@@ -252,6 +298,7 @@ def write_model_card(
         tags=(),
         hyperparameters=[(str(k), _cell(v)) for k, v in sorted(training_args.items(), key=lambda kv: str(kv[0]))],
         results=results,
+        baselines=baselines,
         figures=_place_figures(figures, output_dir),
     )
     path = output_dir / "README.md"
@@ -281,7 +328,8 @@ def model_card_from_config(
     Args:
         model_config: the model's `PretrainedConfig` (or its dict).
         repo_id: the Hub id used in the title and the loading examples.
-        family: "vit", "seq2seq" or "sparse-lm" (default: from the config's `model_type`).
+        family: "vit", "seq2seq", "sparse-lm" or "image-lm" (default: from the config's `model_type`, and whether
+            it is an image model).
         tags: extra Hub tags, added after the family's.
         license: a Hub license id.
         language: language codes for the metadata (text models).
@@ -300,6 +348,7 @@ def model_card_from_config(
     family = check_family(family)
     if config.get("model_type") not in FAMILIES[family]["model_types"]:
         raise ValueError(f"family {family!r} does not match the config's model_type {config.get('model_type')!r}.")
+    _check_family_matches(family, config)
     if not isinstance(repo_id, str) or not repo_id.strip():
         raise ValueError(f"repo_id must be a non-empty string, got {repo_id!r}.")
     if isinstance(tags, str) or not all(isinstance(tag, str) and tag.strip() for tag in tags):
@@ -317,6 +366,7 @@ def model_card_from_config(
         tags=tags,
         hyperparameters=[],
         results=[],
+        baselines=[],
         figures=[],
     )
     problems = _metadata_problems(card.data.to_dict(), require_datasets=False)
@@ -339,6 +389,7 @@ def _render_card(
     tags,
     hyperparameters: list[tuple[str, str]],
     results: list[EvalResult],
+    baselines: list[tuple[str, str, str]],
     figures: list[str],
 ) -> ModelCard:
     spec = FAMILIES[family]
@@ -369,6 +420,7 @@ def _render_card(
         architecture=arch,
         hyperparameters=hyperparameters,
         results=[(r.metric_name, _cell(r.metric_value), r.dataset_split or "") for r in results],
+        baselines=baselines,
         figures=figures,
     )
 

@@ -1,4 +1,4 @@
-"""The options of a training run, one dataclass for the three families.
+"""The options of a training run, one dataclass for the four families.
 
 `TrainingArguments` serves the library loop from Python (`train(family_arguments("vit", ...))`) and the command
 line (`hf-vit-plus train vit ...`) alike. Each field carries its help text and the families it applies to in its
@@ -20,10 +20,15 @@ from typing import Any
 
 from ..errors import UsageError, check_exists, check_model_location
 
-FAMILIES = ("vit", "seq2seq", "sparse-lm")
+FAMILIES = ("vit", "seq2seq", "sparse-lm", "image-lm")
 SCHEDULERS = ("auto", "cosine", "noam", "linear", "constant")
 MIXED_PRECISION = ("no", "fp16", "bf16")
 TEXT_FAMILIES = ("seq2seq", "sparse-lm")
+# Families that read user data (Hub, folders, files); image-lm trains on a built-in data set (--dataset).
+USER_DATA_FAMILIES = ("vit", "seq2seq", "sparse-lm")
+# The image-lm family's data sets: name -> training epochs when --num_train_epochs is not given (about 1,300 updates
+# on the 1,437 digits, one pass over Fashion-MNIST's 60,000 images at the default batch).
+IMAGE_DATASET_EPOCHS = {"digits": 30.0, "fashion-mnist": 1.0}
 
 # Release 0.1's names -> today's (transformers' names for the same options).
 RENAMED = {
@@ -60,6 +65,8 @@ class TrainingArguments:
             "seq2seq": "preset ('base' or 'big', the paper's) or config folder of a fresh model; default: a small "
             "2+2-layer model",
             "sparse-lm": "config folder or Hub id of a fresh model; default: a small 4-layer strided model",
+            "image-lm": "config folder or Hub id of a fresh model (the image size, pixel vocabulary and a stride of "
+            "one row are set from the data); default: a small 4-layer strided model",
         },
     )
     config_overrides: str | None = _option(
@@ -82,8 +89,15 @@ class TrainingArguments:
         None,
         "data set on the Hub (or a local folder `load_dataset` reads); default: the built-in data (vit: 8x8 "
         "digits, seq2seq: numbers -> English words, sparse-lm: the Python standard library's sources)",
+        USER_DATA_FAMILIES,
     )
-    dataset_config_name: str | None = _option(None, "configuration of --dataset_name")
+    dataset_config_name: str | None = _option(None, "configuration of --dataset_name", USER_DATA_FAMILIES)
+    dataset: str | None = _option(
+        None,
+        "built-in images: 'digits' (scikit-learn's 8x8 digits, 1,437 train / 360 test) or 'fashion-mnist' (28x28, "
+        "60,000 train / 10,000 test, from Debian's dataset-fashion-mnist package); evaluated on the test split",
+        ("image-lm",),
+    )
     train_dir: str | None = _option(None, "image folder (one sub-folder per class) to train on", ("vit",))
     validation_dir: str | None = _option(
         None, "image folder to evaluate on (default: a split of --train_dir)", ("vit",)
@@ -108,7 +122,7 @@ class TrainingArguments:
         None, "column of the texts (default: the first of text, content)", ("sparse-lm",)
     )
     validation_split_percentage: float = _option(
-        10.0, "percentage of the training data held out when the data has no validation split"
+        10.0, "percentage of the training data held out when the data has no validation split", USER_DATA_FAMILIES
     )
     max_train_samples: int | None = _option(None, "train on the first N examples only (quick runs)")
     max_eval_samples: int | None = _option(None, "evaluate on the first N examples only")
@@ -129,6 +143,7 @@ class TrainingArguments:
             "vit": "peak learning rate",
             "seq2seq": "factor of the paper's warm-up schedule (1.0: the paper's absolute rates)",
             "sparse-lm": "peak learning rate",
+            "image-lm": "peak learning rate",
         },
     )
     weight_decay: float = _option(0.05, "AdamW weight decay of the matrices (tensors of rank < 2 are not decayed)")
@@ -136,7 +151,14 @@ class TrainingArguments:
     adam_beta2: float = _option(0.999, "Adam's beta2")
     adam_epsilon: float = _option(1e-8, "Adam's epsilon")
     max_grad_norm: float = _option(1.0, "clip the gradient norm to this value (0: no clipping)")
-    num_train_epochs: float = _option(3.0, "passes over the training data (unless --max_steps is given)")
+    num_train_epochs: float | None = _option(
+        3.0,
+        {
+            **dict.fromkeys(USER_DATA_FAMILIES, "passes over the training data (unless --max_steps is given)"),
+            "image-lm": "passes over the training images (unless --max_steps is given); default: "
+            + ", ".join(f"{epochs:g} for {name}" for name, epochs in IMAGE_DATASET_EPOCHS.items()),
+        },
+    )
     max_steps: int | None = _option(None, "optimiser updates in all; overrides --num_train_epochs")
     lr_scheduler_type: str = _option(
         "auto",
@@ -144,6 +166,7 @@ class TrainingArguments:
             "vit": "learning-rate schedule; 'auto': linear warm-up then cosine decay",
             "seq2seq": "learning-rate schedule; 'auto': the paper's warm-up then inverse square root ('noam')",
             "sparse-lm": "learning-rate schedule; 'auto': linear warm-up then cosine decay",
+            "image-lm": "learning-rate schedule; 'auto': linear warm-up then cosine decay",
         },
         choices=SCHEDULERS,
     )
@@ -179,12 +202,17 @@ class TrainingArguments:
     write_card: bool = _option(True, "write README.md (the model card) and its figures next to the model")
 
     def __post_init__(self) -> None:
+        if self.family == "image-lm":  # the defaults that depend on the data set
+            self.dataset = "digits" if self.dataset is None else self.dataset
+            if self.num_train_epochs is None and self.dataset in IMAGE_DATASET_EPOCHS:
+                self.num_train_epochs = IMAGE_DATASET_EPOCHS[self.dataset]
         self.validate()
 
     def validate(self) -> None:
         """Raise a `UsageError` (a `ValueError`) naming the offending option."""
         if self.family not in FAMILIES:
             raise UsageError(f"Unknown family {self.family!r}; expected one of {FAMILIES}.")
+        self._validate_data_choice()
         for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -199,6 +227,8 @@ class TrainingArguments:
             raise UsageError(f"--lr_scheduler_type must be one of {SCHEDULERS}, got {self.lr_scheduler_type!r}.")
         if self.mixed_precision is not None and self.mixed_precision not in MIXED_PRECISION:
             raise UsageError(f"--mixed_precision must be one of {MIXED_PRECISION}, got {self.mixed_precision!r}.")
+        if self.num_train_epochs is None or isinstance(self.num_train_epochs, bool):
+            raise UsageError(f"--num_train_epochs must be a number > 0, got {self.num_train_epochs!r}.")
         if self.num_train_epochs <= 0 and self.max_steps is None:
             raise UsageError(f"--num_train_epochs must be > 0, got {self.num_train_epochs!r}.")
         if self.learning_rate <= 0:
@@ -230,6 +260,24 @@ class TrainingArguments:
             raise UsageError("--validation_file needs --train_file.")
         if self.validation_dir and not self.train_dir:
             raise UsageError("--validation_dir needs --train_dir.")
+
+    def _validate_data_choice(self) -> None:
+        """--dataset names the image-lm family's built-in images; the other families read --dataset_name or files."""
+        if self.family != "image-lm":
+            if self.dataset is not None:
+                raise UsageError(
+                    f"--dataset ({self.dataset!r}) chooses the images of the image-lm family; the {self.family} "
+                    "family reads --dataset_name (a Hub data set) or local data."
+                )
+            return
+        if self.dataset not in IMAGE_DATASET_EPOCHS:
+            raise UsageError(f"Unknown --dataset {self.dataset!r}; expected one of {', '.join(IMAGE_DATASET_EPOCHS)}.")
+        given = [f"--{name}" for name in ("dataset_name", "train_dir", "train_file") if getattr(self, name)]
+        if given:
+            raise UsageError(
+                f"The image-lm family trains on built-in images ({', '.join(given)} given): choose them with "
+                f"--dataset ({', '.join(IMAGE_DATASET_EPOCHS)})."
+            )
 
     def check_paths(self) -> None:
         """Raise a `UsageError` naming the option whose local data or model path does not exist (run before any
@@ -281,6 +329,18 @@ FAMILY_DEFAULTS: dict[str, dict] = {
         adam_beta2=0.95,
         num_train_epochs=1.0,
         per_device_train_batch_size=16,
+        warmup_ratio=0.05,
+    ),
+    # num_train_epochs None: the data set's own (IMAGE_DATASET_EPOCHS)
+    "image-lm": dict(
+        output_dir="outputs/image-lm",
+        dataset="digits",
+        learning_rate=2e-3,
+        weight_decay=0.01,
+        adam_beta2=0.95,
+        num_train_epochs=None,
+        per_device_train_batch_size=32,
+        per_device_eval_batch_size=100,
         warmup_ratio=0.05,
     ),
 }

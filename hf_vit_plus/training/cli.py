@@ -1,4 +1,4 @@
-"""`hf-vit-plus train {vit,seq2seq,sparse-lm}` and `hf-vit-plus demo`.
+"""`hf-vit-plus train {vit,seq2seq,sparse-lm,image-lm}` and `hf-vit-plus demo`.
 
 Both run the Accelerate loop of `hf_vit_plus.training.loop`; start them under `accelerate launch` (or torchrun)
 for several processes, e.g. `accelerate launch --multi_gpu --num_processes 2 -m hf_vit_plus.cli train vit ...`.
@@ -19,6 +19,8 @@ FAMILY_HELP = {
     "vit": "the Vision Transformer, an image classifier (default data: 8x8 digits)",
     "seq2seq": "the encoder-decoder Transformer (default data: numbers -> English words)",
     "sparse-lm": "the Sparse Transformer, a causal language model (default data: the Python standard library)",
+    "image-lm": "the Sparse Transformer as an image model, pixels in raster order, scored in bits per dim "
+    "(--dataset digits or fashion-mnist)",
 }
 # The demo keeps the last training state only: enough to resume, small on disk.
 DEMO_DEFAULTS = dict(num_train_epochs=30.0, save_steps="epoch", save_total_limit=1)
@@ -29,7 +31,7 @@ def add_parser(subparsers) -> None:
 
     train_parser = subparsers.add_parser(
         "train",
-        help="train a model with Accelerate (one loop for the three families)",
+        help="train a model with Accelerate (one loop for the four families)",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -1,4 +1,4 @@
-"""What differs between the three families inside the one training loop (`loop.py`).
+"""What differs between the four families inside the one training loop (`loop.py`).
 
 A family holds no state: each step takes what it needs and returns values. The loop calls
 
@@ -9,6 +9,9 @@ A family holds no state: each step takes what it needs and returns values. The l
     eval_outputs(model, batch), metrics(gathered)
     create_optimizer(model, args), create_scheduler(optimizer, args, total_steps, config)
     figures(model, processor, raw, output_dir)   for the model card
+
+`load_data` may also return reference numbers measured on the evaluation split (`TrainingData.baselines`, e.g. the
+image model's floors), which the loop writes beside the model's results.
 
 Every family builds its model on one path (`build_config`, then `load_or_create_model`): the config of
 --model_name_or_path, of a --config_name folder or preset, or the family's small default, with what the data fixes
@@ -39,6 +42,7 @@ from transformers import (
     PretrainedConfig,
 )
 
+from ..data.images import IMAGE_DATASETS
 from ..data.loading import check_labels, label_names, load_user_dataset, pick_column
 from ..errors import UsageError, load_config
 from ..models.configuration_seq2seq_transformer import Seq2SeqTransformerConfig
@@ -46,7 +50,7 @@ from ..models.configuration_sparse_transformer import SparseTransformerConfig
 from ..models.configuration_vit_plus import ViTPlusConfig
 from ..models.image_processing_vit_plus import ViTPlusImageProcessor
 from ..models.modeling_seq2seq_transformer import Seq2SeqTransformerForConditionalGeneration
-from ..models.modeling_sparse_transformer import SparseTransformerForCausalLM
+from ..models.modeling_sparse_transformer import SparseTransformerForCausalLM, SparseTransformerForImageGeneration
 from ..models.modeling_vit_plus import ViTPlusForImageClassification
 from .args import TrainingArguments
 
@@ -67,6 +71,22 @@ SMALL_SPARSE_LM_CONFIG = dict(
     hidden_size=128, num_hidden_layers=4, num_attention_heads=4, intermediate_size=512, attention_type="strided",
     sparse_stride=16, max_position_embeddings=1024,
 )  # fmt: skip
+# A fresh image model, on top of what the images fix (`IMAGE_CONFIG_FIELDS`): 4 blocks of width 64, untied embeddings
+# (as `SparseTransformerConfig.for_images`), the strided pattern (stride: one image row) with its two parts (the row
+# so far, the column above) on separate heads: with "interleaved", the fastest pattern mode at 28x28 on CPU, and
+# every layer still sees both parts.
+SMALL_IMAGE_LM_CONFIG = dict(
+    hidden_size=64, num_hidden_layers=4, num_attention_heads=4, intermediate_size=256, tie_word_embeddings=False,
+    attention_type="strided", sparse_pattern_mode="heads",
+)  # fmt: skip
+# The config fields that the images fix (those `SparseTransformerConfig.for_images` sets from their size): set on a
+# fresh model, checked against a saved one.
+IMAGE_CONFIG_FIELDS = (
+    "vocab_size", "bos_token_id", "pad_token_id", "eos_token_id", "max_position_embeddings",
+    "position_embedding_type", "factorized_shape", "sparse_stride", "sparse_summary_size", "image_size",
+    "num_channels",
+)  # fmt: skip
+# --dataset -> the name the model card gives the data (its Hub id where there is one)
 STDLIB_TRAIN_BYTES = 2_000_000
 STDLIB_HELDOUT_BYTES = 100_000
 
@@ -173,6 +193,9 @@ class TrainingData:
     raw: DatasetDict  # "train" and "validation", with the family's column names
     name: str  # the data set's name in the model card
     label_column: str | None = None  # ViT: the user's label column, named when the model has another class count
+    # reference numbers on the evaluation split that are not the model's (e.g. an image model's floors in bits/dim)
+    baselines: dict[str, float] = dataclasses.field(default_factory=dict)
+    eval_split: str = "validation"  # the data set's split that "validation" holds, as the model card names it
 
 
 class Family:
@@ -571,6 +594,101 @@ class SparseLMFamily(Family):
         }
 
 
+# ------------------------------------------------------------------------------------------------- image LM
+class ImageLMFamily(Family):
+    """The Sparse Transformer as an image model (sec. 7.1 of the paper): pixels in raster order as tokens, the loss in
+    nats per dim, evaluated in bits per dim on the test split beside two floors (uniform, per-pixel histogram)."""
+
+    name = "image-lm"
+    config_class = SparseTransformerConfig
+    model_class = SparseTransformerForImageGeneration
+    auto_model_class = AutoModelForCausalLM
+
+    def load_data(self, args):
+        from ..data.pixel_baselines import pixel_floors
+
+        train, test = load_image_arrays(args.dataset)
+        train, test = train[: args.max_train_samples], test[: args.max_eval_samples]  # as `limit_samples`
+        raw = DatasetDict(train=pixel_dataset(train), validation=pixel_dataset(test))
+        # the floors of exactly the images the model trains and is evaluated on
+        floors = pixel_floors(train, test)
+        return TrainingData(raw, IMAGE_DATASETS[args.dataset][1], baselines=floors, eval_split="test")
+
+    def build(self, args, data):
+        height, width = data.raw["train"].features["pixel_values"].shape
+        # A fresh model or a --config_name gets the fields the images fix; a saved model must already fit them.
+        fields = {} if args.model_name_or_path else image_config_fields(height, width)
+        config = self.build_config(args, SMALL_IMAGE_LM_CONFIG, fields)
+        check_image_config(config, height, width, args.model_name_or_path or args.config_name)
+        return self.load_or_create_model(args, config), None
+
+    def transform(self, data, processor, model, args):
+        return data.raw.select_columns(["pixel_values"]).with_format("torch")
+
+    def collate_fn(self, processor):
+        def collate(examples):
+            return {"pixel_values": torch.stack([e["pixel_values"] for e in examples])}
+
+        return collate
+
+    def eval_outputs(self, model, batch):
+        from accelerate.utils import extract_model_from_parallel
+
+        tokens = extract_model_from_parallel(model).pixels_to_tokens(batch["pixel_values"])  # (B, n)
+        logits = model(pixel_values=batch["pixel_values"]).logits.float()  # (B, n, V): position t predicts pixel t
+        losses = torch.nn.functional.cross_entropy(logits.transpose(1, 2), tokens, reduction="none")  # (B, n), nats
+        return {"nll_sum": losses.sum(-1), "dims": torch.full_like(losses[:, 0], tokens.shape[1])}
+
+    def metrics(self, gathered):
+        loss = gathered["nll_sum"].sum().item() / gathered["dims"].sum().item()  # nats per dim
+        return {"loss": loss, "bits_per_dim": loss / math.log(2), "samples": len(gathered["dims"])}
+
+
+def load_image_arrays(dataset: str) -> tuple:
+    """(train, test) uint8 arrays (N, H, W) of a built-in image data set (`data.images.IMAGE_DATASETS`); a
+    `UsageError` naming the Debian package when Fashion-MNIST is not installed."""
+    from ..data.images import IMAGE_DATASETS
+    from ..data.images import load_image_arrays as load_split
+
+    if dataset not in IMAGE_DATASETS:
+        raise UsageError(f"Unknown --dataset {dataset!r}; expected one of {', '.join(IMAGE_DATASETS)}.")
+    try:
+        return load_split(dataset, "train"), load_split(dataset, "test")
+    except FileNotFoundError as error:  # the message names the apt package
+        raise UsageError(f"--dataset {dataset}: {error}") from error
+
+
+def pixel_dataset(images) -> Dataset:
+    """Images (N, H, W) uint8 as a `Dataset` with one `pixel_values` column (fixed-shape arrays)."""
+    from datasets import Array2D, Features
+
+    height, width = images.shape[1:]
+    features = Features({"pixel_values": Array2D((height, width), "uint8")})
+    return Dataset.from_dict({"pixel_values": images}, features=features)
+
+
+def image_config_fields(height: int, width: int, num_channels: int = 1) -> dict[str, Any]:
+    """The config fields images of this size fix (`IMAGE_CONFIG_FIELDS`, as `SparseTransformerConfig.for_images`
+    sets them)."""
+    config = SparseTransformerConfig.for_images(height, width, num_channels)
+    return {name: getattr(config, name) for name in IMAGE_CONFIG_FIELDS}
+
+
+def check_image_config(config, height: int, width: int, source: str | None) -> None:
+    """A `UsageError` unless `config` is an image model's for grey images of height x width."""
+    where = f" of {source!r}" if source else ""
+    if not getattr(config, "is_image_model", False):
+        raise UsageError(
+            f"The model{where} is not an image model (its config has no image_size): the image-lm family trains "
+            "SparseTransformerForImageGeneration (config from SparseTransformerConfig.for_images)."
+        )
+    if list(config.image_size) != [height, width] or config.num_channels != 1:
+        raise UsageError(
+            f"The model{where} is made for images of {config.image_size[0]}x{config.image_size[1]} with "
+            f"{config.num_channels} channel(s); the data has {height}x{width} grey images."
+        )
+
+
 # ------------------------------------------------------------------------------------------------- data helpers
 def builtin_data(args: TrainingArguments) -> bool:
     """Whether the run uses the family's built-in data (no data option given)."""
@@ -634,7 +752,12 @@ def collate_images(examples: list[dict]) -> dict[str, torch.Tensor]:
     }
 
 
-FAMILY_CLASSES: dict[str, type[Family]] = {"vit": ViTFamily, "seq2seq": Seq2SeqFamily, "sparse-lm": SparseLMFamily}
+FAMILY_CLASSES: dict[str, type[Family]] = {
+    "vit": ViTFamily,
+    "seq2seq": Seq2SeqFamily,
+    "sparse-lm": SparseLMFamily,
+    "image-lm": ImageLMFamily,
+}
 
 
 def get_family(name: str) -> Family:

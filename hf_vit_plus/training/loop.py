@@ -1,4 +1,4 @@
-"""The one training loop of the three families, on Accelerate.
+"""The one training loop of the four families, on Accelerate.
 
 The same code runs on one CPU, on N processes (`accelerate launch --multi_gpu --num_processes N`, gloo on CPU,
 NCCL on GPUs), on several machines, and under FSDP/DeepSpeed configs, which Accelerate applies in `prepare`.
@@ -181,7 +181,7 @@ class Run:
     family: Family
     data: TrainingData
     model: Any
-    processor: Any
+    processor: Any  # image processor or tokenizer saved with the model; None when the model needs none (image-lm)
     optimizer: Any
     scheduler: Any
     train_dataloader: Any
@@ -525,6 +525,8 @@ def finish(run: Run, progress: Progress, train_seconds: float) -> TrainResult:
     files = save_final(run, progress.eval_metrics, history)
     run.accelerator.end_training()
     run.accelerator.print(f"Final evaluation: {json.dumps(progress.eval_metrics)}; model saved in {run.output_dir}.")
+    if run.data.baselines:
+        run.accelerator.print(f"Baselines on the same split: {json.dumps(run.data.baselines)}.")
     return _result(run, progress, train_seconds, files)
 
 
@@ -570,11 +572,12 @@ def save_final(run: Run, eval_metrics: dict[str, float], log_history: list[dict]
         staging = output_dir / ".tmp-final"
         shutil.rmtree(staging, ignore_errors=True)
         unwrapped.save_pretrained(staging, is_main_process=True, state_dict=state_dict, save_function=accelerator.save)
-        run.processor.save_pretrained(staging)
+        if run.processor is not None:
+            run.processor.save_pretrained(staging)
         for path in sorted(staging.iterdir()):
             os.replace(path, output_dir / path.name)
         staging.rmdir()
-        results = {f"eval_{k}": v for k, v in eval_metrics.items()}
+        results = {f"eval_{k}": v for k, v in eval_metrics.items()} | _baseline_results(run.data)
         (output_dir / "eval_results.json").write_text(json.dumps(results, indent=2))
         (output_dir / "log_history.json").write_text(json.dumps(log_history, indent=1))
         files += [output_dir / "eval_results.json", output_dir / "log_history.json"]
@@ -601,12 +604,13 @@ def write_card_and_figures(run: Run, model, eval_metrics: dict[str, float], log_
         family=run.family.name,
         model_config=model.config,
         training_args=card_hyperparameters(args),
-        eval_results=_prefixed(eval_metrics),
+        eval_results=_prefixed(eval_metrics) | _baseline_results(run.data),
         dataset_name=run.data.name,
         dataset_config=args.dataset_config_name,
         figures=figures,
         base_model=args.model_name_or_path,
         repo_id=args.hub_model_id,
+        eval_split=run.data.eval_split,
     )
     return figures + [Path(card)]
 
@@ -689,6 +693,12 @@ def _hparams(args: TrainingArguments) -> dict:
         elif value is None:
             values[key] = "None"
     return values
+
+
+def _baseline_results(data: TrainingData) -> dict:
+    """The data's reference numbers on the evaluation split, e.g. `eval_baseline_uniform_bits_per_dim`: the model card
+    shows them beside the model's results, outside its model-index."""
+    return {f"eval_baseline_{k}": v for k, v in data.baselines.items()}
 
 
 def _prefixed(metrics: dict) -> dict:

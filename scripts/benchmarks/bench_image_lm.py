@@ -37,6 +37,8 @@ import numpy as np
 import torch
 
 from hf_vit_plus import SparseTransformerConfig, SparseTransformerForImageGeneration
+from hf_vit_plus.data.images import load_image_arrays
+from hf_vit_plus.data.pixel_baselines import pixel_floors
 from hf_vit_plus.training.schedules import get_warmup_cosine_schedule
 
 
@@ -65,25 +67,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def load_images(dataset: str) -> tuple[np.ndarray, np.ndarray]:
     """(train, test) uint8 arrays (N, H, W)."""
-    if dataset == "fashion-mnist":
-        from hf_vit_plus.data.fashion_mnist import load_fashion_mnist_arrays
-
-        return load_fashion_mnist_arrays("train")[0], load_fashion_mnist_arrays("test")[0]
-    from hf_vit_plus.data.digits import load_digits_dataset
-
-    digits = load_digits_dataset(seed=0)
-    return tuple(np.stack([np.asarray(image) for image in digits[s]["image"]]) for s in ("train", "test"))
-
-
-def histogram_bits_per_dim(train: np.ndarray, test: np.ndarray) -> float:
-    """Bits per dim of the test images under each pixel's own histogram of the training images (add-one smoothed)."""
-    flat_train = train.reshape(len(train), -1).astype(np.int64)
-    flat_test = test.reshape(len(test), -1).astype(np.int64)
-    dims = flat_train.shape[1]
-    counts = np.ones((dims, 256))
-    np.add.at(counts, (np.broadcast_to(np.arange(dims), flat_train.shape), flat_train), 1)
-    log_probs = np.log2(counts / counts.sum(1, keepdims=True))
-    return float(-log_probs[np.arange(dims), flat_test].mean())
+    return load_image_arrays(dataset, "train"), load_image_arrays(dataset, "test")
 
 
 def build_model(args: argparse.Namespace, attention_type: str, height: int, width: int):
@@ -121,7 +105,7 @@ def main(argv: list[str] | None = None) -> dict:
     train = torch.from_numpy(train_images.copy())
     test = torch.from_numpy(test_images.copy())
     eval_set = test[: args.eval_images]
-    floors = {"uniform": 8.0, "pixel_histogram": histogram_bits_per_dim(train_images, test_images)}
+    floors = pixel_floors(train_images, test_images)
     patterns = args.patterns.split(",")
     models = {name: build_model(args, name, height, width).train() for name in patterns}
     optimizers = {
@@ -189,8 +173,11 @@ def main(argv: list[str] | None = None) -> dict:
     (args.output_dir / "curves.json").write_text(json.dumps(results, indent=1))
     plot(results, args.output_dir / "curves.png", args)
 
-    print(f"\ntest bits/dim on {min(args.final_eval_images, len(test))} test images; floors on the same split: "
-          f"uniform {floors['uniform']:.2f}, per-pixel histogram {floors['pixel_histogram']:.3f}")  # fmt: skip
+    uniform, histogram = floors["uniform_bits_per_dim"], floors["pixel_histogram_bits_per_dim"]
+    print(
+        f"\ntest bits/dim on {min(args.final_eval_images, len(test))} test images; floors on the same split: "
+        f"uniform {uniform:.2f}, per-pixel histogram {histogram:.3f}"
+    )
     print(f"| attention | s/step | vs {reference} | test bits/dim | reaches {reference}'s final {target:.3f} at |")
     print("|---|---|---|---|---|")
     for name in patterns:
@@ -214,7 +201,8 @@ def plot(results: dict, path: Path, args: argparse.Namespace) -> None:
         by_step.plot([p["step"] for p in points], [p["bits_per_dim"] for p in points], marker=".", label=label)
         by_time.plot([p["seconds"] / 60 for p in points], [p["bits_per_dim"] for p in points], marker=".", label=label)
     for axis in (by_step, by_time):
-        axis.axhline(results["floors"]["pixel_histogram"], color="grey", linestyle=":", label="per-pixel histogram")
+        floor = results["floors"]["pixel_histogram_bits_per_dim"]
+        axis.axhline(floor, color="grey", linestyle=":", label="per-pixel histogram")
         axis.grid(alpha=0.3)
     by_step.set_xlabel("training step")
     by_time.set_xlabel("training time (minutes, 1 thread)")

@@ -31,6 +31,7 @@ from hf_vit_plus import (
     Seq2SeqTransformerForConditionalGeneration,
     SparseTransformerConfig,
     SparseTransformerForCausalLM,
+    SparseTransformerForImageGeneration,
     ViTPlusConfig,
     ViTPlusForImageClassification,
 )
@@ -66,6 +67,14 @@ FAMILIES = {
         ),
         AutoModelForCausalLM,
         "A decoder-only language model with factorized sparse self-attention (Sparse Transformer",
+    ),
+    "image-lm": (
+        SparseTransformerForImageGeneration,
+        lambda: SparseTransformerConfig.for_images(
+            4, 4, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+        ),
+        AutoModelForCausalLM,
+        "An autoregressive image model with factorized sparse self-attention (Sparse Transformer",
     ),
 }  # fmt: skip
 OWN_README = "---\nlicense: mit\ntags:\n- mine\n---\n\n# A card written by hand\n\nÜnïcode, kept byte for byte.\r\n"
@@ -107,7 +116,7 @@ def pushed(hub_server, saved):
 
     root = Path({str(saved)!r})
     autos = {{"vit": AutoModelForImageClassification, "seq2seq": AutoModelForSeq2SeqLM,
-              "sparse-lm": AutoModelForCausalLM}}
+              "sparse-lm": AutoModelForCausalLM, "image-lm": AutoModelForCausalLM}}
     out = {{}}
     for family, auto in autos.items():
         model = auto.from_pretrained(root / family)

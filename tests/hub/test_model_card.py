@@ -35,6 +35,7 @@ FAMILIES = {
     "vit": ("image-classification", "AutoModelForImageClassification", "dosovitskiy2021image", "2010.11929"),
     "seq2seq": ("translation", "AutoModelForSeq2SeqLM", "vaswani2017attention", "1706.03762"),
     "sparse-lm": ("text-generation", "AutoModelForCausalLM", "child2019generating", "1904.10509"),
+    "image-lm": ("unconditional-image-generation", "AutoModelForCausalLM", "child2019generating", "1904.10509"),
 }
 CONFIGS = {
     "vit": ViTPlusConfig(
@@ -45,6 +46,15 @@ CONFIGS = {
         "model_type": "sparse_transformer",
         "hidden_size": 64,
         "attention_type": "fixed",
+        "sparse_stride": 8,
+    },
+    # the same model type: an image model's config has image_size
+    "image-lm": {
+        "model_type": "sparse_transformer",
+        "image_size": [8, 8],
+        "num_channels": 1,
+        "hidden_size": 64,
+        "attention_type": "strided",
         "sparse_stride": 8,
     },
 }
@@ -322,3 +332,43 @@ def test_one_family_id_everywhere_and_the_old_card_name_is_accepted(tmp_path):
     assert not validate_card_metadata(path)
     with pytest.raises(ValueError, match=r"Unknown model family 'sparse_transformer'; expected one of"):
         model_card_from_config(config, repo_id="test-org/lm", family="sparse_transformer")
+
+
+def test_image_card_shows_the_floors_beside_bits_per_dim_outside_the_model_index(tmp_path):
+    eval_results = {
+        "eval_loss": 1.25,
+        "eval_bits_per_dim": 1.8,
+        "eval_baseline_uniform_bits_per_dim": 8.0,
+        "eval_baseline_pixel_histogram_bits_per_dim": 2.66,
+    }
+    path = write_model_card(
+        tmp_path, family="image-lm", model_config=CONFIGS["image-lm"], training_args={}, eval_results=eval_results,
+        dataset_name="zalando-datasets/fashion_mnist", eval_split="test",
+    )  # fmt: skip
+    assert validate_card_metadata(path) == []
+    meta = load_card_metadata(path)
+    assert meta["pipeline_tag"] == "unconditional-image-generation" and meta["metrics"] == ["bits_per_dim"]
+    assert {"sparse-transformer", "image-generation"} <= set(meta["tags"])
+    [result] = meta["model-index"][0]["results"]
+    assert result["dataset"]["split"] == "test"
+    assert {m["type"]: m["value"] for m in result["metrics"]} == {"loss": 1.25, "bits_per_dim": 1.8}
+    text = path.read_text()
+    assert "| eval_bits_per_dim | 1.8 | test |" in text
+    assert "| uniform_bits_per_dim | 8 | test |" in text and "| pixel_histogram_bits_per_dim | 2.66 | test |" in text
+    assert "@article{xiao2017fashionmnist," in text and "1708.07747" in text
+    assert "| image_size | 8, 8 |" in text and "| sparse_stride | 8 |" in text
+    with pytest.raises(ValueError, match="eval_split must be a non-empty string"):
+        write_model_card(tmp_path, family="image-lm", model_config=CONFIGS["image-lm"], training_args={},
+                         eval_results={}, dataset_name="d", eval_split="")  # fmt: skip
+
+
+def test_text_and_image_sparse_transformers_get_their_own_cards(tmp_path):
+    assert family_of(CONFIGS["sparse-lm"]) == "sparse-lm" and family_of(CONFIGS["image-lm"]) == "image-lm"
+    cases = (("sparse-lm", "image-lm", "an image model"), ("image-lm", "sparse-lm", "not an image"))
+    for family, config, kind in cases:
+        with pytest.raises(ValueError, match=f"does not match the config's model_type 'sparse_transformer': the "
+                                             f"config is {kind}"):  # fmt: skip
+            write_model_card(tmp_path, family=family, model_config=CONFIGS[config], training_args={},
+                             eval_results={}, dataset_name="d")  # fmt: skip
+        with pytest.raises(ValueError, match="does not match the config's model_type 'sparse_transformer'"):
+            model_card_from_config(CONFIGS[config], repo_id="test-org/x", family=family)
