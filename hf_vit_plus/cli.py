@@ -22,6 +22,7 @@ COMMAND_MODULES = [
     "hf_vit_plus.training.cli",
     "hf_vit_plus.hub.cli",
     "hf_vit_plus.export_cli",
+    "hf_vit_plus.sample_cli",
 ]
 
 
