@@ -1,6 +1,7 @@
 """Interpretability for hf_vit_plus models: the ViT paper's Fig. 7 (patch-filter principal components,
-position-embedding similarity, mean attention distance), attention rollout (Abnar & Zuidema 2020) and the
-Sparse Transformer's attention patterns (Child et al. 2019, Fig. 3).
+position-embedding similarity, mean attention distance), attention rollout (Abnar & Zuidema 2020), the
+Sparse Transformer's attention patterns (Child et al. 2019, Fig. 3) and where an image model's attention looks when
+it generates the next pixel (Fig. 2).
 
 Functions return tensors; `plots` draws them; `write_vit_figures` writes the whole set for a model card.
 """
@@ -21,6 +22,7 @@ from .embeddings import (
     position_embedding_similarity,
     vit_embedding_parts,
 )
+from .image_attention import NextPixelAttention, next_pixel_attention, plot_next_pixel_attention
 from .patterns import AttentionPattern, attention_pattern, pattern_from_config
 from .plots import (
     plot_attention_maps,
@@ -33,6 +35,7 @@ from .plots import (
 
 __all__ = [
     "AttentionPattern",
+    "NextPixelAttention",
     "PatchComponents",
     "VitEmbeddingParts",
     "attention_pattern",
@@ -41,10 +44,12 @@ __all__ = [
     "class_token_rollout",
     "collect_attentions",
     "mean_attention_distance",
+    "next_pixel_attention",
     "patch_embedding_components",
     "pattern_from_config",
     "plot_attention_maps",
     "plot_mean_attention_distance",
+    "plot_next_pixel_attention",
     "plot_patch_components",
     "plot_position_similarity",
     "plot_sparse_patterns",

@@ -1,5 +1,5 @@
 """`hf-vit-plus explain`: interpretability figures for a saved checkpoint (ViT paper Fig. 7, attention rollout,
-Sparse Transformer Fig. 3).
+Sparse Transformer Fig. 2 and 3).
 
     hf-vit-plus explain rollout CHECKPOINT IMAGE [IMAGE ...] --output attention_maps.png
     hf-vit-plus explain distance CHECKPOINT [IMAGE ...] --output mean_attention_distance.png
@@ -7,6 +7,8 @@ Sparse Transformer Fig. 3).
     hf-vit-plus explain filters CHECKPOINT --output patch_embedding_components.png
     hf-vit-plus explain pattern [CHECKPOINT] [--kind strided --stride 4 --length 64] --output pattern.png
     hf-vit-plus explain all CHECKPOINT IMAGE [IMAGE ...] --output_dir figures/
+    hf-vit-plus explain next-pixel IMAGE_MODEL (--image FILE | --dataset digits|fashion-mnist [--index I] | --sample)
+        [--pixel ROW COL] --output next_pixel_attention.png
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from ..data.images import IMAGE_DATASETS
 from ..errors import UsageError, load_config
 
 logger = logging.getLogger(__name__)
@@ -63,6 +66,7 @@ def checked_number(convert: type, accept, expected: str):
 
 
 positive_int = checked_number(int, lambda value: value >= 1, "a positive integer")  # a count or a length
+non_negative_int = checked_number(int, lambda value: value >= 0, "an integer >= 0")  # an index
 unit_interval = checked_number(float, lambda value: 0.0 <= value <= 1.0, "a number in [0, 1]")  # a weight
 
 
@@ -75,6 +79,12 @@ def load_checkpoint(checkpoint: str | Path, trust_remote_code: bool = False):
     import hf_vit_plus  # noqa: F401  (registers the Auto classes)
 
     config = load_config(checkpoint, "CHECKPOINT", trust_remote_code=trust_remote_code)
+    if getattr(config, "is_image_model", False):
+        raise UsageError(
+            f"CHECKPOINT {checkpoint!r} is an image Sparse Transformer (model_type={config.model_type!r}), not a ViT: "
+            "draw where its attention looks with `hf-vit-plus explain next-pixel` (or its pattern with `explain "
+            "pattern`)."
+        )
     model = None
     for auto_class in (AutoModelForImageClassification, AutoModel):
         try:
@@ -225,6 +235,139 @@ def _all(args: argparse.Namespace) -> list[Path]:
     return write_vit_figures(model, [str(p) for p in args.images], args.output_dir, processor, args.max_images)
 
 
+def _image_model(checkpoint: str, trust_remote_code: bool):
+    """An image Sparse Transformer (`SparseTransformerForImageGeneration`) from a saved folder or Hub id; a
+    `UsageError` naming the model type for any other model."""
+    from transformers import AutoModelForCausalLM
+
+    import hf_vit_plus  # noqa: F401  (registers the Auto classes)
+
+    config = load_config(checkpoint, "CHECKPOINT", trust_remote_code=trust_remote_code)
+    if not getattr(config, "is_image_model", False):
+        raise UsageError(
+            f"CHECKPOINT {checkpoint!r} is model_type={config.model_type!r} without `image_size`: `explain "
+            "next-pixel` applies to image Sparse Transformers (SparseTransformerConfig.for_images, `hf-vit-plus "
+            "train image-lm`)."
+        )
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, trust_remote_code=trust_remote_code)
+    return model.eval()
+
+
+def _image_from_file(path: Path, config):
+    """(H, W) or (C, H, W) uint8 array from an image file, converted to the model's mode, of the model's size
+    exactly."""
+    import numpy as np
+    from PIL import Image, UnidentifiedImageError
+
+    height, width = config.image_size
+    try:
+        with Image.open(path) as opened:
+            image = opened.convert("L" if config.num_channels == 1 else "RGB")
+    except (UnidentifiedImageError, OSError) as error:
+        raise UsageError(f"--image {str(path)!r} is not an image file PIL can read ({error}).") from error
+    if config.num_channels not in (1, 3):
+        raise UsageError(f"--image needs a 1- or 3-channel model; this one has num_channels={config.num_channels}.")
+    if image.size != (width, height):
+        raise UsageError(
+            f"--image {str(path)!r} is {image.size[0]} x {image.size[1]} pixels (width x height); the model takes "
+            f"{width} x {height} images (images are not resized: every pixel is a token)."
+        )
+    array = np.asarray(image, dtype=np.uint8)
+    return array if array.ndim == 2 else array.transpose(2, 0, 1)  # (H, W) or (C, H, W)
+
+
+def _image_from_dataset(name: str, split: str, index: int):
+    """(H, W) uint8 array: image `index` of the `split` of data set `name` (`data.images.load_image_arrays`)."""
+    from ..data.images import load_image_arrays
+
+    try:
+        images = load_image_arrays(name, split)
+    except FileNotFoundError as error:  # Fashion-MNIST missing: the message names the apt package
+        raise UsageError(str(error)) from error
+    if not 0 <= index < len(images):
+        raise UsageError(
+            f"--index {index} is outside the {len(images)} images of the {name} {split} split (0..{len(images) - 1})."
+        )
+    return images[index]
+
+
+def _sampled_image(model, seed: int):
+    import torch
+
+    torch.manual_seed(seed)
+    start = torch.full((1, 1), model.config.bos_token_id, device=next(model.parameters()).device)
+    with torch.no_grad():
+        tokens = model.generate(
+            input_ids=start, max_new_tokens=model.config.pixels_per_image, do_sample=True, top_k=0, top_p=1.0
+        )
+    image = model.tokens_to_pixels(tokens[:, 1:].cpu())[0].numpy()  # (C, H, W)
+    return image[0] if image.shape[0] == 1 else image
+
+
+def _next_pixel(args: argparse.Namespace) -> list[Path]:
+    import numpy as np
+
+    from .image_attention import next_pixel_attention, plot_next_pixel_attention
+
+    chosen = [flag for flag, given in (("--image", args.image), ("--dataset", args.dataset), ("--sample", args.sample))
+              if given]  # fmt: skip
+    if len(chosen) != 1:
+        raise UsageError(f"Give exactly one of --image, --dataset and --sample; got {', '.join(chosen) or 'none'}.")
+    if args.dataset is None and (args.index is not None or args.split is not None):
+        raise UsageError("--index and --split pick an image of --dataset; they do not apply to --image or --sample.")
+    if not args.sample and args.seed is not None:
+        raise UsageError("--seed applies to --sample only (the seed of the image drawn from the model).")
+    model = _image_model(args.checkpoint, args.trust_remote_code)
+    config = model.config
+    height, width = config.image_size
+    if args.image is not None:
+        image, source = _image_from_file(args.image, config), args.image.name
+    elif args.dataset is not None:
+        split, index = args.split or "test", args.index or 0
+        image, source = _image_from_dataset(args.dataset, split, index), f"{args.dataset} {split}[{index}]"
+        if config.num_channels != 1 or image.shape != (height, width):
+            raise UsageError(
+                f"--dataset {args.dataset} has {image.shape[0]} x {image.shape[1]} grey images; the model takes "
+                f"{height} x {width} images with {config.num_channels} channel(s)."
+            )
+    else:
+        seed = 0 if args.seed is None else args.seed
+        image, source = _sampled_image(model, seed), f"a sample (seed {seed})"
+    pixel = tuple(args.pixel) if args.pixel is not None else (height // 2, width // 2)
+    with user_input():  # a pixel, channel, head or layer that the model does not have
+        attention = next_pixel_attention(model, image, pixel, args.channel)
+        num_heads = attention.head_maps.shape[1]
+        if args.head is not None and not 1 <= args.head <= num_heads:
+            raise ValueError(f"--head {args.head} is not a head of this model (1..{num_heads}).")
+        layers = None
+        if args.layers is not None:
+            bad = [k for k in args.layers if not 1 <= k <= attention.num_layers]
+            if bad:
+                raise ValueError(f"--layers {bad} are not layers of this model (1..{attention.num_layers}).")
+            layers = [k - 1 for k in args.layers]
+    if args.head is None:
+        maps, start, who = attention.maps, attention.start_weights, "mean over heads"
+    else:
+        maps, start = attention.head_maps[:, args.head - 1], attention.head_start_weights[:, args.head - 1]
+        who = f"head {args.head}"
+    row, col = attention.pixel
+    rows, cols = np.meshgrid(np.arange(height), np.arange(width), indexing="ij")
+    distance = np.hypot(rows - row, cols - col)
+    for layer in layers if layers is not None else range(attention.num_layers):
+        weights = maps[layer].numpy()
+        peak = divmod(int(weights.argmax()), width)
+        mass = float(weights.sum())
+        mean_distance = float((weights * distance).sum() / mass) if mass > 0 else float("nan")
+        print(
+            f"layer {layer + 1}: start token {float(start[layer]):.3f}, {int((weights > 0).sum())} pixels attended, "
+            f"peak at (row {peak[0]}, col {peak[1]}) {float(weights.max()):.3f}, mean distance {mean_distance:.1f} px"
+        )
+    what = f"pixel (row {row}, col {col})" + (f", channel {args.channel}" if config.num_channels > 1 else "")
+    title = f"Attention when generating {what} of {source}, {who}"
+    return [plot_next_pixel_attention(maps, image, attention.pixel, args.output, start, layers, args.channel,
+                                      title=title)]  # fmt: skip
+
+
 def run(args: argparse.Namespace) -> int:
     paths = args.explain_func(args)  # a UsageError is printed by `hf_vit_plus.cli.main`
     for path in paths:
@@ -318,3 +461,25 @@ def add_parser(subparsers) -> None:
     sub.add_argument("images", nargs="+", type=existing_file, help="image files")
     sub.add_argument("--output_dir", type=Path, default=Path("figures"), help="folder the PNGs are written to")
     sub.add_argument("--max_images", type=positive_int, default=4, help="images shown in attention_maps.png")
+
+    sub = mode(
+        "next-pixel",
+        _next_pixel,
+        "where an image model's attention looks when it generates one pixel, per layer (Sparse Transformer Fig. 2)",
+        "next_pixel_attention.png",
+    )
+    sub.add_argument("--image", type=existing_file, default=None, help="image file of the model's size")
+    sub.add_argument("--dataset", choices=list(IMAGE_DATASETS), default=None, help="take the image from this data set")
+    sub.add_argument("--split", choices=["train", "test"], default=None, help="--dataset split (default: test)")
+    sub.add_argument("--index", type=non_negative_int, default=None, help="--dataset image index (default: 0)")
+    sub.add_argument("--sample", action="store_true", help="draw the image from the model itself")
+    sub.add_argument("--seed", type=int, default=None, help="--sample: random seed (default: 0)")
+    sub.add_argument(
+        "--pixel", type=non_negative_int, nargs=2, metavar=("ROW", "COL"), default=None,
+        help="the pixel being generated, 0-based (default: the middle of the image)",
+    )  # fmt: skip
+    sub.add_argument("--channel", type=non_negative_int, default=0, help="its channel, for a colour model")
+    sub.add_argument("--head", type=positive_int, default=None, help="draw this head (1-based), not the mean")
+    sub.add_argument(
+        "--layers", type=positive_int, nargs="+", default=None, help="layers to draw, 1-based (default: all)"
+    )
