@@ -1,6 +1,6 @@
-"""Training on Accelerate: one loop (`loop.train`) for the three families, their per-family pieces
-(`families`), the options of a run (`args`), the `train` / `demo` sub-commands (`cli`), the learning-rate schedules
-of the papers (`schedules`) and checkpoint averaging (`averaging`).
+"""Training on Accelerate: one loop (`loop.train`) for every family (vit, seq2seq, sparse-lm, image-lm), their
+per-family pieces (`families`), the options of a run (`args`), the `train` / `demo` sub-commands (`cli`), the
+learning-rate schedules of the papers (`schedules`) and checkpoint averaging (`averaging`).
 
 Importing this package does not import the loop (Accelerate, datasets): `train` imports it when called.
 """
