@@ -47,7 +47,7 @@ class ModelCase:
     """One cell of the family x variant matrix."""
 
     id: str
-    family: str  # "vit", "seq2seq" or "sparse-lm"
+    family: str  # "vit", "seq2seq", "sparse-lm" or "image-lm"
     config_fields: dict = field(default_factory=dict)
 
     @property
@@ -58,6 +58,7 @@ class ModelCase:
             "vit": hf_vit_plus.ViTPlusConfig,
             "seq2seq": hf_vit_plus.Seq2SeqTransformerConfig,
             "sparse-lm": hf_vit_plus.SparseTransformerConfig,
+            "image-lm": hf_vit_plus.SparseTransformerConfig,
         }[self.family]
 
     @property
@@ -68,6 +69,7 @@ class ModelCase:
             "vit": hf_vit_plus.ViTPlusForImageClassification,
             "seq2seq": hf_vit_plus.Seq2SeqTransformerForConditionalGeneration,
             "sparse-lm": hf_vit_plus.SparseTransformerForCausalLM,
+            "image-lm": hf_vit_plus.SparseTransformerForImageGeneration,
         }[self.family]
 
     @property
@@ -78,6 +80,7 @@ class ModelCase:
             "vit": hf_vit_plus.ViTPlusModel,
             "seq2seq": hf_vit_plus.Seq2SeqTransformerModel,
             "sparse-lm": hf_vit_plus.SparseTransformerModel,
+            "image-lm": hf_vit_plus.SparseTransformerModel,
         }[self.family]
 
     @property
@@ -86,6 +89,7 @@ class ModelCase:
             "vit": "AutoModelForImageClassification",
             "seq2seq": "AutoModelForSeq2SeqLM",
             "sparse-lm": "AutoModelForCausalLM",
+            "image-lm": "AutoModelForCausalLM",
         }[self.family]
 
     @property
@@ -98,7 +102,11 @@ class ModelCase:
         return kind != "dense"
 
     def config(self, **overrides):
-        return self.config_class(**{**TINY_CONFIGS[self.family], **self.config_fields, **overrides})
+        fields = {**TINY_CONFIGS[self.family], **self.config_fields, **overrides}
+        if self.family == "image-lm":  # the fields the image size fixes, then the case's
+            height, width = fields.pop("image_size")
+            return self.config_class.for_images(height, width, **fields)
+        return self.config_class(**fields)
 
     def model(self, head: bool = True, seed: int = 0, **overrides):
         """A tiny model in eval mode with non-trivial weights everywhere (the ViT's zero-initialised head too)."""
@@ -115,6 +123,14 @@ class ModelCase:
         import torch
 
         g = torch.Generator().manual_seed(seed)
+        if self.family == "image-lm":
+            height, width = TINY_CONFIGS["image-lm"]["image_size"]
+            pixels = torch.randint(0, 256, (batch, 1, height, width), generator=g, dtype=torch.uint8)
+            out = {"pixel_values": pixels}
+            if labels:  # the head's own loss needs none; given, they are aligned with the pixels
+                out["labels"] = pixels.reshape(batch, -1).long()
+                out["labels"][-1, -9:] = -100  # micro-batches of unequal label counts (Trainer's accumulation)
+            return out
         if self.family == "vit":
             fields = TINY_CONFIGS["vit"]
             out = {"pixel_values": torch.randn(batch, 3, fields["image_size"], fields["image_size"], generator=g)}
@@ -138,6 +154,18 @@ class ModelCase:
         if labels:
             out["labels"] = ids.masked_fill(mask == 0, -100)
         return out
+
+    def base_inputs(self, batch: int = 2, seed: int = 1) -> dict:
+        """The inputs of the base model (`base_class`): the head's, except for the image model, whose body reads the
+        pixels as tokens shifted right by the start token."""
+        import torch
+
+        inputs = self.inputs(batch=batch, seed=seed)
+        if self.family != "image-lm":
+            return inputs
+        tokens = inputs["pixel_values"].reshape(batch, -1).long()  # (B, H*W): grey, raster order
+        start = torch.full((batch, 1), self.config().bos_token_id)
+        return {"input_ids": torch.cat([start, tokens[:, :-1]], dim=1)}
 
 
 TINY_CONFIGS = {
@@ -176,6 +204,14 @@ TINY_CONFIGS = {
         sparse_stride=4,
         sparse_summary_size=1,
     ),
+    # `SparseTransformerConfig.for_images(5, 7, ...)`: 35 grey pixels, a stride of one row (7) unless a case sets one
+    "image-lm": dict(
+        image_size=[5, 7],
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+    ),
 }
 
 MODEL_CASES = [
@@ -209,6 +245,20 @@ MODEL_CASES = [
         ModelCase(f"sparse-lm-{kind}-{mode}", "sparse-lm", {"attention_type": kind, "sparse_pattern_mode": mode})
         for kind in ("strided", "fixed")
         for mode in ("merged", "interleaved", "heads")
+    ),
+    ModelCase("image-lm-dense", "image-lm", {"attention_type": "dense"}),
+    # what `hf-vit-plus train image-lm` builds: strided, a stride of one image row, one part per head
+    ModelCase("image-lm-strided-heads", "image-lm", {"attention_type": "strided", "sparse_pattern_mode": "heads"}),
+    # strides that do not divide the 35 pixels: the block kernels pad the sequence to 36
+    ModelCase(
+        "image-lm-strided-merged",
+        "image-lm",
+        {"attention_type": "strided", "sparse_pattern_mode": "merged", "sparse_stride": 4},
+    ),
+    ModelCase(
+        "image-lm-fixed-heads",
+        "image-lm",
+        {"attention_type": "fixed", "sparse_pattern_mode": "heads", "sparse_stride": 4, "sparse_summary_size": 1},
     ),
 ]
 

@@ -15,6 +15,7 @@ import torch
 import transformers
 from transformers import AutoConfig
 
+from hf_vit_plus.models.configuration_sparse_transformer import PIXEL_LEVELS
 from tests.conftest import MODEL_CASES, ModelCase
 from tests.utils import run_without_package
 
@@ -26,9 +27,12 @@ def _logits(model, inputs: dict) -> torch.Tensor:
 
 
 def _real_rows(case: ModelCase, inputs: dict, logits: torch.Tensor) -> torch.Tensor:
-    """Logits of the positions that are real tokens: padded positions of an LM are not defined by the contract."""
+    """Logits of the positions that are real tokens: padded positions of an LM are not defined by the contract. An
+    image model's logit of its start token is -inf by design (never drawn): compare the 256 intensities'."""
     if case.family == "sparse-lm":
         return logits[inputs["attention_mask"].bool()]
+    if case.family == "image-lm":
+        return logits[..., :PIXEL_LEVELS]
     return logits
 
 
@@ -38,7 +42,7 @@ def _real_rows(case: ModelCase, inputs: dict, logits: torch.Tensor) -> torch.Ten
 @pytest.mark.parametrize("head", [True, False], ids=["head", "base"])
 def test_save_and_auto_load_give_equal_outputs(model_case, head, tmp_path):
     model = model_case.model(head=head)
-    inputs = model_case.inputs()
+    inputs = model_case.inputs() if head else model_case.base_inputs()
     model.save_pretrained(tmp_path)
     files = sorted(p.name for p in tmp_path.iterdir())
     assert "model.safetensors" in files
@@ -161,7 +165,7 @@ def test_hidden_states_and_attentions_have_the_documented_count_and_shapes(model
         assert len(cross) == config.decoder_layers
         assert all(a.shape == (batch, config.decoder_attention_heads, tgt, src) for a in cross)
     else:
-        tokens = inputs["input_ids"].shape[1]
+        tokens = config.pixels_per_image if model_case.family == "image-lm" else inputs["input_ids"].shape[1]
         stacks = {"": (config.num_hidden_layers, config.num_attention_heads, tokens, tokens)}
         width = config.hidden_size
     for prefix, (layers, heads, tq, tk) in stacks.items():
@@ -240,7 +244,7 @@ def test_compile_inductor_equal_outputs(case_id):
 def _encoder_and_inputs(case: ModelCase):
     model = case.model()
     inputs = case.inputs()
-    if case.family == "vit":
+    if case.family in ("vit", "image-lm"):  # the image model's own entry point: pixels in, logits out
         return model, inputs
     if case.family == "seq2seq":
         return model.get_encoder(), {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"]}
@@ -259,6 +263,9 @@ def _encoder_and_inputs(case: ModelCase):
         "sparse-lm-dense",
         "sparse-lm-strided-merged",
         "sparse-lm-fixed-heads",
+        "image-lm-dense",
+        "image-lm-strided-heads",
+        "image-lm-fixed-heads",
     ],
 )
 def test_torch_export_of_the_classifier_and_the_encoders(case_id):
@@ -268,7 +275,7 @@ def test_torch_export_of_the_classifier_and_the_encoders(case_id):
     with torch.no_grad():
         expected = module(**inputs)
         got = exported.module()(**inputs)
-    key = "logits" if case.family == "vit" else "last_hidden_state"
+    key = "logits" if case.family in ("vit", "image-lm") else "last_hidden_state"
     torch.testing.assert_close(
         _real_rows(case, inputs, got[key]), _real_rows(case, inputs, expected[key]), rtol=1e-5, atol=1e-6
     )
@@ -289,51 +296,87 @@ def test_torch_export_of_the_classifier_and_the_encoders(case_id):
 # ------------------------------------------------------------------------------------------ Trainer
 
 
-def test_trainer_gradient_accumulation_equals_one_step_on_the_double_batch(model_case, tmp_path):
-    """Two micro-batches of 2 with gradient_accumulation_steps=2 give the weights of one step on the batch of 4."""
+def _trainer(case: ModelCase, output_dir, batch_size: int = 2, accumulation: int = 1, train_dataset=None, **settings):
+    """A transformers `Trainer` of a fresh tiny model: one plain SGD step (no decay, clipping or schedule)."""
+    args = transformers.TrainingArguments(
+        output_dir=str(output_dir),
+        per_device_train_batch_size=batch_size,
+        per_device_eval_batch_size=batch_size,
+        gradient_accumulation_steps=accumulation,
+        max_steps=1,
+        learning_rate=0.1,
+        lr_scheduler_type="constant",
+        optim="sgd",
+        weight_decay=0.0,
+        max_grad_norm=0.0,
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+        logging_strategy="no",
+        dataloader_drop_last=False,
+        seed=0,
+        disable_tqdm=True,
+        average_tokens_across_devices=False,
+        **settings,
+    )
+    return transformers.Trainer(model=case.model(), args=args, train_dataset=train_dataset)
+
+
+def _accumulated_and_single_step(case: ModelCase, inputs: dict, tmp_path) -> tuple[dict, dict]:
+    """The weights after one step of 2 micro-batches of 2 (gradient_accumulation_steps=2) and after one step on the
+    batch of 4, with transformers' `Trainer`."""
     from datasets import Dataset
 
-    inputs = model_case.inputs(batch=4, labels=True)
     rows = Dataset.from_dict({k: v.tolist() for k, v in inputs.items()}).with_format("torch")
 
     def train(batch_size: int, accumulation: int):
-        model = model_case.model()
-        args = transformers.TrainingArguments(
-            output_dir=str(tmp_path / f"run{batch_size}"),
-            per_device_train_batch_size=batch_size,
-            gradient_accumulation_steps=accumulation,
-            max_steps=1,
-            learning_rate=0.1,
-            lr_scheduler_type="constant",
-            optim="sgd",
-            weight_decay=0.0,
-            max_grad_norm=0.0,
-            use_cpu=True,
-            report_to=[],
-            save_strategy="no",
-            logging_strategy="no",
-            dataloader_drop_last=False,
-            seed=0,
-            disable_tqdm=True,
-            average_tokens_across_devices=False,
-        )
-        trainer = transformers.Trainer(model=model, args=args, train_dataset=rows)
+        trainer = _trainer(case, tmp_path / f"run{batch_size}", batch_size, accumulation, train_dataset=rows)
         trainer._get_train_sampler = lambda *a, **k: torch.utils.data.SequentialSampler(rows)
         trainer.train()
-        return {n: p.detach().clone() for n, p in model.named_parameters()}
+        return {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
 
-    accumulated = train(2, 2)
-    single = train(4, 1)
-    before = dict(model_case.model().named_parameters())
+    accumulated, single = train(2, 2), train(4, 1)
+    before = dict(case.model().named_parameters())
     assert any(not torch.equal(single[n], before[n]) for n in single), "the step changed nothing"
+    return accumulated, single
+
+
+def test_trainer_gradient_accumulation_equals_one_step_on_the_double_batch(model_case, tmp_path):
+    """Two micro-batches of 2 with gradient_accumulation_steps=2 give the weights of one step on the batch of 4. The
+    image model's labels leave micro-batches with different counts of labelled pixels: before the fix its loss
+    ignored Trainer's `num_items_in_batch` (a mean per micro-batch, not divided by the accumulation steps), so
+    accumulation doubled the gradient."""
+    accumulated, single = _accumulated_and_single_step(model_case, model_case.inputs(batch=4, labels=True), tmp_path)
     for name in single:
         torch.testing.assert_close(accumulated[name], single[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_trainer_trains_and_evaluates_the_image_model_on_pixel_values_alone(tmp_path):
+    """A batch of images alone (no `labels`): Trainer trains on the head's own loss, accumulation included; its
+    evaluation reports `eval_loss` (nats per dim) once `label_names=["pixel_values"]` tells it that the pixels are
+    the targets (by default it looks for a `labels` column and, finding none, silently reports no loss)."""
+    from datasets import Dataset
+
+    case = next(c for c in MODEL_CASES if c.id == "image-lm-strided-heads")
+    inputs = case.inputs(batch=4)
+    assert set(inputs) == {"pixel_values"}
+    accumulated, single = _accumulated_and_single_step(case, inputs, tmp_path)
+    for name in single:
+        torch.testing.assert_close(accumulated[name], single[name], rtol=1e-5, atol=1e-6, msg=name)
+
+    rows = Dataset.from_dict({"pixel_values": inputs["pixel_values"].tolist()}).with_format("torch")
+    with torch.no_grad():
+        expected = case.model()(**inputs).loss.item()  # batches of equal size: the mean of their means
+    metrics = _trainer(case, tmp_path / "eval", label_names=["pixel_values"]).evaluate(rows)
+    assert metrics["eval_loss"] == pytest.approx(expected, rel=1e-5)
 
 
 # ------------------------------------------------------------------------------------------ generation
 
 
 def _prompt(case: ModelCase) -> dict:
+    if case.family == "image-lm":  # images are drawn from the start token
+        return {"input_ids": torch.full((2, 1), case.config().bos_token_id)}
     inputs = case.inputs()
     if case.family == "seq2seq":
         return {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"]}
@@ -356,7 +399,9 @@ GENERATION_MODES = {
 def test_generate_with_and_without_cache_and_with_a_static_cache_give_the_same_tokens(generative_case, mode):
     model = generative_case.model()
     prompt = _prompt(generative_case)
-    settings = dict(GENERATION_MODES[mode], max_new_tokens=8, min_new_tokens=8)
+    # an image model draws whole images: every step of the pattern, the padded tails of the strides included
+    length = generative_case.config().pixels_per_image if generative_case.family == "image-lm" else 8
+    settings = dict(GENERATION_MODES[mode], max_new_tokens=length, min_new_tokens=length)
 
     def run(**extra):
         torch.manual_seed(123)
@@ -364,7 +409,7 @@ def test_generate_with_and_without_cache_and_with_a_static_cache_give_the_same_t
             return model.generate(**prompt, **settings, **extra)
 
     cached = run(use_cache=True)
-    assert cached.shape[-1] >= 8
+    assert cached.shape[-1] >= length
     torch.testing.assert_close(run(use_cache=False), cached, rtol=0, atol=0)
     # Eager steps on the static cache; the compiled ones (the default) are tests/models/test_compiled_decoding.py's.
     static = run(use_cache=True, cache_implementation="static", disable_compile=True)
@@ -372,6 +417,8 @@ def test_generate_with_and_without_cache_and_with_a_static_cache_give_the_same_t
 
 
 def test_resize_token_embeddings_keeps_the_tied_matrices_tied(generative_case):
+    if generative_case.family == "image-lm":
+        pytest.skip("an image model's vocabulary is fixed (the 256 intensities and the start token), untied")
     model = generative_case.model()
     old = model.config.vocab_size
     model.resize_token_embeddings(old + 5)
@@ -400,6 +447,30 @@ def _malformed_inputs(case: ModelCase) -> list[tuple[str, dict, str]]:
             ("size", {"pixel_values": pixels[..., :16, :16]}, "16x16"),
             ("rank", {"pixel_values": pixels[0]}, "(batch, channels, height, width)"),
             ("dtype", {"pixel_values": pixels.to(torch.int64)}, "floating-point"),
+        ]
+    if case.family == "image-lm":
+        pixels = good["pixel_values"]  # (2, 1, 5, 7) uint8
+        too_bright, negative = pixels.long(), pixels.long()
+        too_bright[1, 0, 2, 3] = 300
+        negative[0, 0, 1, 1] = -7
+        labels = case.inputs(labels=True)["labels"]  # (2, 35), aligned with the pixels
+        start_label, wide_label = labels.clone(), labels.clone()
+        start_label[0, 4] = case.config().bos_token_id  # the start token is no pixel: a loss of inf
+        wide_label[1, 0] = 300
+        return [
+            ("float pixels", {"pixel_values": pixels / 255}, "torch.float32"),
+            ("intensity > 255", {"pixel_values": too_bright}, "300"),
+            ("negative intensity", {"pixel_values": negative}, "-7"),
+            ("size", {"pixel_values": pixels[..., :4, :]}, "(2, 1, 4, 7)"),
+            ("channels", {"pixel_values": pixels.expand(2, 3, 5, 7)}, "num_channels=1"),
+            ("not a tensor", {"pixel_values": pixels.tolist()}, "torch.Tensor"),
+            ("empty", {"pixel_values": pixels[:0]}, "(0, 1, 5, 7)"),
+            ("both inputs", {"pixel_values": pixels, "input_ids": torch.zeros(2, 35, dtype=torch.long)}, "not both"),
+            ("labels shape", {"pixel_values": pixels, "labels": labels[:, 1:]}, "(2, 34)"),
+            ("label > 255", {"pixel_values": pixels, "labels": wide_label}, "300"),
+            ("start-token label", {"pixel_values": pixels, "labels": start_label}, "256"),
+            ("float labels", {"pixel_values": pixels, "labels": labels.float()}, "labels"),
+            ("token id >= vocab_size", {"input_ids": torch.full((2, 3), 257)}, "257"),
         ]
     vocab = case.config().vocab_size
     ids, mask = good["input_ids"], good["attention_mask"]
@@ -441,6 +512,7 @@ CLI_TINY = {
     "encoder_ffn_dim=64,decoder_ffn_dim=64",
     "sparse-lm": "hidden_size=32,num_hidden_layers=2,num_attention_heads=2,intermediate_size=64,"
     "max_position_embeddings=64,sparse_stride=8,sparse_summary_size=2",
+    "image-lm": "hidden_size=32,num_hidden_layers=2,num_attention_heads=2,intermediate_size=64",  # 8 x 8 digits
 }
 CLI_ATTENTION = {
     "vit": ["attention_type=dense", "attention_type=strided", "attention_type=fixed"],
@@ -450,6 +522,7 @@ CLI_ATTENTION = {
         "encoder_attention_type=fixed,encoder_sparse_stride=4,encoder_sparse_summary_size=1",
     ],
     "sparse-lm": ["attention_type=dense", "attention_type=strided", "attention_type=fixed"],
+    "image-lm": ["attention_type=dense", "attention_type=strided", "attention_type=fixed"],
 }
 CLI_RUNS = [(family, attention) for family, options in CLI_ATTENTION.items() for attention in options]
 
@@ -479,3 +552,5 @@ def test_cli_train_ends_with_weights_card_and_figures(family, attention, tmp_pat
     reloaded = getattr(transformers, ModelCase("", family).auto_head).from_pretrained(output_dir)
     key, value = attention.split(",")[0].split("=")
     assert getattr(reloaded.config, key) == value
+    if family == "image-lm":  # scored on the test images in bits per dim
+        assert "eval_bits_per_dim" in json.loads((output_dir / "eval_results.json").read_text())

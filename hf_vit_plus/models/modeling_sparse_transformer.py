@@ -722,7 +722,7 @@ class SparseTransformerForImageGeneration(SparseTransformerForCausalLM):
                 f"`pixel_values` must have shape (batch, {channels}, {height}, {width}){grey} for this model "
                 f"(num_channels={channels}, image_size={[height, width]}), got {tuple(pixel_values.shape)}."
             )
-        check_not_empty("pixel_values", (pixel_values.shape[0], 1))
+        check_not_empty("pixel_values", tuple(pixel_values.shape))
         tokens = pixel_values.permute(0, 2, 3, 1).reshape(pixel_values.shape[0], -1).long()  # (B, H*W*C)
         check_token_range("pixel_values", tokens, PIXEL_LEVELS)
         return tokens
@@ -762,8 +762,11 @@ class SparseTransformerForImageGeneration(SparseTransformerForCausalLM):
     ) -> CausalLMOutputWithPast | tuple:
         r"""pixel_values: integer images (B, C, H, W) or (B, H, W), 0..255: the model reads them shifted by the start
         token and returns the loss of predicting every pixel (nats per dimension); `input_ids` must not be given too.
-        labels: with `pixel_values`, targets aligned with the pixels (B, H*W*C), -100 where there is no loss
-        (default: the pixels themselves); with `input_ids`, next-token labels as for the causal LM."""
+        labels: with `pixel_values`, targets aligned with the pixels (B, H*W*C), intensities 0..255 or -100 where
+        there is no loss (default: the pixels themselves); with `input_ids`, next-token labels as for the causal LM.
+        With transformers' `Trainer`, batches of `pixel_values` alone train on this loss (gradient accumulation
+        included, as with `labels`); for `evaluate` to report `eval_loss` without a `labels` column, set
+        `TrainingArguments(label_names=["pixel_values"])`."""
         return_dict = _flag(return_dict, self.config, "return_dict", default=True)
         if pixel_values is None:
             output = super().forward(
@@ -779,12 +782,15 @@ class SparseTransformerForImageGeneration(SparseTransformerForCausalLM):
         tokens = self.pixels_to_tokens(pixel_values)
         if labels is None:
             labels = tokens
-        elif labels.shape != tokens.shape:
-            raise ValueError(
-                f"With `pixel_values`, `labels` must be aligned with the pixels: shape {tuple(tokens.shape)}, got "
-                f"{tuple(labels.shape)}."
-            )
-        kwargs.pop("num_items_in_batch", None)
+        else:  # intensities 0..255 or -100: the start token is never predicted (its logit is -inf)
+            check_token_ids("labels", labels, PIXEL_LEVELS, ignore_index=IGNORE_INDEX)
+            if labels.shape != tokens.shape:
+                raise ValueError(
+                    f"With `pixel_values`, `labels` must be aligned with the pixels: shape {tuple(tokens.shape)}, got "
+                    f"{tuple(labels.shape)}."
+                )
+        # Trainer's count of labelled pixels over the accumulated micro-batches (given when the batch has `labels`)
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
         outputs = self.model(
             input_ids=self.shifted_input_ids(tokens),
             use_cache=False if use_cache is None else use_cache,
@@ -794,9 +800,14 @@ class SparseTransformerForImageGeneration(SparseTransformerForCausalLM):
             **kwargs,
         )
         logits = self._pixels_only(self.lm_head(outputs.last_hidden_state))  # (B, n, V)
-        loss = nn.functional.cross_entropy(
-            logits.float().reshape(-1, logits.shape[-1]), labels.to(logits.device).reshape(-1), ignore_index=-100
-        )
+        flat_logits, flat_labels = logits.float().reshape(-1, logits.shape[-1]), labels.to(logits.device).reshape(-1)
+        if num_items_in_batch is None:
+            loss = nn.functional.cross_entropy(flat_logits, flat_labels, ignore_index=IGNORE_INDEX)
+        else:  # sum / count over all micro-batches: gradient accumulation gives the loss of the whole batch
+            loss = nn.functional.cross_entropy(flat_logits, flat_labels, ignore_index=IGNORE_INDEX, reduction="sum")
+            if torch.is_tensor(num_items_in_batch):
+                num_items_in_batch = num_items_in_batch.to(loss.device)
+            loss = loss / num_items_in_batch
         output = CausalLMOutputWithPast(
             loss=loss,
             logits=logits,

@@ -35,6 +35,8 @@ def test_quantize_dynamic_replaces_every_linear_layer(model_case: ModelCase):
     assert _count(quantized, quantized_dynamic.Linear) == len(linears)
     with torch.no_grad():
         expected, got = model(**inputs).logits, quantized(**inputs).logits
+    if model_case.family == "image-lm":  # the start token's logit is -inf by design (never drawn)
+        expected, got = expected[..., :256], got[..., :256]
     assert expected.abs().max() > 0.1
     # int8 weights: close to the float model, relative to the logits' scale
     assert (got - expected).abs().max() <= 0.05 * expected.abs().max()
