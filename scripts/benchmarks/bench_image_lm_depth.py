@@ -28,7 +28,9 @@ from pathlib import Path
 
 import torch
 
-from hf_vit_plus import SparseTransformerConfig, SparseTransformerForImageGeneration
+from hf_vit_plus import SparseTransformerForImageGeneration
+
+sys.path.insert(0, str(Path(__file__).parent))  # bench_image_lm: the data and the model of the experiments
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -51,18 +53,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def build(args: argparse.Namespace, height: int, width: int) -> SparseTransformerForImageGeneration:
-    torch.manual_seed(args.seed)
-    config = SparseTransformerConfig.for_images(
-        height,
-        width,
-        hidden_size=args.hidden_size,
-        num_hidden_layers=args.layers,
-        num_attention_heads=args.heads,
-        intermediate_size=4 * args.hidden_size,
-        attention_type=args.attention_type,
-        sparse_pattern_mode=args.mode,
-    )
-    return SparseTransformerForImageGeneration(config).train()
+    from bench_image_lm import build_model
+
+    return build_model(args, args.attention_type, height, width).train()
 
 
 def enable_recomputation(model) -> None:
@@ -71,7 +64,6 @@ def enable_recomputation(model) -> None:
 
 
 def load(dataset: str) -> tuple[torch.Tensor, torch.Tensor]:
-    sys.path.insert(0, str(Path(__file__).parent))
     from bench_image_lm import load_images
 
     train, test = load_images(dataset)
