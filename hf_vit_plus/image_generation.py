@@ -34,9 +34,6 @@ from .models.config_checks import check_positive_int
 
 logger = logging.getLogger(__name__)
 
-# The data sets whose test split `read_images` can read: name -> (image size [height, width], card name)
-BUILTIN_DATASETS = IMAGE_DATASETS
-
 
 def check_image_model(model, caller: str = "this function") -> None:
     """Raise a ValueError naming the class and config of `model` unless it is an image model (a model with
@@ -274,7 +271,7 @@ def _dataset_images(name: str, count: int):
 def read_images(sources: Sequence[str | Path], config, *, num_images: int = 16) -> torch.Tensor:
     """Images to complete, (N, C, H, W) uint8 with the channels of the model whose config is `config`: each source
     is an image file (read with PIL and converted to grey or RGB) or the name of a built-in data set
-    (`BUILTIN_DATASETS`: "fashion-mnist", "digits"), which contributes the first `num_images` images of its test
+    (`IMAGE_DATASETS`: "fashion-mnist", "digits"), which contributes the first `num_images` images of its test
     split. A ValueError names a source that is neither, or whose images are not the model's `image_size`."""
     from PIL import Image, UnidentifiedImageError
 
@@ -303,8 +300,8 @@ def read_images(sources: Sequence[str | Path], config, *, num_images: int = 16) 
                     f"image_size is {height} x {width}; resize or crop it first."
                 )
             batches.append(_to_tensor([image], config.num_channels))
-        elif str(source) in BUILTIN_DATASETS:
-            size, _ = BUILTIN_DATASETS[str(source)]
+        elif str(source) in IMAGE_DATASETS:
+            size, _ = IMAGE_DATASETS[str(source)]
             if size != [height, width]:
                 raise ValueError(
                     f"The {source!r} images are {size[0]} x {size[1]} pixels but the model's image_size is "
@@ -315,13 +312,12 @@ def read_images(sources: Sequence[str | Path], config, *, num_images: int = 16) 
             raise ValueError(f"{str(source)!r} is not a file: expected an image file or a data set name.")
         else:
             raise ValueError(
-                f"{str(source)!r} is neither an image file nor a built-in data set ({', '.join(BUILTIN_DATASETS)})."
+                f"{str(source)!r} is neither an image file nor a built-in data set ({', '.join(IMAGE_DATASETS)})."
             )
     return torch.cat(batches)
 
 
 __all__ = [
-    "BUILTIN_DATASETS",
     "check_image_model",
     "complete_images",
     "image_grid",

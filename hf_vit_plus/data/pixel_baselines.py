@@ -22,7 +22,7 @@ import math
 
 import numpy as np
 
-PIXEL_LEVELS = 256  # 8-bit intensities 0..255
+from ..models.configuration_sparse_transformer import PIXEL_LEVELS  # 8-bit intensities 0..255
 
 
 def uniform_bits_per_dim(levels: int = PIXEL_LEVELS) -> float:
