@@ -140,7 +140,7 @@ def convert_marian(checkpoint: str | Path, output_dir: str | Path) -> Path:
     from transformers import MarianMTModel
 
     from ..models.hub_mixin import naming_corrupt_safetensors
-    from .marian import seq2seq_from_marian
+    from .marian import RECOMPUTED_KEYS, check_recomputed_tensors, seq2seq_from_marian
 
     source = check_exists(checkpoint, "CHECKPOINT", "dir")
     config = load_config(source, "CHECKPOINT")
@@ -160,6 +160,8 @@ def convert_marian(checkpoint: str | Path, output_dir: str | Path) -> Path:
         marian = MarianMTModel.from_pretrained(source, use_safetensors=True)
     try:
         model = seq2seq_from_marian(marian)
+        # The files too: a loader that rebuilt a stored table would hide a stored table that differs.
+        check_recomputed_tensors(_stored_tensors(source, RECOMPUTED_KEYS), model.config)
     except ValueError as error:
         raise UsageError(f"{str(checkpoint)!r}: {error}") from error
     output_dir = Path(output_dir)
@@ -167,6 +169,25 @@ def convert_marian(checkpoint: str | Path, output_dir: str | Path) -> Path:
     copy_marian_tokenizer(source, output_dir)
     logger.info("wrote %s", output_dir)
     return output_dir
+
+
+def _stored_tensors(folder: Path, keys: tuple[str, ...]) -> dict:
+    """The tensors named `keys` as stored in the safetensors files of `folder` (those it holds)."""
+    from safetensors import safe_open
+
+    found = {}
+    for name in _SAFETENSORS_WEIGHTS:
+        path = folder / name
+        files = [path] if path.suffix == ".safetensors" else []
+        if path.suffix == ".json" and path.is_file():  # a sharded checkpoint's index
+            files = sorted({folder / shard for shard in json.loads(path.read_text())["weight_map"].values()})
+        for file in files:
+            if not file.is_file():
+                continue
+            with safe_open(str(file), framework="pt") as handle:
+                for key in set(keys) & set(handle.keys()):
+                    found[key] = handle.get_tensor(key)
+    return found
 
 
 def copy_marian_tokenizer(source: Path, output_dir: Path) -> list[str]:

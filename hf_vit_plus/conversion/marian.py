@@ -98,6 +98,33 @@ def state_dict_from_marian(marian_state: dict[str, torch.Tensor]) -> dict[str, t
     return state
 
 
+# Marian tensors our model does not load but recomputes from its config (`position_table`)
+RECOMPUTED_KEYS = ("model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight")
+
+
+def check_recomputed_tensors(stored: dict[str, torch.Tensor], config: Seq2SeqTransformerConfig) -> None:
+    """Each tensor of a Marian state dict that the converted model recomputes instead of loading (the sinusoidal
+    position tables, `RECOMPUTED_KEYS`) must be what it recomputes: up to one unit in the last place of the stored
+    dtype (a table saved in bf16 is the sinusoid rounded), never more. Otherwise the converted model would compute
+    something else than the stored one, silently: a ValueError names the tensor and the largest difference."""
+    expected = position_table(config)
+    for key in RECOMPUTED_KEYS:
+        if key not in stored:
+            continue
+        theirs = stored[key].detach()
+        if tuple(theirs.shape) != tuple(expected.shape):
+            _require(False, f"{key} has shape {tuple(theirs.shape)}, expected {tuple(expected.shape)}")
+        difference = (theirs.float().cpu() - expected).abs()
+        ulp = torch.finfo(theirs.dtype).eps * expected.abs()  # one unit in the last place of each entry
+        worst = float(difference.max())
+        _require(
+            bool((difference <= ulp + 1e-6).all()),
+            f"{key} is not the sinusoidal table the converted model computes (Marian's: sines in the first half, "
+            f"cosines in the second), max |difference| {worst:.3g}; the converted model would compute something "
+            "else than the stored one",
+        )
+
+
 def seq2seq_from_marian(marian_model) -> Seq2SeqTransformerForConditionalGeneration:
     """A `Seq2SeqTransformerForConditionalGeneration` with the weights, logits and `generate` output of
     `marian_model` (a transformers `MarianMTModel`), in its dtype, on its device, in eval mode.
@@ -127,14 +154,7 @@ def seq2seq_from_marian(marian_model) -> Seq2SeqTransformerForConditionalGenerat
             )
 
     model = Seq2SeqTransformerForConditionalGeneration(config)
-    expected = position_table(config)
-    for stack in (marian_model.get_encoder(), marian_model.get_decoder()):
-        theirs = stack.embed_positions.weight.detach()
-        tolerance = max(1e-5, 2 * torch.finfo(theirs.dtype).eps)  # the table rounded to a half-precision model
-        _require(
-            theirs.shape == expected.shape and torch.allclose(theirs.float().cpu(), expected, atol=tolerance),
-            "its sinusoidal position table is not Marian's (sines in the first half, cosines in the second)",
-        )
+    check_recomputed_tensors(marian_model.state_dict(), config)
     state = state_dict_from_marian(marian_model.state_dict())
     if not (config.tie_word_embeddings and config.share_encoder_decoder_embeddings):
         state = {key: value for key, value in state.items() if key not in _UNUSED_MARIAN_KEYS}
@@ -146,4 +166,10 @@ def seq2seq_from_marian(marian_model) -> Seq2SeqTransformerForConditionalGenerat
     return model
 
 
-__all__ = ["config_from_marian", "seq2seq_from_marian", "state_dict_from_marian"]
+__all__ = [
+    "RECOMPUTED_KEYS",
+    "check_recomputed_tensors",
+    "config_from_marian",
+    "seq2seq_from_marian",
+    "state_dict_from_marian",
+]

@@ -326,6 +326,28 @@ def test_cli_names_a_marian_the_converter_cannot_express(tmp_path):
         convert_marian(tmp_path / "m", tmp_path / "out")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_stored_position_table_that_is_not_the_sinusoid_is_refused(tmp_path, dtype):
+    """The converted model recomputes the position tables: a stored table that differs by more than the rounding
+    of its dtype (here 0.006, under the old absolute tolerance of two bf16 epsilons) would be dropped silently."""
+    from safetensors.torch import load_file, save_file
+
+    from hf_vit_plus.conversion.cli import convert_marian
+
+    marian = marian_model().to(dtype)
+    marian.save_pretrained(tmp_path / "exact")
+    convert_marian(tmp_path / "exact", tmp_path / "exact-out")  # the exact table (rounded to its dtype) converts
+    state = load_file(tmp_path / "exact" / "model.safetensors")
+    table = marian.get_encoder().embed_positions.weight.detach()
+    state["model.encoder.embed_positions.weight"] = (table.float() + 0.006).to(dtype)
+    (tmp_path / "shifted").mkdir()
+    (tmp_path / "shifted" / "config.json").write_text((tmp_path / "exact" / "config.json").read_text())
+    save_file(state, tmp_path / "shifted" / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(UsageError, match=r"model.encoder.embed_positions.weight is not the sinusoidal table.*0\.00"):
+        convert_marian(tmp_path / "shifted", tmp_path / "shifted-out")
+    assert not (tmp_path / "shifted-out").exists()
+
+
 # ------------------------------------------------------------------------------- the real Marian tokenizer
 def test_the_marian_tokenizer_works_with_the_converted_model(tmp_path):
     """With sentencepiece installed: a real MarianTokenizer (tiny spm models trained here) saved next to a Marian,
