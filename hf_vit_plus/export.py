@@ -209,7 +209,7 @@ class _Seq2SeqDecoderStep(nn.Module):
             encoder_outputs=(encoder_hidden_states,),
             attention_mask=encoder_attention_mask,
             decoder_input_ids=decoder_input_ids,
-            past_key_values=cache,
+            cache=cache,
             use_cache=True,
             return_dict=True,
         ).logits
@@ -290,7 +290,7 @@ class _CausalLMStep(nn.Module):
         for i in range(self.num_layers):
             cache.update(past[2 * i], past[2 * i + 1], i)
         logits = self.model(
-            input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache, use_cache=True, return_dict=True
+            input_ids=input_ids, attention_mask=attention_mask, cache=cache, use_cache=True, return_dict=True
         ).logits
         present = []
         for i in range(self.num_layers):

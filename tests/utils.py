@@ -12,9 +12,12 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_without_package(code: str, cwd: Path, env: dict | None = None, timeout: int = 300) -> dict:
+def run_without_package(
+    code: str, cwd: Path, env: dict | None = None, timeout: int = 300, python: str | None = None
+) -> dict:
     """Run `code` in a fresh Python process where `hf_vit_plus` is NOT importable (a user without the package),
     offline, with a fresh modules cache. The code must print one JSON line last; it is returned parsed.
+    `python`: another interpreter (another environment's releases) instead of this one.
 
     The package is installed editable into the venv, so the process blocks it explicitly: an import of
     `hf_vit_plus` raises ModuleNotFoundError, as on a machine without it.
@@ -43,7 +46,7 @@ def run_without_package(code: str, cwd: Path, env: dict | None = None, timeout: 
     )
     full_env.update(env or {})
     proc = subprocess.run(
-        [sys.executable, "-c", prelude + textwrap.dedent(code)],
+        [python or sys.executable, "-c", prelude + textwrap.dedent(code)],
         cwd=cwd,
         env=full_env,
         capture_output=True,

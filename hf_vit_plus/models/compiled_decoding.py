@@ -43,6 +43,8 @@ from transformers import CompileConfig
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache, StaticLayer
 from transformers.generation.configuration_utils import ALL_STATIC_CACHE_IMPLEMENTATIONS
 
+from .compat import cache_from_kwargs
+
 
 def compiled_generation_config(device: str | torch.device = "cpu", **overrides) -> CompileConfig:
     """The `CompileConfig` that `generate` uses for a static cache when none is passed: the whole step as one graph
@@ -162,8 +164,9 @@ class GenerationWithCompiledDecoding:
 
     def generate(self, inputs: torch.Tensor | None = None, generation_config=None, **kwargs):
         """transformers' `GenerationMixin.generate` (same arguments). With a static cache
-        (`cache_implementation="static"` or a static `past_key_values`) the decoding steps run compiled with
-        `compile_config`, by default `compiled_generation_config(self.device)`, unless `disable_compile=True`."""
+        (`cache_implementation="static"`, or a static `cache`, also accepted as `past_key_values`) the decoding steps
+        run compiled with `compile_config`, by default `compiled_generation_config(self.device)`, unless
+        `disable_compile=True`."""
         compile_config = self._resolve_decoding_compile_config(generation_config, kwargs)
         if compile_config is None:
             return super().generate(inputs, generation_config=generation_config, **kwargs)
@@ -185,7 +188,7 @@ class GenerationWithCompiledDecoding:
         if setting("disable_compile") or setting("use_cache") is False:
             return None
         static = setting("cache_implementation") in ALL_STATIC_CACHE_IMPLEMENTATIONS
-        if not (static or is_static_cache(kwargs.get("past_key_values"))):
+        if not (static or is_static_cache(cache_from_kwargs(kwargs))):
             return None
         config = setting("compile_config")
         if config is None:
@@ -210,7 +213,7 @@ class GenerationWithCompiledDecoding:
         """One new token per row on top of a static cache that the first (uncompiled) step filled."""
         encoder_decoder = self.config.is_encoder_decoder
         ids = kwargs.get("decoder_input_ids" if encoder_decoder else "input_ids")
-        cache = kwargs.get("past_key_values")
+        cache = cache_from_kwargs(kwargs)
         if ids is None or ids.dim() != 2 or ids.shape[1] != 1 or not is_static_cache(cache):
             return False
         decoder_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache

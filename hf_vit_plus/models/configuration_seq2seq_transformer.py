@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from transformers import PretrainedConfig
 
+from .compat import CACHE_NAMES
 from .config_checks import (
     check_activation,
     check_choice,
@@ -83,7 +84,7 @@ class Seq2SeqTransformerConfig(PretrainedConfig):
     """
 
     model_type = "seq2seq_transformer"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = list(CACHE_NAMES)  # Trainer drops the cache from the predictions
     attribute_map = {
         "hidden_size": "d_model",
         "num_attention_heads": "encoder_attention_heads",

@@ -11,6 +11,7 @@ import math
 
 from transformers import PretrainedConfig
 
+from .compat import CACHE_NAMES
 from .config_checks import (
     check_activation,
     check_choice,
@@ -74,7 +75,7 @@ class SparseTransformerConfig(PretrainedConfig):
     """
 
     model_type = "sparse_transformer"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = list(CACHE_NAMES)  # Trainer drops the cache from the predictions
     # The sparse-attention fields as `sparse_layouts.pattern_from_config` reads them: causal, the stride at most
     # `max_position_embeddings`.
     sparse_fields = SparseFields(causal=True)

@@ -36,6 +36,7 @@ from transformers.modeling_outputs import (
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .attention import eager_attention_forward, select_attention_kernel, sparse_padding_mask
+from .compat import cache_field, mask_cache_argument, output_cache, resolve_cache
 from .compiled_decoding import GenerationWithCompiledDecoding, reorder_cache_in_place
 from .configuration_seq2seq_transformer import Seq2SeqTransformerConfig
 from .hub_mixin import HubMixin
@@ -120,27 +121,27 @@ class Seq2SeqTransformerAttention(nn.Module):
         hidden_states: torch.Tensor,
         key_value_states: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        past_key_values: EncoderDecoderCache | None = None,
+        cache: EncoderDecoderCache | None = None,
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         batch_size, seq_len, _ = hidden_states.shape
         is_cross_attention = key_value_states is not None
         query = self._project(hidden_states, self.q_proj)  # (B, H, Tq, Dh)
 
-        if is_cross_attention and past_key_values is not None and past_key_values.is_updated.get(self.layer_idx):
+        if is_cross_attention and cache is not None and cache.is_updated.get(self.layer_idx):
             # The encoder output does not change while decoding: its keys/values were computed at the first step.
-            layer_cache = past_key_values.cross_attention_cache.layers[self.layer_idx]
+            layer_cache = cache.cross_attention_cache.layers[self.layer_idx]
             key, value = layer_cache.keys, layer_cache.values
         else:
             source = key_value_states if is_cross_attention else hidden_states
             key = self._project(source, self.k_proj)  # (B, H, Tk, Dh)
             value = self._project(source, self.v_proj)
-            if past_key_values is not None:
+            if cache is not None:
                 if is_cross_attention:
-                    key, value = past_key_values.cross_attention_cache.update(key, value, self.layer_idx)
-                    past_key_values.is_updated[self.layer_idx] = True
+                    key, value = cache.cross_attention_cache.update(key, value, self.layer_idx)
+                    cache.is_updated[self.layer_idx] = True
                 else:
-                    key, value = past_key_values.self_attention_cache.update(key, value, self.layer_idx)
+                    key, value = cache.self_attention_cache.update(key, value, self.layer_idx)
 
         # A sparse self-attention's attention_mask is None or the (B, Tk) boolean padding mask (True = real token).
         implementation = select_attention_kernel(
@@ -200,13 +201,13 @@ class Seq2SeqTransformerLayer(GradientCheckpointingLayer):
         encoder_hidden_states: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
-        past_key_values: EncoderDecoderCache | None = None,
+        cache: EncoderDecoderCache | None = None,
         use_cache: bool = False,
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         # hidden_states and encoder_hidden_states are positional: activation checkpointing needs that.
         if not use_cache:
-            past_key_values = None
+            cache = None
 
         residual = hidden_states
         if self.normalize_before:
@@ -214,7 +215,7 @@ class Seq2SeqTransformerLayer(GradientCheckpointingLayer):
         hidden_states, self_attn_weights = self.self_attn(
             hidden_states,
             attention_mask=attention_mask,
-            past_key_values=past_key_values,
+            cache=cache,
             output_attentions=output_attentions,
         )
         hidden_states = residual + self._dropout(hidden_states, self.dropout)
@@ -230,7 +231,7 @@ class Seq2SeqTransformerLayer(GradientCheckpointingLayer):
                 hidden_states,
                 key_value_states=encoder_hidden_states,
                 attention_mask=encoder_attention_mask,
-                past_key_values=past_key_values,
+                cache=cache,
                 output_attentions=output_attentions,
             )
             hidden_states = residual + self._dropout(hidden_states, self.dropout)
@@ -351,30 +352,32 @@ class Seq2SeqTransformerStack(nn.Module):
         attention_mask: torch.Tensor | None = None,
         encoder_hidden_states: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
-        past_key_values: EncoderDecoderCache | None = None,
+        cache: EncoderDecoderCache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        past_key_values: EncoderDecoderCache | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPastAndCrossAttentions | BaseModelOutput | tuple:
+        cache = resolve_cache(cache, past_key_values)
         output_attentions = _flag(output_attentions, self.config, "output_attentions")
         output_hidden_states = _flag(output_hidden_states, self.config, "output_hidden_states")
         return_dict = _flag(return_dict, self.config, "return_dict", default=True)
         use_cache = self.is_decoder and _flag(use_cache, self.config, "use_cache")
         if self.is_decoder and encoder_hidden_states is None:
             raise ValueError("The decoder needs `encoder_hidden_states` (the encoder output) to attend to.")
-        if use_cache and past_key_values is None:
-            past_key_values = EncoderDecoderCache(DynamicCache(), DynamicCache())
-        if past_key_values is not None and not isinstance(past_key_values, EncoderDecoderCache):
+        if use_cache and cache is None:
+            cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+        if cache is not None and not isinstance(cache, EncoderDecoderCache):
             raise TypeError(
-                f"`past_key_values` must be an EncoderDecoderCache(DynamicCache(), DynamicCache()), got "
-                f"{type(past_key_values).__name__}."
+                f"The decoder's `cache` must be an EncoderDecoderCache(DynamicCache(), DynamicCache()), got "
+                f"{type(cache).__name__}."
             )
         if not use_cache:
-            past_key_values = None
-        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+            cache = None
+        past_length = cache.get_seq_length() if cache is not None else 0
         hidden_states = self.embed(input_ids, inputs_embeds, past_length)  # (B, T, D)
         batch_size, seq_len = hidden_states.shape[:2]
         given = self.input_names[0 if input_ids is not None else 1], (batch_size, seq_len)
@@ -391,7 +394,7 @@ class Seq2SeqTransformerStack(nn.Module):
                 config=mask_config,
                 inputs_embeds=hidden_states,
                 attention_mask=attention_mask,
-                past_key_values=past_key_values.self_attention_cache if past_key_values is not None else None,
+                **mask_cache_argument(cache.self_attention_cache if cache is not None else None),
                 allow_is_causal_skip=skip,
             )
             cross_mask = create_bidirectional_mask(
@@ -422,7 +425,7 @@ class Seq2SeqTransformerStack(nn.Module):
                 encoder_hidden_states,
                 attention_mask=self_mask,
                 encoder_attention_mask=cross_mask,
-                past_key_values=past_key_values,
+                cache=cache,
                 use_cache=use_cache,
                 output_attentions=output_attentions,
             )
@@ -440,7 +443,7 @@ class Seq2SeqTransformerStack(nn.Module):
         if self.is_decoder:
             output = BaseModelOutputWithPastAndCrossAttentions(
                 last_hidden_state=hidden_states,
-                past_key_values=past_key_values,
+                **cache_field(cache),
                 hidden_states=all_hidden_states,
                 attentions=all_self_attentions,
                 cross_attentions=all_cross_attentions,
@@ -570,15 +573,19 @@ class Seq2SeqTransformerModel(Seq2SeqTransformerPreTrainedModel):
         decoder_input_ids: torch.LongTensor | None = None,
         decoder_attention_mask: torch.Tensor | None = None,
         encoder_outputs: BaseModelOutput | tuple | None = None,
-        past_key_values: EncoderDecoderCache | None = None,
+        cache: EncoderDecoderCache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        past_key_values: EncoderDecoderCache | None = None,
         **kwargs,
     ) -> Seq2SeqModelOutput | tuple:
+        r"""cache: the decoder's keys and values of earlier target tokens and the cross-attention's (an
+        `EncoderDecoderCache`; `past_key_values`, its name before transformers 5.24, works too)."""
+        cache = resolve_cache(cache, past_key_values)
         return_dict = _flag(return_dict, self.config, "return_dict", default=True)
         if encoder_outputs is None:
             if input_ids is None and inputs_embeds is None:
@@ -608,7 +615,7 @@ class Seq2SeqTransformerModel(Seq2SeqTransformerPreTrainedModel):
             attention_mask=decoder_attention_mask,
             encoder_hidden_states=encoder_outputs.last_hidden_state,
             encoder_attention_mask=attention_mask,
-            past_key_values=past_key_values,
+            cache=cache,
             inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
             output_attentions=output_attentions,
@@ -617,7 +624,7 @@ class Seq2SeqTransformerModel(Seq2SeqTransformerPreTrainedModel):
         )
         output = Seq2SeqModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
-            past_key_values=decoder_outputs.past_key_values,
+            **cache_field(output_cache(decoder_outputs)),
             decoder_hidden_states=decoder_outputs.hidden_states,
             decoder_attentions=decoder_outputs.attentions,
             cross_attentions=decoder_outputs.cross_attentions,
@@ -695,16 +702,16 @@ class Seq2SeqTransformerForConditionalGeneration(
         self.lm_head = value
 
     @staticmethod
-    def _reorder_cache(past_key_values, beam_idx: torch.LongTensor):
+    def _reorder_cache(cache, beam_idx: torch.LongTensor):
         """Beam search's per-step cache reordering (called by `GenerationMixin`): only the decoder self-attention
         cache is gathered. `beam_idx` only moves beams within one source sentence, and every beam of a sentence holds
         the same cross-attention keys and values (one encoder output, expanded), so gathering those would copy
         (batch x beams x source length x d_model x 2) values per layer and step for an identical result."""
-        if isinstance(past_key_values, EncoderDecoderCache):
-            reorder_cache_in_place(past_key_values.self_attention_cache, beam_idx)
+        if isinstance(cache, EncoderDecoderCache):
+            reorder_cache_in_place(cache.self_attention_cache, beam_idx)
         else:
-            reorder_cache_in_place(past_key_values, beam_idx)
-        return past_key_values
+            reorder_cache_in_place(cache, beam_idx)
+        return cache
 
     def create_masks_for_generate(self, attention_mask=None, **kwargs):
         """`generate` asks for the decoder's mask ahead of each step when the cache is static. Without a target
@@ -726,7 +733,7 @@ class Seq2SeqTransformerForConditionalGeneration(
         decoder_input_ids: torch.LongTensor | None = None,
         decoder_attention_mask: torch.Tensor | None = None,
         encoder_outputs: BaseModelOutput | tuple | None = None,
-        past_key_values: EncoderDecoderCache | None = None,
+        cache: EncoderDecoderCache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
@@ -734,12 +741,14 @@ class Seq2SeqTransformerForConditionalGeneration(
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        past_key_values: EncoderDecoderCache | None = None,
         **kwargs,
     ) -> Seq2SeqLMOutput | tuple:
         r"""labels: (B, T) target token ids, -100 where no loss is wanted (padding). When given and
         `decoder_input_ids` is not, the decoder inputs are the labels shifted right.
         num_items_in_batch (keyword, passed by Trainer): the number of non-ignored target tokens in the whole
         accumulated batch; the loss is then the sum over this batch divided by it."""
+        cache = resolve_cache(cache, past_key_values)
         return_dict = _flag(return_dict, self.config, "return_dict", default=True)
         if labels is not None:
             # Before the shift: an out-of-range label would otherwise be reported as a bad `decoder_input_ids`.
@@ -754,7 +763,7 @@ class Seq2SeqTransformerForConditionalGeneration(
             decoder_input_ids=decoder_input_ids,
             decoder_attention_mask=decoder_attention_mask,
             encoder_outputs=encoder_outputs,
-            past_key_values=past_key_values,
+            cache=cache,
             inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
@@ -771,7 +780,7 @@ class Seq2SeqTransformerForConditionalGeneration(
         output = Seq2SeqLMOutput(
             loss=loss,
             logits=logits,
-            past_key_values=outputs.past_key_values,
+            **cache_field(output_cache(outputs)),
             decoder_hidden_states=outputs.decoder_hidden_states,
             decoder_attentions=outputs.decoder_attentions,
             cross_attentions=outputs.cross_attentions,

@@ -38,6 +38,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .attention import eager_attention_forward, select_attention_kernel
+from .compat import cache_field, output_cache, resolve_cache
 from .compiled_decoding import GenerationWithCompiledDecoding, is_static_cache, reorder_cache_in_place
 from .configuration_sparse_transformer import PIXEL_LEVELS, SparseTransformerConfig
 from .hub_mixin import HubMixin
@@ -205,7 +206,7 @@ class SparseTransformerAttention(nn.Module):
         self,
         hidden_states: torch.Tensor,
         context: _AttentionContext,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         output_attentions: bool = False,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -214,8 +215,8 @@ class SparseTransformerAttention(nn.Module):
         query = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # (B, H, Tq, Dh)
         key = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # (B, H, Tq, Dh)
         value = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # (B, H, Tq, Dh)
-        if past_key_values is not None:
-            key, value = past_key_values.update(key, value, self.layer_idx)
+        if cache is not None:
+            key, value = cache.update(key, value, self.layer_idx)
             # A static cache returns its whole buffer; the slots after the current token are empty.
             key, value = key[:, :, : context.kv_length], value[:, :, : context.kv_length]  # (B, H, Tk, Dh)
         dropout = self.attention_dropout if self.training else 0.0
@@ -315,7 +316,7 @@ class SparseTransformerLayer(GradientCheckpointingLayer):
         self,
         hidden_states: torch.Tensor,
         context: _AttentionContext,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         output_attentions: bool = False,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -323,7 +324,7 @@ class SparseTransformerLayer(GradientCheckpointingLayer):
         hidden_states, attn_weights = self.self_attn(
             self.layernorm_before(hidden_states),
             context,
-            past_key_values=past_key_values,
+            cache=cache,
             output_attentions=output_attentions,
             **kwargs,
         )
@@ -369,14 +370,15 @@ class SparseTransformerPreTrainedModel(HubMixin, PreTrainedModel):
             init.ones_(module.weight)
             init.zeros_(module.bias)
 
-    def create_masks_for_generate(self, attention_mask=None, past_key_values=None, **kwargs):
+    def create_masks_for_generate(self, attention_mask=None, cache=None, past_key_values=None, **kwargs):
         """`generate` with a static cache asks for a 4-D mask prepared in advance (a plain causal one by default,
         which would drop the sparse pattern): keep the 2-D padding mask, the model builds its own masks. It grows by
         one column per step; padded with zeros to the cache's length it keeps one shape, which the compiled
         decoding step needs (a new shape would be a new graph)."""
-        if attention_mask is None or attention_mask.dim() != 2 or not is_static_cache(past_key_values):
+        cache = resolve_cache(cache, past_key_values)
+        if attention_mask is None or attention_mask.dim() != 2 or not is_static_cache(cache):
             return attention_mask
-        missing = past_key_values.get_max_length() - attention_mask.shape[1]
+        missing = cache.get_max_length() - attention_mask.shape[1]
         return nn.functional.pad(attention_mask, (0, missing)) if missing > 0 else attention_mask
 
 
@@ -404,14 +406,18 @@ class SparseTransformerModel(SparseTransformerPreTrainedModel):
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        past_key_values: Cache | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPast | tuple:
+        r"""cache: the keys and values of earlier tokens (a `Cache`; `past_key_values`, its name before transformers
+        5.24, works too). Returned, updated, in the output field the installed transformers reads."""
+        cache = resolve_cache(cache, past_key_values)
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of `input_ids` (batch, seq) and `inputs_embeds` (batch, seq, hidden).")
         if input_ids is not None:
@@ -431,15 +437,15 @@ class SparseTransformerModel(SparseTransformerPreTrainedModel):
         kwargs.pop("num_items_in_batch", None)
 
         batch_size, seq_len = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
-        if use_cache and past_key_values is None:
-            past_key_values = DynamicCache(config=self.config)
+        if use_cache and cache is None:
+            cache = DynamicCache(config=self.config)
         if not use_cache:
-            past_key_values = None
-        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+            cache = None
+        past_length = cache.get_seq_length() if cache is not None else 0
         # A static cache (compiled decoding) has buffers of a fixed length, which a 2-D mask may span (`generate`
         # pads it so, see `create_masks_for_generate`); once filled it counts its tokens in a 0-d tensor that each
         # layer's update advances in place, and the attention then runs over all its slots (`_static_context`).
-        static_length = past_key_values.get_max_length() if is_static_cache(past_key_values) else None
+        static_length = cache.get_max_length() if is_static_cache(cache) else None
         if attention_mask is not None and not (torch.is_tensor(past_length) and tracing()):
             # During generation the mask covers the cached tokens and the new ones.
             past = int(past_length) if torch.is_tensor(past_length) else past_length  # int() would freeze an export
@@ -483,7 +489,7 @@ class SparseTransformerModel(SparseTransformerPreTrainedModel):
             hidden_states, attn_weights = layer(
                 hidden_states,
                 context,
-                past_key_values=past_key_values,
+                cache=cache,
                 output_attentions=output_attentions,
                 **kwargs,
             )
@@ -497,7 +503,7 @@ class SparseTransformerModel(SparseTransformerPreTrainedModel):
 
         output = BaseModelOutputWithPast(
             last_hidden_state=hidden_states,
-            past_key_values=past_key_values if use_cache else None,
+            **cache_field(cache if use_cache else None),
             hidden_states=all_hidden_states,
             attentions=all_attentions,
         )
@@ -592,11 +598,11 @@ class SparseTransformerForCausalLM(GenerationWithCompiledDecoding, SparseTransfo
         self.model.embeddings.embed_tokens = value
 
     @staticmethod
-    def _reorder_cache(past_key_values: Cache, beam_idx: torch.LongTensor) -> Cache:
+    def _reorder_cache(cache: Cache, beam_idx: torch.LongTensor) -> Cache:
         """Beam search's per-step cache reordering (called by `GenerationMixin`); a static cache's buffers are
         rewritten in place, where the compiled decoding step reads them."""
-        reorder_cache_in_place(past_key_values, beam_idx)
-        return past_key_values
+        reorder_cache_in_place(cache, beam_idx)
+        return cache
 
     def get_output_embeddings(self) -> nn.Module:
         return self.lm_head
@@ -609,7 +615,7 @@ class SparseTransformerForCausalLM(GenerationWithCompiledDecoding, SparseTransfo
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
@@ -617,8 +623,10 @@ class SparseTransformerForCausalLM(GenerationWithCompiledDecoding, SparseTransfo
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         logits_to_keep: int = 0,
+        past_key_values: Cache | None = None,
         **kwargs: Any,
     ) -> CausalLMOutputWithPast | tuple:
+        cache = resolve_cache(cache, past_key_values)
         return_dict = _flag(return_dict, self.config, "return_dict", default=True)
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
         if labels is not None:
@@ -627,7 +635,7 @@ class SparseTransformerForCausalLM(GenerationWithCompiledDecoding, SparseTransfo
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=past_key_values,
+            cache=cache,
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
             output_attentions=output_attentions,
@@ -643,7 +651,7 @@ class SparseTransformerForCausalLM(GenerationWithCompiledDecoding, SparseTransfo
         output = CausalLMOutputWithPast(
             loss=loss,
             logits=logits,
-            past_key_values=outputs.past_key_values,
+            **cache_field(output_cache(outputs)),
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
         )
@@ -750,7 +758,7 @@ class SparseTransformerForImageGeneration(SparseTransformerForCausalLM):
         pixel_values: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
@@ -758,6 +766,7 @@ class SparseTransformerForImageGeneration(SparseTransformerForCausalLM):
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         logits_to_keep: int = 0,
+        past_key_values: Cache | None = None,
         **kwargs: Any,
     ) -> CausalLMOutputWithPast | tuple:
         r"""pixel_values: integer images (B, C, H, W) or (B, H, W), 0..255: the model reads them shifted by the start
@@ -767,11 +776,12 @@ class SparseTransformerForImageGeneration(SparseTransformerForCausalLM):
         With transformers' `Trainer`, batches of `pixel_values` alone train on this loss (gradient accumulation
         included, as with `labels`); for `evaluate` to report `eval_loss` without a `labels` column, set
         `TrainingArguments(label_names=["pixel_values"])`."""
+        cache = resolve_cache(cache, past_key_values)
         return_dict = _flag(return_dict, self.config, "return_dict", default=True)
         if pixel_values is None:
             output = super().forward(
                 input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                past_key_values=past_key_values, inputs_embeds=inputs_embeds, labels=labels, use_cache=use_cache,
+                cache=cache, inputs_embeds=inputs_embeds, labels=labels, use_cache=use_cache,
                 output_attentions=output_attentions, output_hidden_states=output_hidden_states, return_dict=True,
                 logits_to_keep=logits_to_keep, **kwargs,
             )  # fmt: skip
@@ -811,7 +821,7 @@ class SparseTransformerForImageGeneration(SparseTransformerForCausalLM):
         output = CausalLMOutputWithPast(
             loss=loss,
             logits=logits,
-            past_key_values=outputs.past_key_values,
+            **cache_field(output_cache(outputs)),
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
         )

@@ -15,8 +15,9 @@ query/key/value (B, H, T, D), returning the output as (B, T, H, D) and the weigh
 
 Private ops: "sparse_block" calls `aten._scaled_dot_product_flash_attention_for_cpu` and its backward (the only
 CPU attention ops that return the log-sum-exp) only if their schemas equal `FLASH_FORWARD_SCHEMA` /
-`FLASH_BACKWARD_SCHEMA` (tested); otherwise (`FLASH_OPS_AVAILABLE` False) the same parts run on public matmul /
-logsumexp ops, about 2x slower, with the same results.
+`FLASH_BACKWARD_SCHEMA` (checked once, in `compat.cpu_flash_attention_ops`; tested); otherwise
+(`FLASH_OPS_AVAILABLE` False) the same parts run on public matmul / logsumexp ops, about 2x slower, with the same
+results.
 
 Attribute contract of the attention `module` (kwargs of the same names override them):
 - `sparse_pattern`: a `SparsePattern` (required); its `mode` says how the layer uses the parts: "merged" (the
@@ -43,11 +44,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import eager_attention_forward, sparse_padding_mask
+from .compat import FLASH_BACKWARD_SCHEMA, FLASH_FORWARD_SCHEMA, cpu_flash_attention_ops
 from .sparse_layouts import SparsePattern, allowed_key_indices, check_mode
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "FLASH_BACKWARD_SCHEMA",
+    "FLASH_FORWARD_SCHEMA",
     "FLASH_OPS_AVAILABLE",
     "SPARSE_KERNELS",
     "allowed_key_indices",
@@ -60,31 +64,7 @@ __all__ = [
     "sparse_padding_mask",
 ]
 
-# ------------------------------------------------------------------------------------- private CPU flash ops (pinned)
-FLASH_FORWARD_SCHEMA = (
-    "aten::_scaled_dot_product_flash_attention_for_cpu(Tensor query, Tensor key, Tensor value, float dropout_p=0., "
-    "bool is_causal=False, *, Tensor? attn_mask=None, float? scale=None) -> (Tensor output, Tensor logsumexp)"
-)
-FLASH_BACKWARD_SCHEMA = (
-    "aten::_scaled_dot_product_flash_attention_for_cpu_backward(Tensor grad_out, Tensor query, Tensor key, "
-    "Tensor value, Tensor out, Tensor logsumexp, float dropout_p, bool is_causal, *, Tensor? attn_mask=None, "
-    "float? scale=None) -> (Tensor grad_query, Tensor grad_key, Tensor grad_value)"
-)
-
-
-def _flash_ops():
-    """The private flash-for-cpu ops if their schemas are exactly the pinned ones, else None (public fallback)."""
-    try:
-        fwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
-        bwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
-    except (AttributeError, RuntimeError):
-        return None
-    if str(fwd._schema) != FLASH_FORWARD_SCHEMA or str(bwd._schema) != FLASH_BACKWARD_SCHEMA:
-        return None
-    return fwd, bwd
-
-
-_FLASH = _flash_ops()
+_FLASH = cpu_flash_attention_ops()  # (forward, backward) or None: see compat.py
 FLASH_OPS_AVAILABLE = _FLASH is not None
 _FLASH_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 _logged: set[str] = set()

@@ -18,6 +18,7 @@ from transformers import CompileConfig
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache, StaticCache
 
 from hf_vit_plus.generation import compiled_generation_config, decompose_row_matmuls, row_matmul_pass
+from hf_vit_plus.models.compat import CACHE_NAMES, cache_from_kwargs
 from hf_vit_plus.models.compiled_decoding import reorder_cache_in_place
 from tests.conftest import MODEL_CASES
 from tests.test_common import GENERATION_MODES, _prompt
@@ -76,7 +77,7 @@ def test_static_cache_compiles_by_default_on_cpu_and_only_the_decoding_steps(mon
         call = original(self, TRACE_ONLY)  # keep the test fast: same routing, dynamo tracing only
 
         def counted(**kwargs):
-            compiled_calls.append(int(kwargs["past_key_values"].self_attention_cache.get_seq_length()))
+            compiled_calls.append(int(cache_from_kwargs(kwargs).self_attention_cache.get_seq_length()))
             return call(**kwargs)
 
         return counted
@@ -119,8 +120,9 @@ def test_a_given_compile_config_is_used_on_cpu_and_left_untouched():
     assert resolve(None, {"cache_implementation": "static", "disable_compile": True}) is None
     assert resolve(None, {"cache_implementation": "static", "use_cache": False}) is None
     static_cache = EncoderDecoderCache(StaticCache(config=model.config, max_cache_len=8), DynamicCache())
-    assert resolve(None, {"past_key_values": static_cache}) == compiled_generation_config("cpu")
-    assert resolve(None, {"past_key_values": EncoderDecoderCache(DynamicCache(), DynamicCache())}) is None
+    for name in CACHE_NAMES:  # the cache given to `generate` under its new or its old name
+        assert resolve(None, {name: static_cache}) == compiled_generation_config("cpu")
+    assert resolve(None, {"cache": EncoderDecoderCache(DynamicCache(), DynamicCache())}) is None
     with pytest.raises(TypeError, match="CompileConfig"):
         resolve(None, {"cache_implementation": "static", "compile_config": {"fullgraph": True}})
 

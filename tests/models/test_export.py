@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from hf_vit_plus.models.compat import output_cache
 from tests.conftest import MODEL_CASES
 
 pytest.importorskip("onnx")
@@ -90,7 +91,7 @@ def test_seq2seq_encoder_output_and_cross_attention_cache_match(exported, case_i
         expected = model.get_encoder()(ids, attention_mask=mask).last_hidden_state
         # the cross-attention keys/values the model caches at the first decoding step
         start = torch.full((ids.shape[0], 1), model.config.decoder_start_token_id)
-        cache = model(input_ids=ids, attention_mask=mask, decoder_input_ids=start, use_cache=True).past_key_values
+        cache = output_cache(model(input_ids=ids, attention_mask=mask, decoder_input_ids=start, use_cache=True))
     np.testing.assert_allclose(hidden, expected.numpy(), atol=1e-4, rtol=1e-4)
     assert len(cross) == 2 * model.config.decoder_layers
     for i, layer in enumerate(cache.cross_attention_cache.layers):

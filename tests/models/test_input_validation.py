@@ -14,6 +14,7 @@ from hf_vit_plus import (
     SparseTransformerConfig,
     SparseTransformerForCausalLM,
 )
+from hf_vit_plus.models.compat import output_cache
 
 VOCAB = 20
 MAX_POSITIONS = 32
@@ -168,13 +169,13 @@ def test_mask_during_cached_decoding_must_cover_past_and_new_tokens(family):
     model = MODELS[family]()
     if family == "seq2seq":
         first = model(input_ids=SRC, decoder_input_ids=TGT, use_cache=True)
-        step = dict(input_ids=SRC, decoder_input_ids=ids([4], [5]), past_key_values=first.past_key_values)
+        step = dict(input_ids=SRC, decoder_input_ids=ids([4], [5]), cache=output_cache(first))
         mask_name, given = "decoder_attention_mask", "decoder_input_ids"
     else:
         first = model(input_ids=SRC[:, :3], use_cache=True)
-        step = dict(input_ids=ids([4], [5]), past_key_values=first.past_key_values)
+        step = dict(input_ids=ids([4], [5]), cache=output_cache(first))
         mask_name, given = "attention_mask", "input_ids"
-    past = first.past_key_values.get_seq_length()
+    past = output_cache(first).get_seq_length()
     assert past == 3
     expected = rf"`{mask_name}` has shape \(2, 1\).*`{given}` of shape \(2, 1\) after 3 cached tokens.*\(2, 4\)"
     with pytest.raises(ValueError, match=expected):

@@ -17,6 +17,7 @@ from hf_vit_plus import (
     Seq2SeqTransformerModel,
 )
 from hf_vit_plus.conversion.nn_transformer import config_from_torch_transformer, seq2seq_from_torch_transformer
+from hf_vit_plus.models.compat import enable_activation_checkpointing, output_cache
 from hf_vit_plus.models.positional import sinusoidal_position_table
 from tests.utils import run_without_package
 
@@ -281,10 +282,10 @@ def test_decoder_positions_follow_the_cache(trained_model, eval_batch):
                 attention_mask=mask,
                 encoder_outputs=encoder_outputs,
                 decoder_input_ids=decoder_input_ids[:, t : t + 1],
-                past_key_values=past,
+                cache=past,
                 use_cache=True,
             )
-            past = out.past_key_values
+            past = output_cache(out)
             steps.append(out.logits)
     assert past.get_seq_length() == decoder_input_ids.shape[1]
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
@@ -409,7 +410,7 @@ def test_activation_checkpointing_gives_the_same_gradients():
     grads = []
     for checkpointing in (False, True):
         if checkpointing:
-            model.activation_checkpointing_enable()
+            enable_activation_checkpointing(model)
             assert model.model.decoder.layers[0].gradient_checkpointing
         model.zero_grad()
         model(input_ids=src, attention_mask=mask, labels=labels).loss.backward()

@@ -15,6 +15,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from hf_vit_plus import SparseTransformerConfig, SparseTransformerForCausalLM, SparseTransformerModel
 from hf_vit_plus.data.text import BYTE_VOCAB_SIZE, byte_tokenizer, load_stdlib_text, random_windows, sequential_windows
+from hf_vit_plus.models.compat import enable_activation_checkpointing, output_cache
 from hf_vit_plus.models.sparse_layouts import allowed_key_indices
 from tests.utils import run_without_package
 
@@ -127,7 +128,7 @@ def test_sequence_longer_than_max_positions_raises_naming_both():
     # Through the cache: 60 cached tokens plus 10 new ones.
     out = model(torch.ones(1, 60, dtype=torch.long), use_cache=True)
     with pytest.raises(ValueError, match=rf"70 positions.*\({CONTEXT}\)"):
-        model(torch.ones(1, 10, dtype=torch.long), past_key_values=out.past_key_values, use_cache=True)
+        model(torch.ones(1, 10, dtype=torch.long), cache=output_cache(out), use_cache=True)
 
 
 # ------------------------------------------------------------------------------------------- attention kernels
@@ -196,7 +197,7 @@ def test_decoding_step_attends_only_to_allowed_cache_entries():
     ids = torch.randint(3, BYTE_VOCAB_SIZE, (1, 30))
     with torch.no_grad():
         prefill = model(ids[:, :29], use_cache=True)
-        step = model(ids[:, 29:], past_key_values=prefill.past_key_values, output_attentions=True)
+        step = model(ids[:, 29:], cache=output_cache(prefill), output_attentions=True)
         full = model(ids, output_attentions=True)
     attention = model.model.layers[0].self_attn
     for head, part in enumerate(attention.head_parts):
@@ -246,7 +247,7 @@ def test_activation_checkpointing_recomputes_and_gives_the_same_gradients():
         return [p.grad.clone() for p in model.parameters()], len(calls)
 
     plain, plain_calls = grads()
-    model.activation_checkpointing_enable()
+    enable_activation_checkpointing(model)
     assert all(layer.gradient_checkpointing for layer in model.model.layers)
     checkpointed, checkpointed_calls = grads()
     assert (plain_calls, checkpointed_calls) == (1, 2)  # the backward pass ran the block again

@@ -1,0 +1,139 @@
+"""The one place where the models meet differences between the transformers releases they support (5.20 onwards).
+
+A checkpoint carries this file with the model code (remote code), so a model saved under one release runs under
+whatever release the loading user has. Nothing here compares version numbers: each item asks the installed
+transformers what it does, so a release that changes it again is met by the same test. The modeling files call the
+helpers below and never look at `transformers.__version__`.
+
+- 5.24 renamed the generation cache from `past_key_values` to `cache`: `generate` passes it to `forward` as
+  `cache=...`, reads it back from the output field `cache` (the output dataclasses renamed the field), and the mask
+  builders of `transformers.masking_utils` take `cache=...`. The old names still work there until 5.40, with a
+  deprecation message on every call. Our `forward` methods take the cache under either name (`resolve_cache`), return
+  it in the field the installed release reads (`cache_field`, `output_cache`), and call the mask builders with the
+  keyword they declare (`mask_cache_argument`).
+- 5.23 renamed `gradient_checkpointing_enable` / `_disable` to `activation_checkpointing_enable` / `_disable` (the
+  old names warn since): `enable_activation_checkpointing` and `disable_activation_checkpointing` call whichever the
+  installed release has.
+
+And one from torch: the block-sparse CPU kernel calls torch's private flash-attention-for-CPU ops (the only CPU
+attention ops that return the log-sum-exp) only while their schemas are exactly those it was written for
+(`cpu_flash_attention_ops`); otherwise it runs the same computation on public ops.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+import torch
+from transformers import masking_utils
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+# The name of the cache in the installed release: the `forward` keyword `generate` passes, and the output field it
+# reads back ("cache" from 5.24, "past_key_values" before).
+_OUTPUT_FIELDS = {field.name for field in dataclasses.fields(CausalLMOutputWithPast)}
+CACHE_NAME = "cache" if "cache" in _OUTPUT_FIELDS else "past_key_values"
+# Every name a cache may arrive under, newest first (a config's `keys_to_ignore_at_inference` lists them all).
+CACHE_NAMES = ("cache", "past_key_values")
+_MASK_PARAMETERS = inspect.signature(masking_utils.create_causal_mask).parameters
+_MASK_CACHE_NAME = "cache" if "cache" in _MASK_PARAMETERS else "past_key_values"
+
+
+def resolve_cache(cache, past_key_values):
+    """The cache a `forward` was given as `cache` or as `past_key_values` (its name before transformers 5.24).
+
+    Either name works on every release; both at once is a ValueError, unless they are the same object."""
+    if past_key_values is None:
+        return cache
+    if cache is not None and cache is not past_key_values:
+        raise ValueError(
+            "Pass the cache once, as `cache` (or under its older name `past_key_values`), not both: got two "
+            f"different objects ({type(cache).__name__} and {type(past_key_values).__name__})."
+        )
+    return past_key_values
+
+
+def cache_from_kwargs(kwargs: dict):
+    """The cache in a dict of keyword arguments (e.g. those given to `generate` or to a model call) under any of its
+    names, or None."""
+    for name in CACHE_NAMES:
+        if kwargs.get(name) is not None:
+            return kwargs[name]
+    return None
+
+
+def cache_field(cache) -> dict:
+    """`{field: cache}` for a transformers output dataclass: `Output(logits=..., **cache_field(cache))`."""
+    return {CACHE_NAME: cache}
+
+
+def output_cache(outputs):
+    """The cache of a transformers output dataclass (its `cache` or `past_key_values` field)."""
+    return getattr(outputs, CACHE_NAME)
+
+
+def mask_cache_argument(cache) -> dict:
+    """`{keyword: cache}` for `masking_utils.create_causal_mask` and its siblings."""
+    return {_MASK_CACHE_NAME: cache}
+
+
+def enable_activation_checkpointing(model, checkpointing_kwargs: dict | None = None) -> None:
+    """Recompute every layer's activations in the backward pass (transformers' activation checkpointing), with
+    `checkpointing_kwargs` for `torch.utils.checkpoint` (e.g. `{"use_reentrant": False}`)."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs=checkpointing_kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpointing_kwargs)
+
+
+
+def disable_activation_checkpointing(model) -> None:
+    """Undo `enable_activation_checkpointing`."""
+    disable = getattr(model, "activation_checkpointing_disable", None)
+    if disable is not None:
+        disable()
+    else:
+        model.gradient_checkpointing_disable()
+
+
+
+FLASH_FORWARD_SCHEMA = (
+    "aten::_scaled_dot_product_flash_attention_for_cpu(Tensor query, Tensor key, Tensor value, float dropout_p=0., "
+    "bool is_causal=False, *, Tensor? attn_mask=None, float? scale=None) -> (Tensor output, Tensor logsumexp)"
+)
+FLASH_BACKWARD_SCHEMA = (
+    "aten::_scaled_dot_product_flash_attention_for_cpu_backward(Tensor grad_out, Tensor query, Tensor key, "
+    "Tensor value, Tensor out, Tensor logsumexp, float dropout_p, bool is_causal, *, Tensor? attn_mask=None, "
+    "float? scale=None) -> (Tensor grad_query, Tensor grad_key, Tensor grad_value)"
+)
+
+
+def cpu_flash_attention_ops():
+    """torch's private (forward, backward) flash-attention-for-CPU ops if their schemas are exactly
+    `FLASH_FORWARD_SCHEMA` / `FLASH_BACKWARD_SCHEMA` (torch 2.14 and 2.15), else None: the caller then uses public
+    ops."""
+    try:
+        forward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+        backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+    except (AttributeError, RuntimeError):
+        return None
+    if str(forward._schema) != FLASH_FORWARD_SCHEMA or str(backward._schema) != FLASH_BACKWARD_SCHEMA:
+        return None
+    return forward, backward
+
+
+__all__ = [
+    "CACHE_NAME",
+    "FLASH_BACKWARD_SCHEMA",
+    "FLASH_FORWARD_SCHEMA",
+    "CACHE_NAMES",
+    "cache_field",
+    "cache_from_kwargs",
+    "cpu_flash_attention_ops",
+    "disable_activation_checkpointing",
+    "enable_activation_checkpointing",
+    "mask_cache_argument",
+    "output_cache",
+    "resolve_cache",
+]
