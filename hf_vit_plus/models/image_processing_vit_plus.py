@@ -9,6 +9,7 @@ input into one grey channel, whatever it arrives as: the pipeline opens image fi
 from __future__ import annotations
 
 import numpy as np
+import PIL.Image
 import torch
 from transformers.image_utils import ChannelDimension
 from transformers.models.vit.image_processing_vit import ViTImageProcessor
@@ -44,6 +45,33 @@ def rgb_to_luma(image: torch.Tensor) -> torch.Tensor:
     # other integer images: luma in float64, rounded back
     weights = torch.tensor(_LUMA, dtype=torch.float64, device=image.device)
     return (image.double() * weights[:, None, None]).sum(0, keepdim=True).round().to(image.dtype)
+
+
+def pil_to_rgb(image: PIL.Image.Image) -> PIL.Image.Image:
+    """A PIL image in any mode as RGB, transparency composited onto white (what transformers does from release 5.21
+    on; 5.20 dropped the alpha channel)."""
+    if "A" in image.getbands() or image.info.get("transparency") is not None:
+        background = PIL.Image.new("RGBA", image.size, (255, 255, 255, 255))
+        return PIL.Image.alpha_composite(background, image.convert("RGBA")).convert("RGB")
+    return image if image.mode == "RGB" else image.convert("RGB")
+
+
+def channels_to_rgb(image: torch.Tensor) -> torch.Tensor:
+    """A channels-first image (C, H, W) with 1 (grey), 3 or 4 (RGBA, composited onto white) channels -> (3, H, W).
+
+    transformers' processors do this for arrays and tensors only from release 5.21 on (5.20 left a grey array with
+    one channel); done here, the processor gives the same pixels on every release."""
+    if image.ndim != 3 or image.shape[0] not in (1, 3, 4):
+        return image  # rgb_to_luma / the model's own checks name a shape that cannot be an image
+    if image.shape[0] == 1:
+        return image.expand(3, -1, -1).contiguous()
+    if image.shape[0] == 4:
+        dtype = image.dtype
+        scale = 255.0 if dtype == torch.uint8 else 1.0
+        rgba = image.float() / scale
+        rgb = rgba[:3] * rgba[3:] + (1 - rgba[3:])  # onto white, as PIL's RGBA -> RGB conversion in transformers
+        return (rgb * scale).round().to(dtype) if dtype == torch.uint8 else rgb.to(dtype)
+    return image
 
 
 def with_channel_axis(images):
@@ -83,14 +111,17 @@ class ViTPlusImageProcessor(ViTImageProcessor):
     ) -> torch.Tensor:
         """One raw image (PIL in any mode, numpy or torch, with or without a channel axis) as a channels-first
         tensor: RGB (`do_convert_rgb`) or grey (`do_convert_grayscale`, via RGB so every PIL mode is handled)."""
+        if isinstance(image, PIL.Image.Image) and (do_convert_rgb or do_convert_grayscale):
+            image = pil_to_rgb(image)
         if not do_convert_grayscale:
-            return super().process_image(
+            image = super().process_image(
                 image, do_convert_rgb=do_convert_rgb, input_data_format=input_data_format, device=device, **kwargs
             )
+            return channels_to_rgb(image) if do_convert_rgb else image
         rgb = super().process_image(
             image, do_convert_rgb=True, input_data_format=input_data_format, device=device, **kwargs
         )
-        return rgb_to_luma(rgb)
+        return rgb_to_luma(channels_to_rgb(rgb))
 
     @classmethod
     def from_model_config(cls, config, **kwargs) -> ViTPlusImageProcessor:
@@ -109,4 +140,4 @@ class ViTPlusImageProcessor(ViTImageProcessor):
         return cls(size=size, **kwargs)
 
 
-__all__ = ["ViTPlusImageProcessor", "rgb_to_luma"]
+__all__ = ["ViTPlusImageProcessor", "channels_to_rgb", "rgb_to_luma"]

@@ -40,6 +40,7 @@ from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, set_
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
+from ..models.compat import disable_activation_checkpointing, enable_activation_checkpointing
 from .args import TrainingArguments
 from .families import Family, TrainingData, get_family
 
@@ -307,7 +308,7 @@ def prepare_run(accelerator: Accelerator, args: TrainingArguments, family: Famil
     if args.activation_checkpointing:
         if not getattr(model, "supports_gradient_checkpointing", False):
             raise ValueError(f"{type(model).__name__} does not support --activation_checkpointing.")
-        model.activation_checkpointing_enable()
+        enable_activation_checkpointing(model)
 
     loaders = make_dataloaders(args, datasets, family.collate_fn(processor), accelerator.num_processes)
     optimizer = family.create_optimizer(model, args)
@@ -412,7 +413,11 @@ def train_epoch(run: Run, progress: Progress, epoch: int, skip: int, bar) -> boo
     accelerator = run.accelerator
     run.model.train()
     run.train_dataloader.set_epoch(epoch)
-    batches = accelerator.skip_first_batches(run.train_dataloader, skip) if skip else run.train_dataloader
+    batches = run.train_dataloader
+    if skip:
+        batches = accelerator.skip_first_batches(run.train_dataloader, skip)
+        # The skipping loader must shuffle as this epoch does: before accelerate 1.15 it started again at epoch 0.
+        batches.set_epoch(epoch)
     batches_in_epoch = skip
     for batch in batches:
         loss = training_step(run, batch)
@@ -565,7 +570,7 @@ def save_final(run: Run, eval_metrics: dict[str, float], log_history: list[dict]
     unwrapped = accelerator.unwrap_model(run.model)
     state_dict = accelerator.get_state_dict(run.model)  # collective under FSDP/DeepSpeed: every process calls it
     if args.activation_checkpointing:
-        unwrapped.activation_checkpointing_disable()
+        disable_activation_checkpointing(unwrapped)
     files: list[Path] = []
     if accelerator.is_main_process:
         # written next to the folder, then moved in file by file: no half-written weights under their final name

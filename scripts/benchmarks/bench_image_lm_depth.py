@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from hf_vit_plus import SparseTransformerForImageGeneration
+from hf_vit_plus.models.compat import enable_activation_checkpointing
 
 sys.path.insert(0, str(Path(__file__).parent))  # bench_image_lm: the data and the model of the experiments
 
@@ -59,8 +60,8 @@ def build(args: argparse.Namespace, height: int, width: int) -> SparseTransforme
 
 
 def enable_recomputation(model) -> None:
-    """Activation checkpointing of every block (transformers 5 renamed `gradient_checkpointing_enable`)."""
-    (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
+    """Activation checkpointing of every block."""
+    enable_activation_checkpointing(model)
 
 
 def load(dataset: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,6 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from hf_vit_plus import SparseTransformerConfig, SparseTransformerForCausalLM, SparseTransformerForImageGeneration
+from hf_vit_plus.models.compat import enable_activation_checkpointing
 from tests.utils import run_without_package
 
 TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
@@ -126,7 +127,7 @@ def test_gradient_checkpointing_gives_the_same_gradients():
     for checkpointing in (False, True):
         model = _model("strided").train()
         if checkpointing:
-            model.gradient_checkpointing_enable()
+            enable_activation_checkpointing(model)
         model(pixel_values=_pixels(2, 1, 6, 5)).loss.backward()
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-5, atol=1e-7)

@@ -10,6 +10,7 @@ from transformers import AutoModel, AutoModelForImageClassification
 
 from hf_vit_plus import ViTPlusConfig, ViTPlusForImageClassification, ViTPlusModel
 from hf_vit_plus.conversion import vit_plus_from_timm, vit_plus_from_transformers
+from hf_vit_plus.models.compat import enable_activation_checkpointing
 
 TINY = dict(
     hidden_size=32,
@@ -238,8 +239,8 @@ def test_training_step_gives_finite_gradients_and_learns():
 def test_activation_checkpointing_gives_the_same_gradients():
     reference = tiny_model(hidden_dropout_prob=0.0).train()
     checkpointed = copy.deepcopy(reference)
-    checkpointed.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    assert checkpointed.is_gradient_checkpointing
+    enable_activation_checkpointing(checkpointed, {"use_reentrant": False})
+    assert any(getattr(module, "gradient_checkpointing", False) for module in checkpointed.modules())
     x, labels = pixels(4), torch.tensor([0, 1, 2, 3])
     reference(x, labels=labels).loss.backward()
     checkpointed(x, labels=labels).loss.backward()
