@@ -11,7 +11,11 @@ export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM := false
 PYTEST_ARGS ?= -n 2 --dist loadfile --durations=15
 
-.PHONY: demo test test-slow lint format bench clean venv venv-test
+.PHONY: demo test test-oldest test-slow lint format bench clean venv venv-test env
+
+# The oldest releases the package supports (pyproject's lower bounds), in an environment of their own.
+OLDEST_VENV ?= .venv-oldest
+OLDEST_CONSTRAINTS := .ci/constraints-oldest.txt
 
 $(VENV)/.stamp-base: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,6 +29,12 @@ $(VENV)/.stamp-test: pyproject.toml
 	$(PIP) install -q -e ".[test]"
 	touch $(VENV)/.stamp-base $@
 
+$(OLDEST_VENV)/.stamp-test: pyproject.toml $(OLDEST_CONSTRAINTS)
+	test -x $(OLDEST_VENV)/bin/python || $(PYTHON) -m venv $(OLDEST_VENV)
+	$(OLDEST_VENV)/bin/python -m pip --disable-pip-version-check install -q --upgrade pip
+	$(OLDEST_VENV)/bin/python -m pip --disable-pip-version-check install -q -c $(OLDEST_CONSTRAINTS) -e ".[test]"
+	touch $@
+
 venv: $(VENV)/.stamp-base
 venv-test: $(VENV)/.stamp-test
 
@@ -35,8 +45,20 @@ demo: $(VENV)/.stamp-base
 # autograd: they run first, in a fresh interpreter of their own; the rest runs on 2 pytest-xdist workers.
 DISTRIBUTED_TESTS := tests/training/test_training_distributed.py
 test: $(VENV)/.stamp-test
+	$(VENV)/bin/hf-vit-plus env
 	OMP_NUM_THREADS=1 $(PY) -m pytest -p no:xdist -q $(DISTRIBUTED_TESTS)
 	OMP_NUM_THREADS=1 $(PY) -m pytest $(PYTEST_ARGS) --ignore=$(DISTRIBUTED_TESTS) tests
+
+# The same suite on the oldest supported releases (see README, "Supported releases"). Where .venv exists too, the
+# checkpoints saved under one environment's transformers are also run under the other's (tests/test_compat.py).
+test-oldest: $(OLDEST_VENV)/.stamp-test
+	$(OLDEST_VENV)/bin/hf-vit-plus env
+	OMP_NUM_THREADS=1 $(OLDEST_VENV)/bin/python -m pytest -p no:xdist -q $(DISTRIBUTED_TESTS)
+	OMP_NUM_THREADS=1 HF_VIT_PLUS_OTHER_PYTHON=$(if $(wildcard $(PY)),$(CURDIR)/$(PY),) \
+		$(OLDEST_VENV)/bin/python -m pytest $(PYTEST_ARGS) --ignore=$(DISTRIBUTED_TESTS) tests
+
+env: $(VENV)/.stamp-base
+	$(VENV)/bin/hf-vit-plus env
 
 test-slow: $(VENV)/.stamp-test
 	$(PY) -m pytest -m slow tests
@@ -53,4 +75,4 @@ bench: $(VENV)/.stamp-test
 	$(PY) scripts/benchmarks/bench_vit.py
 
 clean:
-	rm -rf $(VENV) .cache outputs .pytest_cache
+	rm -rf $(VENV) $(OLDEST_VENV) .cache outputs .pytest_cache

@@ -23,6 +23,7 @@ COMMAND_MODULES = [
     "hf_vit_plus.hub.cli",
     "hf_vit_plus.export_cli",
     "hf_vit_plus.sample_cli",
+    "hf_vit_plus.env_cli",
 ]
 
 

@@ -2,9 +2,47 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import pytest
+
+# Deprecation notices that the ecosystem logs (instead of a FutureWarning, which pyproject's filterwarnings turns into
+# an error): transformers 5.24 announced the rename of `past_key_values` to `cache` only this way. Each test fails on
+# one that our code causes, so that the next rename is found while the old name still works. A notice that cannot be
+# avoided goes here by its exact text, with the reason.
+ECOSYSTEM_LOGGERS = ("transformers", "accelerate", "huggingface_hub", "datasets", "torch")
+ALLOWED_DEPRECATION_NOTICES: dict[str, str] = {}
+
+
+class _DeprecationNotices(logging.Handler):
+    def __init__(self):
+        super().__init__(level=logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if "deprecat" in message.lower() and message not in ALLOWED_DEPRECATION_NOTICES:
+            self.messages.append(f"{record.name}: {message}")
+
+
+@pytest.fixture(autouse=True)
+def no_deprecation_notices():
+    """Fails the test when transformers, accelerate, huggingface_hub, datasets or torch logs a deprecation notice."""
+    warning_once = getattr(logging.Logger, "warning_once", None)  # transformers' once-per-process cache
+    if warning_once is not None and hasattr(warning_once, "cache_clear"):
+        warning_once.cache_clear()
+    handler = _DeprecationNotices()
+    loggers = [logging.getLogger(name) for name in ECOSYSTEM_LOGGERS]
+    for logger in loggers:
+        logger.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)
+    if handler.messages:
+        pytest.fail("deprecation notices logged during the test:\n" + "\n".join(handler.messages), pytrace=False)
 
 
 @pytest.fixture(scope="session")

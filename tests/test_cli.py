@@ -285,3 +285,21 @@ def test_version_and_a_whole_sentence_of_top_level_help(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "Hugging Face models: convert checkpoints, draw attention figures, train with Accelerate" in text
     assert all(command in text for command in ("convert", "explain", "train", "demo", "push"))
+
+
+def test_env_prints_the_versions_and_the_machine_for_bug_reports(capsys):
+    import importlib.metadata
+
+    import torch
+    import transformers
+
+    import hf_vit_plus
+
+    assert main(["env"]) == 0
+    lines = dict(line[2:].split(": ", 1) for line in capsys.readouterr().out.splitlines())
+    assert lines["hf_vit_plus"] == hf_vit_plus.__version__
+    assert lines["transformers"] == transformers.__version__
+    assert lines["torch"].startswith(torch.__version__.split("+")[0])
+    for name in ("accelerate", "huggingface_hub", "datasets"):
+        assert lines[name] == importlib.metadata.version(name)
+    assert {"Python", "Device", "CPU", "CPU features"} <= set(lines)
