@@ -12,6 +12,7 @@ import argparse
 import logging
 from pathlib import Path
 
+from .cli_utils import HelpFormatter
 from .errors import UsageError, load_config
 
 logger = logging.getLogger(__name__)
@@ -25,8 +26,6 @@ EXPORTED_HEADS = {
 
 
 def add_parser(subparsers) -> None:
-    from .cli import HelpFormatter
-
     parser = subparsers.add_parser(
         "export",
         help="export a saved model to ONNX (for onnxruntime)",

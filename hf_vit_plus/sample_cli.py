@@ -16,47 +16,24 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import time
 from pathlib import Path
 
+from .cli_utils import RawDescriptionDefaultsFormatter, checked_number, positive_float, positive_int
 from .errors import UsageError, load_config
 
 logger = logging.getLogger(__name__)
 
 
-def _number(convert: type, accept, expected: str):
-    """An argparse `type` reading a number with `convert`, refusing (one line, exit status 2) what `accept`
-    rejects."""
-
-    def parse(text: str):
-        try:
-            value = convert(text)
-        except ValueError:
-            value = None
-        if value is None or not accept(value):
-            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
-        return value
-
-    return parse
-
-
-positive_int = _number(int, lambda value: value >= 1, "a positive integer")
-non_negative_int = _number(int, lambda value: value >= 0, "a non-negative integer")
-positive_float = _number(float, lambda value: 0 < value < math.inf, "a positive number")
+non_negative_int = checked_number(int, lambda value: value >= 0, "a non-negative integer")
 
 
 def add_parser(subparsers) -> None:
-    from .cli import HelpFormatter
-
-    class Formatter(argparse.RawDescriptionHelpFormatter, HelpFormatter):
-        """The description as written, each flag with its default."""
-
     parser = subparsers.add_parser(
         "sample",
         help="draw images from a Sparse Transformer image model, or complete real images from their top rows",
         description=__doc__,
-        formatter_class=Formatter,
+        formatter_class=RawDescriptionDefaultsFormatter,
     )
     parser.add_argument("checkpoint", help="a saved image model (folder or Hub id)")
     parser.add_argument(

@@ -10,6 +10,7 @@ import logging
 import shutil
 from pathlib import Path
 
+from ..cli_utils import HelpFormatter
 from ..errors import UsageError, check_exists, load_config
 
 logger = logging.getLogger(__name__)
@@ -30,8 +31,6 @@ _SAFETENSORS_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
 
 
 def add_parser(subparsers) -> None:
-    from ..cli import HelpFormatter
-
     parser = subparsers.add_parser(
         "convert",
         help="convert a timm or transformers ViT (to ViTPlus) or a Marian translation model (to Seq2seq Transformer)",

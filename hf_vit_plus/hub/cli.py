@@ -5,12 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..cli_utils import HelpFormatter
 from ..errors import UsageError
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    from ..cli import HelpFormatter
-
     parser = subparsers.add_parser(
         "push",
         help="push a checkpoint folder (safetensors, config, model code, card) to the Hub",

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from ..cli_utils import HelpFormatter, checked_number, existing_file, positive_int, unit_interval
 from ..data.images import IMAGE_DATASETS
 from ..errors import UsageError, load_config
 
@@ -39,35 +40,7 @@ def user_input() -> Iterator[None]:
         raise UsageError(str(error)) from error
 
 
-def existing_file(text: str) -> Path:
-    """argparse `type` of an input file: refused by argparse (one line, exit status 2) when it does not exist."""
-    path = Path(text)
-    if not path.exists():
-        raise argparse.ArgumentTypeError(f"{text!r} does not exist")
-    if not path.is_file():
-        raise argparse.ArgumentTypeError(f"{text!r} is not a file")
-    return path
-
-
-def checked_number(convert: type, accept, expected: str):
-    """An argparse `type` that reads a number with `convert` and refuses (one line, exit status 2) what `accept`
-    rejects, saying what was `expected`."""
-
-    def parse(text: str):
-        try:
-            value = convert(text)
-        except ValueError:
-            value = None
-        if value is None or not accept(value):
-            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
-        return value
-
-    return parse
-
-
-positive_int = checked_number(int, lambda value: value >= 1, "a positive integer")  # a count or a length
 non_negative_int = checked_number(int, lambda value: value >= 0, "an integer >= 0")  # an index
-unit_interval = checked_number(float, lambda value: 0.0 <= value <= 1.0, "a number in [0, 1]")  # a weight
 
 
 def load_checkpoint(checkpoint: str | Path, trust_remote_code: bool = False):
@@ -376,8 +349,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def add_parser(subparsers) -> None:
-    from ..cli import HelpFormatter
-
     parser = subparsers.add_parser(
         "explain",
         help="interpretability figures: attention rollout, attention distance, embeddings, patterns",

@@ -18,6 +18,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..cli_utils import HelpFormatter, parse_bool
 from ..errors import UsageError, check_exists, check_model_location
 
 FAMILIES = ("vit", "seq2seq", "sparse-lm", "image-lm")
@@ -346,15 +347,6 @@ FAMILY_DEFAULTS: dict[str, dict] = {
 }
 
 
-def _parse_bool(text: str) -> bool:
-    lowered = str(text).lower()
-    if lowered in ("1", "true", "yes", "y"):
-        return True
-    if lowered in ("0", "false", "no", "n"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-
-
 def add_training_arguments(parser: argparse.ArgumentParser, family: str) -> argparse.ArgumentParser:
     """Add one flag per field of `TrainingArguments` that applies to `family`, with the family's defaults and help;
     release 0.1's names (`RENAMED`) are added as hidden flags with the same destination."""
@@ -369,7 +361,7 @@ def add_training_arguments(parser: argparse.ArgumentParser, family: str) -> argp
         kwargs: dict[str, Any] = dict(default=default, help=help_text)
         if _base_type(f.type) is bool:
             if default:  # `--write_card false` switches it off
-                kwargs.update(type=_parse_bool, nargs="?", const=True, metavar="{true,false}")
+                kwargs.update(type=parse_bool, nargs="?", const=True, metavar="{true,false}")
             else:
                 kwargs.update(action="store_true")
         else:
@@ -391,8 +383,6 @@ def args_from_namespace(namespace: argparse.Namespace) -> TrainingArguments:
 
 def parse_args(family: str, argv: list[str] | None = None) -> TrainingArguments:
     """Parse `argv` (default: sys.argv); a bad value exits with argparse's error (status 2)."""
-    from ..cli import HelpFormatter
-
     parser = argparse.ArgumentParser(
         description=f"Train the {family} family with Accelerate.", formatter_class=HelpFormatter
     )

@@ -12,6 +12,7 @@ import os
 import time
 from pathlib import Path
 
+from ..cli_utils import HelpFormatter
 from ..errors import UsageError
 from .args import FAMILIES, TrainingArguments, add_training_arguments, args_from_namespace, family_arguments
 
@@ -27,8 +28,6 @@ DEMO_DEFAULTS = dict(num_train_epochs=30.0, save_steps="epoch", save_total_limit
 
 
 def add_parser(subparsers) -> None:
-    from ..cli import HelpFormatter
-
     train_parser = subparsers.add_parser(
         "train",
         help="train a model with Accelerate (one loop for the four families)",
