@@ -271,8 +271,8 @@ def _dataset_images(name: str, count: int):
 def read_images(sources: Sequence[str | Path], config, *, num_images: int = 16) -> torch.Tensor:
     """Images to complete, (N, C, H, W) uint8 with the channels of the model whose config is `config`: each source
     is an image file (read with PIL and converted to grey or RGB) or the name of a built-in data set
-    (`IMAGE_DATASETS`: "fashion-mnist", "digits"), which contributes the first `num_images` images of its test
-    split. A ValueError names a source that is neither, or whose images are not the model's `image_size`."""
+    (`data.images.IMAGE_DATASETS`: "digits", "fashion-mnist"), which contributes the first `num_images` images of its
+    test split. A ValueError names a source that is neither, or whose images are not the model's `image_size`."""
     from PIL import Image, UnidentifiedImageError
 
     if not getattr(config, "is_image_model", False):
@@ -301,8 +301,8 @@ def read_images(sources: Sequence[str | Path], config, *, num_images: int = 16) 
                 )
             batches.append(_to_tensor([image], config.num_channels))
         elif str(source) in IMAGE_DATASETS:
-            size, _ = IMAGE_DATASETS[str(source)]
-            if size != [height, width]:
+            size = IMAGE_DATASETS[str(source)].image_size
+            if tuple(size) != (height, width):
                 raise ValueError(
                     f"The {source!r} images are {size[0]} x {size[1]} pixels but the model's image_size is "
                     f"{height} x {width}."

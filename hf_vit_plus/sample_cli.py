@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from .cli_utils import RawDescriptionDefaultsFormatter, checked_number, positive_float, positive_int
+from .data.images import IMAGE_DATASETS
 from .errors import UsageError, load_config
 
 logger = logging.getLogger(__name__)
@@ -53,8 +54,8 @@ def add_parser(subparsers) -> None:
         nargs="+",
         metavar="IMAGE_OR_DATASET",
         default=None,
-        help="complete these images instead: image files, or a built-in data set's test images (fashion-mnist, "
-        "digits; --num_images of them)",
+        help="complete these images instead: image files, or a built-in data set's test images "
+        f"({', '.join(IMAGE_DATASETS)}; --num_images of them)",
     )
     parser.add_argument(
         "--keep_rows", type=non_negative_int, default=None, help="rows kept from the top (default: half the height)"

@@ -1,37 +1,96 @@
-"""The built-in image data sets of the image models, by name: one loader for training, sampling, explaining and the
-experiment scripts.
+"""The built-in image data sets of the image models, one entry each: the one registry that training (`hf-vit-plus
+train image-lm --dataset`), sampling (`hf-vit-plus sample --complete`), explaining (`hf-vit-plus explain next-pixel
+--dataset`) and the experiment scripts read their names, sizes, help texts and defaults from.
 
 - "digits": scikit-learn's 8 x 8 digits (1,437 train / 360 test, the split of `load_digits_dataset()`), 17 grey levels
   scaled to 0..255; ships with scikit-learn.
 - "fashion-mnist": Fashion-MNIST (60,000 train / 10,000 test, 28 x 28 grey) from Debian's `dataset-fashion-mnist`
   package; a FileNotFoundError naming the package when it is not installed.
+
+A new data set is a loader (its own module, e.g. `data/fashion_mnist.py`) and one `ImageDataset` entry below.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import numpy as np
 
-# name -> (image size [height, width], the name a model card gives the data set)
-IMAGE_DATASETS = {
-    "digits": ([8, 8], "sklearn-digits"),
-    "fashion-mnist": ([28, 28], "zalando-datasets/fashion_mnist"),
-}
+
+@dataclass(frozen=True)
+class ImageDataset:
+    """One built-in image data set."""
+
+    name: str  # what users type: `--dataset NAME`, `--complete NAME`
+    description: str  # for help texts, e.g. "scikit-learn's 8x8 digits, 1,437 train / 360 test"
+    image_size: tuple[int, int]  # (height, width); grey images, values 0..255
+    card_name: str  # the name a model card gives the data set (its Hub id where there is one)
+    default_epochs: float  # training epochs when --num_train_epochs is not given
+    loader: Callable[[str], np.ndarray]  # split -> images (N, H, W) uint8; FileNotFoundError when not installed
+    splits: tuple[str, ...] = ("train", "test")
+
+    def load(self, split: str) -> np.ndarray:
+        """The images (N, H, W) uint8 of `split`."""
+        if split not in self.splits:
+            expected = " or ".join(repr(name) for name in self.splits)
+            raise ValueError(f"Unknown split {split!r} of {self.name}: expected {expected}.")
+        return self.loader(split)
 
 
-def load_image_arrays(name: str, split: str) -> np.ndarray:
-    """The images (N, H, W) uint8 of the "train" or "test" split of the built-in data set `name`."""
-    if name not in IMAGE_DATASETS:
-        raise ValueError(f"Unknown image data set {name!r}; expected one of {', '.join(IMAGE_DATASETS)}.")
-    if split not in ("train", "test"):
-        raise ValueError(f"Unknown split {split!r} of {name}: expected 'train' or 'test'.")
-    if name == "digits":
-        from .digits import load_digits_dataset
+def _digits(split: str) -> np.ndarray:
+    from .digits import load_digits_dataset
 
-        images = load_digits_dataset(seed=0)[split]["image"]
-        return np.stack([np.asarray(image.convert("L"), dtype=np.uint8) for image in images])
+    images = load_digits_dataset(seed=0)[split]["image"]
+    return np.stack([np.asarray(image.convert("L"), dtype=np.uint8) for image in images])
+
+
+def _fashion_mnist(split: str) -> np.ndarray:
     from .fashion_mnist import load_fashion_mnist_arrays
 
     return load_fashion_mnist_arrays(split)[0]
 
 
-__all__ = ["IMAGE_DATASETS", "load_image_arrays"]
+# The default epochs give about 1,300 updates on the 1,437 digits and one pass over Fashion-MNIST's 60,000 images at
+# the image-lm family's default batch of 32.
+IMAGE_DATASETS: dict[str, ImageDataset] = {
+    dataset.name: dataset
+    for dataset in (
+        ImageDataset(
+            name="digits",
+            description="scikit-learn's 8x8 digits, 1,437 train / 360 test",
+            image_size=(8, 8),
+            card_name="sklearn-digits",
+            default_epochs=30.0,
+            loader=_digits,
+        ),
+        ImageDataset(
+            name="fashion-mnist",
+            description="28x28, 60,000 train / 10,000 test, from Debian's dataset-fashion-mnist package",
+            image_size=(28, 28),
+            card_name="zalando-datasets/fashion_mnist",
+            default_epochs=1.0,
+            loader=_fashion_mnist,
+        ),
+    )
+}
+
+
+def get_image_dataset(name: str) -> ImageDataset:
+    """The entry of `name`, or a ValueError listing the built-in data sets."""
+    if name not in IMAGE_DATASETS:
+        raise ValueError(f"Unknown image data set {name!r}; expected one of {', '.join(IMAGE_DATASETS)}.")
+    return IMAGE_DATASETS[name]
+
+
+def load_image_arrays(name: str, split: str) -> np.ndarray:
+    """The images (N, H, W) uint8 of the "train" or "test" split of the built-in data set `name`."""
+    return get_image_dataset(name).load(split)
+
+
+def split_names() -> list[str]:
+    """Every split a built-in data set has, in registry order (for `choices`)."""
+    return list(dict.fromkeys(split for dataset in IMAGE_DATASETS.values() for split in dataset.splits))
+
+
+__all__ = ["IMAGE_DATASETS", "ImageDataset", "get_image_dataset", "load_image_arrays", "split_names"]

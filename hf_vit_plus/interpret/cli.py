@@ -7,7 +7,7 @@ Sparse Transformer Fig. 2 and 3).
     hf-vit-plus explain filters CHECKPOINT --output patch_embedding_components.png
     hf-vit-plus explain pattern [CHECKPOINT] [--kind strided --stride 4 --length 64] --output pattern.png
     hf-vit-plus explain all CHECKPOINT IMAGE [IMAGE ...] --output_dir figures/
-    hf-vit-plus explain next-pixel IMAGE_MODEL (--image FILE | --dataset digits|fashion-mnist [--index I] | --sample)
+    hf-vit-plus explain next-pixel IMAGE_MODEL (--image FILE | --dataset {datasets} [--index I] | --sample)
         [--pixel ROW COL] --output next_pixel_attention.png
 """
 
@@ -21,10 +21,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..cli_utils import HelpFormatter, checked_number, existing_file, positive_int, unit_interval
-from ..data.images import IMAGE_DATASETS
+from ..data.images import IMAGE_DATASETS, split_names
 from ..errors import UsageError, load_config
 
 logger = logging.getLogger(__name__)
+
+DESCRIPTION = __doc__.replace("{datasets}", "|".join(IMAGE_DATASETS))
 
 
 @contextmanager
@@ -352,7 +354,7 @@ def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
         "explain",
         help="interpretability figures: attention rollout, attention distance, embeddings, patterns",
-        description=__doc__,
+        description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     modes = parser.add_subparsers(dest="mode", required=True)
@@ -441,7 +443,7 @@ def add_parser(subparsers) -> None:
     )
     sub.add_argument("--image", type=existing_file, default=None, help="image file of the model's size")
     sub.add_argument("--dataset", choices=list(IMAGE_DATASETS), default=None, help="take the image from this data set")
-    sub.add_argument("--split", choices=["train", "test"], default=None, help="--dataset split (default: test)")
+    sub.add_argument("--split", choices=split_names(), default=None, help="--dataset split (default: test)")
     sub.add_argument("--index", type=non_negative_int, default=None, help="--dataset image index (default: 0)")
     sub.add_argument("--sample", action="store_true", help="draw the image from the model itself")
     sub.add_argument("--seed", type=int, default=None, help="--sample: random seed (default: 0)")

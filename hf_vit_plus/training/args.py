@@ -18,7 +18,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..cli_utils import HelpFormatter, parse_bool
+from ..cli_utils import HelpFormatter, one_of, parse_bool
+from ..data.images import IMAGE_DATASETS
 from ..errors import UsageError, check_exists, check_model_location
 
 FAMILIES = ("vit", "seq2seq", "sparse-lm", "image-lm")
@@ -27,9 +28,6 @@ MIXED_PRECISION = ("no", "fp16", "bf16")
 TEXT_FAMILIES = ("seq2seq", "sparse-lm")
 # Families that read user data (Hub, folders, files); image-lm trains on a built-in data set (--dataset).
 USER_DATA_FAMILIES = ("vit", "seq2seq", "sparse-lm")
-# The image-lm family's data sets: name -> training epochs when --num_train_epochs is not given (about 1,300 updates
-# on the 1,437 digits, one pass over Fashion-MNIST's 60,000 images at the default batch).
-IMAGE_DATASET_EPOCHS = {"digits": 30.0, "fashion-mnist": 1.0}
 
 # Release 0.1's names -> today's (transformers' names for the same options).
 RENAMED = {
@@ -95,8 +93,9 @@ class TrainingArguments:
     dataset_config_name: str | None = _option(None, "configuration of --dataset_name", USER_DATA_FAMILIES)
     dataset: str | None = _option(
         None,
-        "built-in images: 'digits' (scikit-learn's 8x8 digits, 1,437 train / 360 test) or 'fashion-mnist' (28x28, "
-        "60,000 train / 10,000 test, from Debian's dataset-fashion-mnist package); evaluated on the test split",
+        "built-in images: "
+        + one_of(f"{d.name!r} ({d.description})" for d in IMAGE_DATASETS.values())
+        + "; evaluated on the test split",
         ("image-lm",),
     )
     train_dir: str | None = _option(None, "image folder (one sub-folder per class) to train on", ("vit",))
@@ -157,7 +156,7 @@ class TrainingArguments:
         {
             **dict.fromkeys(USER_DATA_FAMILIES, "passes over the training data (unless --max_steps is given)"),
             "image-lm": "passes over the training images (unless --max_steps is given); default: "
-            + ", ".join(f"{epochs:g} for {name}" for name, epochs in IMAGE_DATASET_EPOCHS.items()),
+            + ", ".join(f"{d.default_epochs:g} for {d.name}" for d in IMAGE_DATASETS.values()),
         },
     )
     max_steps: int | None = _option(None, "optimiser updates in all; overrides --num_train_epochs")
@@ -205,8 +204,8 @@ class TrainingArguments:
     def __post_init__(self) -> None:
         if self.family == "image-lm":  # the defaults that depend on the data set
             self.dataset = "digits" if self.dataset is None else self.dataset
-            if self.num_train_epochs is None and self.dataset in IMAGE_DATASET_EPOCHS:
-                self.num_train_epochs = IMAGE_DATASET_EPOCHS[self.dataset]
+            if self.num_train_epochs is None and self.dataset in IMAGE_DATASETS:
+                self.num_train_epochs = IMAGE_DATASETS[self.dataset].default_epochs
         self.validate()
 
     def validate(self) -> None:
@@ -271,13 +270,13 @@ class TrainingArguments:
                     "family reads --dataset_name (a Hub data set) or local data."
                 )
             return
-        if self.dataset not in IMAGE_DATASET_EPOCHS:
-            raise UsageError(f"Unknown --dataset {self.dataset!r}; expected one of {', '.join(IMAGE_DATASET_EPOCHS)}.")
+        if self.dataset not in IMAGE_DATASETS:
+            raise UsageError(f"Unknown --dataset {self.dataset!r}; expected one of {', '.join(IMAGE_DATASETS)}.")
         given = [f"--{name}" for name in ("dataset_name", "train_dir", "train_file") if getattr(self, name)]
         if given:
             raise UsageError(
                 f"The image-lm family trains on built-in images ({', '.join(given)} given): choose them with "
-                f"--dataset ({', '.join(IMAGE_DATASET_EPOCHS)})."
+                f"--dataset ({', '.join(IMAGE_DATASETS)})."
             )
 
     def check_paths(self) -> None:
@@ -332,7 +331,7 @@ FAMILY_DEFAULTS: dict[str, dict] = {
         per_device_train_batch_size=16,
         warmup_ratio=0.05,
     ),
-    # num_train_epochs None: the data set's own (IMAGE_DATASET_EPOCHS)
+    # num_train_epochs None: the data set's own (`ImageDataset.default_epochs`)
     "image-lm": dict(
         output_dir="outputs/image-lm",
         dataset="digits",

@@ -612,7 +612,7 @@ class ImageLMFamily(Family):
         raw = DatasetDict(train=pixel_dataset(train), validation=pixel_dataset(test))
         # the floors of exactly the images the model trains and is evaluated on
         floors = pixel_floors(train, test)
-        return TrainingData(raw, IMAGE_DATASETS[args.dataset][1], baselines=floors, eval_split="test")
+        return TrainingData(raw, IMAGE_DATASETS[args.dataset].card_name, baselines=floors, eval_split="test")
 
     def build(self, args, data):
         height, width = data.raw["train"].features["pixel_values"].shape
@@ -647,13 +647,10 @@ class ImageLMFamily(Family):
 def load_image_arrays(dataset: str) -> tuple:
     """(train, test) uint8 arrays (N, H, W) of a built-in image data set (`data.images.IMAGE_DATASETS`); a
     `UsageError` naming the Debian package when Fashion-MNIST is not installed."""
-    from ..data.images import IMAGE_DATASETS
-    from ..data.images import load_image_arrays as load_split
-
     if dataset not in IMAGE_DATASETS:
         raise UsageError(f"Unknown --dataset {dataset!r}; expected one of {', '.join(IMAGE_DATASETS)}.")
     try:
-        return load_split(dataset, "train"), load_split(dataset, "test")
+        return IMAGE_DATASETS[dataset].load("train"), IMAGE_DATASETS[dataset].load("test")
     except FileNotFoundError as error:  # the message names the apt package
         raise UsageError(f"--dataset {dataset}: {error}") from error
 
