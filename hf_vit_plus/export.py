@@ -45,6 +45,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .families import FAMILIES, family_of_model
+
 logger = logging.getLogger(__name__)
 
 VIT_FILE = "model.onnx"
@@ -71,21 +73,14 @@ def _require_onnx_exporter() -> None:
         )
 
 
-def _family(model: nn.Module) -> str:
-    from .models.modeling_seq2seq_transformer import Seq2SeqTransformerForConditionalGeneration
-    from .models.modeling_sparse_transformer import SparseTransformerForCausalLM
-    from .models.modeling_vit_plus import ViTPlusForImageClassification
-
-    if isinstance(model, ViTPlusForImageClassification):
-        return "vit"
-    if isinstance(model, Seq2SeqTransformerForConditionalGeneration):
-        return "seq2seq"
-    if isinstance(model, SparseTransformerForCausalLM):
-        return "sparse-lm"
-    raise TypeError(
-        f"export_onnx takes a ViTPlusForImageClassification, Seq2SeqTransformerForConditionalGeneration or "
-        f"SparseTransformerForCausalLM, got {type(model).__name__}."
-    )
+def _graph_layout(model: nn.Module) -> str:
+    """The ONNX graph layout of `model`'s family (`Family.export`, a key of `EXPORTERS`); a TypeError for a model that
+    is no exportable family's head."""
+    family = family_of_model(model)
+    if family is None or family.export is None:
+        heads = [f.head_class.__name__ for f in FAMILIES.values() if f.export is not None]
+        raise TypeError(f"export_onnx takes a {', '.join(heads[:-1])} or {heads[-1]}, got {type(model).__name__}.")
+    return family.export
 
 
 def _has_sparse_attention(model: nn.Module) -> bool:
@@ -326,12 +321,18 @@ def _export_causal_lm(model: nn.Module, output_dir: Path) -> list[Path]:
     return [path]
 
 
+# The graph layouts a family's record can name (`Family.export`): an image classifier, an encoder-decoder with its
+# cross-attention and self-attention caches, a causal LM with its cache.
+EXPORTERS = {"image-classifier": _export_vit, "encoder-decoder": _export_seq2seq, "causal-lm": _export_causal_lm}
+
+
 # ---------------------------------------------------------------------------------------------------- API
 def export_onnx(model: nn.Module, output_dir: str | Path) -> list[Path]:
-    """Export `model` (a ViTPlusForImageClassification, Seq2SeqTransformerForConditionalGeneration or
-    SparseTransformerForCausalLM) to ONNX files in `output_dir`, with its config (and generation config); returns
-    the paths of the .onnx files. The model is left as it was (mode and attention kernel restored)."""
-    family = _family(model)
+    """Export `model` (the head of a family with an export in `hf_vit_plus.families`: ViTPlusForImageClassification,
+    Seq2SeqTransformerForConditionalGeneration, SparseTransformerForCausalLM or SparseTransformerForImageGeneration)
+    to ONNX files in `output_dir`, with its config (and generation config); returns the paths of the .onnx files. The
+    model is left as it was (mode and attention kernel restored)."""
+    layout = _graph_layout(model)
     from .quantization import is_quantized_weight
 
     quantized = [name for name, p in model.named_parameters() if is_quantized_weight(p)]
@@ -343,11 +344,10 @@ def export_onnx(model: nn.Module, output_dir: str | Path) -> list[Path]:
     _require_onnx_exporter()
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    export = {"vit": _export_vit, "seq2seq": _export_seq2seq, "sparse-lm": _export_causal_lm}[family]
     with torch.no_grad(), _export_mode(model):
-        paths = export(model, output_dir)
+        paths = EXPORTERS[layout](model, output_dir)
     model.config.save_pretrained(output_dir)
-    if family != "vit" and getattr(model, "generation_config", None) is not None:
+    if model.can_generate() and getattr(model, "generation_config", None) is not None:
         model.generation_config.save_pretrained(output_dir)
     return paths
 

@@ -14,15 +14,9 @@ from pathlib import Path
 
 from .cli_utils import HelpFormatter
 from .errors import UsageError, load_config
+from .families import FAMILIES, family_of_config
 
 logger = logging.getLogger(__name__)
-
-# model_type -> the Auto class of the model that is exported
-EXPORTED_HEADS = {
-    "vit_plus": "AutoModelForImageClassification",
-    "seq2seq_transformer": "AutoModelForSeq2SeqLM",
-    "sparse_transformer": "AutoModelForCausalLM",
-}
 
 
 def add_parser(subparsers) -> None:
@@ -51,11 +45,12 @@ def export_checkpoint(checkpoint: str, output_dir: str | Path) -> list[Path]:
     if output_dir.exists() and not output_dir.is_dir():
         raise UsageError(f"OUT_DIR {str(output_dir)!r} is a file; expected a folder (created if missing).")
     config = load_config(checkpoint, "CHECKPOINT")
-    auto_name = EXPORTED_HEADS.get(config.model_type)
-    if auto_name is None:
+    family = family_of_config(config)
+    if family is None or family.export is None:
+        exported = sorted({f.model_type for f in FAMILIES.values() if f.export is not None})
         raise UsageError(
             f"CHECKPOINT {checkpoint!r} is a {config.model_type!r} model; `export onnx` exports the hf_vit_plus "
-            f"families: {', '.join(sorted(EXPORTED_HEADS))}."
+            f"families: {', '.join(exported)}."
         )
     for name in ("onnx", "onnxscript"):
         try:
@@ -69,9 +64,11 @@ def export_checkpoint(checkpoint: str, output_dir: str | Path) -> list[Path]:
 
     from . import export
 
-    model = getattr(transformers, auto_name).from_pretrained(checkpoint).eval()
+    model = family.auto_head_class.from_pretrained(checkpoint).eval()
     paths = export.export_onnx(model, output_dir)
-    processor_class = "AutoImageProcessor" if config.model_type == "vit_plus" else "AutoTokenizer"
+    processor_class = family.processor_auto_class  # None: the family has no processor (the image model)
+    if processor_class is None:
+        return paths
     try:
         getattr(transformers, processor_class).from_pretrained(checkpoint).save_pretrained(output_dir)
     except (OSError, ValueError) as error:  # a checkpoint saved without its processor: the graphs are still usable

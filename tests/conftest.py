@@ -85,54 +85,35 @@ class ModelCase:
     """One cell of the family x variant matrix."""
 
     id: str
-    family: str  # "vit", "seq2seq", "sparse-lm" or "image-lm"
+    family: str  # a family id of `hf_vit_plus.families.FAMILIES`: "vit", "seq2seq", "sparse-lm" or "image-lm"
     config_fields: dict = field(default_factory=dict)
 
     @property
-    def config_class(self):
-        import hf_vit_plus
+    def record(self):
+        """The family's record (`hf_vit_plus.families`): the classes come from there."""
+        from hf_vit_plus.families import get_family
 
-        return {
-            "vit": hf_vit_plus.ViTPlusConfig,
-            "seq2seq": hf_vit_plus.Seq2SeqTransformerConfig,
-            "sparse-lm": hf_vit_plus.SparseTransformerConfig,
-            "image-lm": hf_vit_plus.SparseTransformerConfig,
-        }[self.family]
+        return get_family(self.family)
+
+    @property
+    def config_class(self):
+        return self.record.config_class
 
     @property
     def head_class(self):
-        import hf_vit_plus
-
-        return {
-            "vit": hf_vit_plus.ViTPlusForImageClassification,
-            "seq2seq": hf_vit_plus.Seq2SeqTransformerForConditionalGeneration,
-            "sparse-lm": hf_vit_plus.SparseTransformerForCausalLM,
-            "image-lm": hf_vit_plus.SparseTransformerForImageGeneration,
-        }[self.family]
+        return self.record.head_class
 
     @property
     def base_class(self):
-        import hf_vit_plus
-
-        return {
-            "vit": hf_vit_plus.ViTPlusModel,
-            "seq2seq": hf_vit_plus.Seq2SeqTransformerModel,
-            "sparse-lm": hf_vit_plus.SparseTransformerModel,
-            "image-lm": hf_vit_plus.SparseTransformerModel,
-        }[self.family]
+        return self.record.base_class
 
     @property
     def auto_head(self) -> str:
-        return {
-            "vit": "AutoModelForImageClassification",
-            "seq2seq": "AutoModelForSeq2SeqLM",
-            "sparse-lm": "AutoModelForCausalLM",
-            "image-lm": "AutoModelForCausalLM",
-        }[self.family]
+        return self.record.head
 
     @property
     def generative(self) -> bool:
-        return self.family != "vit"
+        return self.head_class.can_generate()
 
     @property
     def sparse(self) -> bool:

@@ -23,59 +23,15 @@ from typing import Any
 import yaml
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+from ..families import FAMILIES, family_of_config
+
 logger = logging.getLogger(__name__)
 
 TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
 
 
-def _family(pipeline_tag: str, task_name: str, model_types: tuple[str, ...], tags: list[str], arch: tuple[str, ...]):
-    return dict(pipeline_tag=pipeline_tag, task_name=task_name, model_types=model_types, tags=tags, arch=arch)
-
-
-FAMILIES: dict[str, dict[str, Any]] = {
-    "vit": _family(
-        "image-classification",
-        "Image Classification",
-        ("vit_plus",),
-        ["vision", "image-classification", "vit", "hf_vit_plus", "custom_code"],
-        ("image_size", "patch_size", "num_channels", "hidden_size", "num_hidden_layers", "num_attention_heads",
-         "intermediate_size", "hidden_act", "layer_norm_eps", "qkv_bias", "classifier_head", "attention_type"),
-    ),
-    "seq2seq": _family(
-        "translation",
-        "Translation",
-        ("seq2seq_transformer",),
-        ["translation", "seq2seq", "transformer", "hf_vit_plus", "custom_code"],
-        ("vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
-         "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "activation_function",
-         "max_position_embeddings", "normalize_before", "scale_embedding", "tie_word_embeddings", "dropout",
-         "label_smoothing"),
-    ),
-    "sparse-lm": _family(
-        "text-generation",
-        "Text Generation",
-        ("sparse_transformer",),
-        ["text-generation", "sparse-attention", "sparse-transformer", "hf_vit_plus", "custom_code"],
-        ("vocab_size", "max_position_embeddings", "hidden_size", "num_hidden_layers", "num_attention_heads",
-         "intermediate_size", "hidden_act", "attention_type", "sparse_stride", "sparse_summary_size",
-         "sparse_num_summary_blocks", "sparse_pattern_mode"),
-    ),
-    "image-lm": _family(
-        "unconditional-image-generation",
-        "Unconditional Image Generation",
-        ("sparse_transformer",),
-        ["unconditional-image-generation", "image-generation", "sparse-attention", "sparse-transformer",
-         "hf_vit_plus", "custom_code"],
-        ("image_size", "num_channels", "vocab_size", "max_position_embeddings", "hidden_size", "num_hidden_layers",
-         "num_attention_heads", "intermediate_size", "hidden_act", "position_embedding_type", "factorized_shape",
-         "attention_type", "sparse_stride", "sparse_summary_size", "sparse_num_summary_blocks",
-         "sparse_pattern_mode"),
-    ),
-}  # fmt: skip
-# The text and the image Sparse Transformer share a model type: an image model's config has `image_size` set.
-IMAGE_FAMILY = "image-lm"
-# Family names of release 0.1, still accepted.
-FAMILY_ALIASES = {"sparse_lm": "sparse-lm"}
+# The families' names of release 0.1, still accepted: alias -> family id.
+FAMILY_ALIASES = {alias: family.id for family in FAMILIES.values() for alias in family.card.aliases}
 
 # Keys of `trainer.evaluate()` output that describe the run, not the model: kept out of the model-index.
 _BOOKKEEPING = re.compile(r"(^|_)(runtime|samples_per_second|steps_per_second|model_preparation_time)$|^(epoch|step)$")
@@ -101,8 +57,8 @@ FIGURE_SUFFIXES = (".png", ".jpg", ".jpeg", ".svg", ".gif")
 
 
 def check_family(family: str) -> str:
-    """`family` ("vit", "seq2seq", "sparse-lm" or "image-lm"; an old spelling is accepted), or a ValueError naming
-    it."""
+    """`family` (an id of `hf_vit_plus.families.FAMILIES`: "vit", "seq2seq", ...; an old spelling is accepted), or a
+    ValueError naming it."""
     family = FAMILY_ALIASES.get(family, family)
     if family not in FAMILIES:
         raise ValueError(f"Unknown model family {family!r}; expected one of {sorted(FAMILIES)}.")
@@ -110,30 +66,24 @@ def check_family(family: str) -> str:
 
 
 def template_path(family: str) -> Path:
-    """The Jinja template of `family` ("vit", "seq2seq", "sparse-lm" or "image-lm")."""
-    return TEMPLATES_DIR / f"{check_family(family)}.md"
+    """The Jinja template of `family` ("vit", "seq2seq", ...)."""
+    return TEMPLATES_DIR / FAMILIES[check_family(family)].card.template
 
 
 def family_of(model_config) -> str | None:
-    """The card family ("vit", "seq2seq", "sparse-lm", "image-lm") of a config or config dict, by its `model_type`
-    (and, for the Sparse Transformer, whether it is an image model); None for a model type that is not one of this
-    project's."""
-    config = _config_dict(model_config)
-    model_type = config.get("model_type")
-    if model_type in FAMILIES[IMAGE_FAMILY]["model_types"] and config.get("image_size") is not None:
-        return IMAGE_FAMILY
-    return next(
-        (name for name, spec in FAMILIES.items() if name != IMAGE_FAMILY and model_type in spec["model_types"]), None
-    )
+    """The card family ("vit", "seq2seq", ...) of a config or config dict, by its `model_type` (and, for the Sparse
+    Transformer, whether it is an image model); None for a model type that is not one of this project's."""
+    family = family_of_config(_config_dict(model_config))
+    return None if family is None else family.id
 
 
 def _check_family_matches(family: str, config: dict) -> None:
     """A ValueError when the config is one of this project's model types but of another card family than `family`."""
     model_type = config.get("model_type")
-    known = {t for spec in FAMILIES.values() for t in spec["model_types"]}
+    known = {spec.model_type for spec in FAMILIES.values()}
     if model_type not in known or family_of(config) == family:
         return
-    if model_type in FAMILIES[family]["model_types"]:  # the Sparse Transformer: text and image models
+    if model_type == FAMILIES[family].model_type:  # a model type of several families: text and image models
         kind = "an image model" if config.get("image_size") is not None else "not an image model (no image_size)"
         raise ValueError(
             f"family {family!r} does not match the config's model_type {model_type!r}: the config is {kind}, whose "
@@ -197,8 +147,8 @@ def _eval_results(
             continue
         results.append(
             EvalResult(
-                task_type=FAMILIES[family]["pipeline_tag"],
-                task_name=FAMILIES[family]["task_name"],
+                task_type=FAMILIES[family].card.pipeline_tag,
+                task_name=FAMILIES[family].card.task_name,
                 dataset_type=dataset_name,
                 dataset_name=dataset_name,
                 dataset_config=dataset_config,
@@ -251,7 +201,7 @@ def write_model_card(
 
     Args:
         output_dir: the checkpoint folder (it must exist; figures outside it are copied into it).
-        family: "vit", "seq2seq", "sparse-lm" or "image-lm".
+        family: a family id of `hf_vit_plus.families.FAMILIES` ("vit", "seq2seq", "sparse-lm" or "image-lm").
         model_config: the model's `PretrainedConfig` (or its dict); its architecture fields go in a table.
         training_args: hyperparameters for the table (e.g. selected `TrainingArguments` fields).
         eval_results: metric name -> number, e.g. `trainer.evaluate()`; numbers go into the model-index
@@ -328,8 +278,8 @@ def model_card_from_config(
     Args:
         model_config: the model's `PretrainedConfig` (or its dict).
         repo_id: the Hub id used in the title and the loading examples.
-        family: "vit", "seq2seq", "sparse-lm" or "image-lm" (default: from the config's `model_type`, and whether
-            it is an image model).
+        family: a family id ("vit", "seq2seq", "sparse-lm" or "image-lm"; default: from the config's `model_type`,
+            and whether it is an image model).
         tags: extra Hub tags, added after the family's.
         license: a Hub license id.
         language: language codes for the metadata (text models).
@@ -343,10 +293,10 @@ def model_card_from_config(
         if family is None:
             raise ValueError(
                 f"No model card family for model_type {config.get('model_type')!r}; expected one of "
-                f"{sorted(t for spec in FAMILIES.values() for t in spec['model_types'])}, or pass family=."
+                f"{sorted(spec.model_type for spec in FAMILIES.values())}, or pass family=."
             )
     family = check_family(family)
-    if config.get("model_type") not in FAMILIES[family]["model_types"]:
+    if config.get("model_type") != FAMILIES[family].model_type:
         raise ValueError(f"family {family!r} does not match the config's model_type {config.get('model_type')!r}.")
     _check_family_matches(family, config)
     if not isinstance(repo_id, str) or not repo_id.strip():
@@ -392,23 +342,24 @@ def _render_card(
     baselines: list[tuple[str, str, str]],
     figures: list[str],
 ) -> ModelCard:
-    spec = FAMILIES[family]
+    spec = FAMILIES[family].card
     metrics = sorted({r.metric_type for r in results if "loss" not in r.metric_type})
     card_data = ModelCardData(
         language=language,
         license=license,
         library_name="transformers",
-        tags=list(spec["tags"]) + [tag for tag in dict.fromkeys(tags) if tag not in spec["tags"]],
+        tags=list(spec.tags) + [tag for tag in dict.fromkeys(tags) if tag not in spec.tags],
         datasets=[dataset_name] if dataset_name else None,
         metrics=metrics or None,
-        pipeline_tag=spec["pipeline_tag"],
+        pipeline_tag=spec.pipeline_tag,
         base_model=base_model,
         model_name=model_id,
         eval_results=results or None,
     )
-    arch = [(k, _cell(config[k])) for k in spec["arch"] if k in config and config[k] is not None]
-    if family == "vit" and config.get("id2label"):
-        arch.append(("num_labels", str(len(config["id2label"]))))
+    values = {k: v for k, v in config.items() if k != "num_labels"}
+    if config.get("id2label"):  # the class count is that of the labels (a config dict has no num_labels)
+        values["num_labels"] = len(config["id2label"])
+    arch = [(k, _cell(values[k])) for k in spec.architecture if values.get(k) is not None]
     return ModelCard.from_template(
         card_data,
         template_path=template_path(family),

@@ -24,56 +24,46 @@ import pytest
 import torch
 import yaml
 from safetensors import SafetensorError
-from transformers import AutoModelForCausalLM, AutoModelForImageClassification, AutoModelForSeq2SeqLM, PreTrainedModel
+from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from hf_vit_plus import (
     Seq2SeqTransformerConfig,
-    Seq2SeqTransformerForConditionalGeneration,
     SparseTransformerConfig,
     SparseTransformerForCausalLM,
-    SparseTransformerForImageGeneration,
     ViTPlusConfig,
     ViTPlusForImageClassification,
 )
-from hf_vit_plus.hub.card import FAMILIES as CARD_FAMILIES
+from hf_vit_plus.families import get_family
 from hf_vit_plus.hub.card import load_card_metadata, validate_card_metadata
 from hf_vit_plus.models.hub_mixin import CorruptCheckpointError
 
-# family -> (model class, tiny config, Auto class, the family's name as the card states it)
+# family -> (tiny config, the family's name as the card states it); the classes are the family record's
 FAMILIES = {
     "vit": (
-        ViTPlusForImageClassification,
         lambda: ViTPlusConfig(
             hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32, image_size=16,
             patch_size=8, num_labels=3,
         ),
-        AutoModelForImageClassification,
         "A Vision Transformer (ViT; Dosovitskiy et al., ICLR 2021) image classifier",
     ),
     "seq2seq": (
-        Seq2SeqTransformerForConditionalGeneration,
         lambda: Seq2SeqTransformerConfig(
             vocab_size=40, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
             decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=32,
         ),
-        AutoModelForSeq2SeqLM,
         'An encoder-decoder Transformer ("Attention Is All You Need", Vaswani et al., NeurIPS 2017)',
     ),
     "sparse-lm": (
-        SparseTransformerForCausalLM,
         lambda: SparseTransformerConfig(
             vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
             max_position_embeddings=32, attention_type="fixed", sparse_stride=8, sparse_summary_size=2,
         ),
-        AutoModelForCausalLM,
         "A decoder-only language model with factorized sparse self-attention (Sparse Transformer",
     ),
     "image-lm": (
-        SparseTransformerForImageGeneration,
         lambda: SparseTransformerConfig.for_images(
             4, 4, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
         ),
-        AutoModelForCausalLM,
         "An autoregressive image model with factorized sparse self-attention (Sparse Transformer",
     ),
 }  # fmt: skip
@@ -94,9 +84,9 @@ def saved(tmp_path_factory) -> Path:
     """root/<family>: a `save_pretrained` folder of each family's tiny model (no README.md); root/<family>-readme:
     the same with a hand-written README.md."""
     root = tmp_path_factory.mktemp("saved")
-    for family, (model_class, config, _, _) in FAMILIES.items():
+    for family, (config, _) in FAMILIES.items():
         torch.manual_seed(0)
-        model_class(config()).save_pretrained(root / family)
+        get_family(family).head_class(config()).save_pretrained(root / family)
         shutil.copytree(root / family, root / f"{family}-readme")
         (root / f"{family}-readme" / "README.md").write_bytes(OWN_README.encode("utf-8"))
     return root
@@ -111,15 +101,14 @@ def pushed(hub_server, saved):
     import contextlib, io, json, os
     from pathlib import Path
     from huggingface_hub import HfApi
-    from transformers import AutoModelForCausalLM, AutoModelForImageClassification, AutoModelForSeq2SeqLM
+    from transformers import AutoModelForImageClassification
     from hf_vit_plus.cli import main
+    from hf_vit_plus.families import FAMILIES
 
     root = Path({str(saved)!r})
-    autos = {{"vit": AutoModelForImageClassification, "seq2seq": AutoModelForSeq2SeqLM,
-              "sparse-lm": AutoModelForCausalLM, "image-lm": AutoModelForCausalLM}}
     out = {{}}
-    for family, auto in autos.items():
-        model = auto.from_pretrained(root / family)
+    for family, record in FAMILIES.items():
+        model = record.auto_head_class.from_pretrained(root / family)
         info = model.push_to_hub(f"test-org/{{family}}-model")
         with contextlib.redirect_stdout(io.StringIO()):
             cli = main(["push", str(root / family), f"test-org/{{family}}-cli"])
@@ -159,7 +148,7 @@ def pushed(hub_server, saved):
 
 
 def _assert_family_card(text: str, family: str, repo_id: str, tmp_path: Path) -> None:
-    spec, name = CARD_FAMILIES[family], FAMILIES[family][3]
+    spec, name = get_family(family).card, FAMILIES[family][1]
     assert "[More Information Needed]" not in text and "{{" not in text and "{%" not in text
     assert name in text
     assert "No evaluation results were recorded for this checkpoint: it has not been evaluated" in text
@@ -169,8 +158,8 @@ def _assert_family_card(text: str, family: str, repo_id: str, tmp_path: Path) ->
     card.write_text(text, encoding="utf-8")
     meta = load_card_metadata(card)
     assert meta["license"] == "apache-2.0" and meta["library_name"] == "transformers"
-    assert meta["pipeline_tag"] == spec["pipeline_tag"]
-    assert meta["tags"][: len(spec["tags"])] == spec["tags"]
+    assert meta["pipeline_tag"] == spec.pipeline_tag
+    assert meta["tags"][: len(spec.tags)] == list(spec.tags)
     assert "model-index" not in meta and "datasets" not in meta
     assert validate_card_metadata(card, require_datasets=False) == []
 
@@ -251,8 +240,8 @@ def _assert_names(err: BaseException, path: Path) -> None:
 def test_corrupt_weights_are_named_by_from_pretrained(saved, tmp_path, family, how):
     folder = Path(shutil.copytree(saved / family, tmp_path / family))
     _corrupt(folder / "model.safetensors", how)
-    model_class, _, auto_class, _ = FAMILIES[family]
-    for loader in (model_class, auto_class):
+    record = get_family(family)
+    for loader in (record.head_class, record.auto_head_class):
         with pytest.raises(CorruptCheckpointError) as info:
             loader.from_pretrained(folder)
         _assert_names(info.value, folder / "model.safetensors")

@@ -1,0 +1,52 @@
+"""The model families, one `Family` record each (`record.py`): the one place that says what a family is. The Auto
+classes (`hf_vit_plus.registration`), `hf-vit-plus train` (its sub-commands, flags, help and defaults), the model
+cards, ONNX export and the tests' model matrix all read these records.
+
+A family is its own files (`models/configuration_X.py` and `modeling_X.py`; its record `families/X.py`; how it trains,
+`training/families/X.py`; its card template, `hub/templates/X.md`) plus its line in `FAMILIES` below.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .image_lm import IMAGE_LM
+from .record import CardSpec, Family
+from .seq2seq import SEQ2SEQ
+from .sparse_lm import SPARSE_LM
+from .vit import VIT
+
+# id -> record, in the order the command line lists them
+FAMILIES: dict[str, Family] = {family.id: family for family in (VIT, SEQ2SEQ, SPARSE_LM, IMAGE_LM)}
+
+
+def get_family(name: str) -> Family:
+    """The record of the family `name` ("vit", "seq2seq", ...), or a ValueError listing the families."""
+    if name not in FAMILIES:
+        raise ValueError(f"Unknown family {name!r}; expected one of {sorted(FAMILIES)}.")
+    return FAMILIES[name]
+
+
+def _as_dict(config) -> Mapping[str, Any]:
+    if isinstance(config, Mapping):
+        return config
+    if hasattr(config, "to_dict"):
+        return config.to_dict()
+    raise ValueError(f"model_config must be a PretrainedConfig or a dict, got {type(config).__name__}.")
+
+
+def family_of_config(config) -> Family | None:
+    """The family of a config (a `PretrainedConfig` or its dict), by its `model_type` (and, for a model type that
+    several families share, whether it is an image model); None for a model type that is not this project's."""
+    config = _as_dict(config)
+    return next((family for family in FAMILIES.values() if family.matches(config)), None)
+
+
+def family_of_model(model) -> Family | None:
+    """The family whose head `model` is: its class exactly, else the first head class it derives from."""
+    exact = next((family for family in FAMILIES.values() if type(model) is family.head_class), None)
+    return exact or next((family for family in FAMILIES.values() if isinstance(model, family.head_class)), None)
+
+
+__all__ = ["FAMILIES", "CardSpec", "Family", "family_of_config", "family_of_model", "get_family"]

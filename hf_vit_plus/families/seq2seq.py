@@ -1,0 +1,60 @@
+"""The encoder-decoder Transformer (Vaswani et al. 2017): translation and other text-to-text tasks."""
+
+from __future__ import annotations
+
+from ..models.configuration_seq2seq_transformer import Seq2SeqTransformerConfig
+from ..models.modeling_seq2seq_transformer import Seq2SeqTransformerForConditionalGeneration, Seq2SeqTransformerModel
+from .record import CardSpec, Family
+
+SEQ2SEQ = Family(
+    id="seq2seq",
+    help="the encoder-decoder Transformer (default data: numbers -> English words)",
+    config_class=Seq2SeqTransformerConfig,
+    model_classes={
+        "AutoModel": Seq2SeqTransformerModel,
+        "AutoModelForSeq2SeqLM": Seq2SeqTransformerForConditionalGeneration,
+    },
+    head="AutoModelForSeq2SeqLM",
+    card=CardSpec(
+        template="seq2seq.md",
+        pipeline_tag="translation",
+        task_name="Translation",
+        tags=("translation", "seq2seq", "transformer", "hf_vit_plus", "custom_code"),
+        architecture=(
+            "vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
+            "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "activation_function",
+            "max_position_embeddings", "normalize_before", "scale_embedding", "tie_word_embeddings", "dropout",
+            "label_smoothing",
+        ),  # fmt: skip
+    ),
+    trainer="hf_vit_plus.training.families.seq2seq:Seq2SeqFamily",
+    data="text",
+    builtin_data="numbers -> English words",
+    flags=(
+        "source_column", "target_column", "max_source_length", "max_target_length", "vocab_size",
+        "label_smoothing_factor",
+    ),  # fmt: skip
+    flag_help={
+        "config_name": "preset ('base' or 'big', the paper's) or config folder of a fresh model; default: a small "
+        "2+2-layer model",
+        "tokenizer_name": "saved tokenizer (folder or Hub id); default: the model's own, else a byte-level BPE "
+        "trained on the data",
+        "learning_rate": "factor of the paper's warm-up schedule (1.0: the paper's absolute rates)",
+    },
+    # Section 5.3 of "Attention Is All You Need": Adam 0.9/0.98/1e-9, the warm-up schedule with a base rate of 1.0,
+    # label smoothing 0.1.
+    training_defaults=dict(
+        output_dir="outputs/seq2seq",
+        learning_rate=1.0,
+        weight_decay=0.0,
+        adam_beta2=0.98,
+        adam_epsilon=1e-9,
+        num_train_epochs=10.0,
+        per_device_train_batch_size=32,
+        warmup_steps=200,
+        label_smoothing_factor=0.1,
+        max_grad_norm=0.0,
+    ),
+    lr_scheduler="noam",
+    export="encoder-decoder",
+)
