@@ -1,10 +1,10 @@
-"""The options of a training run, one dataclass for the four families.
+"""The options of a training run, one dataclass for every family.
 
 `TrainingArguments` serves the library loop from Python (`train(family_arguments("vit", ...))`) and the command
-line (`hf-vit-plus train vit ...`) alike. Each field carries its help text and the families it applies to in its
+line (`hf-vit-plus train vit ...`) alike. Each field carries its help text and which families it applies to in its
 metadata, as transformers' `HfArgumentParser` reads them: `add_training_arguments` adds one flag per field of the
-family, so `train vit --help` lists no text-only flag. Each family supplies its own defaults (`FAMILY_DEFAULTS`):
-the same flag means the same thing everywhere.
+family, so `train vit --help` lists no text-only flag. Which fields apply, the help that differs per family and the
+defaults all come from the family's record (`hf_vit_plus.families`): the same flag means the same thing everywhere.
 
 Names follow transformers' `TrainingArguments` and its example scripts (`--max_steps`, `--lr_scheduler_type`,
 `--save_steps`, `--dataset_config_name`, ...). The names of release 0.1 (`RENAMED`) are still accepted: as hidden
@@ -15,19 +15,30 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..cli_utils import HelpFormatter, one_of, parse_bool
-from ..data.images import IMAGE_DATASETS
 from ..errors import UsageError, check_exists, check_model_location
+from ..families import FAMILIES as FAMILY_RECORDS
+from ..families import Family
 
-FAMILIES = ("vit", "seq2seq", "sparse-lm", "image-lm")
+FAMILIES = tuple(FAMILY_RECORDS)
 SCHEDULERS = ("auto", "cosine", "noam", "linear", "constant")
+# what each schedule is, for the help of --lr_scheduler_type ('auto': the family's own)
+SCHEDULER_DESCRIPTIONS = {
+    "cosine": "linear warm-up then cosine decay",
+    "noam": "the paper's warm-up then inverse square root ('noam')",
+    "linear": "linear warm-up then linear decay",
+    "constant": "linear warm-up then a constant rate",
+}
 MIXED_PRECISION = ("no", "fp16", "bf16")
-TEXT_FAMILIES = ("seq2seq", "sparse-lm")
-# Families that read user data (Hub, folders, files); image-lm trains on a built-in data set (--dataset).
-USER_DATA_FAMILIES = ("vit", "seq2seq", "sparse-lm")
+TEXT_FAMILIES = tuple(name for name, family in FAMILY_RECORDS.items() if family.data == "text")
+# Families that read user data (Hub, folders, files); the others train on a built-in data set (--dataset).
+USER_DATA_FAMILIES = tuple(name for name, family in FAMILY_RECORDS.items() if family.user_data)
+# Each family's defaults (`Family.training_defaults`).
+FAMILY_DEFAULTS: dict[str, dict] = {name: dict(family.training_defaults) for name, family in FAMILY_RECORDS.items()}
 
 # Release 0.1's names -> today's (transformers' names for the same options).
 RENAMED = {
@@ -43,9 +54,74 @@ RENAMED = {
 }
 
 
-def _option(default: Any, help: str | dict[str, str], families: tuple[str, ...] = FAMILIES, choices=None):
-    """A field that is also a command-line flag. `help` may differ per family (a dict family -> text)."""
+# Which families a flag is on: a predicate of the family's record, or OWN: the families that name the flag in their
+# `Family.flags` (options of one kind of data, e.g. --block_size of the language model).
+OWN = "own"
+
+
+def every(family: Family) -> bool:
+    return True
+
+
+def reads_text(family: Family) -> bool:
+    return family.data == "text"
+
+
+def reads_user_data(family: Family) -> bool:
+    return family.user_data
+
+
+def reads_text_files(family: Family) -> bool:
+    return family.data == "text" and family.user_data
+
+
+def reads_image_folders(family: Family) -> bool:
+    return family.data == "images" and family.user_data
+
+
+def has_builtin_datasets(family: Family) -> bool:
+    return bool(family.datasets)
+
+
+def _option(default: Any, help: str | Callable[[Family], str], families: Callable[[Family], bool] | str = every,
+            choices=None):  # fmt: skip
+    """A field that is also a command-line flag of `families`. `help` may be computed from the family's record (see
+    `help_text`)."""
     return field(default=default, metadata={"help": help, "families": families, "choices": choices})
+
+
+def applies(flag: dataclasses.Field, family: Family) -> bool:
+    """Whether the flag of field `flag` is on `family`'s command line."""
+    families = flag.metadata["families"]
+    return flag.name in family.flags if families == OWN else families(family)
+
+
+def help_text(flag: dataclasses.Field, family: Family) -> str:
+    """The help of the flag of field `flag` on `family`'s command line: the family's `flag_help`, else the field's
+    (computed from the record when it is a function, which then reads `flag_help` itself)."""
+    text = flag.metadata["help"]
+    return family.flag_help.get(flag.name, text) if isinstance(text, str) else text(family)
+
+
+def _builtin_data_help(family: Family) -> str:
+    builtin = ", ".join(f"{f.id}: {f.builtin_data}" for f in FAMILY_RECORDS.values() if f.user_data)
+    return f"data set on the Hub (or a local folder `load_dataset` reads); default: the built-in data ({builtin})"
+
+
+def _datasets_help(family: Family) -> str:
+    choices = one_of(f"{d.name!r} ({d.description})" for d in family.datasets.values())
+    return f"built-in images: {choices}; evaluated on the test split"
+
+
+def _epochs_help(family: Family) -> str:
+    text = family.flag_help.get("num_train_epochs", "passes over the training data (unless --max_steps is given)")
+    if family.datasets and family.training_defaults.get("num_train_epochs") is None:
+        text += "; default: " + ", ".join(f"{d.default_epochs:g} for {d.name}" for d in family.datasets.values())
+    return text
+
+
+def _scheduler_help(family: Family) -> str:
+    return f"learning-rate schedule; 'auto': {SCHEDULER_DESCRIPTIONS[family.lr_scheduler]}"
 
 
 @dataclass
@@ -56,80 +132,48 @@ class TrainingArguments:
     model_name_or_path: str | None = _option(
         None, "fine-tune a saved model (folder or Hub id) instead of training a fresh one"
     )
-    config_name: str | None = _option(
-        None,
-        {
-            "vit": "preset ({tiny,small,base,large,huge}-patch{14,16,32}-{224,384}, e.g. 'tiny-patch16-224') or "
-            "config folder of a fresh model; default: a small config for the data",
-            "seq2seq": "preset ('base' or 'big', the paper's) or config folder of a fresh model; default: a small "
-            "2+2-layer model",
-            "sparse-lm": "config folder or Hub id of a fresh model; default: a small 4-layer strided model",
-            "image-lm": "config folder or Hub id of a fresh model (the image size, pixel vocabulary and a stride of "
-            "one row are set from the data); default: a small 4-layer strided model",
-        },
-    )
+    config_name: str | None = _option(None, "config folder or Hub id of a fresh model")
     config_overrides: str | None = _option(
         None, "comma-separated config fields of the model, e.g. 'num_hidden_layers=2,hidden_size=64'"
     )
-    tokenizer_name: str | None = _option(
-        None,
-        {
-            "seq2seq": "saved tokenizer (folder or Hub id); default: the model's own, else a byte-level BPE trained "
-            "on the data",
-            "sparse-lm": "saved tokenizer (folder or Hub id); default: the model's own, else the byte tokenizer",
-        },
-        TEXT_FAMILIES,
-    )
+    tokenizer_name: str | None = _option(None, "saved tokenizer (folder or Hub id)", reads_text)
     ignore_mismatched_sizes: bool = _option(
-        False, "replace a pretrained classification head of another size (another number of labels)", ("vit",)
+        False, "replace a pretrained classification head of another size (another number of labels)", OWN
     )
     # --- data
-    dataset_name: str | None = _option(
-        None,
-        "data set on the Hub (or a local folder `load_dataset` reads); default: the built-in data (vit: 8x8 "
-        "digits, seq2seq: numbers -> English words, sparse-lm: the Python standard library's sources)",
-        USER_DATA_FAMILIES,
-    )
-    dataset_config_name: str | None = _option(None, "configuration of --dataset_name", USER_DATA_FAMILIES)
-    dataset: str | None = _option(
-        None,
-        "built-in images: "
-        + one_of(f"{d.name!r} ({d.description})" for d in IMAGE_DATASETS.values())
-        + "; evaluated on the test split",
-        ("image-lm",),
-    )
-    train_dir: str | None = _option(None, "image folder (one sub-folder per class) to train on", ("vit",))
+    dataset_name: str | None = _option(None, _builtin_data_help, reads_user_data)
+    dataset_config_name: str | None = _option(None, "configuration of --dataset_name", reads_user_data)
+    dataset: str | None = _option(None, _datasets_help, has_builtin_datasets)
+    train_dir: str | None = _option(None, "image folder (one sub-folder per class) to train on", reads_image_folders)
     validation_dir: str | None = _option(
-        None, "image folder to evaluate on (default: a split of --train_dir)", ("vit",)
+        None, "image folder to evaluate on (default: a split of --train_dir)", reads_image_folders
     )
-    train_file: str | None = _option(None, "text/csv/tsv/json(l) file to train on", TEXT_FAMILIES)
+    train_file: str | None = _option(None, "text/csv/tsv/json(l) file to train on", reads_text_files)
     validation_file: str | None = _option(
-        None, "text/csv/tsv/json(l) file to evaluate on (default: a split of --train_file)", TEXT_FAMILIES
+        None, "text/csv/tsv/json(l) file to evaluate on (default: a split of --train_file)", reads_text_files
     )
     image_column_name: str | None = _option(
-        None, "column of the images (default: the first of image, img, picture)", ("vit",)
+        None, "column of the images (default: the first of image, img, picture)", OWN
     )
     label_column_name: str | None = _option(
-        None, "column of the class labels (default: the first of label, labels, fine_label)", ("vit",)
+        None, "column of the class labels (default: the first of label, labels, fine_label)", OWN
     )
     source_column: str | None = _option(
-        None, "column of the source texts (default: the first of source, src, input)", ("seq2seq",)
+        None, "column of the source texts (default: the first of source, src, input)", OWN
     )
     target_column: str | None = _option(
-        None, "column of the target texts (default: the first of target, tgt, output)", ("seq2seq",)
+        None, "column of the target texts (default: the first of target, tgt, output)", OWN
     )
-    text_column: str | None = _option(
-        None, "column of the texts (default: the first of text, content)", ("sparse-lm",)
-    )
+    text_column: str | None = _option(None, "column of the texts (default: the first of text, content)", OWN)
     validation_split_percentage: float = _option(
-        10.0, "percentage of the training data held out when the data has no validation split", USER_DATA_FAMILIES
+        10.0, "percentage of the training data held out when the data has no validation split", reads_user_data
     )
     max_train_samples: int | None = _option(None, "train on the first N examples only (quick runs)")
     max_eval_samples: int | None = _option(None, "evaluate on the first N examples only")
-    max_source_length: int = _option(64, "source tokens kept per example (longer ones are cut)", ("seq2seq",))
-    max_target_length: int = _option(64, "target tokens kept per example (longer ones are cut)", ("seq2seq",))
-    block_size: int = _option(128, "tokens per training sequence: the text is cut into blocks", ("sparse-lm",))
-    vocab_size: int = _option(1000, "size of the BPE vocabulary trained on the data", ("seq2seq",))
+    max_source_length: int = _option(64, "source tokens kept per example (longer ones are cut)", OWN)
+    max_target_length: int = _option(64, "target tokens kept per example (longer ones are cut)", OWN)
+    block_size: int = _option(128, "tokens per training sequence: the text is cut into blocks", OWN)
+    vocab_size: int = _option(1000, "size of the BPE vocabulary trained on the data", OWN)
     dataloader_num_workers: int = _option(0, "worker processes per data loader (0: the main process loads)")
     # --- optimisation
     per_device_train_batch_size: int = _option(32, "training examples per process and micro-batch")
@@ -137,43 +181,19 @@ class TrainingArguments:
     gradient_accumulation_steps: int = _option(
         1, "micro-batches per optimiser update (global batch: per-device batch x processes x this)"
     )
-    learning_rate: float = _option(
-        1e-3,
-        {
-            "vit": "peak learning rate",
-            "seq2seq": "factor of the paper's warm-up schedule (1.0: the paper's absolute rates)",
-            "sparse-lm": "peak learning rate",
-            "image-lm": "peak learning rate",
-        },
-    )
+    learning_rate: float = _option(1e-3, "peak learning rate")
     weight_decay: float = _option(0.05, "AdamW weight decay of the matrices (tensors of rank < 2 are not decayed)")
     adam_beta1: float = _option(0.9, "Adam's beta1")
     adam_beta2: float = _option(0.999, "Adam's beta2")
     adam_epsilon: float = _option(1e-8, "Adam's epsilon")
     max_grad_norm: float = _option(1.0, "clip the gradient norm to this value (0: no clipping)")
-    num_train_epochs: float | None = _option(
-        3.0,
-        {
-            **dict.fromkeys(USER_DATA_FAMILIES, "passes over the training data (unless --max_steps is given)"),
-            "image-lm": "passes over the training images (unless --max_steps is given); default: "
-            + ", ".join(f"{d.default_epochs:g} for {d.name}" for d in IMAGE_DATASETS.values()),
-        },
-    )
+    num_train_epochs: float | None = _option(3.0, _epochs_help)
     max_steps: int | None = _option(None, "optimiser updates in all; overrides --num_train_epochs")
-    lr_scheduler_type: str = _option(
-        "auto",
-        {
-            "vit": "learning-rate schedule; 'auto': linear warm-up then cosine decay",
-            "seq2seq": "learning-rate schedule; 'auto': the paper's warm-up then inverse square root ('noam')",
-            "sparse-lm": "learning-rate schedule; 'auto': linear warm-up then cosine decay",
-            "image-lm": "learning-rate schedule; 'auto': linear warm-up then cosine decay",
-        },
-        choices=SCHEDULERS,
-    )
+    lr_scheduler_type: str = _option("auto", _scheduler_help, choices=SCHEDULERS)
     warmup_steps: int | None = _option(None, "updates of warm-up (overrides --warmup_ratio)")
     warmup_ratio: float = _option(0.1, "share of the updates spent warming up")
     label_smoothing_factor: float = _option(
-        0.0, "label smoothing of the training loss (set in the model's config)", ("seq2seq",)
+        0.0, "label smoothing of the training loss (set in the model's config)", OWN
     )
     mixed_precision: str | None = _option(
         None, "mixed precision; default: the accelerate config / launcher setting", choices=MIXED_PRECISION
@@ -202,17 +222,20 @@ class TrainingArguments:
     write_card: bool = _option(True, "write README.md (the model card) and its figures next to the model")
 
     def __post_init__(self) -> None:
-        if self.family == "image-lm":  # the defaults that depend on the data set
-            self.dataset = "digits" if self.dataset is None else self.dataset
-            if self.num_train_epochs is None and self.dataset in IMAGE_DATASETS:
-                self.num_train_epochs = IMAGE_DATASETS[self.dataset].default_epochs
+        family = FAMILY_RECORDS.get(self.family)
+        if family is not None and family.datasets:  # the defaults that depend on the built-in data set
+            if self.dataset is None:
+                self.dataset = family.training_defaults.get("dataset") or next(iter(family.datasets))
+            if self.num_train_epochs is None and self.dataset in family.datasets:
+                self.num_train_epochs = family.datasets[self.dataset].default_epochs
         self.validate()
 
     def validate(self) -> None:
         """Raise a `UsageError` (a `ValueError`) naming the offending option."""
         if self.family not in FAMILIES:
             raise UsageError(f"Unknown family {self.family!r}; expected one of {FAMILIES}.")
-        self._validate_data_choice()
+        family = FAMILY_RECORDS[self.family]
+        self._validate_data_choice(family)
         for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -248,9 +271,11 @@ class TrainingArguments:
             raise UsageError("--push_to_hub needs --hub_model_id (e.g. 'my-user/vit-digits').")
         if self.train_dir and self.train_file:
             raise UsageError("Give either --train_dir (an image folder) or --train_file, not both.")
-        if self.family == "vit" and self.train_file:
-            raise UsageError("The vit family reads images: use --train_dir or --dataset_name, not --train_file.")
-        if self.family != "vit" and self.train_dir:
+        if family.data == "images" and self.train_file:
+            raise UsageError(
+                f"The {self.family} family reads images: use --train_dir or --dataset_name, not --train_file."
+            )
+        if family.data == "text" and self.train_dir:
             raise UsageError(
                 f"The {self.family} family reads text: use --train_file or --dataset_name, not --train_dir."
             )
@@ -261,22 +286,24 @@ class TrainingArguments:
         if self.validation_dir and not self.train_dir:
             raise UsageError("--validation_dir needs --train_dir.")
 
-    def _validate_data_choice(self) -> None:
-        """--dataset names the image-lm family's built-in images; the other families read --dataset_name or files."""
-        if self.family != "image-lm":
+    def _validate_data_choice(self, family: Family) -> None:
+        """--dataset names the built-in images of the families that have some (`Family.datasets`); the other
+        families read --dataset_name or files."""
+        if not family.datasets:
             if self.dataset is not None:
+                owners = one_of(f.id for f in FAMILY_RECORDS.values() if f.datasets)
                 raise UsageError(
-                    f"--dataset ({self.dataset!r}) chooses the images of the image-lm family; the {self.family} "
+                    f"--dataset ({self.dataset!r}) chooses the images of the {owners} family; the {self.family} "
                     "family reads --dataset_name (a Hub data set) or local data."
                 )
             return
-        if self.dataset not in IMAGE_DATASETS:
-            raise UsageError(f"Unknown --dataset {self.dataset!r}; expected one of {', '.join(IMAGE_DATASETS)}.")
+        if self.dataset not in family.datasets:
+            raise UsageError(f"Unknown --dataset {self.dataset!r}; expected one of {', '.join(family.datasets)}.")
         given = [f"--{name}" for name in ("dataset_name", "train_dir", "train_file") if getattr(self, name)]
-        if given:
+        if given and not family.user_data:
             raise UsageError(
-                f"The image-lm family trains on built-in images ({', '.join(given)} given): choose them with "
-                f"--dataset ({', '.join(IMAGE_DATASETS)})."
+                f"The {self.family} family trains on built-in images ({', '.join(given)} given): choose them with "
+                f"--dataset ({', '.join(family.datasets)})."
             )
 
     def check_paths(self) -> None:
@@ -299,65 +326,16 @@ class TrainingArguments:
         return dataclasses.asdict(self)
 
 
-# Per-family defaults: the ViT values train the demo's small digits model; seq2seq follows section 5.3 of
-# "Attention Is All You Need" (Adam 0.9/0.98/1e-9, the warm-up schedule with a base rate of 1.0, label smoothing 0.1).
-FAMILY_DEFAULTS: dict[str, dict] = {
-    "vit": dict(
-        output_dir="outputs/vit",
-        learning_rate=2e-3,
-        weight_decay=0.05,
-        num_train_epochs=30.0,
-        per_device_train_batch_size=64,
-        warmup_ratio=0.1,
-    ),
-    "seq2seq": dict(
-        output_dir="outputs/seq2seq",
-        learning_rate=1.0,
-        weight_decay=0.0,
-        adam_beta2=0.98,
-        adam_epsilon=1e-9,
-        num_train_epochs=10.0,
-        per_device_train_batch_size=32,
-        warmup_steps=200,
-        label_smoothing_factor=0.1,
-        max_grad_norm=0.0,
-    ),
-    "sparse-lm": dict(
-        output_dir="outputs/sparse-lm",
-        learning_rate=1e-3,
-        weight_decay=0.1,
-        adam_beta2=0.95,
-        num_train_epochs=1.0,
-        per_device_train_batch_size=16,
-        warmup_ratio=0.05,
-    ),
-    # num_train_epochs None: the data set's own (`ImageDataset.default_epochs`)
-    "image-lm": dict(
-        output_dir="outputs/image-lm",
-        dataset="digits",
-        learning_rate=2e-3,
-        weight_decay=0.01,
-        adam_beta2=0.95,
-        num_train_epochs=None,
-        per_device_train_batch_size=32,
-        per_device_eval_batch_size=100,
-        warmup_ratio=0.05,
-    ),
-}
-
-
 def add_training_arguments(parser: argparse.ArgumentParser, family: str) -> argparse.ArgumentParser:
     """Add one flag per field of `TrainingArguments` that applies to `family`, with the family's defaults and help;
     release 0.1's names (`RENAMED`) are added as hidden flags with the same destination."""
     if family not in FAMILIES:
         raise ValueError(f"Unknown family {family!r}; expected one of {FAMILIES}.")
+    record = FAMILY_RECORDS[family]
     old_names = {new: old for old, new in RENAMED.items()}
     for f in flag_fields(family):
-        default = FAMILY_DEFAULTS[family].get(f.name, f.default)
-        help_text = f.metadata["help"]
-        if isinstance(help_text, dict):
-            help_text = help_text[family]
-        kwargs: dict[str, Any] = dict(default=default, help=help_text)
+        default = record.training_defaults.get(f.name, f.default)
+        kwargs: dict[str, Any] = dict(default=default, help=help_text(f, record))
         if _base_type(f.type) is bool:
             if default:  # `--write_card false` switches it off
                 kwargs.update(type=parse_bool, nargs="?", const=True, metavar="{true,false}")
@@ -411,7 +389,7 @@ def flag_fields(family: str | None = None) -> list[dataclasses.Field]:
     return [
         f
         for f in dataclasses.fields(TrainingArguments)
-        if "help" in f.metadata and (family is None or family in f.metadata["families"])
+        if "help" in f.metadata and (family is None or applies(f, FAMILY_RECORDS[family]))
     ]
 
 

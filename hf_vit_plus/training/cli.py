@@ -1,4 +1,4 @@
-"""`hf-vit-plus train {vit,seq2seq,sparse-lm,image-lm}` and `hf-vit-plus demo`.
+"""`hf-vit-plus train {families}` and `hf-vit-plus demo`.
 
 Both run the Accelerate loop of `hf_vit_plus.training.loop`; start them under `accelerate launch` (or torchrun)
 for several processes, e.g. `accelerate launch --multi_gpu --num_processes 2 -m hf_vit_plus.cli train vit ...`.
@@ -13,16 +13,13 @@ import time
 from pathlib import Path
 
 from ..cli_utils import HelpFormatter
+from ..data.number_words import number_to_words
 from ..errors import UsageError
-from .args import FAMILIES, TrainingArguments, add_training_arguments, args_from_namespace, family_arguments
+from ..families import FAMILIES
+from .args import TrainingArguments, add_training_arguments, args_from_namespace, family_arguments
 
-FAMILY_HELP = {
-    "vit": "the Vision Transformer, an image classifier (default data: 8x8 digits)",
-    "seq2seq": "the encoder-decoder Transformer (default data: numbers -> English words)",
-    "sparse-lm": "the Sparse Transformer, a causal language model (default data: the Python standard library)",
-    "image-lm": "the Sparse Transformer as an image model, pixels in raster order, scored in bits per dim "
-    "(--dataset digits or fashion-mnist)",
-}
+# the command's description: the module's, with the families of `hf_vit_plus.families`
+DESCRIPTION = __doc__.replace("{families}", "{" + ",".join(FAMILIES) + "}")
 # The demo keeps the last training state only: enough to resume, small on disk.
 DEMO_DEFAULTS = dict(num_train_epochs=30.0, save_steps="epoch", save_total_limit=1)
 
@@ -30,21 +27,18 @@ DEMO_DEFAULTS = dict(num_train_epochs=30.0, save_steps="epoch", save_total_limit
 def add_parser(subparsers) -> None:
     train_parser = subparsers.add_parser(
         "train",
-        help="train a model with Accelerate (one loop for the four families)",
-        description=__doc__,
+        help=f"train a model with Accelerate (one loop for the {number_to_words(len(FAMILIES))} families)",
+        description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     family_parsers = train_parser.add_subparsers(
         dest="family_command", required=True, metavar="{" + ",".join(FAMILIES) + "}"
     )
-    for family in FAMILIES:
+    for name, family in FAMILIES.items():
         parser = family_parsers.add_parser(
-            family,
-            help=FAMILY_HELP[family],
-            description=f"Train {FAMILY_HELP[family]} with Accelerate.",
-            formatter_class=HelpFormatter,
+            name, help=family.help, description=f"Train {family.help} with Accelerate.", formatter_class=HelpFormatter
         )
-        add_training_arguments(parser, family)
+        add_training_arguments(parser, name)
         parser.set_defaults(func=run_train)
 
     demo = subparsers.add_parser(
@@ -87,8 +81,8 @@ def run_train(namespace: argparse.Namespace) -> int:
 def check_inputs(args: TrainingArguments) -> None:
     """Check what the arguments point to before any work starts: data and model paths, the checkpoint to resume
     from, and the --config_overrides keys (against the config class the run builds). Raises `UsageError`."""
+    from .checkpoints import resolve_checkpoint
     from .families import check_config_overrides, get_family, parse_overrides
-    from .loop import resolve_checkpoint
 
     args.check_paths()
     if args.resume_from_checkpoint:

@@ -1,4 +1,4 @@
-"""The one training loop of the four families, on Accelerate.
+"""The one training loop of every family, on Accelerate: train -> epochs -> steps -> evaluate.
 
 The same code runs on one CPU, on N processes (`accelerate launch --multi_gpu --num_processes N`, gloo on CPU,
 NCCL on GPUs), on several machines, and under FSDP/DeepSpeed configs, which Accelerate applies in `prepare`.
@@ -7,14 +7,12 @@ Order (as in Accelerate's examples): Accelerator -> set_seed -> data under `main
 optimiser groups -> `prepare` -> `accumulate` -> `gather_for_metrics` -> save on the main process with
 `unwrap_model(...).save_pretrained`. `train` reads as these steps: `create_accelerator`, `find_resume_point`,
 `prepare_run` (data, model, loaders, optimiser, schedule: a `Run`), `restore_progress`, `run_epochs` (`train_epoch`
--> `training_step` and `after_update`; `end_epoch`), then `finish` (final evaluation and `save_final`) or
-`stop_early`. What differs between the families is in `families.py`.
+-> `training_step` and `after_update`; `end_epoch`), then `finish` (final evaluation and `outputs.save_final`) or
+`stop_early`. What differs between the families is in `families/`; the checkpoints on disk are `checkpoints.py`'s,
+the model folder, card and push at the end `outputs.py`'s.
 
-Checkpoints (`OUTPUT_DIR/checkpoints/checkpoint-<update>`) hold Accelerate's state (model as safetensors,
-optimiser, scheduler, RNG states, loaded with `weights_only=True`) plus `training_state.json` (position in the
-data, log history and a fingerprint of the model). They are written to a temporary folder and renamed, so an
-interrupted save never leaves a half-written checkpoint. Data order depends only on (seed, epoch), so a resumed
-run sees the same batches as an uninterrupted one.
+Data order depends only on (seed, epoch), so a run resumed from a checkpoint sees the same batches as an
+uninterrupted one.
 """
 
 from __future__ import annotations
@@ -23,8 +21,6 @@ import dataclasses
 import json
 import logging
 import math
-import os
-import shutil
 import signal
 import time
 from collections import defaultdict
@@ -40,32 +36,21 @@ from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, set_
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from ..models.compat import disable_activation_checkpointing, enable_activation_checkpointing
+from ..models.compat import enable_activation_checkpointing
 from .args import TrainingArguments
-from .families import Family, TrainingData, get_family
+from .checkpoints import (
+    PROCESSOR_DIR,
+    STATE_FORMAT,
+    check_same_model,
+    model_fingerprint,
+    read_training_state,
+    resolve_checkpoint,
+    save_checkpoint,
+)
+from .families import TrainingData, TrainingFamily, get_family
+from .outputs import prefixed_metrics, save_final
 
 logger = logging.getLogger(__name__)
-
-STATE_FILE = "training_state.json"
-STATE_FORMAT = "hf_vit_plus-training-state"
-CHECKPOINTS_DIR = "checkpoints"
-CHECKPOINT_PREFIX = "checkpoint-"
-PROCESSOR_DIR = "processor"
-# Config fields that do not change which model a checkpoint belongs to.
-_VOLATILE_CONFIG_KEYS = {
-    "transformers_version",
-    "_name_or_path",
-    "architectures",
-    "auto_map",
-    "dtype",
-    "torch_dtype",
-    "output_attentions",
-    "output_hidden_states",
-    "return_dict",
-    "use_cache",
-    "_attn_implementation",
-    "_attn_implementation_autoset",
-}
 
 
 @dataclass
@@ -84,94 +69,6 @@ class TrainResult:
     model: Any = None  # the trained model, unwrapped (on every process)
 
 
-# ------------------------------------------------------------------------------------------- checkpoint helpers
-def checkpoint_dirs(output_dir: str | Path) -> list[Path]:
-    """Complete checkpoints under `output_dir/checkpoints`, oldest first."""
-    root = Path(output_dir) / CHECKPOINTS_DIR
-    if not root.is_dir():
-        return []
-    found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(CHECKPOINT_PREFIX)]
-    found = [p for p in found if p.name[len(CHECKPOINT_PREFIX) :].isdigit() and (p / STATE_FILE).is_file()]
-    return sorted(found, key=lambda p: int(p.name[len(CHECKPOINT_PREFIX) :]))
-
-
-def resolve_checkpoint(resume_from_checkpoint: str, output_dir: str | Path) -> Path:
-    """The checkpoint folder to resume from: a path, or "latest" (the newest under `output_dir/checkpoints`)."""
-    if resume_from_checkpoint == "latest":
-        found = checkpoint_dirs(output_dir)
-        if not found:
-            raise FileNotFoundError(
-                f"--resume_from_checkpoint latest: no checkpoint under {str(Path(output_dir) / CHECKPOINTS_DIR)!r}."
-            )
-        return found[-1]
-    path = Path(resume_from_checkpoint)
-    if not path.exists():
-        raise FileNotFoundError(f"--resume_from_checkpoint {str(path)!r} does not exist.")
-    if not (path / STATE_FILE).is_file():
-        raise ValueError(
-            f"--resume_from_checkpoint {str(path)!r} is not a training checkpoint of hf_vit_plus (no {STATE_FILE}); "
-            "to start from saved weights use --model_name_or_path."
-        )
-    return path
-
-
-def read_training_state(path: Path) -> dict:
-    state = json.loads((path / STATE_FILE).read_text())
-    if state.get("format") != STATE_FORMAT:
-        raise ValueError(f"{str(path / STATE_FILE)!r} is not an hf_vit_plus training state.")
-    return state
-
-
-def model_fingerprint(config) -> dict:
-    """The config fields that identify a model (JSON-safe)."""
-    data = json.loads(config.to_json_string(use_diff=False))
-    return {k: v for k, v in data.items() if k not in _VOLATILE_CONFIG_KEYS}
-
-
-def check_same_model(state: dict, family: str, fingerprint: dict, path: Path) -> None:
-    """Refuse a checkpoint that belongs to another family or another model configuration, naming the difference."""
-    if state["family"] != family:
-        raise ValueError(
-            f"Checkpoint {str(path)!r} belongs to the {state['family']!r} family, not {family!r}: refusing to resume."
-        )
-    saved = state["model_config"]
-    keys = sorted(set(saved) | set(fingerprint))
-    diffs = [k for k in keys if saved.get(k) != fingerprint.get(k)]
-    if diffs:
-        shown = "; ".join(f"{k}: checkpoint={saved.get(k)!r}, this run={fingerprint.get(k)!r}" for k in diffs[:8])
-        raise ValueError(
-            f"Checkpoint {str(path)!r} belongs to another model ({saved.get('model_type')!r}); config fields "
-            f"differ: {shown}. Refusing to resume."
-        )
-
-
-def save_checkpoint(
-    accelerator: Accelerator, output_dir: Path, state: dict, total_limit: int | None, processor=None
-) -> Path:
-    """`accelerator.save_state` into a temporary folder, then one rename: a checkpoint is complete or absent."""
-    root = output_dir / CHECKPOINTS_DIR
-    final = root / f"{CHECKPOINT_PREFIX}{state['global_step']}"
-    tmp = root / f".tmp-{CHECKPOINT_PREFIX}{state['global_step']}"
-    if accelerator.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp), safe_serialization=True)
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        (tmp / STATE_FILE).write_text(json.dumps(state, indent=1, default=str))
-        if processor is not None:
-            processor.save_pretrained(tmp / PROCESSOR_DIR)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        if total_limit is not None:
-            for old in checkpoint_dirs(output_dir)[:-total_limit]:
-                shutil.rmtree(old, ignore_errors=True)
-    accelerator.wait_for_everyone()
-    return final
-
-
 # ----------------------------------------------------------------------------------------------------- the loop
 @dataclass
 class Run:
@@ -179,7 +76,7 @@ class Run:
 
     accelerator: Accelerator
     args: TrainingArguments
-    family: Family
+    family: TrainingFamily
     data: TrainingData
     model: Any
     processor: Any  # image processor or tokenizer saved with the model; None when the model needs none (image-lm)
@@ -234,7 +131,7 @@ class ResumePoint:
     state: dict  # its training_state.json
 
 
-def train(args: TrainingArguments, family: Family | None = None) -> TrainResult:
+def train(args: TrainingArguments, family: TrainingFamily | None = None) -> TrainResult:
     """Train `args.family` as `args` says; returns the final evaluation and where things were written."""
     family = family or get_family(args.family)
     accelerator = create_accelerator(args)
@@ -270,7 +167,7 @@ def create_accelerator(args: TrainingArguments) -> Accelerator:
     )
 
 
-def find_resume_point(args: TrainingArguments, family: Family) -> ResumePoint | None:
+def find_resume_point(args: TrainingArguments, family: TrainingFamily) -> ResumePoint | None:
     """The training state --resume_from_checkpoint names, refused when it belongs to another family."""
     if not args.resume_from_checkpoint:
         return None
@@ -282,7 +179,7 @@ def find_resume_point(args: TrainingArguments, family: Family) -> ResumePoint | 
 
 
 def reuse_checkpoint_processor(
-    args: TrainingArguments, family: Family, resume: ResumePoint | None
+    args: TrainingArguments, family: TrainingFamily, resume: ResumePoint | None
 ) -> TrainingArguments:
     """A tokenizer trained on the data is saved with each checkpoint: a resumed run uses the very same one."""
     if (
@@ -295,7 +192,9 @@ def reuse_checkpoint_processor(
     return args
 
 
-def prepare_run(accelerator: Accelerator, args: TrainingArguments, family: Family, resume: ResumePoint | None) -> Run:
+def prepare_run(
+    accelerator: Accelerator, args: TrainingArguments, family: TrainingFamily, resume: ResumePoint | None
+) -> Run:
     """Data, model and processor (on the main process first, so that caches are written once), then the loaders,
     optimiser and schedule, all through `accelerator.prepare`."""
     with accelerator.main_process_first():
@@ -461,7 +360,7 @@ def after_update(run: Run, progress: Progress, epoch: int, batches_in_epoch: int
         bar.set_postfix(loss=f"{mean_loss:.4f}")
     if args.eval_steps and step % args.eval_steps == 0:
         progress.eval_metrics = evaluate(accelerator, run.model, run.eval_dataloader, run.family)
-        _log(accelerator, progress.log_history, {"step": step, **_prefixed(progress.eval_metrics)}, "eval")
+        _log(accelerator, progress.log_history, {"step": step, **prefixed_metrics(progress.eval_metrics)}, "eval")
         run.model.train()
     if step >= run.total_steps:
         progress.stop_reason = "finished"
@@ -477,7 +376,7 @@ def end_epoch(run: Run, progress: Progress, epoch: int) -> None:
     """At the end of an epoch: evaluate (unless --eval_steps sets its own rhythm) and save with --save_steps epoch."""
     if not run.args.eval_steps:
         progress.eval_metrics = evaluate(run.accelerator, run.model, run.eval_dataloader, run.family)
-        entry = {"step": progress.global_step, "epoch": epoch + 1, **_prefixed(progress.eval_metrics)}
+        entry = {"step": progress.global_step, "epoch": epoch + 1, **prefixed_metrics(progress.eval_metrics)}
         _log(run.accelerator, progress.log_history, entry, "eval")
     if run.args.save_steps == "epoch" and progress.global_step != progress.last_saved_step:
         save_training_state(run, progress, epoch + 1, 0)
@@ -526,8 +425,12 @@ def finish(run: Run, progress: Progress, train_seconds: float) -> TrainResult:
     progress.eval_metrics = evaluate(run.accelerator, run.model, run.eval_dataloader, run.family)
     history = progress.log_history
     if not history or history[-1].get("step") != progress.global_step or "eval_loss" not in history[-1]:
-        _log(run.accelerator, history, {"step": progress.global_step, **_prefixed(progress.eval_metrics)}, "eval")
-    files = save_final(run, progress.eval_metrics, history)
+        _log(
+            run.accelerator, history, {"step": progress.global_step, **prefixed_metrics(progress.eval_metrics)}, "eval"
+        )
+    files = save_final(
+        run.accelerator, run.model, run.processor, run.args, run.family, run.data, progress.eval_metrics, history
+    )
     run.accelerator.end_training()
     run.accelerator.print(f"Final evaluation: {json.dumps(progress.eval_metrics)}; model saved in {run.output_dir}.")
     if run.data.baselines:
@@ -552,7 +455,7 @@ def _result(run: Run, progress: Progress, train_seconds: float, files: list[Path
     )
 
 
-def evaluate(accelerator: Accelerator, model, dataloader, family: Family) -> dict[str, float]:
+def evaluate(accelerator: Accelerator, model, dataloader, family: TrainingFamily) -> dict[str, float]:
     """Per-example outputs of every process, gathered without the padding `even_batches` adds."""
     model.eval()
     chunks: dict[str, list[torch.Tensor]] = defaultdict(list)
@@ -561,104 +464,6 @@ def evaluate(accelerator: Accelerator, model, dataloader, family: Family) -> dic
             for key, value in accelerator.gather_for_metrics(family.eval_outputs(model, batch)).items():
                 chunks[key].append(value.cpu())
     return family.metrics({key: torch.cat(values) for key, values in chunks.items()})
-
-
-def save_final(run: Run, eval_metrics: dict[str, float], log_history: list[dict]) -> list[Path]:
-    """Model + processor, evaluation results, curves, figures and the card; push when asked. Main process writes."""
-    accelerator, args, output_dir = run.accelerator, run.args, run.output_dir
-    accelerator.wait_for_everyone()
-    unwrapped = accelerator.unwrap_model(run.model)
-    state_dict = accelerator.get_state_dict(run.model)  # collective under FSDP/DeepSpeed: every process calls it
-    if args.activation_checkpointing:
-        disable_activation_checkpointing(unwrapped)
-    files: list[Path] = []
-    if accelerator.is_main_process:
-        # written next to the folder, then moved in file by file: no half-written weights under their final name
-        staging = output_dir / ".tmp-final"
-        shutil.rmtree(staging, ignore_errors=True)
-        unwrapped.save_pretrained(staging, is_main_process=True, state_dict=state_dict, save_function=accelerator.save)
-        if run.processor is not None:
-            run.processor.save_pretrained(staging)
-        for path in sorted(staging.iterdir()):
-            os.replace(path, output_dir / path.name)
-        staging.rmdir()
-        results = {f"eval_{k}": v for k, v in eval_metrics.items()} | _baseline_results(run.data)
-        (output_dir / "eval_results.json").write_text(json.dumps(results, indent=2))
-        (output_dir / "log_history.json").write_text(json.dumps(log_history, indent=1))
-        files += [output_dir / "eval_results.json", output_dir / "log_history.json"]
-        if args.write_card:
-            files += write_card_and_figures(run, unwrapped, eval_metrics, log_history)
-        if args.push_to_hub:
-            push(output_dir, args)
-    accelerator.wait_for_everyone()
-    return files
-
-
-def write_card_and_figures(run: Run, model, eval_metrics: dict[str, float], log_history: list[dict]) -> list[Path]:
-    """The training curves, the family's figures of the trained `model` and the model card that shows them."""
-    from ..hub import plot_training_curves, write_model_card
-
-    args, output_dir = run.args, run.output_dir
-    figures = [Path(plot_training_curves(log_history, output_dir / "training_curves.png"))]
-    was_training = model.training
-    model.eval()
-    figures += [Path(p) for p in run.family.figures(model, run.processor, run.data.raw, output_dir)]
-    model.train(was_training)
-    card = write_model_card(
-        output_dir,
-        family=run.family.name,
-        model_config=model.config,
-        training_args=card_hyperparameters(args),
-        eval_results=_prefixed(eval_metrics) | _baseline_results(run.data),
-        dataset_name=run.data.name,
-        dataset_config=args.dataset_config_name,
-        figures=figures,
-        base_model=args.model_name_or_path,
-        repo_id=args.hub_model_id,
-        eval_split=run.data.eval_split,
-    )
-    return figures + [Path(card)]
-
-
-CARD_FIELDS = (
-    "per_device_train_batch_size",
-    "gradient_accumulation_steps",
-    "learning_rate",
-    "weight_decay",
-    "adam_beta1",
-    "adam_beta2",
-    "adam_epsilon",
-    "max_grad_norm",
-    "num_train_epochs",
-    "max_steps",
-    "lr_scheduler_type",
-    "warmup_steps",
-    "warmup_ratio",
-    "label_smoothing_factor",
-    "mixed_precision",
-    "seed",
-)
-
-
-def card_hyperparameters(args: TrainingArguments) -> dict:
-    """The hyperparameters shown in the model card (those that describe the optimisation)."""
-    values = {k: getattr(args, k) for k in CARD_FIELDS if getattr(args, k) is not None}
-    values["scheduler"] = values.pop("lr_scheduler_type")
-    return values
-
-
-def push(output_dir: Path, args: TrainingArguments) -> None:
-    from ..hub import push_checkpoint
-
-    staging = output_dir.parent / f".push-{output_dir.name}"
-    # push only the model folder, not the training checkpoints or logs
-    shutil.rmtree(staging, ignore_errors=True)
-    shutil.copytree(output_dir, staging, ignore=shutil.ignore_patterns(CHECKPOINTS_DIR, "logs", ".tmp-*"))
-    try:
-        push_checkpoint(staging, args.hub_model_id, revision=args.hub_revision, private=args.hub_private_repo)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    logger.info("Pushed %s to %s (revision %s).", output_dir, args.hub_model_id, args.hub_revision or "main")
 
 
 # --------------------------------------------------------------------------------------------------- small bits
@@ -698,17 +503,6 @@ def _hparams(args: TrainingArguments) -> dict:
         elif value is None:
             values[key] = "None"
     return values
-
-
-def _baseline_results(data: TrainingData) -> dict:
-    """The data's reference numbers on the evaluation split, e.g. `eval_baseline_uniform_bits_per_dim`: the model card
-    shows them beside the model's results, outside its model-index."""
-    return {f"eval_baseline_{k}": v for k, v in data.baselines.items()}
-
-
-def _prefixed(metrics: dict) -> dict:
-    """Metrics for the log history and trackers (the example count is not a curve)."""
-    return {f"eval_{k}": v for k, v in metrics.items() if k != "samples"}
 
 
 def _log(accelerator: Accelerator, history: list[dict], entry: dict, kind: str) -> None:

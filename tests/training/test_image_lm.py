@@ -17,7 +17,7 @@ from hf_vit_plus.data.pixel_baselines import pixel_floors, pixel_histogram_bits_
 from hf_vit_plus.errors import UsageError
 from hf_vit_plus.hub.card import load_card_metadata, validate_card_metadata
 from hf_vit_plus.training.args import family_arguments
-from hf_vit_plus.training.families import SMALL_IMAGE_LM_CONFIG, ImageLMFamily, load_image_arrays
+from hf_vit_plus.training.families.image_lm import SMALL_IMAGE_LM_CONFIG, ImageLMFamily, load_image_arrays
 from hf_vit_plus.training.loop import train
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")  # tests/conftest.py

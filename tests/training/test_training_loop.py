@@ -15,7 +15,8 @@ import torch
 from safetensors.torch import load_file
 
 from hf_vit_plus.training.args import TrainingArguments, family_arguments, parse_args
-from hf_vit_plus.training.loop import checkpoint_dirs, train
+from hf_vit_plus.training.checkpoints import checkpoint_dirs
+from hf_vit_plus.training.loop import train
 from tests.utils import REPO_ROOT
 
 TINY_VIT = "hidden_size=32,num_hidden_layers=2,num_attention_heads=2,intermediate_size=64"

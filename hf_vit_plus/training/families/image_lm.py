@@ -1,0 +1,123 @@
+"""How the Sparse Transformer trains as an image model (sec. 7.1 of the paper): a built-in image data set
+(`hf_vit_plus.data.images`) as pixel sequences, the model's config sized from the images, bits per dim on the test
+split beside the uniform and per-pixel-histogram floors."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from datasets import Dataset, DatasetDict
+
+from ...data.images import IMAGE_DATASETS, ImageDataset
+from ...errors import UsageError
+from ...models.configuration_sparse_transformer import SparseTransformerConfig
+from .base import TrainingData, TrainingFamily
+
+# A fresh image model, on top of what the images fix (`IMAGE_CONFIG_FIELDS`): 4 blocks of width 64, untied embeddings
+# (as `SparseTransformerConfig.for_images`), the strided pattern (stride: one image row) with its two parts (the row
+# so far, the column above) on separate heads: with "interleaved", the fastest pattern mode at 28x28 on CPU, and
+# every layer still sees both parts.
+SMALL_IMAGE_LM_CONFIG = dict(
+    hidden_size=64, num_hidden_layers=4, num_attention_heads=4, intermediate_size=256, tie_word_embeddings=False,
+    attention_type="strided", sparse_pattern_mode="heads",
+)  # fmt: skip
+# The config fields that the images fix (those `SparseTransformerConfig.for_images` sets from their size): set on a
+# fresh model, checked against a saved one.
+IMAGE_CONFIG_FIELDS = (
+    "vocab_size", "bos_token_id", "pad_token_id", "eos_token_id", "max_position_embeddings",
+    "position_embedding_type", "factorized_shape", "sparse_stride", "sparse_summary_size", "image_size",
+    "num_channels",
+)  # fmt: skip
+
+
+class ImageLMFamily(TrainingFamily):
+    """The Sparse Transformer as an image model (sec. 7.1 of the paper): pixels in raster order as tokens, the loss in
+    nats per dim, evaluated in bits per dim on the test split beside two floors (uniform, per-pixel histogram)."""
+
+    name = "image-lm"
+
+    def load_data(self, args):
+        from ...data.pixel_baselines import pixel_floors
+
+        train, test = load_image_arrays(args.dataset, self.spec.datasets)
+        train, test = train[: args.max_train_samples], test[: args.max_eval_samples]  # as `limit_samples`
+        raw = DatasetDict(train=pixel_dataset(train), validation=pixel_dataset(test))
+        # the floors of exactly the images the model trains and is evaluated on
+        floors = pixel_floors(train, test)
+        card_name = self.spec.datasets[args.dataset].card_name
+        return TrainingData(raw, card_name, baselines=floors, eval_split="test")
+
+    def build(self, args, data):
+        height, width = data.raw["train"].features["pixel_values"].shape
+        # A fresh model or a --config_name gets the fields the images fix; a saved model must already fit them.
+        fields = {} if args.model_name_or_path else image_config_fields(height, width)
+        config = self.build_config(args, SMALL_IMAGE_LM_CONFIG, fields)
+        check_image_config(config, height, width, args.model_name_or_path or args.config_name)
+        return self.load_or_create_model(args, config), None
+
+    def transform(self, data, processor, model, args):
+        return data.raw.select_columns(["pixel_values"]).with_format("torch")
+
+    def collate_fn(self, processor):
+        def collate(examples):
+            return {"pixel_values": torch.stack([e["pixel_values"] for e in examples])}
+
+        return collate
+
+    def eval_outputs(self, model, batch):
+        from accelerate.utils import extract_model_from_parallel
+
+        tokens = extract_model_from_parallel(model).pixels_to_tokens(batch["pixel_values"])  # (B, n)
+        logits = model(pixel_values=batch["pixel_values"]).logits.float()  # (B, n, V): position t predicts pixel t
+        losses = torch.nn.functional.cross_entropy(logits.transpose(1, 2), tokens, reduction="none")  # (B, n), nats
+        return {"nll_sum": losses.sum(-1), "dims": torch.full_like(losses[:, 0], tokens.shape[1])}
+
+    def metrics(self, gathered):
+        loss = gathered["nll_sum"].sum().item() / gathered["dims"].sum().item()  # nats per dim
+        return {"loss": loss, "bits_per_dim": loss / math.log(2), "samples": len(gathered["dims"])}
+
+
+def load_image_arrays(dataset: str, datasets: Mapping[str, ImageDataset] = IMAGE_DATASETS) -> tuple:
+    """(train, test) uint8 arrays (N, H, W) of the built-in image data set `dataset` (one of `datasets`, by default
+    every entry of `data.images.IMAGE_DATASETS`); a `UsageError` naming the Debian package when Fashion-MNIST is not
+    installed."""
+    if dataset not in datasets:
+        raise UsageError(f"Unknown --dataset {dataset!r}; expected one of {', '.join(datasets)}.")
+    try:
+        return datasets[dataset].load("train"), datasets[dataset].load("test")
+    except FileNotFoundError as error:  # the message names the apt package
+        raise UsageError(f"--dataset {dataset}: {error}") from error
+
+
+def pixel_dataset(images) -> Dataset:
+    """Images (N, H, W) uint8 as a `Dataset` with one `pixel_values` column (fixed-shape arrays)."""
+    from datasets import Array2D, Features
+
+    height, width = images.shape[1:]
+    features = Features({"pixel_values": Array2D((height, width), "uint8")})
+    return Dataset.from_dict({"pixel_values": images}, features=features)
+
+
+def image_config_fields(height: int, width: int, num_channels: int = 1) -> dict[str, Any]:
+    """The config fields images of this size fix (`IMAGE_CONFIG_FIELDS`, as `SparseTransformerConfig.for_images`
+    sets them)."""
+    config = SparseTransformerConfig.for_images(height, width, num_channels)
+    return {name: getattr(config, name) for name in IMAGE_CONFIG_FIELDS}
+
+
+def check_image_config(config, height: int, width: int, source: str | None) -> None:
+    """A `UsageError` unless `config` is an image model's for grey images of height x width."""
+    where = f" of {source!r}" if source else ""
+    if not getattr(config, "is_image_model", False):
+        raise UsageError(
+            f"The model{where} is not an image model (its config has no image_size): the image-lm family trains "
+            "SparseTransformerForImageGeneration (config from SparseTransformerConfig.for_images)."
+        )
+    if list(config.image_size) != [height, width] or config.num_channels != 1:
+        raise UsageError(
+            f"The model{where} is made for images of {config.image_size[0]}x{config.image_size[1]} with "
+            f"{config.num_channels} channel(s); the data has {height}x{width} grey images."
+        )

@@ -1,0 +1,105 @@
+"""How the Sparse Transformer trains as a language model: byte-level text (the Python standard library's sources
+by default, a text file or a Hub data set) cut into blocks, perplexity and bits per token."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+from datasets import Dataset, DatasetDict
+
+from .base import (
+    TrainingData,
+    TrainingFamily,
+    builtin_data,
+    limit_samples,
+    load_user_data,
+    saved_tokenizer,
+    select_columns,
+)
+
+# A fresh Sparse Transformer for byte-level text: 4 blocks of width 128, strided pattern of stride 16.
+SMALL_SPARSE_LM_CONFIG = dict(
+    hidden_size=128, num_hidden_layers=4, num_attention_heads=4, intermediate_size=512, attention_type="strided",
+    sparse_stride=16, max_position_embeddings=1024,
+)  # fmt: skip
+STDLIB_TRAIN_BYTES = 2_000_000
+STDLIB_HELDOUT_BYTES = 100_000
+
+
+class SparseLMFamily(TrainingFamily):
+    name = "sparse-lm"
+
+    def load_data(self, args):
+        if builtin_data(args):
+            from ...data.text import load_stdlib_text, sequential_windows
+
+            text = load_stdlib_text(max_train_bytes=STDLIB_TRAIN_BYTES, max_heldout_bytes=STDLIB_HELDOUT_BYTES)
+            # Byte ids already: non-overlapping windows of block_size, shuffled by the sampler each epoch.
+            windows = {
+                split: Dataset.from_dict({"input_ids": sequential_windows(text[key], args.block_size).tolist()})
+                for split, key in (("train", "train"), ("validation", "heldout"))
+            }
+            return TrainingData(limit_samples(DatasetDict(windows), args), "python-stdlib-bytes")
+        raw, _ = select_columns(load_user_data(args), text=(args.text_column, ("text", "content"), "--text_column"))
+        return TrainingData(raw, args.dataset_name or Path(args.train_file).stem)  # limited once grouped in blocks
+
+    def build(self, args, data):
+        from ...data.text import byte_tokenizer
+
+        tokenizer = saved_tokenizer(args) or byte_tokenizer()
+        # The small default is sized for the tokenizer and --block_size; a saved model or config is taken as it is.
+        defaults = dict(
+            SMALL_SPARSE_LM_CONFIG,
+            vocab_size=len(tokenizer),
+            max_position_embeddings=args.block_size,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
+        model = self.load_or_create_model(args, self.build_config(args, defaults, {}))
+        if args.block_size > model.config.max_position_embeddings:
+            raise ValueError(
+                f"--block_size {args.block_size} exceeds the model's max_position_embeddings "
+                f"({model.config.max_position_embeddings})."
+            )
+        return model, tokenizer
+
+    def transform(self, data, tokenizer, model, args):
+        raw = data.raw
+        if "text" in raw["train"].column_names:  # user text: tokenised, concatenated and cut into blocks
+            block = args.block_size
+
+            def group(examples):
+                ids = [i for text in examples["text"] for i in tokenizer(text)["input_ids"]]
+                usable = len(ids) // block * block
+                return {"input_ids": [ids[i : i + block] for i in range(0, usable, block)]}
+
+            raw = raw.map(group, batched=True, remove_columns=["text"], desc="tokenizing and grouping")
+            raw = limit_samples(raw, args)
+            for split, blocks in raw.items():
+                if len(blocks) == 0:
+                    raise ValueError(f"The {split} text is shorter than one --block_size ({block} tokens).")
+        return raw.with_format("torch")
+
+    def collate_fn(self, tokenizer):
+        def collate(examples):
+            input_ids = torch.stack([torch.as_tensor(e["input_ids"]) for e in examples])
+            return {"input_ids": input_ids, "labels": input_ids.clone()}
+
+        return collate
+
+    def eval_outputs(self, model, batch):
+        logits = model(input_ids=batch["input_ids"]).logits.float()
+        labels = batch["labels"][:, 1:]
+        losses = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), labels, reduction="none")
+        return {"nll_sum": losses.sum(-1), "tokens": torch.full_like(losses[:, 0], labels.shape[1])}
+
+    def metrics(self, gathered):
+        loss = gathered["nll_sum"].sum().item() / gathered["tokens"].sum().item()
+        return {
+            "loss": loss,
+            "perplexity": math.exp(min(loss, 50.0)),
+            "bits_per_token": loss / math.log(2),
+            "samples": len(gathered["tokens"]),
+        }

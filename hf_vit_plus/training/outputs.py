@@ -1,0 +1,148 @@
+"""What a finished run leaves: the model folder (weights, config, processor), its evaluation results and log, the
+training curves and the family's figures, the model card, and the push to the Hub. The main process writes; every
+process calls `save_final` (gathering a sharded model's weights is collective)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+
+from accelerate import Accelerator
+
+from ..models.compat import disable_activation_checkpointing
+from .args import TrainingArguments
+from .checkpoints import CHECKPOINTS_DIR
+from .families import TrainingData, TrainingFamily
+
+logger = logging.getLogger(__name__)
+
+# The hyperparameters a model card shows (those that describe the optimisation).
+CARD_FIELDS = (
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "learning_rate",
+    "weight_decay",
+    "adam_beta1",
+    "adam_beta2",
+    "adam_epsilon",
+    "max_grad_norm",
+    "num_train_epochs",
+    "max_steps",
+    "lr_scheduler_type",
+    "warmup_steps",
+    "warmup_ratio",
+    "label_smoothing_factor",
+    "mixed_precision",
+    "seed",
+)
+
+
+def save_final(
+    accelerator: Accelerator,
+    model,
+    processor,
+    args: TrainingArguments,
+    family: TrainingFamily,
+    data: TrainingData,
+    eval_metrics: dict[str, float],
+    log_history: list[dict],
+) -> list[Path]:
+    """Model + processor, evaluation results, curves, figures and the card into --output_dir; push when asked.
+    `model` is the one `accelerator.prepare` returned. Returns the files written besides the model's own."""
+    output_dir = Path(args.output_dir)
+    accelerator.wait_for_everyone()
+    unwrapped = accelerator.unwrap_model(model)
+    state_dict = accelerator.get_state_dict(model)  # collective under FSDP/DeepSpeed: every process calls it
+    if args.activation_checkpointing:
+        disable_activation_checkpointing(unwrapped)
+    files: list[Path] = []
+    if accelerator.is_main_process:
+        # written next to the folder, then moved in file by file: no half-written weights under their final name
+        staging = output_dir / ".tmp-final"
+        shutil.rmtree(staging, ignore_errors=True)
+        unwrapped.save_pretrained(staging, is_main_process=True, state_dict=state_dict, save_function=accelerator.save)
+        if processor is not None:
+            processor.save_pretrained(staging)
+        for path in sorted(staging.iterdir()):
+            os.replace(path, output_dir / path.name)
+        staging.rmdir()
+        results = {f"eval_{k}": v for k, v in eval_metrics.items()} | baseline_results(data)
+        (output_dir / "eval_results.json").write_text(json.dumps(results, indent=2))
+        (output_dir / "log_history.json").write_text(json.dumps(log_history, indent=1))
+        files += [output_dir / "eval_results.json", output_dir / "log_history.json"]
+        if args.write_card:
+            files += write_card_and_figures(args, family, data, unwrapped, processor, eval_metrics, log_history)
+        if args.push_to_hub:
+            push(output_dir, args)
+    accelerator.wait_for_everyone()
+    return files
+
+
+def write_card_and_figures(
+    args: TrainingArguments,
+    family: TrainingFamily,
+    data: TrainingData,
+    model,
+    processor,
+    eval_metrics: dict[str, float],
+    log_history: list[dict],
+) -> list[Path]:
+    """The training curves, the family's figures of the trained (unwrapped) `model` and the model card that shows
+    them."""
+    from ..hub import plot_training_curves, write_model_card
+
+    output_dir = Path(args.output_dir)
+    figures = [Path(plot_training_curves(log_history, output_dir / "training_curves.png"))]
+    was_training = model.training
+    model.eval()
+    figures += [Path(p) for p in family.figures(model, processor, data.raw, output_dir)]
+    model.train(was_training)
+    card = write_model_card(
+        output_dir,
+        family=family.name,
+        model_config=model.config,
+        training_args=card_hyperparameters(args),
+        eval_results=prefixed_metrics(eval_metrics) | baseline_results(data),
+        dataset_name=data.name,
+        dataset_config=args.dataset_config_name,
+        figures=figures,
+        base_model=args.model_name_or_path,
+        repo_id=args.hub_model_id,
+        eval_split=data.eval_split,
+    )
+    return figures + [Path(card)]
+
+
+def card_hyperparameters(args: TrainingArguments) -> dict:
+    """The hyperparameters shown in the model card (`CARD_FIELDS`)."""
+    values = {k: getattr(args, k) for k in CARD_FIELDS if getattr(args, k) is not None}
+    values["scheduler"] = values.pop("lr_scheduler_type")
+    return values
+
+
+def push(output_dir: Path, args: TrainingArguments) -> None:
+    """Push the model folder (not the training checkpoints or logs) to --hub_model_id."""
+    from ..hub import push_checkpoint
+
+    staging = output_dir.parent / f".push-{output_dir.name}"
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(output_dir, staging, ignore=shutil.ignore_patterns(CHECKPOINTS_DIR, "logs", ".tmp-*"))
+    try:
+        push_checkpoint(staging, args.hub_model_id, revision=args.hub_revision, private=args.hub_private_repo)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    logger.info("Pushed %s to %s (revision %s).", output_dir, args.hub_model_id, args.hub_revision or "main")
+
+
+def baseline_results(data: TrainingData) -> dict:
+    """The data's reference numbers on the evaluation split, e.g. `eval_baseline_uniform_bits_per_dim`: the model card
+    shows them beside the model's results, outside its model-index."""
+    return {f"eval_baseline_{k}": v for k, v in data.baselines.items()}
+
+
+def prefixed_metrics(metrics: dict) -> dict:
+    """Metrics for the log history, the trackers and the card (the example count is not a curve)."""
+    return {f"eval_{k}": v for k, v in metrics.items() if k != "samples"}
