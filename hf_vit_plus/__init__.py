@@ -1,10 +1,14 @@
 """hf_vit_plus: the Vision Transformer, the encoder-decoder Transformer and the Sparse Transformer as
-first-class Hugging Face models. Importing the package registers every class with the Auto classes."""
+first-class Hugging Face models. Importing the package registers every class with the Auto classes, and makes the
+models' `push_to_hub` upload their family's model card (a hook of `models/hub_mixin.py`, which ships as remote code
+and imports nothing of the package outside `models/`)."""
 
 from . import _noise  # noqa: F401  (first: it filters a log record that importing transformers emits)
+from .hub.push import push_model
 from .models.configuration_seq2seq_transformer import Seq2SeqTransformerConfig
 from .models.configuration_sparse_transformer import SparseTransformerConfig
 from .models.configuration_vit_plus import ViTPlusConfig
+from .models.hub_mixin import set_push_to_hub_hook
 from .models.image_processing_vit_plus import ViTPlusImageProcessor
 from .models.modeling_seq2seq_transformer import (
     Seq2SeqTransformerForConditionalGeneration,
@@ -21,6 +25,7 @@ from .models.modeling_vit_plus import ViTPlusForImageClassification, ViTPlusMode
 from .registration import register_auto_classes
 
 register_auto_classes()
+set_push_to_hub_hook(push_model)
 
 __version__ = "0.1.0"
 

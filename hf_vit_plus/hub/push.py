@@ -7,8 +7,9 @@ processor/tokenizer files, figures and the README.md model card. A folder withou
 rendered from its config.json (`hf_vit_plus.hub.card.model_card_from_config`) in the commit; a README.md in the
 folder goes up as it is. The local folder is only read, never written.
 
-`push_model` is what the families' `model.push_to_hub(repo_id)` does (see `hf_vit_plus.models.hub_mixin`):
-transformers' push with the family's card in place of transformers' stock card.
+`push_model` is what the families' `model.push_to_hub(repo_id)` does: `hf_vit_plus/__init__.py` sets it as the push
+hook of `hf_vit_plus.models.hub_mixin` (the models never import this package). It is transformers' push with the
+family's card in place of transformers' stock card.
 
 Call it from the main process only (e.g. under `if accelerator.is_main_process:` or
 `trainer.is_world_process_zero()`): several processes pushing the same folder make several commits.

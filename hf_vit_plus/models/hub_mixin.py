@@ -1,13 +1,14 @@
 """What the three model families add to transformers' `PreTrainedModel` on the way to and from the Hub.
 
-- `push_to_hub` uploads the family's model card (rendered from the config by `hf_vit_plus.hub.card`) instead of
-  transformers' stock card ("[More Information Needed]", no tags).
+- `push_to_hub` uploads the family's model card instead of transformers' stock card ("[More Information Needed]",
+  no tags), through the hook the `hf_vit_plus` package sets when it is imported (`set_push_to_hub_hook`).
 - `from_pretrained` names the weights file when a `*.safetensors` file is corrupt or truncated (safetensors itself
   only says "Error while deserializing header").
 
 This module ships with the checkpoints as remote code (`trust_remote_code=True`), so it imports only transformers,
-huggingface_hub and safetensors at module level; the card code of the `hf_vit_plus` package is imported inside
-`push_to_hub`, and without the package the push is transformers' own.
+huggingface_hub and safetensors, never the rest of the package: the card code (`hf_vit_plus.hub`) sits above the
+models and hands them its push (`hf_vit_plus/__init__.py` sets `hf_vit_plus.hub.push.push_model` as the hook).
+Without the package no hook is set, and the push is transformers' own.
 """
 
 from __future__ import annotations
@@ -15,12 +16,38 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from safetensors import SafetensorError, safe_open
 
 logger = logging.getLogger(__name__)
+
+# `push_to_hub` with the family's card: called as hook(model, repo_id, **options) and returning a `CommitInfo`; set by
+# the hf_vit_plus package when it is imported. None: transformers' own push.
+_push_to_hub_hook: Callable | None = None
+# The name of this module in the installed package; a copy loaded as remote code has another (transformers_modules.*).
+_PACKAGE_MODULE = "hf_vit_plus.models.hub_mixin"
+
+
+def set_push_to_hub_hook(hook: Callable | None) -> Callable | None:
+    """Make `hook(model, repo_id, **options)` do the models' `push_to_hub` (None: transformers' own push); returns the
+    hook it replaces."""
+    global _push_to_hub_hook
+    previous, _push_to_hub_hook = _push_to_hub_hook, hook
+    return previous
+
+
+def push_to_hub_hook() -> Callable | None:
+    """The hook set with `set_push_to_hub_hook`. A copy of this module loaded as remote code (`trust_remote_code=True`
+    in a process that has also imported the package) takes the package's hook: the same models, the same card."""
+    if _push_to_hub_hook is not None:
+        return _push_to_hub_hook
+    installed = sys.modules.get(_PACKAGE_MODULE)
+    if installed is None or installed is sys.modules.get(__name__):
+        return None
+    return getattr(installed, "_push_to_hub_hook", None)
 
 
 class CorruptCheckpointError(OSError):
@@ -174,7 +201,8 @@ class HubMixin:
         `hf_vit_plus.hub.card.model_card_from_config`: the family's metadata, description, architecture and
         usage, saying that no training data or evaluation was recorded. A README.md that the repository already
         has (on `revision`, or main) is kept as it is; only `tags` it lacks are added, as transformers does.
-        Without the `hf_vit_plus` package (remote code) this is transformers' own push, stock card included.
+        The push is the hook the package sets (`set_push_to_hub_hook`); without the `hf_vit_plus` package (remote
+        code) there is none, and this is transformers' own push, stock card included.
         """
         arguments = dict(
             commit_message=commit_message,
@@ -186,9 +214,8 @@ class HubMixin:
             max_shard_size=max_shard_size,
             tags=tags,
         )
-        try:
-            from hf_vit_plus.hub.push import push_model
-        except ImportError:
-            logger.info("hf_vit_plus is not installed: pushing with transformers' stock model card.")
+        hook = push_to_hub_hook()
+        if hook is None:
+            logger.info("hf_vit_plus is not imported: pushing with transformers' stock model card.")
             return super().push_to_hub(repo_id, **arguments)
-        return push_model(self, repo_id, **arguments)
+        return hook(self, repo_id, **arguments)

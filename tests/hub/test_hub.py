@@ -196,7 +196,9 @@ def _pull_code(repo_id: str, image: Path, with_package: bool) -> str:
         processor = AutoImageProcessor.from_pretrained({repo_id!r}, **kwargs)
         with torch.no_grad():
             logits = model(**processor(images=image, return_tensors="pt")).logits[0].tolist()
-        out[name] = {{"logits": logits, "module": type(model).__module__, "labels": model.config.id2label}}
+        mixin = sys.modules[type(model).__module__.rsplit(".", 1)[0] + ".hub_mixin"]
+        out[name] = {{"logits": logits, "module": type(model).__module__, "labels": model.config.id2label,
+                      "card_hook": mixin.push_to_hub_hook() is not None}}
     print(json.dumps(out))
     """
 
@@ -262,6 +264,7 @@ def test_pull_by_repo_id_and_revision_without_the_package(hub_server, pushed, ch
     result = run_without_package(_pull_code(REPO, root / "image.png", with_package=False), tmp_path, hub_server.env())
     assert result["package_loaded"] is False
     assert result["main"]["module"].startswith("transformers_modules.")
+    assert not result["main"]["card_hook"]  # push_to_hub is transformers' own
     _assert_pulled(result, expected)
 
 
@@ -270,6 +273,7 @@ def test_pull_by_repo_id_and_revision_with_the_package(hub_server, pushed, check
     result = _run_client(_pull_code(REPO, root / "image.png", with_package=True), tmp_path, hub_server.env())
     assert result["package_loaded"] is True
     assert result["main_installed_classes"]["module"] == "hf_vit_plus.models.modeling_vit_plus"
+    assert result["main"]["card_hook"] and result["main_installed_classes"]["card_hook"]  # the family's card
     assert np.allclose(result["main_installed_classes"]["logits"], expected["main"], atol=1e-5)
     _assert_pulled(result, expected)
     # every request of the module's clients reached a route of the server, and none hit a server bug

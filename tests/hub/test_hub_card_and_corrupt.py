@@ -204,10 +204,26 @@ def test_push_to_hub_keeps_a_readme_the_repository_has(hub_server, pushed):
     assert yaml.safe_load(tagged.split("---")[1]) == {"license": "mit", "tags": ["mine", "extra-tag"]}
 
 
+def test_push_to_hub_goes_through_the_hook_the_package_sets(saved):
+    """`import hf_vit_plus` hands the models its push (models/ imports nothing of hub/); a copy of the model code
+    loaded as remote code in the same process takes the package's hook too."""
+    from transformers.dynamic_module_utils import get_class_from_dynamic_module
+
+    from hf_vit_plus.hub.push import push_model
+    from hf_vit_plus.models import hub_mixin
+
+    assert hub_mixin.push_to_hub_hook() is push_model
+    remote = get_class_from_dynamic_module("modeling_vit_plus.ViTPlusForImageClassification", saved / "vit")
+    remote_mixin = sys.modules[remote.__module__.rsplit(".", 1)[0] + ".hub_mixin"]
+    assert remote_mixin is not hub_mixin and remote_mixin.push_to_hub_hook() is push_model
+
+
 def test_push_to_hub_without_the_package_is_transformers_own(monkeypatch, saved):
-    """Remote code on a machine without hf_vit_plus: the mixin falls back to transformers' push."""
+    """Remote code on a machine without hf_vit_plus: no hook is set, and the mixin falls back to transformers' push."""
+    from hf_vit_plus.models import hub_mixin
+
     calls = []
-    monkeypatch.setitem(sys.modules, "hf_vit_plus.hub.push", None)  # `import` raises ImportError
+    monkeypatch.setattr(hub_mixin, "_push_to_hub_hook", None)  # as in a process that never imported the package
     monkeypatch.setattr(PreTrainedModel, "push_to_hub", lambda self, repo_id, **kw: calls.append((repo_id, kw)))
     model = ViTPlusForImageClassification.from_pretrained(saved / "vit")
     model.push_to_hub("test-org/x", revision="v1", tags=["a"])
