@@ -1,0 +1,77 @@
+"""The family records (`hf_vit_plus.families`) hold together: every name a record gives (its training recipe, its
+export layout, its card template, its flags, help and defaults) names something that exists, and the rest of the
+package lists exactly the registered families."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+
+import pytest
+import transformers
+
+from hf_vit_plus.families import FAMILIES, family_of_config, family_of_model, get_family
+from hf_vit_plus.training.args import OWN, TrainingArguments, applies, flag_fields
+
+IDS = list(FAMILIES)
+
+
+@pytest.mark.parametrize("name", IDS)
+def test_the_record_names_things_that_exist(name):
+    from hf_vit_plus.export import EXPORTERS
+    from hf_vit_plus.hub.card import TEMPLATES_DIR
+    from hf_vit_plus.training.families import TrainingFamily
+    from hf_vit_plus.training.families import get_family as get_recipe
+    from tests.utils import REPO_ROOT
+
+    family = get_family(name)
+    assert family.id == name and family.data in ("images", "text")
+    assert {"AutoModel", family.head} <= set(family.model_classes)
+    for auto_name, model_class in family.model_classes.items():
+        assert hasattr(transformers, auto_name) and model_class.config_class is family.config_class
+    module, _, class_name = family.trainer.partition(":")
+    recipe = getattr(importlib.import_module(module), class_name)
+    assert issubclass(recipe, TrainingFamily) and recipe.name == name
+    assert type(get_recipe(name)) is recipe and get_recipe(name).model_class is family.head_class
+    assert family.export is None or family.export in EXPORTERS
+    assert (TEMPLATES_DIR / family.card.template).is_file()
+    assert (REPO_ROOT / "model_cards" / family.card.template).read_text() == (
+        TEMPLATES_DIR / family.card.template
+    ).read_text()
+    assert family.user_data or family.datasets, "a family trains on the user's data or on built-in data sets"
+
+
+@pytest.mark.parametrize("name", IDS)
+def test_flags_help_and_defaults_name_training_arguments(name):
+    family = get_family(name)
+    fields = {f.name: f for f in dataclasses.fields(TrainingArguments)}
+    own = {f.name for f in fields.values() if f.metadata.get("families") == OWN}
+    assert set(family.flags) <= own, "Family.flags names fields marked OWN in TrainingArguments"
+    on_its_command_line = {f.name for f in flag_fields(name)}
+    assert set(family.flag_help) <= on_its_command_line
+    assert set(family.training_defaults) <= on_its_command_line
+    assert all(applies(fields[flag], family) for flag in family.flags)
+
+
+def test_every_family_is_a_train_sub_command_and_a_card_family():
+    from hf_vit_plus.cli import build_parser
+    from hf_vit_plus.hub.card import check_family
+    from hf_vit_plus.training import FAMILIES as TRAINING_FAMILIES
+
+    train = build_parser()._subparsers._group_actions[0].choices["train"]
+    assert list(train._subparsers._group_actions[0].choices) == IDS == list(TRAINING_FAMILIES)
+    assert [check_family(name) for name in IDS] == IDS
+
+
+@pytest.mark.parametrize("name", IDS)
+def test_a_familys_models_and_configs_are_found_as_its_own(name):
+    family = get_family(name)
+    config = family.config_class.for_images(4, 4) if family.image_model else family.config_class()
+    assert family_of_config(config) is family and family_of_config(config.to_dict()) is family
+    assert family_of_model(family.head_class(config)) is family
+    assert family_of_config({"model_type": "bert"}) is None
+
+
+def test_an_unknown_family_is_named():
+    with pytest.raises(ValueError, match=r"Unknown family 'bert'; expected one of \['image-lm', 'seq2seq'"):
+        get_family("bert")
