@@ -5,7 +5,7 @@ Sparse Transformer Fig. 2 and 3).
     hf-vit-plus explain distance CHECKPOINT [IMAGE ...] --output mean_attention_distance.png
     hf-vit-plus explain positions CHECKPOINT --output position_embedding_similarity.png
     hf-vit-plus explain filters CHECKPOINT --output patch_embedding_components.png
-    hf-vit-plus explain pattern [CHECKPOINT] [--kind strided --stride 4 --length 64] --output pattern.png
+    hf-vit-plus explain pattern [CHECKPOINT] [--kind KIND|all --stride 4 --length 64] --output pattern.png
     hf-vit-plus explain all CHECKPOINT IMAGE [IMAGE ...] --output_dir figures/
     hf-vit-plus explain next-pixel IMAGE_MODEL (--image FILE | --dataset {datasets} [--index I] | --sample)
         [--pixel ROW COL] --output next_pixel_attention.png
@@ -176,7 +176,7 @@ def _pattern(args: argparse.Namespace) -> list[Path]:
             patterns = [pattern_from_config(config, args.length)]
     else:
         if args.kind is None:
-            raise UsageError("Give a CHECKPOINT or --kind (dense, strided, fixed or all).")
+            raise UsageError(f"Give a CHECKPOINT or --kind ({', '.join(PATTERN_KINDS)} or all).")
         kinds = list(PATTERN_KINDS) if args.kind == "all" else [args.kind]
         # The paper takes l close to sqrt(n).
         stride = args.stride or (max(2, math.isqrt(args.length)) if args.length else 8)
@@ -186,11 +186,9 @@ def _pattern(args: argparse.Namespace) -> list[Path]:
                 f"--length {length} is too long to draw (at most {MAX_PATTERN_LENGTH}); the pattern repeats along the "
                 "sequence, so a prefix shows it."
             )
-        summary = args.summary_size or (max(1, stride // 4) if stride else None)
         with user_input():  # --stride / --summary_size / --length that do not fit together
             patterns = [
-                attention_pattern(kind, length, stride, summary if kind == "fixed" else None, not args.bidirectional)
-                for kind in kinds
+                attention_pattern(kind, length, stride, args.summary_size, not args.bidirectional) for kind in kinds
             ]
     for pattern in patterns:
         print(f"{pattern.describe()}: {100 * pattern.density():.1f}% of the attention matrix")
@@ -414,15 +412,27 @@ def add_parser(subparsers) -> None:
         "sparse_attention_pattern.png",
         checkpoint="optional",
     )
+    from ..models.sparse_layouts import ATTENTION_TYPES, PATTERNS
+
     sub.add_argument(
         "--kind",
-        choices=["dense", "strided", "fixed", "all"],
+        choices=[*ATTENTION_TYPES, "all"],
         default=None,
-        help="pattern to draw without a checkpoint ('all': dense, strided and fixed side by side)",
+        help=f"pattern to draw without a checkpoint ('all': {', '.join(ATTENTION_TYPES)} side by side)",
     )
-    sub.add_argument("--stride", type=positive_int, default=None, help="stride / block length l")
     sub.add_argument(
-        "--summary_size", type=positive_int, default=None, help="fixed pattern: summary positions c (default l/4)"
+        "--stride", type=positive_int, default=None, help="the pattern's length l (stride, block length or window)"
+    )
+    sub.add_argument(
+        "--summary_size",
+        type=int,
+        default=None,
+        help="the second setting of the kinds that read one: "
+        + "; ".join(
+            f"{name}: {kind.symbols['summary_size']} (default {kind.default_settings(8)['summary_size']} at l=8)"
+            for name, kind in PATTERNS.items()
+            if "summary_size" in kind.settings
+        ),
     )
     sub.add_argument(
         "--length", type=positive_int, default=None, help="sequence length n (default about l^2, at most 1024)"

@@ -1,14 +1,9 @@
-"""Which keys each query sees under the Sparse Transformer's factorised attention (Child et al. 2019, sec. 4.2,
-Fig. 3), split into the pattern's two parts so a figure can colour them apart.
+"""Which keys each query sees under a sparse attention pattern (Child et al. 2019, sec. 4.2, Fig. 3), split into the
+pattern's parts so a figure can colour them apart.
 
-Definitions (0-indexed, query i, key j, stride / block length l, c summary positions; causal adds j <= i):
-- strided: A^(1) "band" = {0 <= i - j <= l} (bidirectional |i - j| <= l), A^(2) "residue" = {(i - j) mod l = 0};
-- fixed: A^(1) "block" = {floor(j / l) = floor(i / l)}, A^(2) "summary" = {j mod l in [l - c(b + 1), l - cb)}
-  where b is the head's summary sub-block (b = 0: the last c positions of every block);
-- dense: one part, every (earlier) key.
-These are the paper's parts, which may overlap (a figure shows the overlap), evaluated from the model's own
-`SparsePattern` (`hf_vit_plus.models.sparse_layouts`, `PatternPart.defined`): their union is the merged mask the
-attention kernels use.
+Every kind registered in `hf_vit_plus.models.sparse_layouts` (`PATTERNS`) is drawn from the model's own
+`SparsePattern` (`PatternPart.defined`: the paper's parts, which may overlap; a figure shows the overlap); their
+union is the merged mask the attention kernels use. "dense" is one part, every (earlier) key.
 """
 
 from __future__ import annotations
@@ -18,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..models.sparse_layouts import ATTENTION_TYPES, SparsePattern, build_pattern
+from ..models.sparse_layouts import ATTENTION_TYPES, PATTERNS, SparsePattern, build_pattern
 from ..models.sparse_layouts import PART_NAMES as SPARSE_PART_NAMES
 from ..models.sparse_layouts import pattern_from_config as model_pattern_from_config
 
@@ -68,11 +63,12 @@ class AttentionPattern:
     def describe(self) -> str:
         if self.kind == "dense":
             return f"dense, n={self.length}, {'causal' if self.causal else 'bidirectional'}"
-        text = f"{self.kind}, n={self.length}, l={self.stride}"
-        if self.kind == "fixed":
-            text += f", c={self.summary_size}"
-            if self.summary_block:
-                text += f", block {self.summary_block}"
+        symbols = PATTERNS[self.kind].symbols
+        text = f"{self.kind}, n={self.length}, {symbols['stride']}={self.stride}"
+        if "summary_size" in symbols:
+            text += f", {symbols['summary_size']}={self.summary_size}"
+        if self.summary_block:
+            text += f", block {self.summary_block}"
         text += f", {'causal' if self.causal else 'bidirectional'}"
         if self.mode and self.mode != "merged":
             text += f"\n{self.mode}: each {'layer' if self.mode == 'interleaved' else 'head'} uses one part"
@@ -93,9 +89,11 @@ def attention_pattern(
     summary_block: int = 0,
     mode: str | None = None,
 ) -> AttentionPattern:
-    """The parts of a `kind` pattern ("dense", "strided" or "fixed") over `length` positions. `summary_block` b
-    picks the fixed pattern's summary positions (head h of a model uses b = h mod sparse_num_summary_blocks);
-    `mode` (merged / interleaved / heads, how a network combines the parts) is only recorded for the caption."""
+    """The parts of a `kind` pattern ("dense" or a registered sparse kind) over `length` positions. `summary_size`
+    is the kind's second setting where it reads one (the fixed pattern's c, the local pattern's global tokens);
+    None takes the kind's figure default. `summary_block` b picks the fixed pattern's summary positions (head h of a
+    model uses b = h mod sparse_num_summary_blocks); `mode` (merged / interleaved / heads, how a network combines
+    the parts) is only recorded for the caption."""
     if kind not in PATTERN_KINDS:
         raise ValueError(f"Unknown attention pattern kind {kind!r}: expected one of {PATTERN_KINDS}.")
     _check_int("length", length)
@@ -107,19 +105,19 @@ def attention_pattern(
     if stride is None:
         raise ValueError(f"The {kind!r} pattern needs a stride (block length) l.")
     _check_int("stride", stride)
-    if kind == "strided":
-        return _drawn(build_pattern("strided", stride, causal=causal), length, 0, mode)
-    if summary_size is None:
-        raise ValueError("The 'fixed' pattern needs `summary_size` c (summary positions at the end of each block).")
-    _check_int("summary_size", summary_size)
     _check_int("summary_block", summary_block, minimum=0)
-    if summary_size * (summary_block + 1) > stride:
+    settings = PATTERNS[kind].settings
+    if summary_size is None:
+        summary_size = PATTERNS[kind].default_settings(stride).get("summary_size", 0)
+    if summary_block and "num_summary_blocks" not in settings:
+        raise ValueError(f"The {kind!r} pattern has no summary blocks: `summary_block` must be 0.")
+    if "num_summary_blocks" in settings and summary_size * (summary_block + 1) > stride:
         raise ValueError(
             f"Summary block {summary_block} of c={summary_size} positions does not fit in a block of l={stride}: "
             f"need c * (block + 1) = {summary_size * (summary_block + 1)} <= l."
         )
     # Head b of a pattern with b + 1 summary sub-blocks uses sub-block b.
-    pattern = build_pattern("fixed", stride, summary_size, summary_block + 1, causal)
+    pattern = build_pattern(kind, stride, summary_size, summary_block + 1, causal)
     return _drawn(pattern, length, summary_block, mode)
 
 
@@ -128,13 +126,13 @@ def _drawn(pattern: SparsePattern, length: int, head: int, mode: str | None) -> 
     positions = torch.arange(length)
     i, j = positions[:, None], positions[None, :]  # (n, 1) queries, (1, n) keys
     parts = {part.name: part.defined(i, j, head).expand(length, length).contiguous() for part in pattern.parts()}
-    fixed = pattern.kind == "fixed"
+    settings = pattern.spec.settings
     return AttentionPattern(
         kind=pattern.kind,
         length=length,
         stride=pattern.stride,
-        summary_size=pattern.summary_size if fixed else None,
-        summary_block=head % pattern.num_summary_blocks if fixed else 0,
+        summary_size=pattern.summary_size if "summary_size" in settings else None,
+        summary_block=head % pattern.num_summary_blocks,
         causal=pattern.causal,
         parts=parts,
         mode=mode,
@@ -171,7 +169,7 @@ def pattern_from_config(config, length: int | None = None, head: int = 0) -> Att
         field = f"{config.sparse_fields.prefix}attention_type"
         raise ValueError(
             f"model_type={getattr(config, 'model_type', None)!r} uses dense attention ({field}='dense'): there is no "
-            "sparse pattern to draw (draw one without a checkpoint: --kind strided|fixed)."
+            f"sparse pattern to draw (draw one without a checkpoint: --kind {'|'.join(PATTERN_KINDS[1:])})."
         )
     if length is None:
         wanted = default_length(pattern.stride)

@@ -59,17 +59,18 @@ class Seq2SeqTransformerConfig(PretrainedConfig):
         layer_norm_eps: LayerNorm epsilon.
         pad_token_id / bos_token_id / eos_token_id / decoder_start_token_id: special token ids.
         use_cache: whether the decoder returns a key/value cache by default.
-        encoder_attention_type: the encoder's self-attention: "dense" (the paper) or a bidirectional Sparse
-            Transformer pattern (Child et al. 2019): "strided" (|i-j| <= l or (i-j) mod l = 0) or "fixed" (the whole
-            own block of l positions plus the summary columns of every block). The decoder's self-attention and the
-            cross-attention stay dense.
-        encoder_sparse_stride: l, the stride (strided) or block length (fixed); at most `max_position_embeddings`.
-        encoder_sparse_summary_size: c, the summary positions at the end of each block (fixed only; 0 < c <= l).
-        encoder_sparse_num_summary_blocks: how many different c-wide summary sub-blocks the heads use (fixed only;
-            head h takes sub-block h mod this count, counted from the end of each block).
-        encoder_sparse_pattern_mode: how the two parts of the pattern combine: "merged" (each head attends to the
-            union), "interleaved" (encoder layer i uses part i mod 2) or "heads" (head h uses part h mod 2;
-            `encoder_attention_heads` must be even).
+        encoder_attention_type: the encoder's self-attention: "dense" (the paper) or the bidirectional form of a
+            sparse pattern registered in `sparse_layouts.py` (`ATTENTION_TYPES`, e.g. the Sparse Transformer's
+            "strided": |i-j| <= l or (i-j) mod l = 0). The decoder's self-attention and the cross-attention stay
+            dense.
+        encoder_sparse_stride: l, the pattern's length (stride, block length or window); at most
+            `max_position_embeddings`.
+        encoder_sparse_summary_size: the pattern's second setting where it reads one (the fixed pattern's c).
+        encoder_sparse_num_summary_blocks: how many different summary sub-blocks the heads use (patterns that
+            read it: head h takes sub-block h mod this count).
+        encoder_sparse_pattern_mode: how the parts of the pattern combine: "merged" (each head attends to the
+            union), "interleaved" (encoder layer i uses part i mod the number of parts) or "heads" (head h uses part
+            h mod the number of parts; `encoder_attention_heads` must be divisible by it).
         sinusoid_layout: where the sin and cos of each frequency sit in the position vector: "interleaved" (the
             paper, sec. 3.5: sin at 2i, cos at 2i+1) or "halves" (Marian / opus-mt: sin at i, cos at d_model/2 + i).
         share_encoder_decoder_embeddings: with `tie_word_embeddings`, whether the source embedding is the shared

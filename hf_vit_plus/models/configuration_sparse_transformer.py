@@ -50,16 +50,18 @@ class SparseTransformerConfig(PretrainedConfig):
         layer_norm_eps: LayerNorm epsilon.
         max_position_embeddings: the longest sequence; longer inputs raise a `ValueError`.
         qkv_bias: bias in the query/key/value projections.
-        attention_type: "dense" (full causal attention), "strided" (sec. 4.3, fig. 3b: suits periodic data such as
-            images and audio) or "fixed" (fig. 3c: suits text).
-        sparse_stride: l, the stride (strided) or block length (fixed); the paper takes l close to sqrt(n).
-        sparse_summary_size: c, the number of summary positions at the end of each block (fixed pattern only).
-        sparse_num_summary_blocks: how many different c-wide summary sub-blocks the heads use (fixed pattern only;
-            head h takes sub-block h mod this count, counted from the end of each block); 1 = one shared set of
-            summary positions. The paper found several different ones better than one.
-        sparse_pattern_mode: how the two parts of the pattern combine across the network (sec. 5.1):
-            "interleaved" (one part per residual block, alternating over depth), "merged" (one head attends to the
-            union) or "heads" (each head attends to one part; `num_attention_heads` must be even).
+        attention_type: "dense" (full causal attention) or a sparse pattern registered in `sparse_layouts.py`
+            (`ATTENTION_TYPES`; each class there says what it reads the fields below as): the paper's "strided"
+            (sec. 4.3, fig. 3b: suits periodic data such as images and audio) and "fixed" (fig. 3c: suits text).
+        sparse_stride: l, the pattern's length (stride, block length or window); the paper takes l close to sqrt(n).
+        sparse_summary_size: the pattern's second setting where it reads one (the fixed pattern's c summary
+            positions at the end of each block).
+        sparse_num_summary_blocks: how many different summary sub-blocks the heads use (the fixed pattern: head h
+            takes sub-block h mod this count, counted from the end of each block); 1 = one shared set of summary
+            positions. The paper found several different ones better than one.
+        sparse_pattern_mode: how the parts of the pattern combine across the network (sec. 5.1): "interleaved" (one
+            part per residual block, alternating over depth), "merged" (one head attends to the union) or "heads"
+            (each head attends to one part; `num_attention_heads` must be divisible by the number of parts).
         position_embedding_type: "learned" (one table of `max_position_embeddings` rows) or "factorized" (sec. 5.3:
             one learned table per axis of `factorized_shape`, summed, e.g. rows, columns, channels of an image).
         factorized_shape: the axes of a "factorized" position, outermost first; their product must equal

@@ -17,7 +17,7 @@ from .config_checks import (
     check_positive_number,
     check_probability,
 )
-from .sparse_layouts import SparseFields, pattern_from_config
+from .sparse_layouts import SparseFields, default_summary_size, pattern_from_config
 
 # Table 1 of the paper: (layers, hidden size D, MLP size, heads). Patch size and resolution come from the name.
 VIT_PLUS_SIZES: dict[str, tuple[int, int, int, int]] = {
@@ -55,16 +55,17 @@ class ViTPlusConfig(PretrainedConfig):
         classifier_head: "linear" (fine-tuning head of the paper) or "mlp_tanh" (the pre-training head: one hidden
             layer of `classifier_hidden_size` units with tanh).
         classifier_hidden_size: width of the tanh layer of the "mlp_tanh" head (defaults to `hidden_size`).
-        attention_type: "dense" (the paper), or a bidirectional Sparse Transformer pattern (Child et al. 2019):
-            "strided" (with `sparse_stride` = patches per row: the previous/next row-length of tokens plus the
-            token's column) or "fixed" (blocks of `sparse_stride` tokens plus `sparse_summary_size` summary
-            columns per block). For long patch sequences at high resolution.
-        sparse_stride: l; None (the default) resolves to the number of patches per row (image_size // patch_size).
-        sparse_summary_size: c for "fixed"; None (the default) resolves to max(1, l // 4). Both are saved resolved,
-            as numbers.
-        sparse_num_summary_blocks: distinct c-wide summary sub-blocks across heads ("fixed").
-        sparse_pattern_mode: "merged" (one head sees the union), "interleaved" (layer i uses part i % 2) or
-            "heads" (head h uses part h % 2).
+        attention_type: "dense" (the paper), or a sparse pattern registered in `sparse_layouts.py`
+            (`ATTENTION_TYPES`; each class there says what it reads the fields below as), in its bidirectional form:
+            for long patch sequences at high resolution. E.g. "strided" with `sparse_stride` = patches per row sees
+            the previous/next row-length of tokens plus the token's column.
+        sparse_stride: l, the pattern's length (stride, block length or window); None (the default) resolves to the
+            number of patches per row (image_size // patch_size).
+        sparse_summary_size: the pattern's second setting where it reads one; None (the default) resolves to the
+            pattern's default (`sparse_layouts.default_summary_size`). Both are saved resolved, as numbers.
+        sparse_num_summary_blocks: distinct summary sub-blocks across heads (patterns that read it).
+        sparse_pattern_mode: "merged" (one head sees the union of the parts), "interleaved" (layer i uses part
+            i mod the number of parts) or "heads" (head h uses part h mod the number of parts).
         position_interpolation: how `interpolate_pos_encoding=True` resamples the 2-D grid of position embeddings
             (sec. 3.2): "bicubic_antialias" (timm's `resample_abs_pos_embed`, the default) or "bicubic" (plain
             bicubic, as transformers' ViT). The converters set the one of their source.
@@ -120,7 +121,7 @@ class ViTPlusConfig(PretrainedConfig):
         if sparse_stride is None and _is_positive_int(image_size) and _is_positive_int(patch_size):
             sparse_stride = image_size // patch_size
         if sparse_summary_size is None and _is_positive_int(sparse_stride):
-            sparse_summary_size = max(1, sparse_stride // 4)
+            sparse_summary_size = default_summary_size(attention_type, sparse_stride)
         self.sparse_stride = sparse_stride
         self.sparse_summary_size = sparse_summary_size
         self.sparse_num_summary_blocks = sparse_num_summary_blocks

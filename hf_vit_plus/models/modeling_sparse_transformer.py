@@ -50,24 +50,12 @@ from .input_checks import (
     check_token_range,
     tracing,
 )
-from .sparse_layouts import SparsePattern, allowed_key_indices, pattern_from_config
-
-
-def _pattern_mask(pattern: SparsePattern, head_parts: list[int | None], q_pos, k_pos) -> torch.Tensor:
-    """Mask (B, H or 1, Tq, Tk) of the pattern on logical positions q_pos (B, 1, Tq, 1), k_pos (B, 1, 1, Tk):
-    head h uses part `head_parts[h]` alone, or the merged pattern when it is None (see `SparsePattern.head_parts`).
-    """
-    masks = []
-    for head, part in enumerate(head_parts):
-        if part is None:
-            masks.append(pattern.allowed(q_pos, k_pos, head))
-        else:
-            masks.append(pattern.part_allowed(part, q_pos, k_pos, head))
-    return torch.cat(masks, dim=1)
+from .sparse_layouts import SparsePattern, pattern_from_config
 
 
 def _heads_differ(pattern: SparsePattern, head_parts: list[int | None]) -> bool:
-    return len(set(head_parts)) > 1 or pattern.num_summary_blocks > 1
+    """Whether the heads of a layer see different keys (one mask row per head, else one for all)."""
+    return len(set(head_parts)) > 1 or pattern.head_dependent
 
 
 @dataclass
@@ -127,10 +115,9 @@ class _AttentionContext:
         heads_differ = _heads_differ(pattern, head_parts)
         key = tuple(head_parts) if heads_differ else head_parts[0]
         if key not in self.masks:
-            q = self.query_positions[:, None, :, None]  # (B, 1, Tq, 1)
-            k = self.key_positions[:, None, None, :]  # (B, 1, 1, Tk)
-            used_parts = head_parts if heads_differ else head_parts[:1]
-            self.masks[key] = self._finish(_pattern_mask(pattern, used_parts, q, k))
+            q = self.query_positions[:, :, None]  # (B, Tq, 1)
+            k = self.key_positions[:, None, :]  # (B, 1, Tk)
+            self.masks[key] = self._finish(pattern.heads_mask(head_parts, q, k))  # (B, H or 1, Tq, Tk)
         return self.masks[key]
 
     def _finish(self, mask: torch.Tensor) -> torch.Tensor:
@@ -255,7 +242,7 @@ class SparseTransformerAttention(nn.Module):
         index_lists = []  # [B][H] LongTensors of logical key positions
         for position in context.query_positions[:, 0].tolist():
             per_head = [
-                allowed_key_indices(self.sparse_pattern, position, head=head, part_index=self.head_parts[head])
+                self.sparse_pattern.key_indices(position, head=head, part_index=self.head_parts[head])
                 for head in range(num_heads if heads_differ else 1)
             ]
             index_lists.append(per_head if heads_differ else per_head * num_heads)

@@ -45,7 +45,17 @@ from torch import nn
 
 from .attention import eager_attention_forward, sparse_padding_mask
 from .compat import FLASH_BACKWARD_SCHEMA, FLASH_FORWARD_SCHEMA, cpu_flash_attention_ops
-from .sparse_layouts import SparsePattern, allowed_key_indices, check_mode
+from .sparse_layouts import (
+    Band,
+    Blocks,
+    Columns,
+    Diagonal,
+    Residue,
+    Rows,
+    SparsePattern,
+    allowed_key_indices,
+    check_mode,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -124,14 +134,17 @@ def _merge(out, lse, o_p, lse_p):
     return out, new
 
 
-# ------------------------------------------------------------------------------------------------------ the parts
+# ---------------------------------------------------------------------------------------------------- the layouts
+# One implementation per layout of `sparse_layouts.py` (the kinds say which layouts a part is computed in). Each
+# piece takes (B, Hg, N, D) queries/keys/values of one head group and returns its output and log-sum-exp over its
+# keys; `backward` adds its share of the gradients given the merged output and log-sum-exp.
 class _Residue:
     """Strided residue classes: positions p -> (p mod l, p div l); causal (or full) attention over m = N/l tokens,
     on a strided view (B*Hg, l, m, D) of the natural layout (no copy)."""
 
-    def __init__(self, pattern, key_valid, B, Hg, N, dtype):
-        self.L, self.m = pattern.stride, N // pattern.stride
-        self.causal = pattern.causal
+    def __init__(self, layout: Residue, causal, key_valid, B, Hg, N, dtype):
+        self.L, self.m = layout.stride, N // layout.stride
+        self.causal = causal
         self.mask = None
         if key_valid is not None:  # (B, N) -> (B*Hg, l, 1, m)
             valid = key_valid.view(B, 1, self.m, self.L).transpose(2, 3).unsqueeze(3)  # (B, 1, l, 1, m)
@@ -161,20 +174,19 @@ class _Residue:
 
 
 class _Band:
-    """Strided local band in natural order: query blocks of w positions (w = l/2) against a window of keys
-    [b*w - l, b*w + w) (causal) or [b*w - l, b*w + w + l) (bidirectional), taken as a strided view of the padded
-    keys (no copy), with the band predicate as a mask. The exclusive form drops the offsets 0 and +-l, which the
-    residue part owns."""
+    """A local band in natural order: query blocks of w positions (w = L/2, L the band's width) against a window of
+    keys [b*w - L, b*w + w) (causal) or [b*w - L, b*w + w + L) (bidirectional), taken as a strided view of the padded
+    keys (no copy), with the layout's predicate as a mask."""
 
-    def __init__(self, pattern, exclusive, key_valid, B, Hg, N, dtype, device):
-        L = pattern.stride
+    def __init__(self, layout: Band, causal, key_valid, B, Hg, N, dtype, device):
+        L = layout.width
         w = L // 2 if L % 2 == 0 else L
         self.L, self.w, self.mw = L, w, N // w
-        self.back, self.after = L // w, (0 if pattern.causal else L // w)
+        self.back, self.after = L // w, (0 if causal else L // w)
         self.W = (self.back + 1 + self.after) * w
         i = torch.arange(N, device=device).view(self.mw, w, 1)
         j = (torch.arange(self.mw, device=device) * w - L).view(self.mw, 1, 1) + torch.arange(self.W, device=device)
-        allowed = pattern.part_allowed(0, i, j, exclusive=exclusive) & (j >= 0) & (j < N)  # (mw, w, W)
+        allowed = layout.allowed(i, j) & (j >= 0) & (j < N)  # (mw, w, W)
         if key_valid is not None:
             allowed = allowed[None] & key_valid[:, j.clamp(0, N - 1)]  # (B, mw, w, W)
             allowed = allowed[:, None].expand(B, Hg, self.mw, w, self.W).reshape(B * Hg, self.mw, w, self.W)
@@ -199,7 +211,7 @@ class _Band:
     backward_chunk_tokens = 4096
 
     def backward(self, do, q, k, v, out, lse, grads, scale, use_flash):
-        """In chunks of query blocks: the flash backward holds the gradients of the overlapping key windows, 1 + l/w
+        """In chunks of query blocks: the flash backward holds the gradients of the overlapping key windows, 1 + L/w
         times the keys' size, so chunking bounds that buffer."""
         B, Hg, N, D = q.shape
         lse_q = lse.reshape(B * Hg, self.mw, self.w)
@@ -223,22 +235,19 @@ class _Band:
                         g[:, lo + shift : hi + shift] += d[:, lo - b0 : hi - b0, s_]
 
 
-class _Block:
-    """Fixed pattern, own block: block-diagonal attention on the view (B*Hg, m, l, D); the exclusive form drops the
-    summary columns (the summary part owns them)."""
+class _Blocks:
+    """Block-diagonal attention on the view (B*Hg, m, l, D), restricted by the layout's predicate (offsets within
+    the block) when it has one, else the whole block (its lower triangle when causal)."""
 
-    def __init__(self, pattern, exclusive, heads, key_valid, B, N, dtype, device):
-        L = pattern.stride
+    def __init__(self, layout: Blocks, causal, heads, key_valid, B, N, dtype, device):
+        L = layout.size
         self.L, self.m = L, N // L
         Hg = len(heads)
-        i = torch.arange(L, device=device)
-        h = torch.as_tensor(heads, device=device).view(1, -1, 1, 1, 1)
         allowed = None  # broadcastable to (B, Hg, m, l, l)
-        if exclusive:
-            allowed = ~pattern.is_summary_column(i.view(1, 1, 1, 1, L), h)  # (1, Hg, 1, 1, l)
-            if pattern.causal:
-                allowed = allowed & (i.view(L, 1) >= i)
-        self.causal = pattern.causal and not exclusive
+        if layout.allowed is not None:
+            i = torch.arange(L, device=device)
+            allowed = layout.allowed(i.view(L, 1), i.view(1, L), heads).view(1, -1, 1, L, L)  # (1, Hg | 1, 1, l, l)
+        self.causal = causal and layout.allowed is None
         if key_valid is not None:
             kv = key_valid.view(B, 1, self.m, 1, L)
             allowed = kv if allowed is None else allowed & kv
@@ -266,60 +275,61 @@ class _Block:
             g.add_(x.reshape(B, Hg, N, D))
 
 
-class _Summary:
-    """Fixed pattern, summary columns as a compact key set (B, Hg, m*c, D). Causal: query chunks of `chunk_tokens`
-    positions see all summary keys before the chunk (no mask) plus the chunk's own summary keys (masked j <= i)."""
+def _count_below(row: list[int], value: int) -> int:
+    """How many entries of the sorted `row` are < `value` (a binary search in plain Python, which torch.compile
+    traces; `bisect` is a C builtin it cannot)."""
+    lo, hi = 0, len(row)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if row[mid] < value:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
-    def __init__(self, pattern, heads, key_valid, B, N, dtype, device, chunk_tokens=1024):
-        L, c = pattern.stride, pattern.summary_size
-        self.L, self.c, self.m, self.B, self.N = L, c, N // L, B, N
-        self.causal = pattern.causal
-        # The columns depend on the head indices only: plain ints, so tracing (torch.compile/export) sees constants.
-        lo_values = [pattern.stride - (h % pattern.num_summary_blocks + 1) * c for h in heads]
-        lo = torch.tensor(lo_values, device=device)  # (Hg,)
-        self.shared_lo = lo_values[0] if len(set(lo_values)) == 1 else None
-        pos = (torch.arange(self.m, device=device) * L).view(1, -1, 1) + lo.view(-1, 1, 1)
-        self.pos = (pos + torch.arange(c, device=device)).reshape(len(heads), self.m * c)  # (Hg, S) sorted
-        self.key_valid = None if key_valid is None else key_valid[:, self.pos]  # (B, Hg, S)
-        self.dtype = dtype
-        K = max(1, chunk_tokens // L)
-        self.chunks = [(b * L, min(b + K, self.m) * L, b * c, min(b + K, self.m) * c) for b in range(0, self.m, K)]
-        self.within = []  # additive masks of each causal chunk's own summary keys
-        if self.causal:
-            pos = self.pos[:1] if self.shared_lo is not None else self.pos  # heads share the columns: one mask
-            for q0, q1, s0, s1 in self.chunks:
-                allowed = pos[None, :, None, s0:s1] <= torch.arange(q0, q1, device=device).view(1, 1, -1, 1)
+
+class _Columns:
+    """A compact gathered key set (B, Hg, S, D) at the layout's sorted positions (per head). Causal: query chunks
+    [q0, q1) see every key position before q0 without a mask plus the chunk's own key positions (masked j <= i)."""
+
+    def __init__(self, layout: Columns, causal, heads: list[int], key_valid, B, N, dtype, device):
+        positions = [layout.positions(head, N) for head in heads]  # Python ints: constants when traced
+        self.shared = all(row == positions[0] for row in positions)  # heads that share them gather with one index
+        self.pos = torch.tensor(positions[:1] if self.shared else positions, dtype=torch.long, device=device)
+        self.causal, self.N, self.dtype = causal, N, dtype
+        self.key_valid = None if key_valid is None else key_valid[:, self.pos]  # (B, Hg | 1, S)
+        S = len(positions[0])
+        self.calls = []  # (q0, q1, s0, s1, additive mask) of each attention call: queries q0:q1, keys s0:s1
+        if not causal:
+            mask = None if self.key_valid is None else _additive(self.key_valid[:, :, None, :], dtype)
+            self.calls.append((0, N, 0, S, mask))
+            return
+        for q0 in range(0, N, layout.chunk):
+            q1 = min(N, q0 + layout.chunk)
+            # keys before s0 precede the chunk in every head; keys from s1 on follow it in every head
+            s0 = min(_count_below(row, q0) for row in positions)
+            s1 = max(_count_below(row, q1) for row in positions)
+            if s1 > s0:
+                within = self.pos[None, :, None, s0:s1] <= torch.arange(q0, q1, device=device).view(1, 1, -1, 1)
                 if self.key_valid is not None:
-                    allowed = allowed & self.key_valid[:, :, None, s0:s1]
-                self.within.append(_additive(allowed, dtype))
+                    within = within & self.key_valid[:, :, None, s0:s1]
+                self.calls.append((q0, q1, s0, s1, _additive(within, dtype)))
+            if s0 > 0:
+                prefix = None if self.key_valid is None else self.key_valid[:, :, None, :s0]
+                self.calls.append((q0, q1, 0, s0, _additive(prefix, dtype)))
 
     def _gather(self, x):  # (B, Hg, N, D) -> (B, Hg, S, D)
+        if self.shared:
+            return x.index_select(2, self.pos[0])
         B, Hg, _, D = x.shape
-        if self.shared_lo is not None:
-            lo = self.shared_lo
-            return x.view(B, Hg, self.m, self.L, D)[:, :, :, lo : lo + self.c].reshape(B, Hg, -1, D)
         return x.gather(2, self.pos[None, :, :, None].expand(B, Hg, -1, D))
 
     def _scatter(self, g, d):  # g (B, Hg, N, D) += adjoint of _gather(d)
+        if self.shared:
+            g.index_add_(2, self.pos[0], d)
+            return
         B, Hg, _, D = g.shape
-        if self.shared_lo is not None:
-            lo = self.shared_lo
-            g.view(B, Hg, self.m, self.L, D)[:, :, :, lo : lo + self.c] += d.view(B, Hg, self.m, self.c, D)
-        else:
-            g.scatter_add_(2, self.pos[None, :, :, None].expand(B, Hg, -1, D), d)
-
-    def _calls(self):
-        """(q0, q1, s0, s1, additive mask) of every attention call: queries q0:q1 against summary keys s0:s1."""
-        if not self.causal:
-            mask = None if self.key_valid is None else _additive(self.key_valid[:, :, None, :], self.dtype)
-            return [(0, self.N, 0, self.m * self.c, mask)]
-        calls = []
-        for (q0, q1, s0, s1), within in zip(self.chunks, self.within):
-            calls.append((q0, q1, s0, s1, within))
-            if s0 > 0:
-                prefix = None if self.key_valid is None else self.key_valid[:, :, None, :s0]
-                calls.append((q0, q1, 0, s0, _additive(prefix, self.dtype)))
-        return calls
+        g.scatter_add_(2, self.pos[None, :, :, None].expand(B, Hg, -1, D), d)
 
     def forward(self, q, k, v, scale, use_flash):
         ks, vs = self._gather(k), self._gather(v)
@@ -327,7 +337,7 @@ class _Summary:
         out = q.new_zeros(B, Hg, N, D)
         lse_dtype = torch.promote_types(q.dtype, torch.float32)  # as the flash ops return it
         lse = q.new_full((B, Hg, N), torch.finfo(lse_dtype).min, dtype=lse_dtype)
-        for q0, q1, s0, s1, mask in self._calls():
+        for q0, q1, s0, s1, mask in self.calls:
             o_c, lse_c = _attend(q[:, :, q0:q1], ks[:, :, s0:s1], vs[:, :, s0:s1], mask, False, scale, use_flash)
             out[:, :, q0:q1], lse[:, :, q0:q1] = _merge(out[:, :, q0:q1], lse[:, :, q0:q1], o_c, lse_c)
         return out, lse
@@ -335,7 +345,7 @@ class _Summary:
     def backward(self, do, q, k, v, out, lse, grads, scale, use_flash):
         ks, vs = self._gather(k), self._gather(v)
         dks, dvs = torch.zeros_like(ks), torch.zeros_like(vs)
-        for q0, q1, s0, s1, mask in self._calls():
+        for q0, q1, s0, s1, mask in self.calls:
             dq, dk, dv = _attend_backward(
                 do[:, :, q0:q1], q[:, :, q0:q1], ks[:, :, s0:s1], vs[:, :, s0:s1], out[:, :, q0:q1],
                 lse[:, :, q0:q1].contiguous(), mask, False, scale, use_flash,
@@ -347,8 +357,36 @@ class _Summary:
         self._scatter(grads[2], dvs)
 
 
+class _Rows:
+    """The first `count` queries against every key from `first_key` on (padding keys masked)."""
+
+    def __init__(self, layout: Rows, key_valid, dtype):
+        self.count, self.first = layout.count, layout.first_key
+        self.mask = None if key_valid is None else _additive(key_valid[:, None, None, self.first :], dtype)
+
+    def forward(self, q, k, v, scale, use_flash):
+        B, Hg, N, D = q.shape
+        r, f = self.count, self.first
+        o_r, lse_r = _attend(q[:, :, :r], k[:, :, f:], v[:, :, f:], self.mask, False, scale, use_flash)
+        lse_dtype = torch.promote_types(q.dtype, torch.float32)
+        out = q.new_zeros(B, Hg, N, D)
+        lse = q.new_full((B, Hg, N), torch.finfo(lse_dtype).min, dtype=lse_dtype)
+        out[:, :, :r], lse[:, :, :r] = o_r, lse_r
+        return out, lse
+
+    def backward(self, do, q, k, v, out, lse, grads, scale, use_flash):
+        r, f = self.count, self.first
+        dq, dk, dv = _attend_backward(
+            do[:, :, :r], q[:, :, :r], k[:, :, f:], v[:, :, f:], out[:, :, :r], lse[:, :, :r].contiguous(),
+            self.mask, False, scale, use_flash,
+        )  # fmt: skip
+        grads[0][:, :, :r] += dq
+        grads[1][:, :, f:] += dk
+        grads[2][:, :, f:] += dv
+
+
 class _Diagonal:
-    """Rows whose diagonal no other part covers (padding keys; the summary part used alone): attend to j = i."""
+    """Rows whose diagonal no other piece covers (padding keys; a standalone part that lacks it): attend to j = i."""
 
     def __init__(self, rows):
         self.rows = rows  # bool, broadcastable to (B, Hg, N)
@@ -372,9 +410,24 @@ class _Diagonal:
         grads[2] += p * do
 
 
+def _piece(layout, causal, head_list, heads, key_valid, B, N, dtype, device):
+    """The implementation of one layout for the head group `head_list` (also as a LongTensor `heads`)."""
+    if isinstance(layout, Band):
+        return _Band(layout, causal, key_valid, B, len(heads), N, dtype, device)
+    if isinstance(layout, Residue):
+        return _Residue(layout, causal, key_valid, B, len(heads), N, dtype)
+    if isinstance(layout, Blocks):
+        return _Blocks(layout, causal, heads, key_valid, B, N, dtype, device)
+    if isinstance(layout, Columns):
+        return _Columns(layout, causal, head_list, key_valid, B, N, dtype, device)
+    if isinstance(layout, Rows):
+        return _Rows(layout, key_valid, dtype)
+    raise TypeError(f"No block-sparse implementation of the layout {type(layout).__name__}.")
+
+
 # ------------------------------------------------------------------------------------------------------- the plan
 class _Plan:
-    """Per head group, the parts to compute and merge."""
+    """Per head group (heads that use the same part, or the merged pattern), the pieces to compute and merge."""
 
     def __init__(self, pattern, head_parts, key_valid, B, N, dtype, device, scale, use_flash):
         self.scale, self.use_flash = scale, use_flash
@@ -382,28 +435,19 @@ class _Plan:
         by_part: dict = {}
         for h, part in enumerate(head_parts):
             by_part.setdefault(part, []).append(h)
-        H = len(head_parts)
         for part, heads in by_part.items():
+            head_index = torch.as_tensor(heads, device=device)
             pieces = []
-            diag_rows = None if key_valid is None else ~key_valid[:, None, :]  # (B, 1, N)
-            if pattern.kind == "strided":
-                if part in (None, 0):
-                    pieces.append(_Band(pattern, part is None, key_valid, B, len(heads), N, dtype, device))
-                if part in (None, 1):
-                    pieces.append(_Residue(pattern, key_valid, B, len(heads), N, dtype))
-            else:
-                if part in (None, 0):
-                    pieces.append(_Block(pattern, part is None, heads, key_valid, B, N, dtype, device))
-                if part in (None, 1):
-                    chunk = min(1024, max(pattern.stride, N // 16 // pattern.stride * pattern.stride))
-                    pieces.append(_Summary(pattern, heads, key_valid, B, N, dtype, device, chunk))
-                if part == 1:  # the summary part alone: the diagonal is added where it is not a summary column
-                    i = torch.arange(N, device=device)
-                    rows = ~pattern.is_summary_column(i, torch.as_tensor(heads, device=device).view(-1, 1))[None]
-                    diag_rows = rows if diag_rows is None else diag_rows | rows
-            if diag_rows is not None:
-                pieces.append(_Diagonal(diag_rows))
-            self.groups.append((None if len(heads) == H else torch.as_tensor(heads, device=device), pieces))
+            diagonal = None if key_valid is None else ~key_valid[:, None, :]  # (B, 1, N): padding keys
+            for layout in pattern.layouts(part, heads, N):
+                if isinstance(layout, Diagonal):
+                    rows = layout.rows(head_index, N).to(device)[None]  # (1, Hg | 1, N)
+                    diagonal = rows if diagonal is None else diagonal | rows
+                else:
+                    pieces.append(_piece(layout, pattern.causal, heads, head_index, key_valid, B, N, dtype, device))
+            if diagonal is not None:
+                pieces.append(_Diagonal(diagonal))
+            self.groups.append((None if len(heads) == len(head_parts) else head_index, pieces))
 
     def forward(self, q, k, v):
         out, lse = torch.empty_like(q), None
@@ -485,16 +529,12 @@ def sparse_allowed_mask(
     padding_mask: torch.Tensor | None = None, device=None,
 ) -> torch.Tensor:  # fmt: skip
     """Boolean (B or 1, H, Tq, Tk) mask: the layer's pattern AND (real key OR diagonal); queries are the last Tq."""
-    head_parts = pattern.head_parts(mode, layer_idx, num_heads)
-    q = torch.arange(kv_len - q_len, kv_len, device=device).view(1, -1, 1)
-    k = torch.arange(kv_len, device=device).view(1, 1, -1)
-    rows = []
-    for h, part in enumerate(head_parts):
-        hh = torch.tensor(h, device=device)
-        rows.append(pattern.allowed(q, k, hh) if part is None else pattern.part_allowed(part, q, k, hh))
-    allowed = torch.cat(rows, dim=0)[None]  # (1, H, Tq, Tk)
+    q = torch.arange(kv_len - q_len, kv_len, device=device).view(-1, 1)  # (Tq, 1)
+    k = torch.arange(kv_len, device=device).view(1, -1)  # (1, Tk)
+    allowed = pattern.heads_mask(pattern.head_parts(mode, layer_idx, num_heads), q, k)
+    allowed = allowed.expand(num_heads, q_len, kv_len)[None]  # (1, H, Tq, Tk)
     if padding_mask is not None:
-        allowed = allowed & (padding_mask[:, None, None, :] | (q == k)[None])
+        allowed = allowed & (padding_mask[:, None, None, :] | (q == k)[None, None])
     return allowed
 
 
@@ -573,20 +613,8 @@ def flex_sparse_attention(
         query, key, value = query.detach(), key.detach(), value.detach()
     B, H, n, D = query.shape
     q_off = key.shape[2] - n
-    head_parts = torch.tensor([-1 if p is None else p for p in pattern.head_parts(mode, layer_idx, H)])
-    head_parts = head_parts.to(query.device)
     pad = None if padding_mask is None else padding_mask.to(torch.bool)
-
-    def mask_mod(b, h, q_idx, kv_idx):
-        i = q_idx + q_off
-        part = head_parts[h]
-        p0 = pattern.part_allowed(0, i, kv_idx, h)
-        p1 = pattern.part_allowed(1, i, kv_idx, h)
-        allowed = torch.where(part == 0, p0, torch.where(part == 1, p1, p0 | p1))
-        if pad is not None:
-            allowed = allowed & (pad[b, kv_idx] | (i == kv_idx))
-        return allowed
-
+    mask_mod = pattern.flex_mask_mod(pattern.head_parts(mode, layer_idx, H), q_off, pad)
     block_mask = create_block_mask(
         mask_mod, B if pad is not None else None, H, n, key.shape[2], device=query.device, BLOCK_SIZE=block_size
     )

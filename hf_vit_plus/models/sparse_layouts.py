@@ -1,48 +1,44 @@
-"""Sparse Transformer attention patterns (Child et al. 2019, "Generating Long Sequences with Sparse Transformers",
-section 4.2-4.3) as plain data: element predicates, disjoint parts with their own layouts, and dense masks. This
-module is the one definition of sparse attention: the configs validate their settings through `pattern_from_config`,
-the models build their pattern with it, the kernels (`sparse_attention.py`) and the figures (`interpret.patterns`)
-read the `SparsePattern` it returns.
+"""Sparse attention patterns as registered objects: the one definition of sparse attention.
 
-All positions are 0-indexed and absolute (left padding shifts the fixed pattern's blocks). With stride `l`:
+Each pattern KIND is one class, registered by name with `@register_pattern`, that owns everything about it: the
+settings it reads and their checks, its PARTS (the Sparse Transformer paper's A^(1), A^(2), ...), their element
+predicates, the key positions one query needs during cached decoding, and the LAYOUTS the block-sparse kernel computes
+each part in. Everything else reads the registry and never branches on a kind's name: the configs validate their
+settings through `pattern_from_config`, the models build their pattern with it, the kernels (`sparse_attention.py`)
+run the layouts a kind returns, the figures (`interpret.patterns`) and the command line list `ATTENTION_TYPES`.
+Adding a pattern is one class in this file (see "Add a sparse pattern" in the README).
 
-- strided (merged head): {0 <= i-j <= l} U {(i-j) mod l = 0}; bidirectional: {|i-j| <= l} U {(i-j) mod l = 0}.
-- fixed (merged head): {floor(j/l) = floor(i/l)} U {j mod l in [l-c, l)}; head h takes the (h mod k)-th
-  c-wide summary block counted from the end of each window (k = `num_summary_blocks`); bidirectional: the whole
-  own block plus the summary columns of every block.
-- causal patterns also require j <= i.
+The kinds (0-indexed absolute positions, query i, key j; causal patterns also require j <= i):
 
-A pattern is the union of PARTS (the paper's A^(1), A^(2), `SparsePattern.part_defined`). Each part has a standalone
-form (`PatternPart.allowed`, used when a layer or a head uses that part alone: "interleaved" and "heads" modes): the
-paper's part plus the diagonal, so no row is ever fully masked; and an exclusive form (`PatternPart.exclusive`): the
-exclusive forms of a pattern's parts are disjoint and their union is the merged pattern, which lets a kernel compute
-each part in its own layout and merge the parts exactly with a log-sum-exp:
+- "strided" (Child et al. 2019, sec. 4.2), stride l: band {0 <= i-j <= l} (bidirectional |i-j| <= l) and residue
+  {(i-j) mod l = 0}.
+- "fixed" (Child et al. 2019, sec. 4.2), stride l, c summary positions: block {floor(j/l) = floor(i/l)} and summary
+  {j mod l in [l-c, l)}; head h takes the (h mod k)-th c-wide summary block counted from the end of each window
+  (k = `num_summary_blocks`); bidirectional: the whole own block plus the summary columns of every block.
 
-- strided: "band" (natural order, a blocked local window) and "residue" (transposed order p -> (p mod l, p div l):
-  ordinary causal attention over n/l tokens per residue class). The residue part owns the offsets 0 and l.
-- fixed: "block" (block-diagonal attention) and "summary" (a compact gathered key set of the summary columns). The
-  summary part owns the summary columns of the query's own block.
+A part has a standalone form (`SparsePattern.part_allowed`, used when a layer or a head uses that part alone:
+"interleaved" and "heads" modes): the part plus the diagonal, so no row is ever fully masked; and an exclusive form:
+the exclusive forms of a pattern's parts are disjoint and their union is the merged pattern, which lets the kernel
+compute each part in its own layout and merge the parts exactly by their log-sum-exp.
 
-The three ways to use the parts over a network (section 4.3) are the `mode`s: "merged" (every layer and head
-attends to the union), "interleaved" (layer i uses part i mod num_parts), "heads" (head h uses part h mod
-num_parts).
+The three ways to use the parts over a network (sec. 4.3) are the `mode`s: "merged" (every layer and head attends
+to the union), "interleaved" (layer i uses part i mod num_parts), "heads" (head h uses part h mod num_parts).
 
-Every model family spells the settings alike: `attention_type` ("dense", "strided", "fixed"), `sparse_stride` (l),
-`sparse_summary_size` (c), `sparse_num_summary_blocks` (k), `sparse_pattern_mode`; the seq2seq encoder's carry the
-prefix `encoder_`. A config says where its fields are with a `sparse_fields` class attribute (`SparseFields`).
+Every model family spells the settings alike: `attention_type` ("dense" or a registered kind), `sparse_stride`,
+`sparse_summary_size`, `sparse_num_summary_blocks`, `sparse_pattern_mode`; the seq2seq encoder's carry the prefix
+`encoder_`. What each kind reads them as is in its class (`settings`, `symbols`). A config says where its fields are
+with a `sparse_fields` class attribute (`SparseFields`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import InitVar, dataclass
+from typing import ClassVar
 
 import torch
 
-ATTENTION_TYPES = ("dense", "strided", "fixed")  # the values of a config's `attention_type`
-PATTERN_KINDS = ATTENTION_TYPES[1:]
 PATTERN_MODES = ("merged", "interleaved", "heads")
-PART_NAMES = {"strided": ("band", "residue"), "fixed": ("block", "summary")}
-NUM_PARTS = 2  # every pattern is the union of two parts, A^(1) and A^(2) (sec. 4.2)
 
 
 def _as_tensor(x) -> torch.Tensor:
@@ -55,40 +51,292 @@ def _check_int(name: str, value, minimum: int) -> None:
         raise ValueError(f"`{name}` must be {what}, got {value!r}.")
 
 
-def check_settings(
-    kind, stride, summary_size, num_summary_blocks, mode, prefix: str = "", kinds: tuple[str, ...] = PATTERN_KINDS
-) -> None:
-    """Raise a `ValueError` naming the config field (`{prefix}sparse_stride`, ...) of the first bad setting.
+def _causal(pattern: SparsePattern, q, k) -> torch.Tensor:
+    return k <= q if pattern.causal else torch.ones_like(k == q)
 
-    The integers are checked whatever the kind; the summary sizes must fit the stride only for the fixed pattern
-    (the strided pattern ignores them)."""
+
+# ------------------------------------------------------------------------------------------------------- layouts
+# What the block-sparse kernel computes a (share of a) part in; `sparse_attention.py` has one implementation of each.
+# Predicates take absolute query / key positions (integer tensors that broadcast) and, where given, head indices.
+@dataclass(frozen=True)
+class Band:
+    """Natural order, a blocked local window: the keys within `width` positions before each query (and after it,
+    bidirectional), restricted to `allowed(q, k)`."""
+
+    width: int
+    allowed: Callable
+
+
+@dataclass(frozen=True)
+class Residue:
+    """Residue classes mod `stride` in transposed order p -> (p mod l, p div l): causal (or full) attention over
+    n / l tokens per class, i.e. the keys with (i - j) mod l = 0."""
+
+    stride: int
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """Block-diagonal attention over blocks of `size` positions; `allowed(q_in_block, k_in_block, heads)` ->
+    (Hg or 1, size, size) restricts it (offsets within the block; heads a LongTensor (Hg,)), None for the whole block
+    (causal: its lower triangle)."""
+
+    size: int
+    allowed: Callable | None = None
+
+
+@dataclass(frozen=True)
+class Columns:
+    """A compact gathered key set: `positions(head, n)`, a sorted list of ints per head (plain Python, so that a
+    traced model sees constants), that every query attends to (causal: the ones not after it); `chunk` queries per
+    call of a causal pattern."""
+
+    positions: Callable
+    chunk: int = 1024
+
+
+@dataclass(frozen=True)
+class Rows:
+    """The first `count` queries attend to every key from position `first_key` on (bidirectional global rows)."""
+
+    count: int
+    first_key: int
+
+
+@dataclass(frozen=True)
+class Diagonal:
+    """Each query in `rows(heads, n)` (bool (Hg or 1, n); heads a LongTensor (Hg,)) attends to itself: the rows a
+    standalone part does not otherwise cover."""
+
+    rows: Callable
+
+
+# ------------------------------------------------------------------------------------------------------- the kinds
+class PatternKind:
+    """Base of the pattern classes. A subclass sets `name`, `part_names`, the `settings` it reads (of "stride",
+    "summary_size", "num_summary_blocks") with their `symbols` for captions, and implements the methods below; each
+    takes the `SparsePattern` holding the settings."""
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    part_names: ClassVar[tuple[str, ...]]
+    settings: ClassVar[tuple[str, ...]] = ("stride",)
+    symbols: ClassVar[dict[str, str]] = {"stride": "l"}
+
+    @classmethod
+    def check(cls, pattern: SparsePattern, prefix: str) -> None:
+        """Raise a ValueError naming the config field of a setting this kind cannot take."""
+
+    @classmethod
+    def num_parts(cls, pattern: SparsePattern) -> int:
+        return len(cls.part_names)
+
+    @classmethod
+    def head_dependent(cls, pattern: SparsePattern) -> bool:
+        """Whether heads using the same part(s) see different keys (the merged mask then has one row per head)."""
+        return False
+
+    @classmethod
+    def defined(cls, pattern: SparsePattern, part: int, q, k, head) -> torch.Tensor:
+        """The paper's A^(m) of part `part`, as defined and drawn (may overlap other parts)."""
+        raise NotImplementedError
+
+    @classmethod
+    def exclusive(cls, pattern: SparsePattern, part: int, q, k, head) -> torch.Tensor:
+        """The part's disjoint share of the merged pattern (default: what no earlier part defines)."""
+        share = cls.defined(pattern, part, q, k, head)
+        for earlier in range(part):
+            share = share & ~cls.defined(pattern, earlier, q, k, head)
+        return share
+
+    @classmethod
+    def key_indices(cls, pattern: SparsePattern, position: int, head: int, part: int | None, device) -> list:
+        """The absolute key positions (LongTensors, may overlap) a causal query at `position` needs, for part
+        `part` used alone (with its diagonal) or the merged pattern (None)."""
+        raise NotImplementedError
+
+    @classmethod
+    def layouts(cls, pattern: SparsePattern, part: int | None, heads: list[int], n: int) -> list:
+        """What the block kernel computes for heads `heads` over `n` positions (a multiple of `pattern.stride`):
+        the exclusive shares of every part (`part` None, the merged pattern), or part `part` used alone, its
+        diagonal included. Layouts of one call must be disjoint and cover exactly that mask."""
+        raise NotImplementedError
+
+    @classmethod
+    def default_settings(cls, stride: int) -> dict:
+        """The kind's default for the settings a config may leave unset (ViTPlusConfig's `sparse_summary_size`),
+        also what `hf-vit-plus explain pattern` draws."""
+        return {}
+
+
+PATTERNS: dict[str, type[PatternKind]] = {}
+
+
+def register_pattern(cls: type[PatternKind]) -> type[PatternKind]:
+    """Class decorator: make `cls` the pattern of `attention_type == cls.name`."""
+    if cls.name in PATTERNS or cls.name == "dense":
+        raise ValueError(f"A sparse pattern named {cls.name!r} is already registered.")
+    PATTERNS[cls.name] = cls
+    return cls
+
+
+@register_pattern
+class StridedPattern(PatternKind):
+    name = "strided"
+    description = "strided (Child et al. 2019): a band of l keys plus every l-th key"
+    part_names = ("band", "residue")
+
+    @classmethod
+    def defined(cls, pattern, part, q, k, head):
+        L, diff = pattern.stride, q - k
+        if part == 0:  # band
+            dist = diff if pattern.causal else diff.abs()
+            return (dist >= 0) & (dist <= L)
+        return (diff % L == 0) & _causal(pattern, q, k)  # residue
+
+    @classmethod
+    def exclusive(cls, pattern, part, q, k, head):
+        if part == 0:  # the residue part owns the offsets 0 and l
+            dist = (q - k) if pattern.causal else (q - k).abs()
+            return (dist >= 1) & (dist < pattern.stride)
+        return cls.defined(pattern, part, q, k, head)
+
+    @classmethod
+    def key_indices(cls, pattern, position, head, part, device):
+        L, i = pattern.stride, position
+        band = torch.arange(max(0, i - L), i + 1, device=device)
+        residue = torch.arange(i % L, i + 1, L, device=device)
+        return {0: [band], 1: [residue], None: [band, residue]}[part]
+
+    @classmethod
+    def layouts(cls, pattern, part, heads, n):
+        band = Band(pattern.stride, lambda q, k: pattern.part_allowed(0, q, k, exclusive=part is None))
+        return {None: [band, Residue(pattern.stride)], 0: [band], 1: [Residue(pattern.stride)]}[part]
+
+
+@register_pattern
+class FixedPattern(PatternKind):
+    name = "fixed"
+    description = "fixed (Child et al. 2019): the own block of l plus the last c positions of every block"
+    part_names = ("block", "summary")
+    settings = ("stride", "summary_size", "num_summary_blocks")
+    symbols = {"stride": "l", "summary_size": "c", "num_summary_blocks": "k"}
+
+    @classmethod
+    def check(cls, pattern, prefix):
+        stride, size, blocks = pattern.stride, pattern.summary_size, pattern.num_summary_blocks
+        if not 0 < size <= stride:
+            raise ValueError(
+                f"The fixed pattern needs 0 < `{prefix}sparse_summary_size` <= `{prefix}sparse_stride`, got "
+                f"`{prefix}sparse_summary_size`={size} and `{prefix}sparse_stride`={stride}."
+            )
+        if size * blocks > stride:
+            raise ValueError(
+                f"`{prefix}sparse_summary_size` ({size}) x `{prefix}sparse_num_summary_blocks` ({blocks}) = "
+                f"{size * blocks} summary positions, which does not fit in a block of `{prefix}sparse_stride` "
+                f"({stride}) positions."
+            )
+
+    @classmethod
+    def head_dependent(cls, pattern):
+        return pattern.num_summary_blocks > 1
+
+    @staticmethod
+    def summary_range(pattern, head) -> tuple[torch.Tensor, torch.Tensor]:
+        """[lo, hi) of the summary columns (j mod l) used by `head` (tensor or int)."""
+        r = _as_tensor(head) % pattern.num_summary_blocks
+        hi = pattern.stride - r * pattern.summary_size
+        return hi - pattern.summary_size, hi
+
+    @classmethod
+    def is_summary_column(cls, pattern, k, head=0) -> torch.Tensor:
+        lo, hi = cls.summary_range(pattern, head)
+        column = _as_tensor(k) % pattern.stride
+        return (column >= lo) & (column < hi)
+
+    @classmethod
+    def defined(cls, pattern, part, q, k, head):
+        L = pattern.stride
+        if part == 0:  # block
+            same_block = torch.div(q, L, rounding_mode="floor") == torch.div(k, L, rounding_mode="floor")
+            return same_block & _causal(pattern, q, k)
+        return cls.is_summary_column(pattern, k, head) & _causal(pattern, q, k)  # summary
+
+    @classmethod
+    def exclusive(cls, pattern, part, q, k, head):
+        if part == 0:  # the summary part owns the summary columns
+            return cls.defined(pattern, 0, q, k, head) & ~cls.defined(pattern, 1, q, k, head)
+        return cls.defined(pattern, part, q, k, head)
+
+    @classmethod
+    def key_indices(cls, pattern, position, head, part, device):
+        L, i = pattern.stride, position
+        start = (i // L) * L
+        own = torch.arange(start, i + 1, device=device)
+        lo, hi = (int(x) for x in cls.summary_range(pattern, head))
+        columns = torch.arange(lo, hi, device=device)
+        summary = (torch.arange(0, start, L, device=device)[:, None] + columns[None, :]).reshape(-1)
+        own_summary = own[(own % L >= lo) & (own % L < hi)]
+        diagonal = torch.tensor([i], device=device)
+        return {0: [own], 1: [summary, own_summary, diagonal], None: [summary, own]}[part]
+
+    @classmethod
+    def layouts(cls, pattern, part, heads, n):
+        L, c = pattern.stride, pattern.summary_size
+
+        def own_block_without_summary(q, k, h):  # offsets within the block; h (Hg,) -> (Hg, l, l)
+            return ~cls.is_summary_column(pattern, k, h.view(-1, 1, 1)) & _causal(pattern, q, k)
+
+        def summary_positions(head: int, length: int) -> list[int]:  # block b's c columns, b = 0, 1, ...
+            lo = L - (head % pattern.num_summary_blocks + 1) * c
+            return [start + lo + i for start in range(0, length, L) for i in range(c)]
+
+        def not_summary(h, length):  # (Hg, n): the summary part alone adds the diagonal off its columns
+            return ~cls.is_summary_column(pattern, torch.arange(length, device=h.device), h.view(-1, 1))
+
+        summary = Columns(summary_positions, chunk=min(1024, max(L, n // 16 // L * L)))
+        return {
+            None: [Blocks(L, own_block_without_summary), summary],
+            0: [Blocks(L)],
+            1: [summary, Diagonal(not_summary)],
+        }[part]
+
+    @classmethod
+    def default_settings(cls, stride):
+        return {"summary_size": max(1, stride // 4)}
+
+
+# The values of a config's `attention_type`: "dense" and every registered pattern.
+PATTERN_KINDS = tuple(PATTERNS)
+ATTENTION_TYPES = ("dense", *PATTERN_KINDS)
+PART_NAMES = {name: kind.part_names for name, kind in PATTERNS.items()}
+
+
+def default_summary_size(kind: str, stride: int) -> int:
+    """`sparse_summary_size` for a config that leaves it unset: the kind's default, else max(1, l // 4)."""
+    defaults = PATTERNS[kind].default_settings(stride) if kind in PATTERNS else {}
+    return defaults.get("summary_size", max(1, stride // 4))
+
+
+def check_settings(
+    kind, stride, summary_size, num_summary_blocks, mode, prefix: str = "", kinds: tuple[str, ...] | None = None
+) -> None:
+    """Raise a `ValueError` naming the config field (`{prefix}sparse_stride`, ...) of the first bad setting: the
+    integers whatever the kind, then what the kind itself requires of the settings it reads."""
+    kinds = PATTERN_KINDS if kinds is None else kinds
     if kind not in kinds:
         raise ValueError(f"Unknown `{prefix}attention_type` {kind!r}: expected one of {kinds}.")
-    if mode not in PATTERN_MODES:
-        raise ValueError(f"Unknown `{prefix}sparse_pattern_mode` {mode!r}: expected one of {PATTERN_MODES}.")
+    check_mode(mode, f"`{prefix}sparse_pattern_mode`")
     _check_int(f"{prefix}sparse_stride", stride, 1)
     _check_int(f"{prefix}sparse_summary_size", summary_size, 0)
     _check_int(f"{prefix}sparse_num_summary_blocks", num_summary_blocks, 1)
-    if kind != "fixed":
-        return
-    if not 0 < summary_size <= stride:
-        raise ValueError(
-            f"The fixed pattern needs 0 < `{prefix}sparse_summary_size` <= `{prefix}sparse_stride`, got "
-            f"`{prefix}sparse_summary_size`={summary_size} and `{prefix}sparse_stride`={stride}."
-        )
-    if summary_size * num_summary_blocks > stride:
-        raise ValueError(
-            f"`{prefix}sparse_summary_size` ({summary_size}) x `{prefix}sparse_num_summary_blocks` "
-            f"({num_summary_blocks}) = {summary_size * num_summary_blocks} summary positions, which does not fit in "
-            f"a block of `{prefix}sparse_stride` ({stride}) positions."
-        )
 
 
 @dataclass(frozen=True)
 class SparsePattern:
-    """One Sparse Transformer attention pattern and how a network uses its parts (`mode`); see the module
-    docstring for the definitions. `field_prefix` ("encoder_" for the seq2seq encoder) only names the config fields
-    in the `ValueError`s of a bad value; it is not stored."""
+    """One sparse attention pattern (`kind`, a registered name, and the settings it reads) and how a network uses
+    its parts (`mode`); see the module docstring. `field_prefix` ("encoder_" for the seq2seq encoder) only names the
+    config fields in the `ValueError`s of a bad value; it is not stored."""
 
     kind: str
     stride: int
@@ -100,11 +348,19 @@ class SparsePattern:
 
     def __post_init__(self, field_prefix: str):
         check_settings(self.kind, self.stride, self.summary_size, self.num_summary_blocks, self.mode, field_prefix)
-        if self.kind == "strided" and self.num_summary_blocks != 1:
+        if "num_summary_blocks" not in self.spec.settings and self.num_summary_blocks != 1:
+            readers = [name for name, kind in PATTERNS.items() if "num_summary_blocks" in kind.settings]
             raise ValueError(
-                f"`{field_prefix}sparse_num_summary_blocks`={self.num_summary_blocks} only applies to the fixed "
-                "pattern (build strided patterns with `build_pattern`, which drops the summary settings)."
+                f"`{field_prefix}sparse_num_summary_blocks`={self.num_summary_blocks} only applies to the "
+                f"{' and '.join(map(repr, readers))} pattern (build patterns with `build_pattern`, which drops the "
+                "settings a kind does not read)."
             )
+        self.spec.check(self, field_prefix)
+
+    @property
+    def spec(self) -> type[PatternKind]:
+        """The registered class of this pattern's kind."""
+        return PATTERNS[self.kind]
 
     def check_fits(
         self, num_heads: int, max_length: int, heads_field: str = "num_heads", length_field: str = "max_length",
@@ -127,81 +383,44 @@ class SparsePattern:
     # ----------------------------------------------------------------------------------------------- predicates
     @property
     def num_parts(self) -> int:
-        return NUM_PARTS
+        return self.spec.num_parts(self)
 
-    def summary_range(self, head) -> tuple[torch.Tensor, torch.Tensor]:
-        """[lo, hi) of the summary columns (j mod l) used by `head` (tensor or int)."""
-        r = _as_tensor(head) % self.num_summary_blocks
-        hi = self.stride - r * self.summary_size
-        return hi - self.summary_size, hi
+    @property
+    def head_dependent(self) -> bool:
+        """Whether heads that use the same part(s) still see different keys."""
+        return self.spec.head_dependent(self)
 
-    def is_summary_column(self, kv_idx, head=0) -> torch.Tensor:
-        lo, hi = self.summary_range(head)
-        col = _as_tensor(kv_idx) % self.stride
-        return (col >= lo) & (col < hi)
-
-    def _causal(self, q_idx, kv_idx) -> torch.Tensor:
-        if self.causal:
-            return kv_idx <= q_idx
-        return torch.ones_like(kv_idx == q_idx)
+    def part_defined(self, part_index: int, q_idx, kv_idx, head=0) -> torch.Tensor:
+        """The paper's A^(m) of one part, as defined and drawn, broadcasting integer tensors (or ints)."""
+        self._check_part(part_index)
+        return self.spec.defined(self, part_index, _as_tensor(q_idx), _as_tensor(kv_idx), head)
 
     def allowed(self, q_idx, kv_idx, head=0) -> torch.Tensor:
         """Element predicate of the merged pattern (the union of all parts), broadcasting integer tensors."""
-        return self.part_defined(0, q_idx, kv_idx, head) | self.part_defined(1, q_idx, kv_idx, head)
-
-    def part_defined(self, part_index: int, q_idx, kv_idx, head=0) -> torch.Tensor:
-        """The paper's A^(m) of one part, as defined (sec. 4.2) and drawn in its Fig. 3: band = {0 <= i-j <= l}
-        (bidirectional |i-j| <= l), residue = {(i-j) mod l = 0}, block = {floor(j/l) = floor(i/l)}, summary = the
-        head's summary columns; causal parts also need j <= i."""
-        if part_index not in (0, 1):
-            raise ValueError(f"part_index must be 0 or 1 for a {self.kind} pattern, got {part_index!r}.")
-        q, k = _as_tensor(q_idx), _as_tensor(kv_idx)
-        L = self.stride
-        if self.kind == "strided":
-            diff = q - k
-            if part_index == 0:  # band
-                dist = diff if self.causal else diff.abs()
-                return (dist >= 0) & (dist <= L)
-            return (diff % L == 0) & self._causal(q, k)  # residue
-        if part_index == 0:  # block
-            same_block = torch.div(q, L, rounding_mode="floor") == torch.div(k, L, rounding_mode="floor")
-            return same_block & self._causal(q, k)
-        return self.is_summary_column(k, head) & self._causal(q, k)  # summary
+        allowed = self.part_defined(0, q_idx, kv_idx, head)
+        for part in range(1, self.num_parts):
+            allowed = allowed | self.part_defined(part, q_idx, kv_idx, head)
+        return allowed
 
     def part_allowed(self, part_index: int, q_idx, kv_idx, head=0, exclusive: bool = False) -> torch.Tensor:
         """Standalone predicate of one part: `part_defined` plus the diagonal, which keeps every row non-empty when a
         layer or head uses the part alone. With `exclusive`, the part's disjoint share of the merged pattern."""
+        self._check_part(part_index)
         q, k = _as_tensor(q_idx), _as_tensor(kv_idx)
-        defined = self.part_defined(part_index, q, k, head)
-        if not exclusive:
-            return defined | (q == k)
-        if self.kind == "strided" and part_index == 0:  # the residue part owns the offsets 0 and l
-            dist = (q - k) if self.causal else (q - k).abs()
-            return (dist >= 1) & (dist < self.stride)
-        if self.kind == "fixed" and part_index == 0:  # the summary part owns the summary columns
-            return defined & ~self.part_defined(1, q, k, head)
-        return defined
+        if exclusive:
+            return self.spec.exclusive(self, part_index, q, k, head)
+        return self.spec.defined(self, part_index, q, k, head) | (q == k)
 
-    # ------------------------------------------------------------------------------------------------- parts
+    def _check_part(self, part_index) -> None:
+        if part_index not in range(self.num_parts):
+            raise ValueError(
+                f"part_index must be in 0..{self.num_parts - 1} for this {self.kind} pattern, got {part_index!r}."
+            )
+
     def parts(self) -> list[PatternPart]:
-        return [PatternPart(self, i, name) for i, name in enumerate(PART_NAMES[self.kind])]
+        return [PatternPart(self, i, self.spec.part_names[i]) for i in range(self.num_parts)]
 
     # ------------------------------------------------------------------------------------------------- masks
-    def _grid(self, n: int, num_heads: int, device):
-        i = torch.arange(n, device=device)
-        h = torch.arange(num_heads, device=device)
-        return i[None, :, None], i[None, None, :], h[:, None, None]
-
-    def dense_mask(self, n: int, num_heads: int = 1, device=None) -> torch.Tensor:
-        """Boolean (num_heads, n, n) mask of the merged pattern (True = attend)."""
-        q, k, h = self._grid(n, num_heads, device)
-        return self.allowed(q, k, h).expand(num_heads, n, n).contiguous()
-
-    def part_mask(self, part_index: int, n: int, num_heads: int = 1, device=None) -> torch.Tensor:
-        """Boolean (num_heads, n, n) mask of one part used alone (interleaved or per-head use)."""
-        q, k, h = self._grid(n, num_heads, device)
-        return self.part_allowed(part_index, q, k, h).expand(num_heads, n, n).contiguous()
-
     def head_parts(self, mode: str | None, layer_idx: int, num_heads: int) -> list[int | None]:
         """For each head, the part it uses alone, or None for the merged pattern; `mode` None is `self.mode`."""
         mode = self.mode if mode is None else mode
@@ -217,11 +436,69 @@ class SparsePattern:
             )
         return [h % self.num_parts for h in range(num_heads)]
 
+    def heads_mask(self, head_parts: list[int | None], q_idx, kv_idx) -> torch.Tensor:
+        """THE mask builder: (H or 1, ...) boolean mask of the heads that use `head_parts` (each head's part alone,
+        or the merged pattern for None), for queries `q_idx` and keys `kv_idx` that broadcast to (..., Tq, Tk) and
+        carry no head axis. One row for all heads when they all see the same keys."""
+        if len(set(head_parts)) == 1 and not self.head_dependent:
+            head_parts = head_parts[:1]
+        q, k = _as_tensor(q_idx), _as_tensor(kv_idx)
+        masks = []
+        for head, part in enumerate(head_parts):
+            head_index = torch.tensor(head, device=q.device)
+            mask = self.allowed(q, k, head_index) if part is None else self.part_allowed(part, q, k, head_index)
+            masks.append(mask.expand(torch.broadcast_shapes(q.shape, k.shape)))
+        return torch.stack(masks, dim=-3)
+
+    def dense_mask(self, n: int, num_heads: int = 1, device=None) -> torch.Tensor:
+        """Boolean (num_heads, n, n) mask of the merged pattern (True = attend)."""
+        return mask_for_layer(self, "merged", 0, n, num_heads, device)
+
+    def part_mask(self, part_index: int, n: int, num_heads: int = 1, device=None) -> torch.Tensor:
+        """Boolean (num_heads, n, n) mask of one part used alone (interleaved or per-head use)."""
+        self._check_part(part_index)
+        positions = torch.arange(n, device=device)
+        mask = self.heads_mask([part_index] * num_heads, positions[:, None], positions[None, :])
+        return mask.expand(num_heads, n, n).contiguous()
+
+    def key_indices(self, position: int, head: int = 0, part_index: int | None = None, device=None) -> torch.Tensor:
+        """Sorted absolute key positions j <= `position` that a (causal) query at `position` attends to, for cached
+        decoding; `part_index` selects one part used alone (None = merged)."""
+        if not self.causal:
+            raise ValueError("allowed_key_indices is for cached (causal) decoding; the pattern is bidirectional.")
+        if position < 0:
+            raise ValueError(f"position must be >= 0, got {position}.")
+        if part_index is not None:
+            self._check_part(part_index)
+        return torch.unique(torch.cat(self.spec.key_indices(self, position, head, part_index, device)))  # sorted
+
+    def layouts(self, part_index: int | None, heads: list[int], n: int) -> list:
+        """The layouts the block kernel computes (see `PatternKind.layouts`)."""
+        return self.spec.layouts(self, part_index, heads, n)
+
+    def flex_mask_mod(self, head_parts: list[int | None], q_offset: int = 0, padding: torch.Tensor | None = None):
+        """flex_attention's `mask_mod(b, h, q_idx, kv_idx)` of a layer whose heads use `head_parts`: the merged
+        pattern or one part per head, the queries the last ones (offset `q_offset`), padding keys masked except on
+        the diagonal."""
+        parts = torch.tensor([-1 if part is None else part for part in head_parts])
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            i = q_idx + q_offset
+            part = parts.to(i.device)[h]
+            allowed = torch.zeros_like(i == kv_idx)
+            for index in range(self.num_parts):
+                use = (part == index) | (part == -1)
+                allowed = allowed | (use & self.part_allowed(index, i, kv_idx, h))
+            if padding is not None:
+                allowed = allowed & (padding[b, kv_idx] | (i == kv_idx))
+            return allowed
+
+        return mask_mod
+
 
 @dataclass(frozen=True)
 class PatternPart:
-    """One part (the paper's A^(m)) of a pattern. `name` says its layout: band (natural order, local window),
-    residue (transposed order, causal over n/l tokens), block (block-diagonal), summary (compact gathered keys)."""
+    """One part (the paper's A^(m)) of a pattern; `name` is the kind's name for it."""
 
     pattern: SparsePattern
     index: int
@@ -240,9 +517,9 @@ class PatternPart:
         return self.pattern.part_allowed(self.index, q_idx, kv_idx, head, exclusive=True)
 
 
-def check_mode(mode: str) -> None:
+def check_mode(mode: str, what: str = "sparse attention mode") -> None:
     if mode not in PATTERN_MODES:
-        raise ValueError(f"Unknown sparse attention mode {mode!r}; expected one of {PATTERN_MODES}.")
+        raise ValueError(f"Unknown {what} {mode!r}; expected one of {PATTERN_MODES}.")
 
 
 def build_pattern(
@@ -254,9 +531,12 @@ def build_pattern(
     mode: str = "merged",
     field_prefix: str = "",
 ) -> SparsePattern:
-    """A validated `SparsePattern`; the strided pattern drops `summary_size` and `num_summary_blocks`."""
-    if kind == "strided":
-        summary_size, num_summary_blocks = 0, 1
+    """A validated `SparsePattern`; the settings the kind does not read (e.g. the strided pattern's summary size)
+    are dropped."""
+    if kind in PATTERNS:
+        settings = PATTERNS[kind].settings
+        summary_size = summary_size if "summary_size" in settings else 0
+        num_summary_blocks = num_summary_blocks if "num_summary_blocks" in settings else 1
     return SparsePattern(kind, stride, summary_size, num_summary_blocks, causal, mode, field_prefix)
 
 
@@ -305,40 +585,42 @@ def mask_for_layer(
 ) -> torch.Tensor:
     """Boolean (num_heads, n, n) mask that layer `layer_idx` uses under `mode` (merged / interleaved / heads; None is
     the pattern's own mode)."""
-    head_parts = pattern.head_parts(mode, layer_idx, num_heads)
-    q, k, h = pattern._grid(n, num_heads, device)
-    masks = []
-    for head, part in enumerate(head_parts):
-        hh = h[head : head + 1]
-        if part is None:
-            masks.append(pattern.allowed(q, k, hh))
-        else:
-            masks.append(pattern.part_allowed(part, q, k, hh))
-    return torch.cat([m.expand(1, n, n) for m in masks], dim=0)
+    positions = torch.arange(n, device=device)
+    mask = pattern.heads_mask(pattern.head_parts(mode, layer_idx, num_heads), positions[:, None], positions[None, :])
+    return mask.expand(num_heads, n, n).contiguous()
 
 
 def allowed_key_indices(
     pattern: SparsePattern, position: int, head: int = 0, part_index: int | None = None, device=None
 ) -> torch.Tensor:
-    """Sorted absolute key positions j <= `position` that a (causal) query at `position` may attend to, for cached
-    decoding: strided -> window tail plus the residue class `position mod l :: l`; fixed -> the own block so far
-    plus the summary columns of earlier blocks. `part_index` selects one part used alone (None = merged)."""
-    if not pattern.causal:
-        raise ValueError("allowed_key_indices is for cached (causal) decoding; the pattern is bidirectional.")
-    if position < 0:
-        raise ValueError(f"position must be >= 0, got {position}.")
-    L, i = pattern.stride, position
-    if pattern.kind == "strided":
-        band = torch.arange(max(0, i - L), i + 1, device=device)
-        residue = torch.arange(i % L, i + 1, L, device=device)
-        pieces = {0: [band], 1: [residue], None: [band, residue]}[part_index]
-    else:
-        start = (i // L) * L
-        own = torch.arange(start, i + 1, device=device)
-        lo, hi = (int(x) for x in pattern.summary_range(head))
-        cols = torch.arange(lo, hi, device=device)
-        summary = (torch.arange(0, start, L, device=device)[:, None] + cols[None, :]).reshape(-1)
-        own_summary = own[(own % L >= lo) & (own % L < hi)]
-        diag = torch.tensor([i], device=device)
-        pieces = {0: [own], 1: [summary, own_summary, diag], None: [summary, own]}[part_index]
-    return torch.unique(torch.cat(pieces))  # sorted
+    """`pattern.key_indices(...)`: the sorted key positions a causal query at `position` needs during cached
+    decoding (strided: the window tail plus the residue class; fixed: the own block so far plus the summary columns
+    of earlier blocks)."""
+    return pattern.key_indices(position, head, part_index, device)
+
+
+__all__ = [
+    "ATTENTION_TYPES",
+    "PART_NAMES",
+    "PATTERNS",
+    "PATTERN_KINDS",
+    "PATTERN_MODES",
+    "Band",
+    "Blocks",
+    "Columns",
+    "Diagonal",
+    "PatternKind",
+    "PatternPart",
+    "Residue",
+    "Rows",
+    "SparseFields",
+    "SparsePattern",
+    "allowed_key_indices",
+    "build_pattern",
+    "check_mode",
+    "check_settings",
+    "default_summary_size",
+    "mask_for_layer",
+    "pattern_from_config",
+    "register_pattern",
+]

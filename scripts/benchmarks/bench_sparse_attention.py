@@ -3,8 +3,9 @@
     python scripts/benchmarks/bench_sparse_attention.py                          # n up to 16k, 3 repeats
     python scripts/benchmarks/bench_sparse_attention.py --max_n 4096 --repeats 2 --no_memory
 
-Batch 1, 8 heads, head dim 64, fp32, causal; stride l = 32, 64, 64, 128, 128 for n = 1k, 2k, 4k, 8k, 16k and
-summary size c = l / 4 (the settings of docs/sparse-attention.md). Rows:
+Batch 1, 8 heads, head dim 64, fp32, causal; stride l = 32, 64, 64, 128, 128 for n = 1k, 2k, 4k, 8k, 16k and each
+registered pattern's default second setting (`PatternKind.default_settings`: the fixed pattern's c = l / 4, the
+settings of docs/sparse-attention.md). Every pattern of `sparse_layouts.PATTERNS` is measured (`--kinds`). Rows:
 
 - sdpa: dense causal `F.scaled_dot_product_attention(is_causal=True)`, the baseline of every ratio;
 - sparse_dense: the dense masked reference (pattern as a boolean mask; up to `--dense_max_n`);
@@ -39,6 +40,8 @@ import time
 import torch
 import torch.nn.functional as F
 
+from hf_vit_plus.models.sparse_layouts import PATTERN_KINDS
+
 STRIDES = {1024: 32, 2048: 64, 4096: 64, 8192: 128, 16384: 128}
 
 
@@ -53,6 +56,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--flex_max_n", type=int, default=2048, help="largest n for compiled flex (forward only)")
     p.add_argument("--no_memory", action="store_true", help="skip the per-case memory subprocesses")
     p.add_argument("--no_flex", action="store_true", help="skip flex_attention")
+    p.add_argument(
+        "--kinds", nargs="+", default=list(PATTERN_KINDS), choices=PATTERN_KINDS, help="sparse patterns to measure"
+    )
     p.add_argument("--case", default=None, help=argparse.SUPPRESS)  # internal: one memory measurement
     return p.parse_args(argv)
 
@@ -69,12 +75,12 @@ def make_call(kernel: str, kind: str | None, n: int):
         dense_sparse_attention,
         flex_sparse_attention,
     )
-    from hf_vit_plus.models.sparse_layouts import build_pattern
+    from hf_vit_plus.models.sparse_layouts import PATTERNS, build_pattern
 
     if kernel == "sdpa":
         return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)
     stride = STRIDES[n]
-    pattern = build_pattern(kind, stride, summary_size=stride // 4)
+    pattern = build_pattern(kind, stride, **PATTERNS[kind].default_settings(stride))
     fn = {"sparse_dense": dense_sparse_attention, "sparse_block": block_sparse_attention}.get(kernel)
     if kernel == "sparse_flex":
         return lambda q, k, v: flex_sparse_attention(q, k, v, pattern)
@@ -83,7 +89,7 @@ def make_call(kernel: str, kind: str | None, n: int):
 
 def cases_for(n: int, args) -> list[tuple[str, str | None]]:
     cases = [("sdpa", None)]
-    for kind in ("strided", "fixed"):
+    for kind in args.kinds:
         if n <= args.dense_max_n:
             cases.append(("sparse_dense", kind))
         cases.append(("sparse_block", kind))

@@ -31,6 +31,7 @@ from hf_vit_plus.interpret import (
     write_vit_figures,
 )
 from hf_vit_plus.interpret.plots import DPI, PANEL_INCHES
+from hf_vit_plus.models.sparse_layouts import ATTENTION_TYPES
 
 # ------------------------------------------------------------------------------------------------------- rollout
 
@@ -471,7 +472,7 @@ def test_cli_writes_pngs(digits_vit, tmp_path, capsys):
         str(tmp_path / "s.png"),
     ]
     assert cli_main(args) == 0
-    assert _png(tmp_path / "s.png").size == (3 * 320, 700)
+    assert _png(tmp_path / "s.png").size == (len(ATTENTION_TYPES) * 320, 700)  # one panel per registered kind
     assert cli_main(["explain", "all", folder, *images, "--output_dir", str(tmp_path / "all")]) == 0
     assert sorted(p.name for p in (tmp_path / "all").iterdir()) == [
         "attention_maps.png", "mean_attention_distance.png", "patch_embedding_components.png",

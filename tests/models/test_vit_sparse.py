@@ -83,7 +83,7 @@ def test_attention_probabilities_respect_the_pattern_and_interpolation_works():
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"attention_type": "local"}, "Unknown `attention_type` 'local'"),
+        ({"attention_type": "lsh"}, "Unknown `attention_type` 'lsh'"),
         ({"attention_type": "strided", "sparse_stride": 200}, r"`sparse_stride` \(200\) is longer than the sequence"),
         ({"attention_type": "fixed", "sparse_stride": 8, "sparse_summary_size": 9}, "9"),
         ({"attention_type": "strided", "sparse_pattern_mode": "mixed"}, "mixed"),
