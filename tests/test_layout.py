@@ -69,11 +69,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 ]
 
 # Import cycles that are known and have an owner; each is a set of modules.
-KNOWN_CYCLES = [
-    # attention.py imports sparse_attention.py lazily (on first sparse use), which imports attention.py back.
-    # Removed by the pattern refactor.
-    {"hf_vit_plus.models.attention", "hf_vit_plus.models.sparse_attention"},
-]
+KNOWN_CYCLES: list[set[str]] = []
 
 
 def _module_name(path: Path) -> str:

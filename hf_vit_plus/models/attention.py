@@ -1,14 +1,15 @@
 """Attention kernels shared by every model family, and the rule that picks one.
 
-`eager_attention_forward` is the one reference implementation (Vaswani et al. 2017, eq. 1:
-softmax(QK^T / sqrt(d_k)) V) that every fast kernel (sdpa, flex, the block-sparse kernels) is tested against.
-Kernels follow transformers' attention-interface signature so that `config._attn_implementation` picks them;
-`select_attention_kernel` says which one an attention layer runs.
+`eager_attention_forward` (in `attention_reference.py`, re-exported here) is the one reference implementation
+(Vaswani et al. 2017, eq. 1: softmax(QK^T / sqrt(d_k)) V) that every fast kernel (sdpa, flex, the block-sparse
+kernels) is tested against. Kernels follow transformers' attention-interface signature so that
+`config._attn_implementation` picks them; `select_attention_kernel` says which one an attention layer runs.
 
 The Sparse Transformer kernels live in `sparse_attention.py` (700 lines a dense model never needs). Their names are
 registered here, with both of transformers' interfaces, whenever a model's code is imported (so that
 `from_pretrained(..., attn_implementation="sparse_block")` is accepted), as thin shims that import
-`sparse_attention.py` on their first call.
+`sparse_attention.py` on their first call. `sparse_attention.py` imports only `attention_reference.py`, so the lazy
+import is no cycle.
 """
 
 from __future__ import annotations
@@ -16,42 +17,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from torch import nn
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
+
+from .attention_reference import eager_attention_forward, sparse_padding_mask
 
 # The Sparse Transformer kernels of `sparse_attention.py`: the dense masked reference (returns the weights), the
 # exact O(n sqrt(n)) CPU kernel and flex_attention (trains on GPU).
 SPARSE_KERNEL_NAMES = ("sparse_dense", "sparse_block", "sparse_flex")
-
-
-def eager_attention_forward(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    scaling: float | None = None,
-    dropout: float = 0.0,
-    **kwargs,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dense reference attention.
-
-    query: (B, H, Tq, D); key/value: (B, H, Tk, D); attention_mask: additive float (B or 1, 1 or H, Tq, Tk)
-    or boolean (True = attend). Returns the output as (B, Tq, H, D) and the weights as (B, H, Tq, Tk).
-    """
-    if scaling is None:
-        scaling = query.size(-1) ** -0.5
-    scores = torch.matmul(query, key.transpose(-2, -1)) * scaling  # (B, H, Tq, Tk)
-    if attention_mask is not None:
-        if attention_mask.dtype == torch.bool:
-            scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
-        else:
-            scores = scores + attention_mask[..., : key.shape[-2]]
-    weights = nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-    weights = nn.functional.dropout(weights, p=dropout, training=module.training)
-    output = torch.matmul(weights, value)  # (B, H, Tq, D)
-    return output.transpose(1, 2).contiguous(), weights
 
 
 def select_attention_kernel(
@@ -87,22 +60,6 @@ def select_attention_kernel(
     return "sparse_flex" if device_type == "cuda" else "sparse_block"
 
 
-def sparse_padding_mask(
-    batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0,
-    mask_function=None, attention_mask: torch.Tensor | None = None, **kwargs,
-) -> torch.Tensor | None:  # fmt: skip
-    """AttentionMaskInterface function of the sparse kernels: the 2-D boolean padding mask (B, kv_length), or None
-    without padding. The pattern itself comes from the attention module (absolute positions)."""
-    if attention_mask is None:
-        return None
-    mask = attention_mask[:, kv_offset : kv_offset + kv_length].to(torch.bool)
-    if mask.shape[-1] < kv_length:  # a mask shorter than the keys: the missing (newest) positions are real
-        mask = nn.functional.pad(mask, (0, kv_length - mask.shape[-1]), value=True)
-    if torch.compiler.is_compiling():  # a data-dependent branch would break the graph: keep the (all-True) mask
-        return mask
-    return None if bool(mask.all()) else mask
-
-
 def _lazy_sparse_kernel(name: str) -> Callable:
     def kernel(module, query, key, value, attention_mask, **kwargs):
         from .sparse_attention import SPARSE_KERNELS
@@ -118,3 +75,12 @@ SPARSE_KERNEL_SHIMS = {name: _lazy_sparse_kernel(name) for name in SPARSE_KERNEL
 for _name, _shim in SPARSE_KERNEL_SHIMS.items():
     AttentionInterface.register(_name, _shim)
     AttentionMaskInterface.register(_name, sparse_padding_mask)
+
+
+__all__ = [
+    "SPARSE_KERNEL_NAMES",
+    "SPARSE_KERNEL_SHIMS",
+    "eager_attention_forward",
+    "select_attention_kernel",
+    "sparse_padding_mask",
+]

@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import eager_attention_forward, sparse_padding_mask
+from .attention_reference import eager_attention_forward, sparse_padding_mask
 from .compat import FLASH_BACKWARD_SCHEMA, FLASH_FORWARD_SCHEMA, cpu_flash_attention_ops
 from .sparse_layouts import (
     Band,
