@@ -237,6 +237,8 @@ MODEL_CASES = [
     ModelCase("vit-dense", "vit"),
     ModelCase("vit-strided", "vit", {"attention_type": "strided"}),
     ModelCase("vit-fixed", "vit", {"attention_type": "fixed"}),
+    # sliding window of one patch row, the class token global (the default of `sparse_summary_size` for "local")
+    ModelCase("vit-local", "vit", {"attention_type": "local"}),
     ModelCase("seq2seq-dense", "seq2seq"),
     # What a converted opus-mt checkpoint uses (hf_vit_plus.conversion.seq2seq_from_marian).
     ModelCase(
@@ -259,11 +261,22 @@ MODEL_CASES = [
         "seq2seq",
         {"encoder_attention_type": "fixed", "encoder_sparse_stride": 4, "encoder_sparse_summary_size": 1},
     ),
+    ModelCase(
+        "seq2seq-local",
+        "seq2seq",
+        {"encoder_attention_type": "local", "encoder_sparse_stride": 3, "encoder_sparse_summary_size": 1},
+    ),
     ModelCase("sparse-lm-dense", "sparse-lm", {"attention_type": "dense"}),
     *(
         ModelCase(f"sparse-lm-{kind}-{mode}", "sparse-lm", {"attention_type": kind, "sparse_pattern_mode": mode})
         for kind in ("strided", "fixed")
         for mode in ("merged", "interleaved", "heads")
+    ),
+    # a window of 5 tokens and 2 global tokens (attention sinks), each head one part
+    ModelCase(
+        "sparse-lm-local-heads",
+        "sparse-lm",
+        {"attention_type": "local", "sparse_pattern_mode": "heads", "sparse_stride": 5, "sparse_summary_size": 2},
     ),
     ModelCase("image-lm-dense", "image-lm", {"attention_type": "dense"}),
     # what `hf-vit-plus train image-lm` builds: strided, a stride of one image row, one part per head
@@ -279,6 +292,8 @@ MODEL_CASES = [
         "image-lm",
         {"attention_type": "fixed", "sparse_pattern_mode": "heads", "sparse_stride": 4, "sparse_summary_size": 1},
     ),
+    # a window of one image row plus the start token as a global token, merged
+    ModelCase("image-lm-local-merged", "image-lm", {"attention_type": "local", "sparse_summary_size": 1}),
 ]
 
 

@@ -15,6 +15,9 @@ The kinds (0-indexed absolute positions, query i, key j; causal patterns also re
 - "fixed" (Child et al. 2019, sec. 4.2), stride l, c summary positions: block {floor(j/l) = floor(i/l)} and summary
   {j mod l in [l-c, l)}; head h takes the (h mod k)-th c-wide summary block counted from the end of each window
   (k = `num_summary_blocks`); bidirectional: the whole own block plus the summary columns of every block.
+- "local" (Longformer, Beltagy et al. 2020; Mistral's sliding window), window w: window {0 <= i-j <= w}
+  (bidirectional |i-j| <= w) and, with g > 0 global tokens (the config's `sparse_summary_size`), global: every query
+  sees the first g tokens (causal: those before it) and, bidirectional, the first g tokens see every token.
 
 A part has a standalone form (`SparsePattern.part_allowed`, used when a layer or a head uses that part alone:
 "interleaved" and "heads" modes): the part plus the diagonal, so no row is ever fully masked; and an exclusive form:
@@ -306,6 +309,64 @@ class FixedPattern(PatternKind):
         return {"summary_size": max(1, stride // 4)}
 
 
+@register_pattern
+class LocalPattern(PatternKind):
+    """Sliding-window local attention (Longformer; Mistral's sliding window) with optional global tokens.
+
+    Settings: `sparse_stride` is the window w (each query sees the w keys before it, and after it when
+    bidirectional); `sparse_summary_size` is the number g of global tokens at the start of the sequence (0: none);
+    `sparse_num_summary_blocks` must stay 1. With g = 0 the pattern has one part, "window"."""
+
+    name = "local"
+    description = "local (Longformer, Mistral): a sliding window of w keys, plus g global tokens"
+    part_names = ("window", "global")
+    settings = ("stride", "summary_size")
+    symbols = {"stride": "w", "summary_size": "g"}
+
+    @classmethod
+    def num_parts(cls, pattern):
+        return 2 if pattern.summary_size > 0 else 1
+
+    @classmethod
+    def defined(cls, pattern, part, q, k, head):
+        if part == 0:  # window
+            dist = (q - k) if pattern.causal else (q - k).abs()
+            return (dist >= 0) & (dist <= pattern.stride)
+        g = pattern.summary_size  # global: the first g tokens as keys (and as queries, bidirectional)
+        reach = k < g if pattern.causal else (k < g) | (q < g)
+        return reach & _causal(pattern, q, k)
+
+    @classmethod
+    def exclusive(cls, pattern, part, q, k, head):
+        if part == 0 and pattern.summary_size:  # the global part owns the global tokens' rows and columns
+            return cls.defined(pattern, 0, q, k, head) & ~cls.defined(pattern, 1, q, k, head)
+        return cls.defined(pattern, part, q, k, head)
+
+    @classmethod
+    def key_indices(cls, pattern, position, head, part, device):
+        window = torch.arange(max(0, position - pattern.stride), position + 1, device=device)
+        global_keys = torch.arange(min(pattern.summary_size, position + 1), device=device)
+        diagonal = torch.tensor([position], device=device)
+        return {0: [window], 1: [global_keys, diagonal], None: [window, global_keys]}[part]
+
+    @classmethod
+    def layouts(cls, pattern, part, heads, n):
+        g = pattern.summary_size
+        window = Band(pattern.stride, lambda q, k: pattern.part_allowed(0, q, k, exclusive=part is None))
+        global_parts = [Columns(lambda head, length: list(range(g)))] if g else []
+        if g and not pattern.causal:
+            global_parts.append(Rows(g, g))  # the global queries' keys after the global tokens
+        if part is None:
+            return [window, *global_parts]
+        if part == 0:
+            return [window]
+        return [*global_parts, Diagonal(lambda h, length: torch.arange(length, device=h.device)[None] >= g)]
+
+    @classmethod
+    def default_settings(cls, stride):
+        return {"summary_size": 1}  # one global token (a ViT's class token)
+
+
 # The values of a config's `attention_type`: "dense" and every registered pattern.
 PATTERN_KINDS = tuple(PATTERNS)
 ATTENTION_TYPES = ("dense", *PATTERN_KINDS)
@@ -595,7 +656,7 @@ def allowed_key_indices(
 ) -> torch.Tensor:
     """`pattern.key_indices(...)`: the sorted key positions a causal query at `position` needs during cached
     decoding (strided: the window tail plus the residue class; fixed: the own block so far plus the summary columns
-    of earlier blocks)."""
+    of earlier blocks; local: the window plus the global tokens)."""
     return pattern.key_indices(position, head, part_index, device)
 
 

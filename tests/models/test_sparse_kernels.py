@@ -20,15 +20,16 @@ from hf_vit_plus.models.sparse_attention import (
     flex_sparse_attention,
     sparse_padding_mask,
 )
-from hf_vit_plus.models.sparse_layouts import build_pattern
+from hf_vit_plus.models.sparse_layouts import PATTERN_KINDS, PATTERNS, build_pattern
 
 TOL = 1e-5  # fp32, outputs and input gradients
 
 
 def patterns(causal):
+    """Every registered pattern, stride 8, its default second setting, two summary blocks where it has them."""
     return {
-        "strided": build_pattern("strided", 8, causal=causal),
-        "fixed": build_pattern("fixed", 8, 2, num_summary_blocks=2, causal=causal),
+        kind: build_pattern(kind, 8, **PATTERNS[kind].default_settings(8), num_summary_blocks=2, causal=causal)
+        for kind in PATTERN_KINDS
     }
 
 
@@ -72,7 +73,7 @@ def test_flash_ops_are_pinned():
     assert str(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default._schema) == sa.FLASH_FORWARD_SCHEMA
 
 
-@pytest.mark.parametrize("kind", ["strided", "fixed"])
+@pytest.mark.parametrize("kind", PATTERN_KINDS)
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("n", [37, 64])
 @pytest.mark.parametrize("mode,layer", [("merged", 0), ("interleaved", 0), ("interleaved", 1), ("heads", 0)])
@@ -87,7 +88,7 @@ def test_block_kernel_matches_reference(kind, causal, n, mode, layer, use_flash)
     )
 
 
-@pytest.mark.parametrize("kind", ["strided", "fixed"])
+@pytest.mark.parametrize("kind", PATTERN_KINDS)
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("mode,layer", [("merged", 0), ("interleaved", 1), ("heads", 0)])
 def test_left_padding_no_nan(kind, causal, mode, layer):
@@ -180,7 +181,7 @@ def test_interface_kernels(name, mode, layer):
     torch.testing.assert_close(out, ref.transpose(1, 2), atol=TOL, rtol=0)
 
 
-@pytest.mark.parametrize("kind", ["strided", "fixed"])
+@pytest.mark.parametrize("kind", PATTERN_KINDS)
 @pytest.mark.parametrize("mode", ["merged", "heads"])
 def test_cached_decoding_queries(kind, mode):
     """Tq < Tk (a cache): queries are the last Tq positions."""
@@ -225,7 +226,7 @@ def test_bad_inputs_raise(monkeypatch):
     torch.testing.assert_close(out, reference(q, k, v, strided, "merged", 0), atol=TOL, rtol=0)
 
 
-@pytest.mark.parametrize("kind", ["strided", "fixed"])
+@pytest.mark.parametrize("kind", PATTERN_KINDS)
 @pytest.mark.parametrize("causal", [True, False])
 def test_flex_kernel_matches_reference_eager(kind, causal):
     """flex_attention's eager reference path (compile=False): the BlockMask and mask_mod are right."""
