@@ -41,6 +41,7 @@ from .compiled_decoding import GenerationWithCompiledDecoding, reorder_cache_in_
 from .configuration_seq2seq_transformer import Seq2SeqTransformerConfig
 from .hub_mixin import HubMixin
 from .input_checks import IGNORE_INDEX, check_mask_shape, check_not_empty, check_token_ids, tracing
+from .layers import config_flag, split_heads, token_cross_entropy
 from .positional import sinusoidal_position_table
 from .sparse_layouts import SparsePattern, pattern_from_config
 
@@ -113,8 +114,7 @@ class Seq2SeqTransformerAttention(nn.Module):
         self.o_proj = nn.Linear(config.d_model, config.d_model)
 
     def _project(self, states: torch.Tensor, proj: nn.Linear) -> torch.Tensor:
-        batch_size, seq_len, _ = states.shape
-        return proj(states).view(batch_size, seq_len, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
+        return split_heads(proj(states), self.num_heads)  # (B, H, T, Dh)
 
     def forward(
         self,
@@ -362,10 +362,10 @@ class Seq2SeqTransformerStack(nn.Module):
         **kwargs,
     ) -> BaseModelOutputWithPastAndCrossAttentions | BaseModelOutput | tuple:
         cache = resolve_cache(cache, past_key_values)
-        output_attentions = _flag(output_attentions, self.config, "output_attentions")
-        output_hidden_states = _flag(output_hidden_states, self.config, "output_hidden_states")
-        return_dict = _flag(return_dict, self.config, "return_dict", default=True)
-        use_cache = self.is_decoder and _flag(use_cache, self.config, "use_cache")
+        output_attentions = config_flag(output_attentions, self.config, "output_attentions")
+        output_hidden_states = config_flag(output_hidden_states, self.config, "output_hidden_states")
+        return_dict = config_flag(return_dict, self.config, "return_dict", default=True)
+        use_cache = self.is_decoder and config_flag(use_cache, self.config, "use_cache")
         if self.is_decoder and encoder_hidden_states is None:
             raise ValueError("The decoder needs `encoder_hidden_states` (the encoder output) to attend to.")
         if use_cache and cache is None:
@@ -586,7 +586,7 @@ class Seq2SeqTransformerModel(Seq2SeqTransformerPreTrainedModel):
         r"""cache: the decoder's keys and values of earlier target tokens and the cross-attention's (an
         `EncoderDecoderCache`; `past_key_values`, its name before transformers 5.24, works too)."""
         cache = resolve_cache(cache, past_key_values)
-        return_dict = _flag(return_dict, self.config, "return_dict", default=True)
+        return_dict = config_flag(return_dict, self.config, "return_dict", default=True)
         if encoder_outputs is None:
             if input_ids is None and inputs_embeds is None:
                 raise ValueError("Pass `input_ids` (the source tokens), `inputs_embeds` or `encoder_outputs`.")
@@ -749,7 +749,7 @@ class Seq2SeqTransformerForConditionalGeneration(
         num_items_in_batch (keyword, passed by Trainer): the number of non-ignored target tokens in the whole
         accumulated batch; the loss is then the sum over this batch divided by it."""
         cache = resolve_cache(cache, past_key_values)
-        return_dict = _flag(return_dict, self.config, "return_dict", default=True)
+        return_dict = config_flag(return_dict, self.config, "return_dict", default=True)
         if labels is not None:
             # Before the shift: an out-of-range label would otherwise be reported as a bad `decoder_input_ids`.
             check_token_ids("labels", labels, self.config.vocab_size, ignore_index=IGNORE_INDEX)
@@ -801,19 +801,7 @@ class Seq2SeqTransformerForConditionalGeneration(
         """
         if labels.shape != logits.shape[:2]:
             raise ValueError(f"`labels` has shape {tuple(labels.shape)}, expected {tuple(logits.shape[:2])}.")
-        labels = labels.to(logits.device)
-        summed = nn.functional.cross_entropy(
-            logits.float().reshape(-1, logits.shape[-1]),  # (B*T, V)
-            labels.reshape(-1),  # (B*T,)
-            ignore_index=-100,
-            reduction="sum",
-            label_smoothing=self.config.label_smoothing,
-        )
-        if num_items_in_batch is None:
-            num_items_in_batch = (labels != -100).sum()
-        if torch.is_tensor(num_items_in_batch):
-            num_items_in_batch = num_items_in_batch.to(summed.device)
-        return summed / num_items_in_batch
+        return token_cross_entropy(logits, labels, num_items_in_batch, self.config.label_smoothing)
 
 
 def _sparse_key_mask(attention_mask: torch.Tensor | None, batch_size: int, seq_len: int) -> torch.Tensor | None:
@@ -828,12 +816,6 @@ def _sparse_key_mask(attention_mask: torch.Tensor | None, batch_size: int, seq_l
     return sparse_padding_mask(batch_size, seq_len, seq_len, attention_mask=attention_mask)
 
 
-# Copied from modeling_vit_plus._flag
-def _flag(value: bool | None, config, name: str, default: bool = False) -> bool:
-    """`value` if given, else the config's setting `name` (transformers' convention for output flags)."""
-    if value is not None:
-        return value
-    return bool(getattr(config, name, default))
 
 
 __all__ = [

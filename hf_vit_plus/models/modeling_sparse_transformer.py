@@ -31,7 +31,6 @@ import torch
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
-from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
@@ -50,6 +49,7 @@ from .input_checks import (
     check_token_range,
     tracing,
 )
+from .layers import FeedForward, config_flag, split_heads, token_cross_entropy
 from .sparse_layouts import SparsePattern, pattern_from_config
 
 
@@ -198,10 +198,9 @@ class SparseTransformerAttention(nn.Module):
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         batch_size, seq_len, _ = hidden_states.shape
-        hidden_shape = (batch_size, seq_len, self.num_heads, self.head_dim)
-        query = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # (B, H, Tq, Dh)
-        key = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # (B, H, Tq, Dh)
-        value = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # (B, H, Tq, Dh)
+        query = split_heads(self.q_proj(hidden_states), self.num_heads)  # (B, H, Tq, Dh)
+        key = split_heads(self.k_proj(hidden_states), self.num_heads)  # (B, H, Tq, Dh)
+        value = split_heads(self.v_proj(hidden_states), self.num_heads)  # (B, H, Tq, Dh)
         if cache is not None:
             key, value = cache.update(key, value, self.layer_idx)
             # A static cache returns its whole buffer; the slots after the current token are empty.
@@ -267,20 +266,6 @@ class SparseTransformerAttention(nn.Module):
         return attn_output, full
 
 
-# Copied from modeling_vit_plus.ViTPlusMLP with ViTPlus->SparseTransformer
-class SparseTransformerMLP(nn.Module):
-    """The feed-forward branch: Linear -> activation (`config.hidden_act`; GELU in the paper) -> Linear."""
-
-    def __init__(self, config: SparseTransformerConfig):
-        super().__init__()
-        self.fc1 = nn.Linear(config.hidden_size, config.intermediate_size)
-        self.activation_fn = ACT2FN[config.hidden_act]
-        self.fc2 = nn.Linear(config.intermediate_size, config.hidden_size)
-
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.activation_fn(self.fc1(hidden_states)))
-
-
 class SparseTransformerLayer(GradientCheckpointingLayer):
     """One residual block (sec. 5.2): a = X + dropout(attend(norm(X))), H = a + dropout(ff(norm(a))).
 
@@ -293,7 +278,7 @@ class SparseTransformerLayer(GradientCheckpointingLayer):
         self.layernorm_before = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.self_attn = SparseTransformerAttention(config, layer_idx=layer_idx)
         self.layernorm_after = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.mlp = SparseTransformerMLP(config)
+        self.mlp = FeedForward(config.hidden_size, config.intermediate_size, config.hidden_act)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         # Sec. 5.2: the branches' output projections start with std / sqrt(2N) (see `_init_weights`).
         self.self_attn.o_proj.residual_branch_output = True
@@ -415,10 +400,10 @@ class SparseTransformerModel(SparseTransformerPreTrainedModel):
             )
         else:
             check_not_empty("inputs_embeds", tuple(inputs_embeds.shape))
-        output_attentions = _flag(output_attentions, self.config, "output_attentions")
-        output_hidden_states = _flag(output_hidden_states, self.config, "output_hidden_states")
-        return_dict = _flag(return_dict, self.config, "return_dict", default=True)
-        use_cache = _flag(use_cache, self.config, "use_cache")
+        output_attentions = config_flag(output_attentions, self.config, "output_attentions")
+        output_hidden_states = config_flag(output_hidden_states, self.config, "output_hidden_states")
+        return_dict = config_flag(return_dict, self.config, "return_dict", default=True)
+        use_cache = config_flag(use_cache, self.config, "use_cache")
         if self.gradient_checkpointing and self.training and use_cache:
             use_cache = False
         kwargs.pop("num_items_in_batch", None)
@@ -614,7 +599,7 @@ class SparseTransformerForCausalLM(GenerationWithCompiledDecoding, SparseTransfo
         **kwargs: Any,
     ) -> CausalLMOutputWithPast | tuple:
         cache = resolve_cache(cache, past_key_values)
-        return_dict = _flag(return_dict, self.config, "return_dict", default=True)
+        return_dict = config_flag(return_dict, self.config, "return_dict", default=True)
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
         if labels is not None:
             check_token_ids("labels", labels, self.config.vocab_size, ignore_index=IGNORE_INDEX)
@@ -655,14 +640,7 @@ class SparseTransformerForCausalLM(GenerationWithCompiledDecoding, SparseTransfo
         """
         if labels.shape != logits.shape[:2]:
             raise ValueError(f"`labels` must have shape {tuple(logits.shape[:2])}, got {tuple(labels.shape)}.")
-        shift_logits = logits[:, :-1].float().reshape(-1, logits.shape[-1])  # (B*(T-1), V)
-        shift_labels = labels[:, 1:].to(logits.device).reshape(-1)  # (B*(T-1),)
-        if num_items_in_batch is None:
-            return nn.functional.cross_entropy(shift_logits, shift_labels, ignore_index=-100)
-        total = nn.functional.cross_entropy(shift_logits, shift_labels, ignore_index=-100, reduction="sum")
-        if torch.is_tensor(num_items_in_batch):
-            num_items_in_batch = num_items_in_batch.to(total.device)
-        return total / num_items_in_batch
+        return token_cross_entropy(logits[:, :-1], labels[:, 1:], num_items_in_batch)  # (B, T-1) predictions
 
 
 class SparseTransformerForImageGeneration(SparseTransformerForCausalLM):
@@ -764,7 +742,7 @@ class SparseTransformerForImageGeneration(SparseTransformerForCausalLM):
         included, as with `labels`); for `evaluate` to report `eval_loss` without a `labels` column, set
         `TrainingArguments(label_names=["pixel_values"])`."""
         cache = resolve_cache(cache, past_key_values)
-        return_dict = _flag(return_dict, self.config, "return_dict", default=True)
+        return_dict = config_flag(return_dict, self.config, "return_dict", default=True)
         if pixel_values is None:
             output = super().forward(
                 input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
@@ -797,14 +775,7 @@ class SparseTransformerForImageGeneration(SparseTransformerForCausalLM):
             **kwargs,
         )
         logits = self._pixels_only(self.lm_head(outputs.last_hidden_state))  # (B, n, V)
-        flat_logits, flat_labels = logits.float().reshape(-1, logits.shape[-1]), labels.to(logits.device).reshape(-1)
-        if num_items_in_batch is None:
-            loss = nn.functional.cross_entropy(flat_logits, flat_labels, ignore_index=IGNORE_INDEX)
-        else:  # sum / count over all micro-batches: gradient accumulation gives the loss of the whole batch
-            loss = nn.functional.cross_entropy(flat_logits, flat_labels, ignore_index=IGNORE_INDEX, reduction="sum")
-            if torch.is_tensor(num_items_in_batch):
-                num_items_in_batch = num_items_in_batch.to(loss.device)
-            loss = loss / num_items_in_batch
+        loss = token_cross_entropy(logits, labels, num_items_in_batch)
         output = CausalLMOutputWithPast(
             loss=loss,
             logits=logits,
@@ -823,12 +794,6 @@ class SparseTransformerForImageGeneration(SparseTransformerForCausalLM):
         return logits.masked_fill(not_pixel, float("-inf"))
 
 
-# Copied from modeling_vit_plus._flag
-def _flag(value: bool | None, config, name: str, default: bool = False) -> bool:
-    """`value` if given, else the config's setting `name` (transformers' convention for output flags)."""
-    if value is not None:
-        return value
-    return bool(getattr(config, name, default))
 
 
 __all__ = [

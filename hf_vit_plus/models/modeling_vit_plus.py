@@ -17,7 +17,6 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
-from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import ImageClassifierOutput, ModelOutput
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -25,6 +24,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from .attention import eager_attention_forward, select_attention_kernel
 from .configuration_vit_plus import ViTPlusConfig
 from .hub_mixin import HubMixin
+from .layers import FeedForward, config_flag, split_heads
 from .positional import resample_patch_position_embeddings
 from .sparse_layouts import pattern_from_config
 
@@ -136,10 +136,9 @@ class ViTPlusAttention(nn.Module):
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         batch_size, seq_len, _ = hidden_states.shape
-        hidden_shape = (batch_size, seq_len, self.num_heads, self.head_dim)
-        query = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # (B, H, T, Dh)
-        key = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # (B, H, T, Dh)
-        value = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # (B, H, T, Dh)
+        query = split_heads(self.q_proj(hidden_states), self.num_heads)  # (B, H, T, Dh)
+        key = split_heads(self.k_proj(hidden_states), self.num_heads)  # (B, H, T, Dh)
+        value = split_heads(self.v_proj(hidden_states), self.num_heads)  # (B, H, T, Dh)
 
         implementation = select_attention_kernel(
             self.config._attn_implementation, self.sparse_pattern, query.device.type, output_attentions
@@ -153,19 +152,6 @@ class ViTPlusAttention(nn.Module):
         return self.o_proj(attn_output), attn_weights
 
 
-class ViTPlusMLP(nn.Module):
-    """The feed-forward branch: Linear -> activation (`config.hidden_act`; GELU in the paper) -> Linear."""
-
-    def __init__(self, config: ViTPlusConfig):
-        super().__init__()
-        self.fc1 = nn.Linear(config.hidden_size, config.intermediate_size)
-        self.activation_fn = ACT2FN[config.hidden_act]
-        self.fc2 = nn.Linear(config.intermediate_size, config.hidden_size)
-
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.activation_fn(self.fc1(hidden_states)))
-
-
 class ViTPlusLayer(GradientCheckpointingLayer):
     """One pre-norm encoder block: z' = MSA(LN(z)) + z (eq. 2), z = MLP(LN(z')) + z' (eq. 3)."""
 
@@ -174,7 +160,7 @@ class ViTPlusLayer(GradientCheckpointingLayer):
         self.layernorm_before = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.attention = ViTPlusAttention(config, layer_idx=layer_idx)
         self.layernorm_after = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.mlp = ViTPlusMLP(config)
+        self.mlp = FeedForward(config.hidden_size, config.intermediate_size, config.hidden_act)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(
@@ -269,9 +255,9 @@ class ViTPlusModel(ViTPlusPreTrainedModel):
                 f"`pixel_values` must be a floating-point tensor, got "
                 f"{getattr(pixel_values, 'dtype', type(pixel_values).__name__)}; use the image processor."
             )
-        output_attentions = _flag(output_attentions, self.config, "output_attentions")
-        output_hidden_states = _flag(output_hidden_states, self.config, "output_hidden_states")
-        return_dict = _flag(return_dict, self.config, "return_dict", default=True)
+        output_attentions = config_flag(output_attentions, self.config, "output_attentions")
+        output_hidden_states = config_flag(output_hidden_states, self.config, "output_hidden_states")
+        return_dict = config_flag(return_dict, self.config, "return_dict", default=True)
 
         expected_dtype = self.embeddings.patch_embeddings.projection.weight.dtype
         hidden_states = self.embeddings(pixel_values.to(expected_dtype), bool(interpolate_pos_encoding))
@@ -322,7 +308,7 @@ class ViTPlusForImageClassification(ViTPlusPreTrainedModel):
         return_dict: bool | None = None,
         **kwargs,
     ) -> ImageClassifierOutput | tuple:
-        return_dict = _flag(return_dict, self.config, "return_dict", default=True)
+        return_dict = config_flag(return_dict, self.config, "return_dict", default=True)
         outputs = self.vit(
             pixel_values,
             interpolate_pos_encoding=interpolate_pos_encoding,
@@ -369,11 +355,6 @@ class ViTPlusForImageClassification(ViTPlusPreTrainedModel):
         return nn.functional.cross_entropy(logits, labels)
 
 
-def _flag(value: bool | None, config, name: str, default: bool = False) -> bool:
-    """`value` if given, else the config's setting `name` (transformers' convention for output flags)."""
-    if value is not None:
-        return value
-    return bool(getattr(config, name, default))
 
 
 __all__ = [

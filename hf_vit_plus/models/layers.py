@@ -1,0 +1,69 @@
+"""Layers and functions that the model families share (shipped with every checkpoint, as remote code).
+
+They take plain numbers and tensors, not configs, so each tests alone; the modeling files keep everything that is
+particular to a paper (the blocks, the embeddings, the attention modules) and call these for the common parts.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers.activations import ACT2FN
+
+from .input_checks import IGNORE_INDEX
+
+
+class FeedForward(nn.Module):
+    """The position-wise feed-forward branch: Linear -> activation -> Linear (the ViT's MLP with GELU, the Sparse
+    Transformer's with GELU; transformers' parameter names `fc1`, `fc2`)."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, activation: str):
+        super().__init__()
+        self.fc1 = nn.Linear(hidden_size, intermediate_size)
+        self.activation_fn = ACT2FN[activation]
+        self.fc2 = nn.Linear(intermediate_size, hidden_size)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.activation_fn(self.fc1(hidden_states)))
+
+
+def split_heads(projected: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """(B, T, H*Dh) -> (B, H, T, Dh): a projection's output as the attention kernels take it."""
+    batch_size, seq_len, width = projected.shape
+    return projected.view(batch_size, seq_len, num_heads, width // num_heads).transpose(1, 2)
+
+
+def token_cross_entropy(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    num_items_in_batch: int | torch.Tensor | None = None,
+    label_smoothing: float = 0.0,
+) -> torch.Tensor:
+    """The cross-entropy of `logits` (..., V) against `labels` (...), computed in float32, labels equal to -100
+    ignored, with optional label smoothing.
+
+    Without `num_items_in_batch`: the mean over the labelled tokens. With it (Trainer's count of labelled tokens
+    over all the micro-batches of a gradient accumulation): the sum over this batch divided by it, so that the
+    accumulated gradient is that of the mean over the whole batch."""
+    flat_logits = logits.float().reshape(-1, logits.shape[-1])  # (N, V)
+    flat_labels = labels.to(logits.device).reshape(-1)  # (N,)
+    if num_items_in_batch is None:
+        return nn.functional.cross_entropy(
+            flat_logits, flat_labels, ignore_index=IGNORE_INDEX, label_smoothing=label_smoothing
+        )
+    total = nn.functional.cross_entropy(
+        flat_logits, flat_labels, ignore_index=IGNORE_INDEX, reduction="sum", label_smoothing=label_smoothing
+    )
+    if torch.is_tensor(num_items_in_batch):
+        num_items_in_batch = num_items_in_batch.to(total.device)
+    return total / num_items_in_batch
+
+
+def config_flag(value: bool | None, config, name: str, default: bool = False) -> bool:
+    """`value` if given, else the config's setting `name` (transformers' convention for output flags)."""
+    if value is not None:
+        return value
+    return bool(getattr(config, name, default))
+
+
+__all__ = ["FeedForward", "config_flag", "split_heads", "token_cross_entropy"]
