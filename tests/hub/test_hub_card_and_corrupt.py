@@ -133,6 +133,16 @@ def pushed(hub_server, saved):
     except OSError as err:
         out["cache"] = {{"type": type(err).__name__, "message": str(err), "path": str(cached),
                          "cause": type(err.__cause__).__name__}}
+
+    # last (it registers the copy's attention kernels in this process): the model code loaded as remote code
+    import sys
+    from transformers.dynamic_module_utils import get_class_from_dynamic_module
+    from hf_vit_plus.hub.push import push_model
+
+    remote = get_class_from_dynamic_module("modeling_vit_plus.ViTPlusForImageClassification", str(root / "vit"))
+    mixin = sys.modules[remote.__module__.rsplit(".", 1)[0] + ".hub_mixin"]
+    out["remote_copy"] = {{"is_a_copy": mixin.__name__ != "hf_vit_plus.models.hub_mixin",
+                           "has_the_package_hook": mixin.push_to_hub_hook() is push_model}}
     print(json.dumps(out))
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
@@ -204,18 +214,14 @@ def test_push_to_hub_keeps_a_readme_the_repository_has(hub_server, pushed):
     assert yaml.safe_load(tagged.split("---")[1]) == {"license": "mit", "tags": ["mine", "extra-tag"]}
 
 
-def test_push_to_hub_goes_through_the_hook_the_package_sets(saved):
+def test_push_to_hub_goes_through_the_hook_the_package_sets(pushed):
     """`import hf_vit_plus` hands the models its push (models/ imports nothing of hub/); a copy of the model code
-    loaded as remote code in the same process takes the package's hook too."""
-    from transformers.dynamic_module_utils import get_class_from_dynamic_module
-
+    loaded as remote code in a process that imported the package takes the package's hook too."""
     from hf_vit_plus.hub.push import push_model
     from hf_vit_plus.models import hub_mixin
 
     assert hub_mixin.push_to_hub_hook() is push_model
-    remote = get_class_from_dynamic_module("modeling_vit_plus.ViTPlusForImageClassification", saved / "vit")
-    remote_mixin = sys.modules[remote.__module__.rsplit(".", 1)[0] + ".hub_mixin"]
-    assert remote_mixin is not hub_mixin and remote_mixin.push_to_hub_hook() is push_model
+    assert pushed["remote_copy"] == {"is_a_copy": True, "has_the_package_hook": True}
 
 
 def test_push_to_hub_without_the_package_is_transformers_own(monkeypatch, saved):
