@@ -12,9 +12,8 @@ import pytest
 
 from hf_vit_plus.cli import main
 from hf_vit_plus.errors import UsageError
-from tests.utils import REPO_ROOT
+from tests.utils import REPO_ROOT, TINY_VIT_OVERRIDES
 
-TINY_VIT = "hidden_size=32,num_hidden_layers=2,num_attention_heads=2,intermediate_size=64"
 QUICK_RUN = [
     "--max_steps", "2", "--max_train_samples", "64", "--max_eval_samples", "32",
     "--per_device_train_batch_size", "16", "--report_to", "none", "--save_steps", "none",
@@ -47,7 +46,7 @@ def test_sparse_vit_trained_from_the_cli_writes_card_and_figures(tmp_path, capsy
     """The stride is left to the config (patches per row): the figure must use the model's own pattern."""
     output_dir = tmp_path / attention_type
     argv = ["train", "vit", "--output_dir", str(output_dir), *QUICK_RUN,
-            "--config_overrides", f"attention_type={attention_type},{TINY_VIT}"]  # fmt: skip
+            "--config_overrides", f"attention_type={attention_type},{TINY_VIT_OVERRIDES}"]  # fmt: skip
     assert main(argv) == 0
     written = {p.name for p in output_dir.iterdir()}
     assert {"model.safetensors", "config.json", "README.md", "training_curves.png", "attention_maps.png",
@@ -114,7 +113,7 @@ def test_unknown_config_field_is_refused_by_the_python_api(tmp_path):
     from hf_vit_plus.training.loop import train
 
     args = family_arguments("vit", output_dir=str(tmp_path / "run"), report_to="none", max_steps=1,
-                            config_overrides=TINY_VIT.replace("hidden_size", "hiden_size"))  # fmt: skip
+                            config_overrides=TINY_VIT_OVERRIDES.replace("hidden_size", "hiden_size"))  # fmt: skip
     with pytest.raises(ValueError, match="Unknown config field 'hiden_size' for vit_plus; did you mean 'hidden_size'"):
         train(args)
     assert not (tmp_path / "run" / "model.safetensors").exists()

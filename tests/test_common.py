@@ -18,7 +18,7 @@ from transformers import AutoConfig
 from hf_vit_plus.models.compat import enable_activation_checkpointing
 from hf_vit_plus.models.configuration_sparse_transformer import PIXEL_LEVELS
 from tests.conftest import MODEL_CASES, ModelCase
-from tests.utils import run_without_package
+from tests.utils import TINY_VIT_OVERRIDES, run_without_package
 
 
 def _logits(model, inputs: dict) -> torch.Tensor:
@@ -508,12 +508,12 @@ def test_malformed_inputs_end_in_a_value_error_naming_them(model_case):
 # ------------------------------------------------------------------------------------------ the command line
 
 CLI_TINY = {
-    "vit": "hidden_size=32,num_hidden_layers=2,num_attention_heads=2,intermediate_size=64",
+    "vit": TINY_VIT_OVERRIDES,
     "seq2seq": "d_model=32,encoder_layers=1,decoder_layers=1,encoder_attention_heads=2,decoder_attention_heads=2,"
     "encoder_ffn_dim=64,decoder_ffn_dim=64",
     "sparse-lm": "hidden_size=32,num_hidden_layers=2,num_attention_heads=2,intermediate_size=64,"
     "max_position_embeddings=64,sparse_stride=8,sparse_summary_size=2",
-    "image-lm": "hidden_size=32,num_hidden_layers=2,num_attention_heads=2,intermediate_size=64",  # 8 x 8 digits
+    "image-lm": TINY_VIT_OVERRIDES,  # the same width and depth; 8 x 8 digits
 }
 CLI_ATTENTION = {
     "vit": ["attention_type=dense", "attention_type=strided", "attention_type=fixed"],

@@ -13,25 +13,13 @@ from PIL import Image
 from hf_vit_plus import SparseTransformerConfig, SparseTransformerForCausalLM, SparseTransformerForImageGeneration
 from hf_vit_plus.cli import main
 from hf_vit_plus.image_generation import complete_images, image_grid, mask_rows, read_images, sample_images
-
-TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
-
-
-def _model(attention_type: str = "strided", height: int = 6, width: int = 5, channels: int = 1, seed: int = 0):
-    torch.manual_seed(seed)
-    config = SparseTransformerConfig.for_images(height, width, channels, attention_type=attention_type, **TINY)
-    return SparseTransformerForImageGeneration(config).eval()
-
-
-def _pixels(batch: int, channels: int, height: int, width: int, seed: int = 1) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, 256, (batch, channels, height, width), generator=g, dtype=torch.uint8)
+from tests.utils import TINY_IMAGE_MODEL, random_pixels, tiny_image_model
 
 
 # ---------------------------------------------------------------------------------------------------- sampling
 @pytest.mark.parametrize("attention_type", ["dense", "strided", "fixed"])
 def test_cached_sampling_equals_uncached_sampling(attention_type):
-    model = _model(attention_type)
+    model = tiny_image_model(attention_type)
     cached = sample_images(model, 5, seed=3, batch_size=4, use_cache=True)
     uncached = sample_images(model, 5, seed=3, batch_size=4, use_cache=False)
     assert cached.shape == (5, 1, 6, 5) and cached.dtype == torch.uint8
@@ -41,22 +29,24 @@ def test_cached_sampling_equals_uncached_sampling(attention_type):
 @pytest.mark.slow  # compiles a decoding step (10-20 s on a CPU)
 @pytest.mark.parametrize("attention_type", ["dense", "strided", "fixed"])
 def test_compiled_static_cache_sampling_equals_dynamic_cache_sampling(attention_type):
-    model = _model(attention_type)
+    model = tiny_image_model(attention_type)
     static = sample_images(model, 3, seed=8, batch_size=4, cache_implementation="static")
     assert torch.equal(static, sample_images(model, 3, seed=8, batch_size=4))
-    prompt_rows = complete_images(model, _pixels(3, 1, 6, 5), 2, seed=8, batch_size=4, cache_implementation="static")
-    assert torch.equal(prompt_rows, complete_images(model, _pixels(3, 1, 6, 5), 2, seed=8, batch_size=4))
+    prompt_rows = complete_images(
+        model, random_pixels(3, 1, 6, 5), 2, seed=8, batch_size=4, cache_implementation="static"
+    )
+    assert torch.equal(prompt_rows, complete_images(model, random_pixels(3, 1, 6, 5), 2, seed=8, batch_size=4))
 
 
 def test_colour_images_are_drawn_with_their_channels():
-    model = _model("strided", 3, 4, 3)
+    model = tiny_image_model("strided", 3, 4, 3)
     images = sample_images(model, 2, seed=0)
     assert images.shape == (2, 3, 3, 4) and images.dtype == torch.uint8
     assert torch.equal(images, sample_images(model, 2, seed=0, use_cache=False))
 
 
 def test_a_seed_gives_the_same_images_and_another_seed_others():
-    model = _model("strided")
+    model = tiny_image_model("strided")
     first = sample_images(model, 4, seed=11)
     assert torch.equal(first, sample_images(model, 4, seed=11))
     assert not torch.equal(first, sample_images(model, 4, seed=12))
@@ -64,17 +54,19 @@ def test_a_seed_gives_the_same_images_and_another_seed_others():
 
 
 def test_sampling_leaves_the_callers_random_state_alone():
-    model = _model("dense")
+    model = tiny_image_model("dense")
     torch.manual_seed(123)
     state = torch.get_rng_state()
     sample_images(model, 2, seed=5)
-    complete_images(model, _pixels(2, 1, 6, 5), 2, seed=5)
+    complete_images(model, random_pixels(2, 1, 6, 5), 2, seed=5)
     assert torch.equal(torch.get_rng_state(), state)
 
 
 def test_sampling_runs_in_eval_mode_and_restores_the_mode():
     torch.manual_seed(0)
-    config = SparseTransformerConfig.for_images(6, 5, attention_type="fixed", hidden_dropout_prob=0.5, **TINY)
+    config = SparseTransformerConfig.for_images(
+        6, 5, attention_type="fixed", hidden_dropout_prob=0.5, **TINY_IMAGE_MODEL
+    )
     model = SparseTransformerForImageGeneration(config).train()
     drawn_in_train_mode = sample_images(model, 3, seed=1)
     assert model.training
@@ -82,7 +74,7 @@ def test_sampling_runs_in_eval_mode_and_restores_the_mode():
 
 
 def test_the_last_short_batch_is_drawn_at_full_size():
-    model = _model("strided")
+    model = tiny_image_model("strided")
     five = sample_images(model, 5, seed=2, batch_size=4)
     eight = sample_images(model, 8, seed=2, batch_size=4)
     assert torch.equal(five, eight[:5])  # the second batch of four rows, of which one is kept
@@ -90,7 +82,7 @@ def test_the_last_short_batch_is_drawn_at_full_size():
 
 @pytest.mark.parametrize("attention_type", ["dense", "strided"])
 def test_a_temperature_near_zero_is_greedy_decoding(attention_type):
-    model = _model(attention_type)
+    model = tiny_image_model(attention_type)
     start = torch.full((2, 1), model.config.bos_token_id)
     greedy = model.tokens_to_pixels(model.generate(input_ids=start, max_new_tokens=30, do_sample=False)[:, 1:])
     assert torch.equal(sample_images(model, 2, temperature=1e-5, seed=4), greedy)
@@ -100,8 +92,8 @@ def test_a_temperature_near_zero_is_greedy_decoding(attention_type):
 # -------------------------------------------------------------------------------------------------- completion
 @pytest.mark.parametrize("attention_type", ["dense", "strided", "fixed"])
 def test_completion_keeps_the_top_rows_and_draws_the_rest(attention_type):
-    model = _model(attention_type)
-    originals = _pixels(3, 1, 6, 5)
+    model = tiny_image_model(attention_type)
+    originals = random_pixels(3, 1, 6, 5)
     completed = complete_images(model, originals, 2, seed=0)
     assert completed.shape == originals.shape and completed.dtype == torch.uint8
     assert torch.equal(completed[:, :, :2], originals[:, :, :2])  # bit for bit
@@ -115,16 +107,16 @@ def test_completion_keeps_the_top_rows_and_draws_the_rest(attention_type):
 
 
 def test_completion_from_no_rows_is_sampling_and_grey_images_may_omit_the_channel_axis():
-    model = _model("strided")
-    originals = _pixels(3, 1, 6, 5)
+    model = tiny_image_model("strided")
+    originals = random_pixels(3, 1, 6, 5)
     assert torch.equal(complete_images(model, originals, 0, seed=6), sample_images(model, 3, seed=6))
     grey = complete_images(model, originals[:, 0], 4, seed=6)
     assert torch.equal(grey, complete_images(model, originals, 4, seed=6))
 
 
 def test_completion_of_colour_images_keeps_every_channel_of_the_kept_rows():
-    model = _model("dense", 3, 4, 3)
-    originals = _pixels(2, 3, 3, 4)
+    model = tiny_image_model("dense", 3, 4, 3)
+    originals = random_pixels(2, 3, 3, 4)
     completed = complete_images(model, originals, 1, seed=0)
     assert torch.equal(completed[:, :, :1], originals[:, :, :1])
 
@@ -140,20 +132,23 @@ def test_completion_of_colour_images_keeps_every_channel_of_the_kept_rows():
         (lambda m: sample_images(m, 2, top_k=0), r"`top_k` must be a positive integer, got 0"),
         (lambda m: sample_images(m, 2, seed=-1), r"`seed` must be a non-negative integer, got -1"),
         (lambda m: sample_images(m, 2, batch_size=0), r"`batch_size` must be a positive integer, got 0"),
-        (lambda m: complete_images(m, _pixels(1, 1, 6, 5), 6), r"`keep_rows` must be an integer in \[0, 6\).*got 6"),
-        (lambda m: complete_images(m, _pixels(1, 1, 6, 5), -1), r"in \[0, 6\).*got -1"),
-        (lambda m: complete_images(m, _pixels(1, 1, 6, 5), 2, temperature=0), r"`temperature` must be > 0"),
-        (lambda m: complete_images(m, _pixels(1, 1, 5, 6), 2), r"\(batch, 1, 6, 5\)"),
+        (
+            lambda m: complete_images(m, random_pixels(1, 1, 6, 5), 6),
+            r"`keep_rows` must be an integer in \[0, 6\).*got 6",
+        ),
+        (lambda m: complete_images(m, random_pixels(1, 1, 6, 5), -1), r"in \[0, 6\).*got -1"),
+        (lambda m: complete_images(m, random_pixels(1, 1, 6, 5), 2, temperature=0), r"`temperature` must be > 0"),
+        (lambda m: complete_images(m, random_pixels(1, 1, 5, 6), 2), r"\(batch, 1, 6, 5\)"),
     ],
 )
 def test_bad_arguments_are_named(call, message):
     with pytest.raises(ValueError, match=message):
-        call(_model("dense"))
+        call(tiny_image_model("dense"))
 
 
 def test_a_text_model_is_refused():
-    text = SparseTransformerForCausalLM(SparseTransformerConfig(attention_type="dense", **TINY))
-    for call in (lambda: sample_images(text, 2), lambda: complete_images(text, _pixels(1, 1, 6, 5), 2)):
+    text = SparseTransformerForCausalLM(SparseTransformerConfig(attention_type="dense", **TINY_IMAGE_MODEL))
+    for call in (lambda: sample_images(text, 2), lambda: complete_images(text, random_pixels(1, 1, 6, 5), 2)):
         with pytest.raises(ValueError, match=r"SparseTransformerForCausalLM with SparseTransformerConfig "):
             call()
     with pytest.raises(ValueError, match="image_size=None"):
@@ -162,14 +157,14 @@ def test_a_text_model_is_refused():
 
 # ------------------------------------------------------------------------------------------------------ grids
 def test_image_grid_size_scale_and_placement():
-    images = _pixels(5, 1, 6, 5)
+    images = random_pixels(5, 1, 6, 5)
     grid = image_grid(images, nrow=3, pad=2, scale=4)
     assert grid.mode == "L" and grid.size == (3 * 20 + 4 * 2, 2 * 24 + 3 * 2)  # (width, height)
     array = np.asarray(grid)
     tile = array[2 + 24 + 2 : 2 + 24 + 2 + 24, 2 + 20 + 2 : 2 + 20 + 2 + 20]  # second row, second column: image 4
     assert np.array_equal(tile[::4, ::4], images[4, 0].numpy())
     assert image_grid(images).size == (3 * 80 + 4 * 2, 2 * 96 + 3 * 2)  # 6 x 5 at 16x: the long side >= 96
-    colour = image_grid(_pixels(2, 3, 28, 28))
+    colour = image_grid(random_pixels(2, 3, 28, 28))
     assert colour.mode == "RGB" and colour.size == (2 * 112 + 3 * 2, 112 + 2 * 2)  # 28 x 28 drawn at 4x
 
 
@@ -183,15 +178,15 @@ def test_image_grid_refuses_what_it_cannot_draw():
 
 
 def test_mask_rows_greys_the_rows_to_draw():
-    images = _pixels(2, 1, 6, 5)
+    images = random_pixels(2, 1, 6, 5)
     masked = mask_rows(images, 2)
     assert torch.equal(masked[:, :, :2], images[:, :, :2]) and (masked[:, :, 2:] == 128).all()
 
 
 # -------------------------------------------------------------------------------------------- images to complete
 def test_read_images_from_files_and_the_digits(tmp_path):
-    config = _model("dense", 8, 8).config
-    grey = _pixels(1, 1, 8, 8)[0, 0].numpy()
+    config = tiny_image_model("dense", 8, 8).config
+    grey = random_pixels(1, 1, 8, 8)[0, 0].numpy()
     Image.fromarray(grey, mode="L").save(tmp_path / "grey.png")
     rgb = np.stack([grey, grey, grey], axis=-1)
     Image.fromarray(rgb, mode="RGB").save(tmp_path / "rgb.png")
@@ -202,12 +197,12 @@ def test_read_images_from_files_and_the_digits(tmp_path):
 
     first = np.asarray(load_digits_dataset()["test"][0]["image"])
     assert torch.equal(images[2, 0], torch.from_numpy(first.copy()))
-    colour = read_images([tmp_path / "grey.png"], _model("dense", 8, 8, 3).config)
+    colour = read_images([tmp_path / "grey.png"], tiny_image_model("dense", 8, 8, 3).config)
     assert colour.shape == (1, 3, 8, 8) and all(torch.equal(colour[0, c], images[0, 0]) for c in range(3))
 
 
 def test_read_images_names_what_it_cannot_use(tmp_path):
-    config = _model("dense", 6, 5).config
+    config = tiny_image_model("dense", 6, 5).config
     Image.fromarray(np.zeros((7, 9), dtype=np.uint8)).save(tmp_path / "big.png")
     (tmp_path / "notes.txt").write_text("not an image")
     big = str(tmp_path / "big.png")
@@ -228,7 +223,7 @@ def test_read_images_from_fashion_mnist():
 
     if not (FASHION_MNIST_DIR / "t10k-images-idx3-ubyte.gz").is_file():
         pytest.skip(f"Fashion-MNIST is not installed in {FASHION_MNIST_DIR}")
-    config = SparseTransformerConfig.for_images(28, 28, **TINY)
+    config = SparseTransformerConfig.for_images(28, 28, **TINY_IMAGE_MODEL)
     images = read_images(["fashion-mnist"], config, num_images=3)
     assert torch.equal(images[:, 0], torch.from_numpy(load_fashion_mnist_arrays("test")[0][:3].copy()))
 
@@ -237,7 +232,7 @@ def test_read_images_from_fashion_mnist():
 @pytest.fixture(scope="module")
 def image_checkpoint(tmp_path_factory):
     folder = tmp_path_factory.mktemp("image_model")
-    _model("strided", 8, 8).save_pretrained(folder)
+    tiny_image_model("strided", 8, 8).save_pretrained(folder)
     return folder
 
 
@@ -266,7 +261,7 @@ def test_cli_writes_a_grid_of_samples(image_checkpoint, tmp_path, capsys):
 
 
 def test_cli_completes_an_image_file_and_the_digits(image_checkpoint, tmp_path, capsys):
-    picture = _pixels(1, 1, 8, 8, seed=5)[0, 0].numpy()
+    picture = random_pixels(1, 1, 8, 8, seed=5)[0, 0].numpy()
     Image.fromarray(picture, mode="L").save(tmp_path / "picture.png")
     output = tmp_path / "completions.png"
     argv = ["sample", str(image_checkpoint), "--complete", str(tmp_path / "picture.png"), "digits",
@@ -329,7 +324,7 @@ def test_cli_refuses_a_file_of_the_wrong_size_and_a_text_model(tmp_path, capsys,
     Image.fromarray(np.zeros((28, 28), dtype=np.uint8)).save(tmp_path / "big.png")
     code, _, err = _run(["sample", str(image_checkpoint), "--complete", str(tmp_path / "big.png")], capsys)
     assert code == 2 and len(err) == 1 and "is 28 x 28 pixels" in err[0] and "image_size is 8 x 8" in err[0], err
-    text = SparseTransformerForCausalLM(SparseTransformerConfig(attention_type="dense", **TINY))
+    text = SparseTransformerForCausalLM(SparseTransformerConfig(attention_type="dense", **TINY_IMAGE_MODEL))
     text.save_pretrained(tmp_path / "lm")
     code, _, err = _run(["sample", str(tmp_path / "lm"), "--output", str(tmp_path / "x.png")], capsys)
     assert code == 2 and len(err) == 1 and "is not an image model (SparseTransformerConfig" in err[0], err

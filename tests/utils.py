@@ -1,7 +1,8 @@
-"""Helpers shared by the tests."""
+"""Helpers shared by the tests: processes with and without the package, folder snapshots, tiny models."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -60,3 +61,58 @@ def run_without_package(
         return json.loads(last)
     except json.JSONDecodeError:
         raise AssertionError(f"the subprocess's last line is not JSON:\n{proc.stdout[-3000:]}") from None
+
+
+def run_with_package(code: str, cwd: Path, env: dict | None = None, timeout: int = 300) -> dict:
+    """Run `code` in a fresh Python process with the package installed (a client of the loopback Hub: pass
+    `hub_server.env()` as `env`), with its own HF_HOME under `cwd` and one thread. The code must print one JSON line
+    last; it is returned parsed."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
+    full_env.update({"HF_HOME": str(Path(cwd) / "hf_home"), "OMP_NUM_THREADS": "1", **(env or {})})
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], cwd=cwd, env=full_env, capture_output=True, text=True,
+        timeout=timeout,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        raise AssertionError(f"client failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    return json.loads([line for line in proc.stdout.splitlines() if line.strip()][-1])
+
+
+def folder_snapshot(folder: Path) -> dict[str, tuple[str, int]]:
+    """Every file under `folder` with its sha256 and mtime: equal snapshots = an untouched folder."""
+    return {
+        p.relative_to(folder).as_posix(): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+# ------------------------------------------------------------------------------------------------- tiny models
+# --config_overrides of a tiny ViT for the command line and the training loop (the data sets the image size)
+TINY_VIT_OVERRIDES = "hidden_size=32,num_hidden_layers=2,num_attention_heads=2,intermediate_size=64"
+# the width and depth of the tiny image models (`tiny_image_model`)
+TINY_IMAGE_MODEL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
+
+
+def tiny_image_model(
+    attention_type: str = "strided", height: int = 6, width: int = 5, channels: int = 1, seed: int = 0, **overrides
+):
+    """A Sparse Transformer image model (`SparseTransformerConfig.for_images`) of `TINY_IMAGE_MODEL`'s size, seeded,
+    in eval mode."""
+    import torch
+
+    from hf_vit_plus import SparseTransformerConfig, SparseTransformerForImageGeneration
+
+    torch.manual_seed(seed)
+    config = SparseTransformerConfig.for_images(
+        height, width, channels, attention_type=attention_type, **{**TINY_IMAGE_MODEL, **overrides}
+    )
+    return SparseTransformerForImageGeneration(config).eval()
+
+
+def random_pixels(batch: int, channels: int, height: int, width: int, seed: int = 1):
+    """Integer images (batch, channels, height, width), uint8 values 0..255, from a seeded generator."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (batch, channels, height, width), generator=g, dtype=torch.uint8)

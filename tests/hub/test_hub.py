@@ -8,11 +8,6 @@ this module (main, v2 through the CLI, the failing pushes), to keep the number o
 from __future__ import annotations
 
 import hashlib
-import json
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +20,7 @@ from hf_vit_plus.hub import push as push_module
 from hf_vit_plus.hub.card import write_model_card
 from hf_vit_plus.hub.figures import plot_training_curves
 from hf_vit_plus.hub.push import push_checkpoint
-from tests.utils import run_without_package
+from tests.utils import folder_snapshot, run_with_package, run_without_package
 
 REPO = "test-org/vit-tiny"
 FAULT_REPO = "test-org/vit-fault"
@@ -69,32 +64,6 @@ def _save_checkpoint(folder: Path, seed: int) -> ViTPlusForImageClassification:
     return model
 
 
-def _snapshot(folder: Path) -> dict[str, tuple[str, int]]:
-    """Every file under `folder` with its sha256 and mtime: equal snapshots = untouched folder."""
-    return {
-        p.relative_to(folder).as_posix(): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
-        for p in sorted(folder.rglob("*"))
-        if p.is_file()
-    }
-
-
-def _run_client(code: str, cwd: Path, env: dict, timeout: int = 300) -> dict:
-    """Run `code` in a fresh process with the package installed; it prints one JSON line last."""
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
-    full_env.update({"HF_HOME": str(cwd / "hf_home"), "OMP_NUM_THREADS": "1", **env})
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        cwd=cwd,
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    if proc.returncode != 0:
-        raise AssertionError(f"client failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
-    return json.loads([line for line in proc.stdout.splitlines() if line.strip()][-1])
-
-
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     """Three tiny checkpoints (main, v2, and one for the failing pushes), an image, and expected logits."""
@@ -118,9 +87,9 @@ def pushed(hub_server, checkpoints):
     fault_weights = (root / "fault" / "model.safetensors").read_bytes()
     hub_server.fail_next("lfs_upload", status=403, match=hashlib.sha256(fault_weights).hexdigest())
     hub_server.fail_next("commit", status=500, match=FAULT_REPO)
-    before = _snapshot(root / "fault")
+    before = folder_snapshot(root / "fault")
     try:
-        result = _run_client(
+        result = run_with_package(
             f"""
             import contextlib, io, json
             from huggingface_hub import HfApi
@@ -163,7 +132,7 @@ def pushed(hub_server, checkpoints):
         )
     finally:
         hub_server.clear_faults()
-    result["fault_folder_unchanged"] = _snapshot(root / "fault") == before
+    result["fault_folder_unchanged"] = folder_snapshot(root / "fault") == before
     return result
 
 
@@ -270,7 +239,7 @@ def test_pull_by_repo_id_and_revision_without_the_package(hub_server, pushed, ch
 
 def test_pull_by_repo_id_and_revision_with_the_package(hub_server, pushed, checkpoints, tmp_path):
     root, expected = checkpoints
-    result = _run_client(_pull_code(REPO, root / "image.png", with_package=True), tmp_path, hub_server.env())
+    result = run_with_package(_pull_code(REPO, root / "image.png", with_package=True), tmp_path, hub_server.env())
     assert result["package_loaded"] is True
     assert result["main_installed_classes"]["module"] == "hf_vit_plus.models.modeling_vit_plus"
     assert result["main"]["card_hook"] and result["main_installed_classes"]["card_hook"]  # the family's card

@@ -11,13 +11,7 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 import shutil
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -36,6 +30,7 @@ from hf_vit_plus import (
 from hf_vit_plus.families import get_family
 from hf_vit_plus.hub.card import load_card_metadata, validate_card_metadata
 from hf_vit_plus.models.hub_mixin import CorruptCheckpointError
+from tests.utils import folder_snapshot, run_with_package
 
 # family -> (tiny config, the family's name as the card states it); the classes are the family record's
 FAMILIES = {
@@ -71,14 +66,6 @@ OWN_README = "---\nlicense: mit\ntags:\n- mine\n---\n\n# A card written by hand\
 KEPT_REPO = "test-org/vit-kept-card"
 
 
-def _snapshot(folder: Path) -> dict[str, tuple[str, int]]:
-    return {
-        p.relative_to(folder).as_posix(): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
-        for p in sorted(folder.rglob("*"))
-        if p.is_file()
-    }
-
-
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory) -> Path:
     """root/<family>: a `save_pretrained` folder of each family's tiny model (no README.md); root/<family>-readme:
@@ -96,7 +83,7 @@ def saved(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def pushed(hub_server, saved):
     """Every push of this module, in one client process."""
-    before = {family: _snapshot(saved / family) for family in FAMILIES}
+    before = {family: folder_snapshot(saved / family) for family in FAMILIES}
     code = f"""
     import contextlib, io, json, os
     from pathlib import Path
@@ -145,15 +132,8 @@ def pushed(hub_server, saved):
                            "has_the_package_hook": mixin.push_to_hub_hook() is push_model}}
     print(json.dumps(out))
     """
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
-    env.update({"HF_HOME": str(saved / "hf_home"), "OMP_NUM_THREADS": "1", **hub_server.env()})
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], cwd=saved, env=env, capture_output=True, text=True, timeout=300
-    )
-    if proc.returncode != 0:
-        raise AssertionError(f"client failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    result["unchanged"] = {family: _snapshot(saved / family) == before[family] for family in FAMILIES}
+    result = run_with_package(code, saved, hub_server.env())
+    result["unchanged"] = {family: folder_snapshot(saved / family) == before[family] for family in FAMILIES}
     return result
 
 

@@ -9,24 +9,27 @@ import pytest
 import torch
 from PIL import Image
 
-from hf_vit_plus import SparseTransformerConfig, SparseTransformerForCausalLM, SparseTransformerForImageGeneration
+from hf_vit_plus import SparseTransformerConfig, SparseTransformerForCausalLM
 from hf_vit_plus.cli import main as cli_main
 from hf_vit_plus.interpret import NextPixelAttention, next_pixel_attention, plot_next_pixel_attention
 from hf_vit_plus.interpret.image_attention import generated_mask
 from hf_vit_plus.interpret.plots import DPI, PANEL_INCHES
 from hf_vit_plus.models.sparse_layouts import pattern_from_config
+from tests.utils import tiny_image_model
 
 HEIGHT, WIDTH = 6, 5
 TARGET = (3, 2)  # pixel index 17: the rows above and the row so far are both non-trivial
 
 
-def image_model(attention_type: str, mode: str = "merged", height: int = HEIGHT, width: int = WIDTH, **overrides):
-    torch.manual_seed(0)
-    config = SparseTransformerConfig.for_images(
-        height, width, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-        attention_type=attention_type, sparse_pattern_mode=mode, **overrides,
-    )  # fmt: skip
-    return SparseTransformerForImageGeneration(config).eval()
+def image_model(
+    attention_type: str,
+    mode: str = "merged",
+    height: int = HEIGHT,
+    width: int = WIDTH,
+    num_channels: int = 1,
+    **overrides,
+):
+    return tiny_image_model(attention_type, height, width, num_channels, sparse_pattern_mode=mode, **overrides)
 
 
 def random_image(height: int = HEIGHT, width: int = WIDTH, channels: int | None = None, seed: int = 1):

@@ -12,20 +12,7 @@ from transformers import AutoModelForCausalLM
 
 from hf_vit_plus import SparseTransformerConfig, SparseTransformerForCausalLM, SparseTransformerForImageGeneration
 from hf_vit_plus.models.compat import enable_activation_checkpointing
-from tests.utils import run_without_package
-
-TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
-
-
-def _model(attention_type: str = "strided", height: int = 6, width: int = 5, channels: int = 1, seed: int = 0):
-    torch.manual_seed(seed)
-    config = SparseTransformerConfig.for_images(height, width, channels, attention_type=attention_type, **TINY)
-    return SparseTransformerForImageGeneration(config).eval()
-
-
-def _pixels(batch: int, channels: int, height: int, width: int, seed: int = 1) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, 256, (batch, channels, height, width), generator=g, dtype=torch.uint8)
+from tests.utils import TINY_IMAGE_MODEL, random_pixels, run_without_package, tiny_image_model
 
 
 def test_for_images_follows_the_paper_layout():
@@ -56,13 +43,13 @@ def test_inconsistent_image_configs_are_refused(fields, message):
 
 def test_the_head_needs_an_image_config():
     with pytest.raises(ValueError, match="image_size"):
-        SparseTransformerForImageGeneration(SparseTransformerConfig(attention_type="dense", **TINY))
+        SparseTransformerForImageGeneration(SparseTransformerConfig(attention_type="dense", **TINY_IMAGE_MODEL))
 
 
 @pytest.mark.parametrize("attention_type", ["dense", "strided", "fixed"])
 def test_pixel_loss_is_the_shifted_next_token_loss(attention_type):
-    model = _model(attention_type)
-    pixels = _pixels(3, 1, 6, 5)
+    model = tiny_image_model(attention_type)
+    pixels = random_pixels(3, 1, 6, 5)
     out = model(pixel_values=pixels)
     tokens = pixels.reshape(3, -1).long()
     # the same numbers through the causal LM's own interface: start token + all pixels, labels shifted inside
@@ -78,8 +65,8 @@ def test_pixel_loss_is_the_shifted_next_token_loss(attention_type):
 
 
 def test_colour_images_interleave_the_channels():
-    model = _model("dense", 2, 3, 3)
-    pixels = _pixels(2, 3, 2, 3)
+    model = tiny_image_model("dense", 2, 3, 3)
+    pixels = random_pixels(2, 3, 2, 3)
     tokens = model.pixels_to_tokens(pixels)
     assert tokens[0, :3].tolist() == pixels[0, :, 0, 0].tolist()  # R, G, B of the first pixel
     assert tokens[0, 3:6].tolist() == pixels[0, :, 0, 1].tolist()
@@ -98,18 +85,18 @@ def test_colour_images_interleave_the_channels():
 )
 def test_bad_images_are_named(pixels, error, message):
     with pytest.raises(error, match=message):
-        _model("dense")(pixel_values=pixels)
+        tiny_image_model("dense")(pixel_values=pixels)
 
 
 def test_grey_images_may_omit_the_channel_axis():
-    model = _model("fixed")
-    pixels = _pixels(2, 1, 6, 5)
+    model = tiny_image_model("fixed")
+    pixels = random_pixels(2, 1, 6, 5)
     torch.testing.assert_close(model(pixel_values=pixels[:, 0]).loss, model(pixel_values=pixels).loss)
 
 
 @pytest.mark.parametrize("attention_type", ["dense", "strided", "fixed"])
 def test_sampling_with_the_cache_equals_sampling_without(attention_type):
-    model = _model(attention_type)
+    model = tiny_image_model(attention_type)
     start = torch.full((3, 1), model.config.bos_token_id)
     drawn = {}
     for use_cache in (True, False):
@@ -125,20 +112,20 @@ def test_sampling_with_the_cache_equals_sampling_without(attention_type):
 def test_gradient_checkpointing_gives_the_same_gradients():
     grads = []
     for checkpointing in (False, True):
-        model = _model("strided").train()
+        model = tiny_image_model("strided").train()
         if checkpointing:
             enable_activation_checkpointing(model)
-        model(pixel_values=_pixels(2, 1, 6, 5)).loss.backward()
+        model(pixel_values=random_pixels(2, 1, 6, 5)).loss.backward()
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-5, atol=1e-7)
 
 
 def test_auto_class_loads_the_image_head_with_and_without_the_package(tmp_path):
-    model = _model("strided")
-    pixels = _pixels(2, 1, 6, 5)
+    model = tiny_image_model("strided")
+    pixels = random_pixels(2, 1, 6, 5)
     expected = model(pixel_values=pixels).loss.item()
     model.save_pretrained(tmp_path / "image")
-    text = SparseTransformerForCausalLM(SparseTransformerConfig(attention_type="dense", **TINY))
+    text = SparseTransformerForCausalLM(SparseTransformerConfig(attention_type="dense", **TINY_IMAGE_MODEL))
     text.save_pretrained(tmp_path / "text")
     assert type(AutoModelForCausalLM.from_pretrained(tmp_path / "image")) is SparseTransformerForImageGeneration
     assert type(AutoModelForCausalLM.from_pretrained(tmp_path / "text")) is SparseTransformerForCausalLM

@@ -23,11 +23,10 @@ from safetensors.torch import load_file, save_file
 
 from hf_vit_plus.training.args import family_arguments
 from hf_vit_plus.training.loop import train
-from tests.utils import REPO_ROOT
+from tests.utils import REPO_ROOT, TINY_VIT_OVERRIDES
 
-TINY_VIT = "hidden_size=32,num_hidden_layers=2,num_attention_heads=2,intermediate_size=64"
 TINY = {
-    "vit": TINY_VIT,
+    "vit": TINY_VIT_OVERRIDES,
     "seq2seq": "d_model=32,encoder_layers=1,decoder_layers=1,encoder_attention_heads=2,decoder_attention_heads=2,"
     "encoder_ffn_dim=64,decoder_ffn_dim=64,dropout=0.0",
     "sparse-lm": "hidden_size=32,num_hidden_layers=1,num_attention_heads=2,intermediate_size=64,sparse_stride=8",
@@ -42,7 +41,7 @@ pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")  # tests/conftest
 def vit_args(output_dir: Path, batch: int, **overrides):
     values = dict(
         output_dir=str(output_dir),
-        config_overrides=TINY_VIT,
+        config_overrides=TINY_VIT_OVERRIDES,
         report_to="none",
         write_card=False,
         max_train_samples=128,
@@ -168,7 +167,8 @@ def test_accelerate_launch_command_line(tmp_path):
     command = [
         sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
         "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-        "-m", "hf_vit_plus.cli", "train", "vit", "--output_dir", str(output_dir), "--config_overrides", TINY_VIT,
+        "-m", "hf_vit_plus.cli", "train", "vit", "--output_dir", str(output_dir),
+        "--config_overrides", TINY_VIT_OVERRIDES,
         "--report_to", "none", "--max_train_samples", "64", "--max_eval_samples", "16",
         "--per_device_train_batch_size", "8", "--max_steps", "2", "--save_steps", "none",
         "--write_card", "false",

@@ -17,10 +17,7 @@ from safetensors.torch import load_file
 from hf_vit_plus.training.args import TrainingArguments, family_arguments, parse_args
 from hf_vit_plus.training.checkpoints import checkpoint_dirs
 from hf_vit_plus.training.loop import train
-from tests.utils import REPO_ROOT
-
-TINY_VIT = "hidden_size=32,num_hidden_layers=2,num_attention_heads=2,intermediate_size=64"
-
+from tests.utils import REPO_ROOT, TINY_VIT_OVERRIDES
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")  # tests/conftest.py
 
@@ -28,7 +25,7 @@ pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")  # tests/conftest
 def tiny_vit(tmp_path: Path, name: str = "run", **overrides) -> TrainingArguments:
     values = dict(
         output_dir=str(tmp_path / name),
-        config_overrides=TINY_VIT,
+        config_overrides=TINY_VIT_OVERRIDES,
         report_to="none",
         write_card=False,
         max_train_samples=96,
@@ -116,7 +113,7 @@ def test_resume_mid_epoch_is_bitwise_identical(tmp_path):
     """Stopped after 4 updates (mid-epoch 1, with dropout and gradient accumulation), then resumed from 'latest':
     the weights, optimizer and scheduler state are bitwise those of an uninterrupted run."""
     common = dict(
-        config_overrides=TINY_VIT + ",hidden_dropout_prob=0.1",
+        config_overrides=TINY_VIT_OVERRIDES + ",hidden_dropout_prob=0.1",
         gradient_accumulation_steps=2,
         num_train_epochs=3.0,  # 6 micro-batches = 3 updates per epoch, 9 in all
         save_steps="100",  # only the final state is saved (plus the stop)
@@ -166,7 +163,7 @@ def test_resume_refuses_missing_paths_and_other_models(tmp_path):
     with pytest.raises(ValueError, match="not a training checkpoint"):
         train(tiny_vit(tmp_path, resume_from_checkpoint=str(tmp_path / "not_a_checkpoint")))
     other = train(tiny_vit(tmp_path, "other", stop_after_steps=1))
-    wider = TINY_VIT.replace("hidden_size=32", "hidden_size=64")
+    wider = TINY_VIT_OVERRIDES.replace("hidden_size=32", "hidden_size=64")
     with pytest.raises(ValueError, match=r"another model.*hidden_size: checkpoint=32, this run=64"):
         train(tiny_vit(tmp_path, config_overrides=wider, resume_from_checkpoint=str(other.last_checkpoint)))
     state = json.loads((other.last_checkpoint / "training_state.json").read_text())
@@ -218,7 +215,7 @@ def test_image_folder_user_data(tmp_path):
         max_train_samples=None,
         max_steps=2,
         per_device_train_batch_size=8,
-        config_overrides=TINY_VIT + ",image_size=8,patch_size=2",
+        config_overrides=TINY_VIT_OVERRIDES + ",image_size=8,patch_size=2",
     )
     result = train(args)
     config = json.loads((tmp_path / "run" / "config.json").read_text())
@@ -232,7 +229,7 @@ def test_sigterm_saves_the_state_and_exits_cleanly(tmp_path):
     output_dir = tmp_path / "sigterm"
     command = [
         sys.executable, "-m", "hf_vit_plus.cli", "train", "vit", "--output_dir", str(output_dir),
-        "--config_overrides", TINY_VIT, "--report_to", "none", "--num_train_epochs", "1000",
+        "--config_overrides", TINY_VIT_OVERRIDES, "--report_to", "none", "--num_train_epochs", "1000",
         "--max_train_samples", "64", "--per_device_train_batch_size", "16", "--save_steps", "none",
     ]  # fmt: skip
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO_ROOT))
