@@ -28,6 +28,7 @@ class ImageDataset:
     card_name: str  # the name a model card gives the data set (its Hub id where there is one)
     default_epochs: float  # training epochs when --num_train_epochs is not given
     loader: Callable[[str], np.ndarray]  # split -> images (N, H, W) uint8; FileNotFoundError when not installed
+    citation: str = ""  # what a model card trained on it cites (markdown)
     splits: tuple[str, ...] = ("train", "test")
 
     def load(self, split: str) -> np.ndarray:
@@ -51,6 +52,32 @@ def _fashion_mnist(split: str) -> np.ndarray:
     return load_fashion_mnist_arrays(split)[0]
 
 
+DIGITS_CITATION = """\
+The data, the UCI optical recognition of handwritten digits (the 8x8 copy shipped with scikit-learn):
+
+```bibtex
+@misc{alpaydin1998optical,
+  title     = {Optical Recognition of Handwritten Digits},
+  author    = {E. Alpaydin and C. Kaynak},
+  year      = {1998},
+  publisher = {UCI Machine Learning Repository},
+  doi       = {10.24432/C50P49}
+}
+```"""
+FASHION_MNIST_CITATION = """The data, Fashion-MNIST (MIT licence):
+
+```bibtex
+@article{xiao2017fashionmnist,
+  title         = {Fashion-MNIST: a Novel Image Dataset for Benchmarking Machine Learning Algorithms},
+  author        = {Han Xiao and Kashif Rasul and Roland Vollgraf},
+  journal       = {arXiv preprint arXiv:1708.07747},
+  year          = {2017},
+  eprint        = {1708.07747},
+  archivePrefix = {arXiv},
+  url           = {https://arxiv.org/abs/1708.07747}
+}
+```"""
+
 # The default epochs give about 1,300 updates on the 1,437 digits and one pass over Fashion-MNIST's 60,000 images at
 # the image-lm family's default batch of 32.
 IMAGE_DATASETS: dict[str, ImageDataset] = {
@@ -63,6 +90,7 @@ IMAGE_DATASETS: dict[str, ImageDataset] = {
             card_name="sklearn-digits",
             default_epochs=30.0,
             loader=_digits,
+            citation=DIGITS_CITATION,
         ),
         ImageDataset(
             name="fashion-mnist",
@@ -71,6 +99,7 @@ IMAGE_DATASETS: dict[str, ImageDataset] = {
             card_name="zalando-datasets/fashion_mnist",
             default_epochs=1.0,
             loader=_fashion_mnist,
+            citation=FASHION_MNIST_CITATION,
         ),
     )
 }

@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+from ..data.images import IMAGE_DATASETS
 from ..families import FAMILIES, family_of_config
 
 logger = logging.getLogger(__name__)
@@ -360,6 +361,8 @@ def _render_card(
     if config.get("id2label"):  # the class count is that of the labels (a config dict has no num_labels)
         values["num_labels"] = len(config["id2label"])
     arch = [(k, _cell(values[k])) for k in spec.architecture if values.get(k) is not None]
+    # a built-in data set's own citation (`hf_vit_plus.data.images`), for the templates that cite their data
+    citation = next((d.citation for d in IMAGE_DATASETS.values() if dataset_name in (d.card_name, d.name)), "")
     return ModelCard.from_template(
         card_data,
         template_path=template_path(family),
@@ -373,6 +376,7 @@ def _render_card(
         results=[(r.metric_name, _cell(r.metric_value), r.dataset_split or "") for r in results],
         baselines=baselines,
         figures=figures,
+        dataset_citation=citation,
     )
 
 
