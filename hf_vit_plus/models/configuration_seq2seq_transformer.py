@@ -13,12 +13,17 @@ from transformers import PretrainedConfig
 from .compat import CACHE_NAMES
 from .config_checks import (
     check_activation,
-    check_choice,
+    check_bool,
     check_divisible,
+    check_fields,
+    check_non_negative_int,
     check_positive_int,
     check_positive_number,
     check_probability,
+    check_str,
     check_token_id,
+    check_transformers_kwargs,
+    choice,
 )
 from .sparse_layouts import SparseFields, pattern_from_config
 
@@ -30,6 +35,29 @@ SEQ2SEQ_TRANSFORMER_PRESETS: dict[str, tuple[int, int, int, int, float]] = {
 
 # Where sin and cos sit in the sinusoidal position vectors: the paper's interleaving, or Marian's two halves.
 SINUSOID_LAYOUTS = ("interleaved", "halves")
+
+# The kind of each field, checked before anything else (config_checks.check_fields); relations come after.
+FIELD_CHECKS = {
+    **dict.fromkeys(
+        ("vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
+         "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "max_position_embeddings",
+         "encoder_sparse_stride", "encoder_sparse_num_summary_blocks"),
+        check_positive_int,
+    ),  # fmt: skip
+    **dict.fromkeys(
+        ("scale_embedding", "normalize_before", "tie_word_embeddings", "use_cache", "is_encoder_decoder",
+         "share_encoder_decoder_embeddings", "add_final_logits_bias"),
+        check_bool,
+    ),  # fmt: skip
+    **dict.fromkeys(("dropout", "attention_dropout", "activation_dropout", "label_smoothing"), check_probability),
+    "activation_function": check_activation,
+    "init_std": check_positive_number,
+    "layer_norm_eps": check_positive_number,
+    "encoder_attention_type": check_str,
+    "encoder_sparse_summary_size": check_non_negative_int,
+    "encoder_sparse_pattern_mode": check_str,
+    "sinusoid_layout": choice(SINUSOID_LAYOUTS),
+}
 
 
 class Seq2SeqTransformerConfig(PretrainedConfig):
@@ -132,6 +160,8 @@ class Seq2SeqTransformerConfig(PretrainedConfig):
         add_final_logits_bias: bool = False,
         **kwargs,
     ):
+        check_fields(locals(), FIELD_CHECKS)
+        check_transformers_kwargs(type(self).__name__, kwargs, FIELD_CHECKS)
         self.vocab_size = vocab_size
         self.d_model = d_model
         self.encoder_layers = encoder_layers
@@ -169,31 +199,11 @@ class Seq2SeqTransformerConfig(PretrainedConfig):
 
     def validate_seq2seq_transformer(self) -> None:
         """Raise a `ValueError` naming the offending values if the fields do not describe a valid model."""
-        for name in (
-            "vocab_size",
-            "d_model",
-            "encoder_layers",
-            "decoder_layers",
-            "encoder_attention_heads",
-            "decoder_attention_heads",
-            "encoder_ffn_dim",
-            "decoder_ffn_dim",
-            "max_position_embeddings",
-        ):
-            check_positive_int(name, getattr(self, name))
+        check_fields(vars(self), FIELD_CHECKS)
         for heads_name in ("encoder_attention_heads", "decoder_attention_heads"):
             check_divisible("d_model", self.d_model, heads_name, getattr(self, heads_name))
         if self.d_model % 2 != 0:
             raise ValueError(f"`d_model` ({self.d_model}) must be even: the sinusoidal table pairs sin and cos.")
-        check_activation("activation_function", self.activation_function)
-        check_choice("sinusoid_layout", self.sinusoid_layout, SINUSOID_LAYOUTS)
-        for name in ("share_encoder_decoder_embeddings", "add_final_logits_bias"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"`{name}` must be True or False, got {getattr(self, name)!r}.")
-        for name in ("dropout", "attention_dropout", "activation_dropout", "label_smoothing"):
-            check_probability(name, getattr(self, name))
-        for name in ("init_std", "layer_norm_eps"):
-            check_positive_number(name, getattr(self, name))
         for name in ("pad_token_id", "bos_token_id", "decoder_start_token_id"):
             check_token_id(name, getattr(self, name), self.vocab_size)
         eos = self.eos_token_id

@@ -14,17 +14,45 @@ from transformers import PretrainedConfig
 from .compat import CACHE_NAMES
 from .config_checks import (
     check_activation,
-    check_choice,
+    check_bool,
     check_divisible,
+    check_fields,
+    check_non_negative_int,
+    check_optional_positive_int,
     check_positive_int,
     check_positive_number,
     check_probability,
+    check_str,
     check_token_id,
+    check_transformers_kwargs,
+    choice,
 )
 from .sparse_layouts import SparseFields, pattern_from_config
 
 POSITION_EMBEDDING_TYPES = ("learned", "factorized")
 PIXEL_LEVELS = 256  # an image model's tokens 0..255 are 8-bit intensities; its start token comes after them
+
+# The kind of each field, checked before anything else (config_checks.check_fields); relations come after.
+FIELD_CHECKS = {
+    **dict.fromkeys(
+        ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+         "max_position_embeddings", "sparse_stride", "sparse_num_summary_blocks"),
+        check_positive_int,
+    ),  # fmt: skip
+    "hidden_act": check_activation,
+    "hidden_dropout_prob": check_probability,
+    "attention_probs_dropout_prob": check_probability,
+    "initializer_range": check_positive_number,
+    "layer_norm_eps": check_positive_number,
+    "qkv_bias": check_bool,
+    "use_cache": check_bool,
+    "tie_word_embeddings": check_bool,
+    "attention_type": check_str,
+    "sparse_summary_size": check_non_negative_int,
+    "sparse_pattern_mode": check_str,
+    "position_embedding_type": choice(POSITION_EMBEDDING_TYPES),
+    "num_channels": check_optional_positive_int,
+}
 
 
 class SparseTransformerConfig(PretrainedConfig):
@@ -114,6 +142,8 @@ class SparseTransformerConfig(PretrainedConfig):
         tie_word_embeddings: bool = True,
         **kwargs,
     ):
+        check_fields(locals(), FIELD_CHECKS)
+        check_transformers_kwargs(type(self).__name__, kwargs, FIELD_CHECKS)
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.num_hidden_layers = num_hidden_layers
@@ -145,24 +175,11 @@ class SparseTransformerConfig(PretrainedConfig):
 
     def validate_sparse_transformer(self) -> None:
         """Raise a `ValueError` naming the offending values if the fields do not describe a valid model."""
-        for name in (
-            "vocab_size",
-            "hidden_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "intermediate_size",
-            "max_position_embeddings",
-        ):
-            check_positive_int(name, getattr(self, name))
+        check_fields(vars(self), FIELD_CHECKS)
         check_divisible("hidden_size", self.hidden_size, "num_attention_heads", self.num_attention_heads)
-        check_activation("hidden_act", self.hidden_act)
-        check_probability("hidden_dropout_prob", self.hidden_dropout_prob)
-        check_probability("attention_probs_dropout_prob", self.attention_probs_dropout_prob)
-        check_positive_number("layer_norm_eps", self.layer_norm_eps)
         for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
             check_token_id(name, getattr(self, name), self.vocab_size)
         pattern_from_config(self)  # the sparse-attention fields
-        check_choice("position_embedding_type", self.position_embedding_type, POSITION_EMBEDDING_TYPES)
         if self.position_embedding_type == "factorized":
             shape = self.factorized_shape
             if not shape or any(isinstance(s, bool) or not isinstance(s, int) or s <= 0 for s in shape):

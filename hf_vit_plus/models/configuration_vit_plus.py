@@ -11,11 +11,17 @@ from transformers import PretrainedConfig
 
 from .config_checks import (
     check_activation,
-    check_choice,
+    check_bool,
     check_divisible,
+    check_fields,
+    check_non_negative_int,
+    check_optional_positive_int,
     check_positive_int,
     check_positive_number,
     check_probability,
+    check_str,
+    check_transformers_kwargs,
+    choice,
 )
 from .sparse_layouts import SparseFields, default_summary_size, pattern_from_config
 
@@ -33,6 +39,28 @@ CLASSIFIER_HEADS = ("linear", "mlp_tanh")
 # How `interpolate_pos_encoding=True` resamples the position embeddings: timm's antialiased bicubic (the default, as
 # in 0.1) or transformers' plain bicubic. Each converter sets the one of its source, so converted models match it.
 POSITION_INTERPOLATIONS = ("bicubic_antialias", "bicubic")
+
+# The kind of each field, checked before anything else (config_checks.check_fields); relations come after.
+FIELD_CHECKS = {
+    **dict.fromkeys(
+        ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "image_size", "patch_size",
+         "num_channels", "sparse_num_summary_blocks"),
+        check_positive_int,
+    ),  # fmt: skip
+    "hidden_act": check_activation,
+    "hidden_dropout_prob": check_probability,
+    "attention_probs_dropout_prob": check_probability,
+    "initializer_range": check_positive_number,
+    "layer_norm_eps": check_positive_number,
+    "qkv_bias": check_bool,
+    "classifier_head": choice(CLASSIFIER_HEADS),
+    "classifier_hidden_size": check_optional_positive_int,
+    "attention_type": check_str,
+    "sparse_stride": check_optional_positive_int,
+    "sparse_summary_size": lambda name, value: value is None or check_non_negative_int(name, value),
+    "sparse_pattern_mode": check_str,
+    "position_interpolation": choice(POSITION_INTERPOLATIONS),
+}
 
 
 class ViTPlusConfig(PretrainedConfig):
@@ -101,6 +129,8 @@ class ViTPlusConfig(PretrainedConfig):
         position_interpolation: str = "bicubic_antialias",
         **kwargs,
     ):
+        check_fields(locals(), FIELD_CHECKS)
+        check_transformers_kwargs(type(self).__name__, kwargs, FIELD_CHECKS)
         self.hidden_size = hidden_size
         self.num_hidden_layers = num_hidden_layers
         self.num_attention_heads = num_attention_heads
@@ -131,24 +161,14 @@ class ViTPlusConfig(PretrainedConfig):
         self.validate_vit_plus()
 
     def validate_vit_plus(self) -> None:
-        """Raise a `ValueError` naming the offending values if the fields do not describe a valid ViT."""
-        for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"):
-            check_positive_int(name, getattr(self, name))
-        for name in ("image_size", "patch_size", "num_channels"):
-            check_positive_int(name, getattr(self, name))
+        """Raise a `ValueError` (`TypeError`) naming the offending values if the fields do not describe a valid
+        ViT: each field's kind, then the relations between them."""
+        check_fields(vars(self), FIELD_CHECKS)
         check_divisible("hidden_size", self.hidden_size, "num_attention_heads", self.num_attention_heads)
         check_divisible(
             "image_size", self.image_size, "patch_size", self.patch_size,
             why=": the paper splits the image into non-overlapping patches",
         )  # fmt: skip
-        check_activation("hidden_act", self.hidden_act)
-        check_probability("hidden_dropout_prob", self.hidden_dropout_prob)
-        check_probability("attention_probs_dropout_prob", self.attention_probs_dropout_prob)
-        check_choice("classifier_head", self.classifier_head, CLASSIFIER_HEADS)
-        if self.classifier_hidden_size is not None:
-            check_positive_int("classifier_hidden_size", self.classifier_hidden_size)
-        check_positive_number("layer_norm_eps", self.layer_norm_eps)
-        check_choice("position_interpolation", self.position_interpolation, POSITION_INTERPOLATIONS)
         pattern_from_config(self)  # the sparse-attention fields
 
     @property
