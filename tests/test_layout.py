@@ -3,7 +3,8 @@ import it states is an arrow: at module level and inside functions (deferred imp
 
 - `models/` is what a checkpoint ships as remote code: it imports nothing of hf_vit_plus outside `models/`.
 - No module imports one of a layer above its own (`LAYERS`, lowest first).
-- The import graph has no cycle, deferred imports included (`KNOWN_CYCLES` lists the one left, with its reason).
+- The import graph has no cycle, deferred imports included (`KNOWN_CYCLES` would list a known one with its owner;
+  none is left).
 
 Not arrows here: a package's `__init__` that Python runs before a module of the package (else every module would
 import the root package, and through it everything), and names imported by string (`importlib.import_module`, such
