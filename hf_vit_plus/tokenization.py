@@ -33,6 +33,9 @@ def _checked_texts(texts: Iterable[str]) -> Iterator[str]:
         yield text
 
 
+MAX_VOCAB_SIZE = 2**22  # 4,194,304: far beyond any real vocabulary, far below what aborts tokenizers
+
+
 def train_bpe_tokenizer(
     texts: Iterable[str],
     vocab_size: int,
@@ -58,10 +61,19 @@ def train_bpe_tokenizer(
         raise TypeError(f"texts must be an iterable of strings, not one string: {texts[:50]!r}")
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     min_size = len(SPECIAL_TOKENS) + len(alphabet)
-    if not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < min_size:
-        raise ValueError(f"vocab_size must be an int >= {min_size} (specials + 256 bytes), got {vocab_size!r}")
-    if not isinstance(min_frequency, int) or min_frequency < 1:
-        raise ValueError(f"min_frequency must be a positive int, got {min_frequency!r}")
+    if not isinstance(vocab_size, int) or isinstance(vocab_size, bool):
+        raise TypeError(f"vocab_size must be an int >= {min_size} (specials + 256 bytes), got {vocab_size!r}")
+    if not min_size <= vocab_size <= MAX_VOCAB_SIZE:
+        # the tokenizers library aborts the whole process (not an exception) on absurd sizes such as 2**40
+        raise ValueError(
+            f"vocab_size must be an int from {min_size} (specials + 256 bytes) to {MAX_VOCAB_SIZE:,}, got "
+            f"{vocab_size!r}"
+        )
+    for name, value in (("min_frequency", min_frequency), ("model_max_length", model_max_length)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if not isinstance(split_digits, bool):
+        raise TypeError(f"split_digits must be True or False, got {split_digits!r}")
 
     tokenizer = Tokenizer(models.BPE(unk_token=UNK_TOKEN))
     # add_prefix_space=False keeps decode(encode(text)) == text; "ĠWord" and "Word" stay distinct tokens.

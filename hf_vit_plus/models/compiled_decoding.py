@@ -44,6 +44,7 @@ from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache, S
 from transformers.generation.configuration_utils import ALL_STATIC_CACHE_IMPLEMENTATIONS
 
 from .compat import cache_from_kwargs
+from .input_checks import check_generate_arguments
 
 
 def compiled_generation_config(device: str | torch.device = "cpu", **overrides) -> CompileConfig:
@@ -167,6 +168,7 @@ class GenerationWithCompiledDecoding:
         (`cache_implementation="static"`, or a static `cache`, also accepted as `past_key_values`) the decoding steps
         run compiled with `compile_config`, by default `compiled_generation_config(self.device)`, unless
         `disable_compile=True`."""
+        check_generate_arguments(inputs, kwargs, generation_config or self.generation_config)
         compile_config = self._resolve_decoding_compile_config(generation_config, kwargs)
         if compile_config is None:
             return super().generate(inputs, generation_config=generation_config, **kwargs)

@@ -14,6 +14,7 @@ Without the package no hook is set, and the push is transformers' own.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import sys
@@ -154,6 +155,61 @@ def naming_corrupt_safetensors(
         ) from cause
 
 
+def _check_local_config(name_or_path, subfolder: str, cls) -> None:
+    """A local checkpoint folder must hold a config.json that is a JSON object of this class's model type."""
+    folder = Path(name_or_path)
+    if not folder.is_dir():
+        return  # a Hub id (transformers names a missing repository or file itself) or a single file
+    folder = folder / subfolder if subfolder else folder
+    path = folder / "config.json"
+    if not path.is_file():
+        raise ValueError(
+            f"{os.fspath(folder)!r} has no config.json: it is not a saved model folder (save one with "
+            f"`save_pretrained`), or pass the config with `{cls.__name__}.from_pretrained(folder, config=...)`."
+        )
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ValueError(f"{os.fspath(path)!r} is not valid JSON: {err}") from err
+    if not isinstance(config, dict):
+        raise ValueError(
+            f"{os.fspath(path)!r} must hold a JSON object (the config's fields), got a {type(config).__name__}."
+        )
+    expected = getattr(getattr(cls, "config_class", None), "model_type", None)
+    found = config.get("model_type")
+    if expected and found != expected:
+        raise ValueError(
+            f"{os.fspath(folder)!r} holds a {found!r} model, not a {expected!r} one: {cls.__name__} cannot load it "
+            "(load it with the Auto class of its task, e.g. AutoModel.from_pretrained)."
+        )
+
+
+def _mismatched_tensors(cls, name_or_path, subfolder: str, kwargs: dict) -> list[tuple[str, tuple, tuple]]:
+    """(key, saved shape, model shape) of each saved tensor whose shape differs from the model's (built on the meta
+    device from the checkpoint's config), or [] when the weights cannot be read from a local folder."""
+    import torch
+
+    folder = _checkpoint_folder(name_or_path, subfolder, kwargs.get("revision"), kwargs.get("cache_dir"))
+    files = sorted(folder.glob("*.safetensors")) if folder is not None else []
+    if not files:
+        return []
+    config = kwargs.get("config") or cls.config_class.from_pretrained(folder)
+    with torch.device("meta"):
+        expected = {key: tuple(tensor.shape) for key, tensor in cls(config).state_dict().items()}
+    prefix = f"{cls.base_model_prefix}."
+    mismatched = []
+    for file in files:
+        with safe_open(os.fspath(file), framework="pt") as handle:
+            for key in handle.keys():
+                saved = tuple(handle.get_slice(key).get_shape())
+                for candidate in (key, prefix + key, key.removeprefix(prefix)):
+                    if candidate in expected:
+                        if expected[candidate] != saved:
+                            mismatched.append((key, saved, expected[candidate]))
+                        break
+    return mismatched
+
+
 class HubMixin:
     """Inherited first by the families' `PreTrainedModel` classes (`class XPreTrainedModel(HubMixin,
     PreTrainedModel)`).
@@ -171,15 +227,41 @@ class HubMixin:
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
-        """transformers' `from_pretrained`; a corrupt or truncated `*.safetensors` file raises
-        `CorruptCheckpointError` (an `OSError`) naming the file instead of safetensors' bare header error."""
+        """transformers' `from_pretrained`, with clear errors for a checkpoint that cannot be this model:
+
+        - a local folder without config.json (and no `config=` given), or whose config.json is not a JSON object,
+          or that holds another model type than this class's, raises a `ValueError` naming the file or the types
+          (transformers would build the class with default fields, or fail deep inside);
+        - weights whose shapes differ from the model the config describes raise a `ValueError` naming the tensors
+          with both shapes (unless `ignore_mismatched_sizes=True`);
+        - a corrupt or truncated `*.safetensors` file raises `CorruptCheckpointError` (an `OSError`) naming the file
+          instead of safetensors' bare header error."""
+        subfolder = kwargs.get("subfolder") or ""
+        if kwargs.get("config") is None:
+            _check_local_config(pretrained_model_name_or_path, subfolder, cls)
         with naming_corrupt_safetensors(
             pretrained_model_name_or_path,
-            subfolder=kwargs.get("subfolder") or "",
+            subfolder=subfolder,
             revision=kwargs.get("revision"),
             cache_dir=kwargs.get("cache_dir"),
         ):
-            return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+            try:
+                return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+            except RuntimeError as err:
+                if "ignore_mismatched_sizes" not in str(err):
+                    raise
+                mismatched = _mismatched_tensors(cls, pretrained_model_name_or_path, subfolder, kwargs)
+                if not mismatched:
+                    raise
+                listed = "; ".join(f"{key}: checkpoint {tuple(saved)} vs model {tuple(built)}" for key, saved, built in
+                                   mismatched[:8])  # fmt: skip
+                more = f" (and {len(mismatched) - 8} more)" if len(mismatched) > 8 else ""
+                raise ValueError(
+                    f"The weights of {os.fspath(pretrained_model_name_or_path)!r} do not fit {cls.__name__} built "
+                    f"from its config: {len(mismatched)} tensor(s) of another shape: {listed}{more}. The config and "
+                    "the weights come from different models; pass `ignore_mismatched_sizes=True` to re-initialise "
+                    "those tensors instead."
+                ) from err
 
     def push_to_hub(
         self,

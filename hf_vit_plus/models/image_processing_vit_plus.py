@@ -74,6 +74,42 @@ def channels_to_rgb(image: torch.Tensor) -> torch.Tensor:
     return image
 
 
+def check_images(images) -> None:
+    """A `ValueError` / `TypeError` naming what is wrong with `images` before any processing: None, an empty list,
+    an empty image, an array of objects, a number of channels that is not 1 (grey), 3 (RGB) or 4 (RGBA), or pixels
+    that are NaN or infinite."""
+    if images is None:
+        raise ValueError(
+            "`images` is None: pass a PIL image, an array or tensor (H x W [x C]), a file path, or a list."
+        )
+    batch = list(images) if isinstance(images, (list, tuple)) else [images]
+    if not batch:
+        raise ValueError("`images` is an empty list: pass at least one image.")
+    for index, image in enumerate(batch):
+        where = "`images`" if len(batch) == 1 and not isinstance(images, (list, tuple)) else f"`images[{index}]`"
+        if isinstance(image, PIL.Image.Image):
+            if image.width == 0 or image.height == 0:
+                raise ValueError(f"{where} is an empty image ({image.width} x {image.height} pixels).")
+            continue
+        if not isinstance(image, (np.ndarray, torch.Tensor)):
+            continue  # paths and URLs: transformers loads them (and names a bad one)
+        shape = tuple(image.shape)
+        if isinstance(image, np.ndarray) and not (np.issubdtype(image.dtype, np.number) or image.dtype == bool):
+            raise TypeError(f"{where} is an array of {image.dtype} values: expected numbers (uint8 or float pixels).")
+        if image.ndim not in (2, 3):
+            raise ValueError(f"{where} has shape {shape}: expected H x W (grey), C x H x W or H x W x C.")
+        if 0 in shape:
+            raise ValueError(f"{where} is empty: shape {shape}.")
+        if image.ndim == 3 and shape[0] not in (1, 3, 4) and shape[-1] not in (1, 3, 4):
+            raise ValueError(
+                f"{where} has shape {shape}: neither its first nor its last axis holds 1 (grey), 3 (RGB) or 4 "
+                "(RGBA) channels."
+            )
+        values = torch.as_tensor(image) if isinstance(image, np.ndarray) else image
+        if values.is_floating_point() and not bool(torch.isfinite(values).all()):
+            raise ValueError(f"{where} holds NaN or infinite pixel values.")
+
+
 def with_channel_axis(images):
     """H x W arrays and tensors (grey images without a channel axis, also inside lists) as 1 x H x W: transformers'
     processors take only 3-D images."""
@@ -98,6 +134,7 @@ class ViTPlusImageProcessor(ViTImageProcessor):
         super().__init__(**kwargs)
 
     def preprocess(self, images, *args, **kwargs):
+        check_images(images)
         return super().preprocess(with_channel_axis(images), *args, **kwargs)
 
     def process_image(
@@ -140,4 +177,4 @@ class ViTPlusImageProcessor(ViTImageProcessor):
         return cls(size=size, **kwargs)
 
 
-__all__ = ["ViTPlusImageProcessor", "channels_to_rgb", "rgb_to_luma"]
+__all__ = ["ViTPlusImageProcessor", "channels_to_rgb", "check_images", "rgb_to_luma"]

@@ -83,3 +83,65 @@ def check_mask_shape(
     if query_length is not None:
         expected += f" or a 4-D mask of shape ({batch_size}, 1 or heads, {query_length}, >= {key_length})"
     raise ValueError(f"`{mask_name}` has shape {shape} but {what} needs {expected} (1 = real token, 0 = padding).")
+
+
+def check_position_ids(position_ids, batch_size: int, seq_len: int) -> None:
+    """`position_ids` must be an integer tensor of shape (batch, seq_len) or (1, seq_len), every value >= 0 (the
+    upper bound, `max_position_embeddings`, is the model's own check)."""
+    if not torch.is_tensor(position_ids):
+        raise TypeError(f"`position_ids` must be a torch.Tensor, got {type(position_ids).__name__}.")
+    if position_ids.dtype not in _TOKEN_DTYPES:
+        raise TypeError(
+            f"`position_ids` must hold integer positions (torch.int64 or torch.int32), got dtype {position_ids.dtype}."
+        )
+    if position_ids.dim() != 2 or position_ids.shape[1] != seq_len or position_ids.shape[0] not in (1, batch_size):
+        raise ValueError(
+            f"`position_ids` must have shape ({batch_size}, {seq_len}) or (1, {seq_len}), one position per input "
+            f"token, got {tuple(position_ids.shape)}."
+        )
+    if not tracing() and position_ids.numel() and int(position_ids.min()) < 0:
+        raise ValueError(f"`position_ids` must be >= 0, got {int(position_ids.min())}.")
+
+
+# The integer settings of `generate` and their least value, and the positive real ones.
+_GENERATE_INTS = {
+    "num_beams": 1,
+    "num_return_sequences": 1,
+    "max_new_tokens": 1,
+    "max_length": 1,
+    "min_new_tokens": 0,
+    "min_length": 0,
+    "top_k": 0,
+    "no_repeat_ngram_size": 0,
+    "num_beam_groups": 1,
+}
+_GENERATE_POSITIVE = ("temperature", "repetition_penalty")  # fmt: skip
+
+
+def check_generate_arguments(inputs, kwargs: dict, generation_config) -> None:
+    """The arguments of `generate` that transformers uses unchecked (num_beams=0 divided by zero, num_beams=-1 made
+    a negative dimension, max_new_tokens="2" compared a string, a list as input_ids had no shape): a `TypeError` or
+    `ValueError` naming the argument. A value given to `generate` wins over the generation config's."""
+    ids = inputs if inputs is not None else kwargs.get("input_ids")
+    if ids is not None and not torch.is_tensor(ids):
+        raise TypeError(
+            f"`input_ids` of `generate` must be a torch.Tensor (batch, seq_len), got {type(ids).__name__}; a "
+            "tokenizer gives one with return_tensors='pt'."
+        )
+    for name, least in _GENERATE_INTS.items():
+        value = kwargs[name] if name in kwargs else getattr(generation_config, name, None)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"`{name}` of `generate` must be an integer >= {least}, got {value!r}.")
+        if value < least:
+            raise ValueError(f"`{name}` of `generate` must be an integer >= {least}, got {value!r}.")
+    for name in _GENERATE_POSITIVE:
+        value = kwargs[name] if name in kwargs else getattr(generation_config, name, None)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+            raise ValueError(f"`{name}` of `generate` must be a finite positive number, got {value!r}.")
+    top_p = kwargs["top_p"] if "top_p" in kwargs else getattr(generation_config, "top_p", None)
+    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1):
+        raise ValueError(f"`top_p` of `generate` must be a number in (0, 1], got {top_p!r}.")

@@ -45,6 +45,7 @@ from .input_checks import (
     IGNORE_INDEX,
     check_mask_shape,
     check_not_empty,
+    check_position_ids,
     check_token_ids,
     check_token_range,
     tracing,
@@ -438,7 +439,9 @@ class SparseTransformerModel(SparseTransformerPreTrainedModel):
                 attention_mask = attention_mask[:, : past_length + seq_len]  # the first step on a static cache
             context = self._attention_context(batch_size, seq_len, past_length, attention_mask, device)
         positions_given = position_ids is not None
-        if not positions_given:
+        if positions_given:
+            check_position_ids(position_ids, batch_size, seq_len)
+        else:
             position_ids = context.query_positions
         if not positions_given and context.key_valid is None:
             longest = past_length + seq_len  # positions past_length .. past_length + seq_len - 1, no need to read them

@@ -24,6 +24,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from .attention import eager_attention_forward, select_attention_kernel
 from .configuration_vit_plus import ViTPlusConfig
 from .hub_mixin import HubMixin
+from .input_checks import IGNORE_INDEX, tracing
 from .layers import FeedForward, config_flag, split_heads
 from .positional import resample_patch_position_embeddings
 from .sparse_layouts import pattern_from_config
@@ -255,6 +256,12 @@ class ViTPlusModel(ViTPlusPreTrainedModel):
                 f"`pixel_values` must be a floating-point tensor, got "
                 f"{getattr(pixel_values, 'dtype', type(pixel_values).__name__)}; use the image processor."
             )
+        if not tracing() and not bool(torch.isfinite(pixel_values).all()):
+            raise ValueError("`pixel_values` holds NaN or infinite values: the image processor gives finite pixels.")
+        if pixel_values.shape[0] == 0:
+            raise ValueError(
+                f"`pixel_values` is an empty batch: shape {tuple(pixel_values.shape)}; pass at least one image."
+            )
         output_attentions = config_flag(output_attentions, self.config, "output_attentions")
         output_hidden_states = config_flag(output_hidden_states, self.config, "output_hidden_states")
         return_dict = config_flag(return_dict, self.config, "return_dict", default=True)
@@ -343,18 +350,16 @@ class ViTPlusForImageClassification(ViTPlusPreTrainedModel):
                     f"Multi-label `labels` must have shape {tuple(logits.shape)}, got {tuple(labels.shape)}."
                 )
             return nn.functional.binary_cross_entropy_with_logits(logits, labels.to(logits.dtype))
-        labels = labels.view(-1)  # (B,)
+        labels = labels.view(-1).long()  # (B,); int32 / uint8 class indices are valid too
         if labels.shape[0] != logits.shape[0]:
             raise ValueError(f"Got {labels.shape[0]} labels for a batch of {logits.shape[0]} images.")
-        bad = labels[(labels < 0) | (labels >= self.num_labels)]
+        bad = labels[((labels < 0) | (labels >= self.num_labels)) & (labels != IGNORE_INDEX)]
         if bad.numel():
             raise ValueError(
-                f"Label {bad[0].item()} is outside [0, num_labels={self.num_labels}): check the data set's labels "
-                "against the model's id2label."
+                f"Label {bad[0].item()} is outside [0, num_labels={self.num_labels}) (or {IGNORE_INDEX}, ignored): "
+                "check the data set's labels against the model's id2label."
             )
-        return nn.functional.cross_entropy(logits, labels)
-
-
+        return nn.functional.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX)
 
 
 __all__ = [
