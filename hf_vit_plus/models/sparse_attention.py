@@ -49,7 +49,6 @@ from .sparse_layouts import (
     Band,
     Blocks,
     Columns,
-    Diagonal,
     Residue,
     Rows,
     SparsePattern,
@@ -411,18 +410,22 @@ class _Diagonal:
 
 
 def _piece(layout, causal, head_list, heads, key_valid, B, N, dtype, device):
-    """The implementation of one layout for the head group `head_list` (also as a LongTensor `heads`)."""
-    if isinstance(layout, Band):
-        return _Band(layout, causal, key_valid, B, len(heads), N, dtype, device)
-    if isinstance(layout, Residue):
-        return _Residue(layout, causal, key_valid, B, len(heads), N, dtype)
-    if isinstance(layout, Blocks):
+    """The implementation of one layout for the head group `head_list` (also as a LongTensor `heads`).
+
+    Layouts are told apart by their class name, not their class: a copy of this code loaded as remote code in the
+    same process registers its kernels under the same names, and then runs the package's models (and the reverse)."""
+    kind = type(layout).__name__
+    if kind == "Band":
+        return _Band(layout, causal, key_valid, B, len(head_list), N, dtype, device)
+    if kind == "Residue":
+        return _Residue(layout, causal, key_valid, B, len(head_list), N, dtype)
+    if kind == "Blocks":
         return _Blocks(layout, causal, heads, key_valid, B, N, dtype, device)
-    if isinstance(layout, Columns):
+    if kind == "Columns":
         return _Columns(layout, causal, head_list, key_valid, B, N, dtype, device)
-    if isinstance(layout, Rows):
+    if kind == "Rows":
         return _Rows(layout, key_valid, dtype)
-    raise TypeError(f"No block-sparse implementation of the layout {type(layout).__name__}.")
+    raise TypeError(f"No block-sparse implementation of the layout {kind}.")
 
 
 # ------------------------------------------------------------------------------------------------------- the plan
@@ -440,7 +443,7 @@ class _Plan:
             pieces = []
             diagonal = None if key_valid is None else ~key_valid[:, None, :]  # (B, 1, N): padding keys
             for layout in pattern.layouts(part, heads, N):
-                if isinstance(layout, Diagonal):
+                if type(layout).__name__ == "Diagonal":  # by name: see `_piece`
                     rows = layout.rows(head_index, N).to(device)[None]  # (1, Hg | 1, N)
                     diagonal = rows if diagonal is None else diagonal | rows
                 else:
@@ -634,7 +637,8 @@ def _compiled_flex(flex_attention):
 # ---------------------------------------------------------------------------------------- attention-interface kernels
 def _module_settings(module, kwargs, kernel: str):
     pattern = kwargs.get("sparse_pattern", getattr(module, "sparse_pattern", None))
-    if not isinstance(pattern, SparsePattern):
+    # By name, not class (see `_piece`): the pattern may come from a remote-code copy of sparse_layouts.py.
+    if type(pattern).__name__ != "SparsePattern":
         raise ValueError(
             f"The {kernel!r} attention kernel needs `module.sparse_pattern` (a SparsePattern) on "
             f"{type(module).__name__}, got {pattern!r}."

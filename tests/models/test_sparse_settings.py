@@ -222,3 +222,31 @@ def test_remote_model_code_builds_its_own_pattern_from_a_package_config(tmp_path
     proc = subprocess.run([sys.executable, "-c", REMOTE_WITH_PACKAGE_CONFIG, str(tmp_path / "ckpt")],
                           capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+PACKAGE_AFTER_REMOTE = """
+import sys, torch
+from transformers.dynamic_module_utils import get_class_from_dynamic_module
+from hf_vit_plus import ViTPlusModel
+from tests.models.test_sparse_settings import tiny
+remote_class = get_class_from_dynamic_module("modeling_vit_plus.ViTPlusModel", sys.argv[1])
+remote = remote_class(tiny("vit", attention_type="fixed")).eval()  # registers the copy's kernels by their names
+package = ViTPlusModel(tiny("vit", attention_type="fixed")).eval()
+package.load_state_dict(remote.state_dict())
+with torch.no_grad():
+    x = torch.randn(1, 3, 16, 16)
+    torch.testing.assert_close(package(pixel_values=x).last_hidden_state, remote(pixel_values=x).last_hidden_state)
+"""
+
+
+def test_the_package_models_run_after_a_remote_code_copy_registered_its_kernels(tmp_path):
+    """A remote-code copy of the model code, loaded in a process that imports the package, registers its sparse
+    kernels under the same names: the package's own models then run the copy's kernels with their own patterns and
+    layouts, which the kernels tell apart by class name (an isinstance check refused them)."""
+    from hf_vit_plus import ViTPlusModel
+
+    ViTPlusModel(tiny("vit", attention_type="fixed")).save_pretrained(tmp_path / "ckpt")
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"))
+    proc = subprocess.run([sys.executable, "-c", PACKAGE_AFTER_REMOTE, str(tmp_path / "ckpt")],
+                          capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
