@@ -17,7 +17,7 @@ import argparse
 import sys
 
 from hf_vit_plus import __version__, env_cli, export_cli, sample_cli
-from hf_vit_plus.cli_utils import CommandParser, HelpFormatter, one_line
+from hf_vit_plus.cli_utils import CommandParser, HelpFormatter, one_line, unrecognized_arguments
 from hf_vit_plus.conversion import cli as conversion_cli
 from hf_vit_plus.errors import UsageError
 from hf_vit_plus.hub import cli as hub_cli
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extras = parser.parse_known_args(argv)
     if extras:  # named after the sub-command that was given them, not the top-level parser
-        parser.exit(2, f"{args.command_prog}: error: unrecognized arguments: {' '.join(extras)}\n")
+        parser.exit(2, f"{args.command_prog}: error: {unrecognized_arguments(extras, args.command_flags)}\n")
     try:
         result = args.func(args)
     except UsageError as error:

@@ -7,14 +7,22 @@ The sub-command modules (`conversion/cli.py`, `training/cli.py`, `export_cli.py`
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
 from pathlib import Path
 
 
 class CommandParser(argparse.ArgumentParser):
-    """An `ArgumentParser` whose errors are one line, and which records in the namespace (`command_prog`) the
-    `prog` of the innermost sub-command parsed, e.g. "hf-vit-plus train vit", to prefix the errors found later.
-    Sub-parsers inherit the class."""
+    """An `ArgumentParser` whose errors are one line, and which records in the namespace the `prog` of the innermost
+    sub-command parsed (`command_prog`, e.g. "hf-vit-plus train vit", to prefix the errors found later) and its flags
+    (`command_flags`, to suggest the closest one for a flag it does not know). Sub-parsers inherit the class.
+
+    Abbreviations are off (`allow_abbrev=False`): argparse would take `--dataset` for `--dataset_name`, or refuse it as
+    "ambiguous" where two flags start with it; a flag must be written out, and a wrong one is named as unrecognized
+    with the closest valid flag."""
+
+    def __init__(self, *args, allow_abbrev: bool = False, **kwargs):
+        super().__init__(*args, allow_abbrev=allow_abbrev, **kwargs)
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {one_line(message)}\n")
@@ -23,7 +31,39 @@ class CommandParser(argparse.ArgumentParser):
         namespace, extras = super().parse_known_args(args, namespace)
         if getattr(namespace, "command_prog", None) is None:  # a sub-command's parser has set it first
             namespace.command_prog = self.prog
+            namespace.command_flags = visible_flags(self)
         return namespace, extras
+
+    def parse_args(self, args=None, namespace=None):
+        namespace, extras = self.parse_known_args(args, namespace)
+        if extras:
+            message = unrecognized_arguments(extras, namespace.command_flags)
+            self.exit(2, f"{namespace.command_prog}: error: {message}\n")
+        return namespace
+
+
+def visible_flags(parser: argparse.ArgumentParser) -> list[str]:
+    """The long and short flags `parser` lists in its help (hidden aliases left out)."""
+    return [
+        flag
+        for action in parser._actions  # argparse has no public list of its actions
+        if action.help != argparse.SUPPRESS
+        for flag in action.option_strings
+    ]
+
+
+def unrecognized_arguments(extras: list[str], flags: list[str]) -> str:
+    """argparse's "unrecognized arguments: ..." message, naming for each unknown flag the closest valid one."""
+    message = f"unrecognized arguments: {' '.join(extras)}"
+    suggestions = []
+    for extra in extras:
+        if not extra.startswith("-") or extra in ("-", "--"):
+            continue
+        name = extra.split("=", 1)[0]
+        close = difflib.get_close_matches(name, flags, n=1, cutoff=0.6)
+        if close and close[0] != name:
+            suggestions.append(f"{name}: did you mean {close[0]}?")
+    return message + (f" ({'; '.join(suggestions)})" if suggestions else "")
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -99,6 +139,8 @@ __all__ = [
     "existing_file",
     "one_line",
     "one_of",
+    "unrecognized_arguments",
+    "visible_flags",
     "parse_bool",
     "positive_float",
     "positive_int",

@@ -49,6 +49,7 @@ from transformers import (
 )
 
 from hf_vit_plus import Seq2SeqTransformerConfig, Seq2SeqTransformerForConditionalGeneration
+from hf_vit_plus.cli_utils import CommandParser
 from hf_vit_plus.data.sword import load_sword_parallel_dataset
 from hf_vit_plus.hub.card import write_model_card
 from hf_vit_plus.hub.figures import plot_training_curves
@@ -62,7 +63,7 @@ logger = logging.getLogger("train_translation")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     data = p.add_argument_group("data")
     data.add_argument("--dataset_name", default="sword", help="'sword' (local SWORD modules) or a Hub dataset name")
     data.add_argument("--dataset_config_name", default=None, help="Hub dataset configuration, e.g. de-en")

@@ -4,6 +4,7 @@ on stderr with exit status 2, while an error inside the run keeps its traceback.
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -136,6 +137,12 @@ USER_ERRORS = [
     (["train", "vit", "--per_device_train_batch_size", "0"], "train vit", "must be a positive integer"),
     (["train", "seq2seq", "--train_dir", "{missing}"], "train seq2seq", "unrecognized arguments: --train_dir"),
     (["train", "vit", "--block_size", "64"], "train vit", "unrecognized arguments: --block_size 64"),
+    # no abbreviations: argparse took --dataset for --dataset_name's prefix ("ambiguous option" next to
+    # --dataset_config_name), --max_step for --max_steps
+    (["train", "vit", "--dataset", "digits"], "train vit",
+     "unrecognized arguments: --dataset digits (--dataset: did you mean --dataset_name?)"),
+    (["train", "vit", "--max_step", "3"], "train vit", "--max_step: did you mean --max_steps?"),
+    (["train", "vit", "--learning_rat=0.1"], "train vit", "--learning_rat: did you mean --learning_rate?"),
     (["train", "sparse-lm", "--train_file", "{missing}.txt"], "train sparse-lm", "--train_file"),
     (["train", "sparse-lm", "--config_name", "{missing}"], "train sparse-lm", "--config_name"),
     (["train", "sparse-lm", "--config_overrides", "sparse_strid=8"], "train sparse-lm", "'sparse_stride'"),
@@ -144,6 +151,7 @@ USER_ERRORS = [
     (["explain", "rollout", "{missing}", "{missing}.png"], "explain rollout", "does not exist"),
     (["explain", "pattern", "--kind", "strided", "--stride", "0"], "explain pattern", "positive integer"),
     (["push", "{missing}", "user/repo"], "push", "does not exist"),
+    (["push", "{missing}", "user/repo", "--revisio", "b"], "push", "--revisio: did you mean --revision?"),
     (["convert", "timm", "{missing}.safetensors", "{out}"], "convert", "does not exist"),
     (["convert", "transformers", "{missing}", "{out}"], "convert", "does not exist"),
 ]  # fmt: skip
@@ -262,6 +270,30 @@ def test_renamed_flags_are_hidden_aliases_of_the_new_ones():
     assert parser.parse_args(["demo", "--max_train_steps", "7"]).max_steps == 7
     push = parser.parse_args(["push", "d", "u/r", "--branch", "b", "--no-create-branch", "--commit-message", "m"])
     assert (push.revision, push.create_branch, push.commit_message) == ("b", False, "m")
+
+
+def _all_parsers(parser):
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                yield from _all_parsers(child)
+
+
+def test_no_parser_takes_an_abbreviation_of_a_flag():
+    """Every parser of the command line (root, commands, the train families) has abbreviations off, and so has every
+    script's: the package builds them from `cli_utils.CommandParser`, never `argparse.ArgumentParser` itself."""
+    from hf_vit_plus.cli import build_parser
+
+    parsers = list(_all_parsers(build_parser()))
+    assert len(parsers) > 10 and all(not parser.allow_abbrev for parser in parsers)
+    direct = [
+        path.relative_to(REPO_ROOT).as_posix()
+        for folder in ("hf_vit_plus", "scripts")
+        for path in sorted((REPO_ROOT / folder).rglob("*.py"))
+        if "argparse.ArgumentParser(" in path.read_text() and path.name != "cli_utils.py"
+    ]
+    assert not direct, f"parsers built without CommandParser (abbreviations on): {direct}"
 
 
 def test_old_keyword_names_work_in_family_arguments(tmp_path):

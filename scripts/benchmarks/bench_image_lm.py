@@ -37,13 +37,14 @@ import numpy as np
 import torch
 
 from hf_vit_plus import SparseTransformerConfig, SparseTransformerForImageGeneration
+from hf_vit_plus.cli_utils import CommandParser
 from hf_vit_plus.data.images import IMAGE_DATASETS, load_image_arrays
 from hf_vit_plus.data.pixel_baselines import pixel_floors
 from hf_vit_plus.training.schedules import get_warmup_cosine_schedule
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", default="fashion-mnist", choices=list(IMAGE_DATASETS), help="images")
     parser.add_argument("--patterns", default="dense,strided,fixed", help="comma-separated attention types")
     parser.add_argument(

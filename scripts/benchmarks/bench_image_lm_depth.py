@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from hf_vit_plus import SparseTransformerForImageGeneration
+from hf_vit_plus.cli_utils import CommandParser
 from hf_vit_plus.data.images import IMAGE_DATASETS
 from hf_vit_plus.models.compat import enable_activation_checkpointing
 
@@ -36,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # bench_image_lm: the data and t
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", default="fashion-mnist", choices=list(IMAGE_DATASETS), help="images")
     parser.add_argument("--layers", type=int, default=48, help="transformer blocks")
     parser.add_argument("--hidden_size", type=int, default=64, help="model width")

@@ -24,7 +24,6 @@ OUTPUT_DIR/int8_quality.json.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import sys
@@ -33,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from hf_vit_plus.cli_utils import CommandParser
 from hf_vit_plus.quantization import SCHEMES, quantize
 
 VARIANTS = ("fp32", *SCHEMES)
@@ -238,7 +238,7 @@ def print_table(rows: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = CommandParser(description=__doc__.split("\n")[0])
     parser.add_argument("--output_dir", type=Path, default=Path("outputs/int8_quality"), help="trained models go here")
     parser.add_argument("--tasks", nargs="+", default=["vit", "number-words", "sword"],
                         choices=["vit", "number-words", "sword"], help="tasks scored")  # fmt: skip

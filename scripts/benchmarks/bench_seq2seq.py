@@ -43,6 +43,7 @@ from pathlib import Path
 import torch
 from transformers import CompileConfig, MarianConfig, MarianMTModel
 
+from hf_vit_plus.cli_utils import CommandParser
 from hf_vit_plus.conversion import seq2seq_from_marian
 
 ENGINES = ("marian", "ours", "ours-compiled", "ours-int8", "ours-int8-eager", "ct2-fp32", "ct2-int8")
@@ -53,7 +54,7 @@ EOS, UNK = 0, 1  # Marian's ids; the pad token (also the decoder start) is the l
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--vocab_size", type=int, default=8000, help="shared vocabulary size")
     p.add_argument("--d_model", type=int, default=256, help="model width")
     p.add_argument("--layers", type=int, default=3, help="encoder and decoder layers")

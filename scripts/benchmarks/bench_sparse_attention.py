@@ -40,13 +40,14 @@ import time
 import torch
 import torch.nn.functional as F
 
+from hf_vit_plus.cli_utils import CommandParser
 from hf_vit_plus.models.sparse_layouts import PATTERN_KINDS
 
 STRIDES = {1024: 32, 2048: 64, 4096: 64, 8192: 128, 16384: 128}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--max_n", type=int, default=16384, help="longest sequence measured")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per case")
     p.add_argument("--heads", type=int, default=8, help="attention heads")

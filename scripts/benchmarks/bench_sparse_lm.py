@@ -29,6 +29,7 @@ from accelerate import Accelerator
 from accelerate.utils import set_seed
 
 from hf_vit_plus import SparseTransformerConfig, SparseTransformerForCausalLM
+from hf_vit_plus.cli_utils import CommandParser
 from hf_vit_plus.data.text import (
     BYTE_VOCAB_SIZE,
     load_stdlib_text,
@@ -39,7 +40,7 @@ from hf_vit_plus.data.text import (
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--patterns", default="strided,fixed,dense", help="comma-separated attention types")
     parser.add_argument("--context", type=int, default=2048, help="bytes per training sequence")
     parser.add_argument("--steps", type=int, default=600, help="training steps per model")

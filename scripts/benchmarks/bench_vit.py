@@ -22,7 +22,6 @@ the peers.
 
 from __future__ import annotations
 
-import argparse
 import platform
 import statistics
 import time
@@ -30,6 +29,7 @@ from contextlib import nullcontext
 
 import torch
 
+from hf_vit_plus.cli_utils import CommandParser
 from hf_vit_plus.cpu_precision import cpu_has_native_low_precision_matmul
 
 INT8_SCHEMES = ("int8-dynamic", "int8-weight-only")  # hf_vit_plus.quantization.SCHEMES (imported only when measured)
@@ -195,7 +195,7 @@ def _cpu_name() -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = CommandParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default="base-patch16-224", help="ViTPlusConfig preset measured")
     parser.add_argument("--batch_sizes", type=int, nargs="+", default=[1, 8, 32], help="batch sizes measured")
     parser.add_argument(
