@@ -131,7 +131,7 @@ def run_demo(namespace: argparse.Namespace) -> int:
           f"{time.perf_counter() - start:.0f} s in all)")  # fmt: skip
     print(f"Reloading {output_dir} with AutoModelForImageClassification.from_pretrained:")
     for i, (predicted, truth) in enumerate(predictions_preview(output_dir, result.raw_datasets, n=10)):
-        print(f"  digit {i}: predicted {predicted:<6} truth {truth:<6} {'ok' if predicted == truth else 'WRONG'}")
+        print(preview_line(i, predicted, truth))
     written = sorted(p.name for p in output_dir.iterdir() if p.is_file())
     print(f"Files in {output_dir}: {', '.join(written)}")
     (output_dir / "demo_summary.json").write_text(
@@ -141,6 +141,13 @@ def run_demo(namespace: argparse.Namespace) -> int:
         print(f"Accuracy {accuracy:.2%} is below --min_accuracy {namespace.min_accuracy:.2%}.")
         return 1
     return 0
+
+
+def preview_line(index: int, predicted: str, truth: str) -> str:
+    """One line of the demo's predictions: `index` numbers the validation image (it is not a digit; the class names
+    are the digits' words)."""
+    verdict = "ok" if predicted == truth else "WRONG"
+    return f"  validation image {index}: predicted {predicted:<6} truth {truth:<6} {verdict}"
 
 
 def predictions_preview(model_dir: Path, raw, n: int = 8) -> list[tuple[str, str]]:

@@ -17,6 +17,15 @@ from tests.utils import REPO_ROOT
 REPO_ID = "demo-user/vit-digits"
 
 
+def test_demo_preview_numbers_the_validation_images_not_digits():
+    """`make demo` printed "digit 0: predicted three truth three": the 0 is an example's index, not a digit."""
+    from hf_vit_plus.training.cli import preview_line
+
+    assert preview_line(0, "three", "three").split() == ["validation", "image", "0:", "predicted", "three", "truth",
+                                                          "three", "ok"]  # fmt: skip
+    assert preview_line(4, "one", "seven").split()[-1] == "WRONG"
+
+
 def test_demo_trains_saves_a_loadable_model_with_card_and_pushes(tmp_path, hub_server):
     output_dir = tmp_path / "demo"
     command = [
@@ -31,8 +40,9 @@ def test_demo_trains_saves_a_loadable_model_with_card_and_pushes(tmp_path, hub_s
 
     # predictions vs truth printed after reloading with the Auto class
     assert "AutoModelForImageClassification.from_pretrained" in proc.stdout
-    rows = [line for line in proc.stdout.splitlines() if line.strip().startswith("digit ")]
+    rows = [line for line in proc.stdout.splitlines() if line.strip().startswith("validation image ")]
     assert len(rows) == 10 and all("truth" in row for row in rows)
+    assert "digit 0:" not in proc.stdout  # the number is the image's index in the validation split, not a digit
 
     # the saved folder is a transformers checkpoint: Auto classes load it and it predicts
     model = AutoModelForImageClassification.from_pretrained(output_dir).eval()
