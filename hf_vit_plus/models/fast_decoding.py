@@ -1,0 +1,818 @@
+"""Decoding without per-token framework overhead for the encoder-decoder Transformer: one compiled graph per token.
+
+`generate(..., cache_implementation="static")` (compiled_decoding.py) compiles the model's `forward` and leaves the
+loop to transformers: per token the loop prepares inputs, checks Dynamo's guards, runs the graph, then processes the
+logits and does the beam bookkeeping eagerly (about 7 ms per step at 64 beams on this project's CPU). Here the whole
+step is one graph, called once per token from a short Python loop:
+
+- the decoder layers on a fixed-size self-attention cache, the output projection, the logits processors that
+  translation uses (min length, single-token bad words, forced BOS / EOS) and the greedy choice, or transformers'
+  vectorised beam search (top-k continuations, finished hypotheses with the length penalty, the early-stop heuristic);
+- the encoder output and each layer's cross-attention keys and values are computed once per input, outside it;
+- beam search never copies the self-attention cache: each row keeps the slot that holds each of its positions
+  (`history`, gathered like the beams), and the attention reads keys and values through it;
+- the loop calls the compiled graph under `torch.compiler.set_stance(skip_guard_eval_unsafe=True)`, so that Dynamo
+  checks only the guards that tell its compiled shapes apart, not every weight, between tokens.
+
+It is reached through transformers' own hook for a decoding loop, `generate(custom_generate=callable)`: `generate`
+prepares everything as usual (settings, special tokens, the encoder output, the logits processors and stopping
+criteria) and hands over the loop, so the settings mean exactly what they mean in eager `generate`:
+
+    from hf_vit_plus.models.fast_decoding import FastDecoding
+
+    fast = FastDecoding()                                   # float32: the tokens of eager `generate`
+    model.generate(**batch, num_beams=4, max_new_tokens=64, custom_generate=fast)
+    model.generate(**batch, custom_generate=FastDecoding(precision="int8"))   # int8 weights, see below
+
+One `FastDecoding` object keeps, per model, the converted weights and the compiled steps; reuse it. A step is
+compiled by AOTInductor at its first use for a number of rows (batch x beams) and decoding mode, and serves every
+source and output length (both are dynamic in the compiled code): about 10-30 s per step on a 2-core CPU.
+
+Precisions (the decoder's linear layers and the output projection; embeddings, layer norms, attention and the
+encoder stay in float32):
+
+- "float32": the model's own weights (no copy), the tokens of eager decoding (tested).
+- "bfloat16": weights in bfloat16; a one-row product reads them and accumulates in float32, larger products run in
+  bfloat16 (native on CPUs with AVX512_BF16 or AMX). Not the tokens of float32: see the README's quality table.
+- "int8-weight-only": int8 weights with one float32 scale per output row (symmetric), converted inside the product:
+  a quarter of the bytes, the memory-bound case (batch 1).
+- "int8-dynamic": int8 weights and int8 activations quantized per row at run time, integer products
+  (`torch._int_mm`, VNNI on CPU): the compute-bound case (many rows).
+- "int8": weight-only for steps of at most `INT8_WEIGHT_ONLY_MAX_ROWS` rows, dynamic above (measured in the README).
+
+Supported: greedy decoding and beam search (`do_sample=False`), `max_length` / `max_new_tokens`, `min_length` /
+`min_new_tokens`, `eos_token_id` (one or several), `pad_token_id`, `length_penalty`, `early_stopping`,
+`num_return_sequences`, single-token `bad_words_ids`, `forced_bos_token_id`, `forced_eos_token_id`. Anything else
+that changes the decoding (other logits processors or stopping criteria, sampling, scores or attentions in the
+output, a decoder prompt, a filled cache) raises a ValueError naming it: use `generate` without `custom_generate`.
+
+This module ships with the checkpoints (remote code): it imports only torch, transformers and its siblings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import GenerationConfig
+from transformers.generation import (
+    EosTokenCriteria,
+    ForcedBOSTokenLogitsProcessor,
+    ForcedEOSTokenLogitsProcessor,
+    MaxLengthCriteria,
+    MinLengthLogitsProcessor,
+    MinNewTokensLengthLogitsProcessor,
+    NoBadWordsLogitsProcessor,
+)
+
+from .compat import cache_from_kwargs
+from .compiled_decoding import row_matmul_pass
+
+PRECISIONS = ("float32", "bfloat16", "int8", "int8-weight-only", "int8-dynamic")
+# "int8" runs weight-only int8 up to this many rows per step (batch x beams) and dynamic int8 above.
+INT8_WEIGHT_ONLY_MAX_ROWS = 4
+SUPPORTED_PROCESSORS = (
+    NoBadWordsLogitsProcessor,
+    MinLengthLogitsProcessor,
+    MinNewTokensLengthLogitsProcessor,
+    ForcedBOSTokenLogitsProcessor,
+    ForcedEOSTokenLogitsProcessor,
+)
+SUPPORTED_CRITERIA = (MaxLengthCriteria, EosTokenCriteria)
+# Generation settings that would need the model's own outputs at each step, which the fused step does not return.
+_UNSUPPORTED_OUTPUTS = (
+    "return_dict_in_generate",
+    "output_scores",
+    "output_logits",
+    "output_attentions",
+    "output_hidden_states",
+)
+_NEG_INF = float("-inf")
+
+
+def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-row int8: (int8 weight, float32 scale per row) with weight ~ q * scale[:, None]."""
+    weight = weight.detach().float()
+    scale = weight.abs().amax(dim=1).clamp(min=1e-12) / 127.0  # (N,)
+    q = torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8)  # (N, K)
+    return q, scale
+
+
+class FastLinear(nn.Module):
+    """`x @ W^T + b` for the fused step, with W in one of `PRECISIONS` (float32 keeps the model's tensor itself).
+
+    The product is chosen when the step is traced, from the number of rows, which is fixed per compiled graph."""
+
+    def __init__(self, linear: nn.Linear, precision: str, bias: torch.Tensor | None = None):
+        super().__init__()
+        self.precision = precision
+        weight = linear.weight.detach()
+        if linear.bias is not None:
+            bias = linear.bias.detach() if bias is None else linear.bias.detach() + bias
+        self.register_buffer("bias", None if bias is None else bias.float(), persistent=False)
+        self.register_buffer("scale", None, persistent=False)
+        if precision == "float32":
+            self.register_buffer("weight", weight if weight.dtype == torch.float32 else weight.float(), False)
+        elif precision == "bfloat16":
+            self.register_buffer("weight", weight.to(torch.bfloat16), persistent=False)
+        else:
+            q, scale = quantize_rows(weight)
+            self.register_buffer("weight", q, persistent=False)
+            self.scale = scale
+
+    def kernel(self, rows: int) -> str:
+        """The product used for `rows` input rows: "float32", "bfloat16-rows", "bfloat16", "int8-weight-only" or
+        "int8-dynamic"."""
+        if self.precision == "bfloat16":
+            return "bfloat16-rows" if rows == 1 else "bfloat16"
+        if self.precision == "int8":
+            return "int8-weight-only" if rows <= INT8_WEIGHT_ONLY_MAX_ROWS else "int8-dynamic"
+        return self.precision
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (M, K) float32 -> (M, N) float32
+        kernel = self.kernel(x.shape[0])
+        if kernel == "float32":
+            return F.linear(x, self.weight, self.bias)
+        if kernel == "bfloat16-rows":
+            # One row: the conversion fuses into the vector-matrix loop (`row_matmul_pass`), which reads bf16 bytes.
+            out = F.linear(x, self.weight.float())
+        elif kernel == "bfloat16":
+            out = F.linear(x.to(torch.bfloat16), self.weight).float()
+        elif kernel == "int8-weight-only":
+            out = F.linear(x, self.weight.float()) * self.scale
+        else:  # int8-dynamic: symmetric per-row activations, int32 accumulation
+            x_scale = x.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127.0  # (M, 1)
+            xq = torch.round(x / x_scale).clamp(-127, 127).to(torch.int8)
+            out = torch._int_mm(xq, self.weight.t()).float() * (x_scale * self.scale)
+        return out if self.bias is None else out + self.bias
+
+    def nbytes(self) -> int:
+        """Bytes read per step (weight, scales, bias)."""
+        return sum(t.numel() * t.element_size() for t in (self.weight, self.scale, self.bias) if t is not None)
+
+
+class FastDecoderLayer(nn.Module):
+    """One decoder layer of `Seq2SeqTransformerLayer` on (rows, d_model) states, with projections as `FastLinear`."""
+
+    def __init__(self, layer: nn.Module, precision: str):
+        super().__init__()
+        self.normalize_before = layer.normalize_before
+        self.num_heads = layer.self_attn.num_heads
+        self.scaling = layer.self_attn.scaling
+        self.q_proj = FastLinear(layer.self_attn.q_proj, precision)
+        self.k_proj = FastLinear(layer.self_attn.k_proj, precision)
+        self.v_proj = FastLinear(layer.self_attn.v_proj, precision)
+        self.o_proj = FastLinear(layer.self_attn.o_proj, precision)
+        self.cross_q_proj = FastLinear(layer.encoder_attn.q_proj, precision)
+        self.cross_o_proj = FastLinear(layer.encoder_attn.o_proj, precision)
+        self.fc1 = FastLinear(layer.fc1, precision)
+        self.fc2 = FastLinear(layer.fc2, precision)
+        self.activation_fn = layer.activation_fn
+        self.self_attn_layer_norm = layer.self_attn_layer_norm
+        self.encoder_attn_layer_norm = layer.encoder_attn_layer_norm
+        self.final_layer_norm = layer.final_layer_norm
+
+    def self_attention(self, hidden, position, keys, values, history):
+        """Masked self-attention of one new token per row over the cached positions 0..position.
+
+        keys, values: (R, L, D) cache buffers, written at `position` in place. history: None (row r's positions are
+        in slot r) or (R, L) the slot that holds each position of row r (beam search)."""
+        rows, length, dim = keys.shape
+        heads = self.num_heads
+        key, value = self.k_proj(hidden), self.v_proj(hidden)  # (R, D)
+        keys.index_copy_(1, position.view(1), key.unsqueeze(1))
+        values.index_copy_(1, position.view(1), value.unsqueeze(1))
+        if history is not None:
+            slots = history * length + torch.arange(length, device=history.device)  # (R, L)
+            keys = keys.reshape(rows * length, dim)[slots]  # (R, L, D)
+            values = values.reshape(rows * length, dim)[slots]
+        query = self.q_proj(hidden).view(rows, 1, heads, dim // heads)
+        scores = (query * keys.view(rows, length, heads, dim // heads)).sum(-1) * self.scaling  # (R, L, H)
+        future = torch.arange(length, device=keys.device) > position  # (L,)
+        scores = scores.masked_fill(future.view(1, length, 1), _NEG_INF)
+        probs = scores.softmax(dim=1)
+        out = (probs.unsqueeze(-1) * values.view(rows, length, heads, dim // heads)).sum(1)  # (R, H, Dh)
+        return self.o_proj(out.reshape(rows, dim))
+
+    def cross_attention(self, hidden, keys, values, source_bias):
+        """Attention of each row over its source: keys, values (B, S, D), computed once per input; the R rows are
+        B sources x R/B beams. source_bias: (B, S), 0 for real tokens, -inf for padding."""
+        rows, dim = hidden.shape
+        batch, length, _ = keys.shape
+        heads = self.num_heads
+        query = self.cross_q_proj(hidden).view(batch, rows // batch, 1, heads, dim // heads)
+        keys = keys.view(batch, 1, length, heads, dim // heads)
+        scores = (query * keys).sum(-1) * self.scaling + source_bias.view(batch, 1, length, 1)  # (B, N, S, H)
+        probs = scores.softmax(dim=2)
+        out = (probs.unsqueeze(-1) * values.view(batch, 1, length, heads, dim // heads)).sum(2)  # (B, N, H, Dh)
+        return self.cross_o_proj(out.reshape(rows, dim))
+
+    def forward(self, hidden, position, keys, values, cross, source_bias, history):
+        """keys, values: (R, L, D) this layer's self-attention cache, written in place (separate graph inputs: a write
+        into a view of a larger input would make the compiled graph copy all of it); cross: (2, B, S, D)."""
+        residual = hidden
+        if self.normalize_before:
+            hidden = self.self_attn_layer_norm(hidden)
+        hidden = residual + self.self_attention(hidden, position, keys, values, history)
+        if not self.normalize_before:
+            hidden = self.self_attn_layer_norm(hidden)
+        residual = hidden
+        if self.normalize_before:
+            hidden = self.encoder_attn_layer_norm(hidden)
+        hidden = residual + self.cross_attention(hidden, cross[0], cross[1], source_bias)
+        if not self.normalize_before:
+            hidden = self.encoder_attn_layer_norm(hidden)
+        residual = hidden
+        if self.normalize_before:
+            hidden = self.final_layer_norm(hidden)
+        hidden = residual + self.fc2(self.activation_fn(self.fc1(hidden)))
+        if not self.normalize_before:
+            hidden = self.final_layer_norm(hidden)
+        return hidden
+
+
+class FastDecoder(nn.Module):
+    """The decoder of a `Seq2SeqTransformerForConditionalGeneration` as one-token steps: `logits`, and the greedy
+    and beam-search steps that `FastDecoding` compiles."""
+
+    def __init__(self, model: nn.Module, precision: str = "float32"):
+        super().__init__()
+        if precision not in PRECISIONS:
+            raise ValueError(f"Unknown precision {precision!r}: expected one of {', '.join(map(repr, PRECISIONS))}.")
+        decoder = model.get_decoder()
+        self.precision = precision
+        self.embed_tokens = decoder.embed_tokens
+        self.embed_scale = decoder.embed_scale
+        self.register_buffer("embed_positions", decoder.embed_positions, persistent=False)
+        self.layers = nn.ModuleList(FastDecoderLayer(layer, precision) for layer in decoder.layers)
+        self.layer_norm = decoder.layer_norm
+        bias = getattr(model, "final_logits_bias", None)
+        self.lm_head = FastLinear(model.get_output_embeddings(), precision, bias=None if bias is None else bias[0])
+        self.num_layers = len(self.layers)
+        self.d_model = self.embed_positions.shape[1]
+
+    def new_cache(self, rows: int, length: int, device) -> list[torch.Tensor]:
+        """Zeroed self-attention keys and values: layer 0's keys, its values, layer 1's keys, ..., each
+        (rows, length, d_model)."""
+        return [torch.zeros(rows, length, self.d_model, device=device) for _ in range(2 * self.num_layers)]
+
+    def logits(self, tokens, position, cache, cross, source_bias, history=None):
+        """tokens: (R,) the token at `position` (a 0-d tensor) of every row -> (R, V) float32 logits."""
+        positions = self.embed_positions.index_select(0, position.view(1))  # (1, D)
+        hidden = self.embed_tokens(tokens) * self.embed_scale + positions  # (R, D)
+        for i, layer in enumerate(self.layers):
+            hidden = layer(hidden, position, cache[2 * i], cache[2 * i + 1], cross[i], source_bias, history)
+        if self.layer_norm is not None:
+            hidden = self.layer_norm(hidden)
+        return self.lm_head(hidden)
+
+    @staticmethod
+    def process(scores, cur_len, controls):
+        """transformers' logits processors of `SUPPORTED_PROCESSORS`, in `generate`'s order, with the lengths as
+        tensors. controls: bad-token bias (V,), eos mask (V,), forced-bos mask (V,), forced-eos mask (V,), and
+        (min_length, max_length, has_forced_bos, has_forced_eos) as an int64 (4,) tensor."""
+        bad_bias, eos_mask, bos_forced, eos_forced, lengths = controls
+        scores = scores + bad_bias
+        scores = torch.where(eos_mask & (cur_len < lengths[0]), _NEG_INF, scores)
+        forced = torch.where(bos_forced, 0.0, _NEG_INF)
+        scores = torch.where((cur_len == 1) & (lengths[2] > 0), forced, scores)
+        forced = torch.where(eos_forced, 0.0, _NEG_INF)
+        return torch.where((cur_len == lengths[1] - 1) & (lengths[3] > 0), forced, scores)
+
+    def greedy_step(self, tokens, position, cache, cross, source_bias, unfinished, pad, controls):
+        """One greedy token per row (transformers' `_sample` without sampling): returns the next tokens (R,), the
+        rows still unfinished (R,) int64 and whether any is (0-d bool)."""
+        logits = self.logits(tokens, position, cache, cross, source_bias)
+        cur_len = position + 1  # the decoder start token is position 0
+        next_tokens = self.process(logits, cur_len, controls).argmax(dim=-1)
+        eos_mask, lengths = controls[1], controls[4]
+        next_tokens = next_tokens * unfinished + pad * (1 - unfinished)
+        done = eos_mask[next_tokens] | (cur_len + 1 >= lengths[1])
+        unfinished = unfinished & ~done
+        return next_tokens, unfinished, unfinished.any()
+
+    def beam_step(self, position, cache, cross, source_bias, state, denominators, controls, keep: int):
+        """One step of transformers' vectorised beam search (`_beam_search` without sampling) on `state`: the
+        running sequences (B, K, T), scores (B, K) and beam indices (B, K, T - 1), the finished sequences, scores
+        and beam indices, the finished flags (B, K), the early-stop flags (B, 1) and the cache history (B x K, L).
+        keep: the number of candidates per source, `max(2, 1 + number of eos tokens) x K`. denominators: (2, T + 1)
+        float32, `n ** length_penalty` for n new tokens (as transformers computes them, in Python) and the early-stop
+        heuristic's denominator at each length. Returns the new state and whether the search is over (0-d bool)."""
+        (running, running_scores, running_indices, sequences, scores, indices, finished, improvable, history) = state
+        batch, beams, total = running.shape
+        rows = batch * beams
+        cur_len = position + 1  # the length of the sequences so far, decoder start token included
+        steps = torch.arange(total, device=running.device)
+        eos_mask, lengths = controls[1], controls[4]
+        early_stopping = lengths[4] == 1  # early_stopping is True
+
+        tokens = running.view(rows, total).gather(1, position.view(1, 1).expand(rows, 1)).view(rows)
+        own_slot = torch.arange(rows, device=history.device)[:, None]
+        history = torch.where(steps[: history.shape[1]] == position, own_slot, history)
+        logits = self.logits(tokens, position, cache, cross, source_bias, history)
+        log_probs = self.process(F.log_softmax(logits, dim=-1), cur_len, controls)  # (R, V)
+        vocab = log_probs.shape[-1]
+        log_probs = (log_probs.view(batch, beams, vocab) + running_scores[:, :, None]).view(batch, beams * vocab)
+
+        # _get_top_k_continuations
+        topk_log_probs, topk_indices = torch.topk(log_probs, k=keep)
+        topk_beams = topk_indices // vocab
+        topk_ids = topk_indices % vocab
+        topk_running = running.gather(1, topk_beams[:, :, None].expand(batch, keep, total))
+        topk_running = torch.where(steps == cur_len, topk_ids[:, :, None], topk_running)
+        offsets = torch.arange(batch, device=running.device).view(batch, 1) * beams
+        topk_running_indices = running_indices.gather(1, topk_beams[:, :, None].expand(batch, keep, total - 1))
+        topk_running_indices = torch.where(
+            steps[: total - 1] == cur_len - 1, (topk_beams + offsets).to(torch.int32)[:, :, None], topk_running_indices
+        )
+        # the stopping criteria on the candidates: an eos token as the new token, or max_length reached
+        hits = eos_mask[topk_ids] | (cur_len + 1 >= lengths[1])  # (B, keep)
+
+        # _get_running_beams_for_next_iteration
+        topk_running_log_probs = topk_log_probs + hits.to(torch.float32) * -1.0e9
+        next_indices = torch.topk(topk_running_log_probs, k=beams)[1]
+        running = topk_running.gather(1, next_indices[:, :, None].expand(batch, beams, total))
+        running_scores = topk_running_log_probs.gather(1, next_indices)
+        running_indices = topk_running_indices.gather(1, next_indices[:, :, None].expand(batch, beams, total - 1))
+
+        # _update_finished_beams
+        just_finished = hits & (torch.arange(keep, device=hits.device) < beams)[None, :]
+        candidate_scores = topk_log_probs / denominators[0].index_select(0, cur_len.view(1))
+        full = torch.all(finished, dim=-1, keepdim=True) & early_stopping
+        candidate_scores += full.to(torch.float32) * -1.0e9
+        candidate_scores += (~improvable).to(torch.float32) * -1.0e9
+        candidate_scores += (~just_finished) * -1.0e9
+        merged_sequences = torch.cat((sequences, topk_running), dim=1)
+        merged_scores = torch.cat((scores, candidate_scores), dim=1)
+        merged_indices = torch.cat((indices, topk_running_indices), dim=1)
+        merged_finished = torch.cat((finished, just_finished), dim=1)
+        best = torch.topk(merged_scores, k=beams)[1]
+        sequences = merged_sequences.gather(1, best[:, :, None].expand(batch, beams, total))
+        scores = merged_scores.gather(1, best)
+        indices = merged_indices.gather(1, best[:, :, None].expand(batch, beams, total - 1))
+        finished = merged_finished.gather(1, best)
+
+        # the cache follows the beams (transformers reorders it): row r continues row beam_idx[r]
+        beam_idx = running_indices.view(rows, total - 1).gather(1, (cur_len - 1).view(1, 1).expand(rows, 1))
+        history = history.index_select(0, beam_idx.view(rows).long())
+
+        # _check_early_stop_heuristic, at the length after this step
+        best_running = running_scores[:, :1] / denominators[1].index_select(0, cur_len.view(1))
+        worst_finished = torch.where(finished, torch.min(scores, dim=1, keepdim=True)[0], -1.0e9)
+        improvable = improvable & torch.any(best_running > worst_finished, dim=-1, keepdim=True)
+        # _beam_search_has_unfinished_sequences
+        go_on = torch.any(improvable) & ~(torch.all(finished) & early_stopping) & ~torch.all(hits)
+        state = (running, running_scores, running_indices, sequences, scores, indices, finished, improvable, history)
+        return state, ~go_on
+
+
+def compile_options(device: str | torch.device = "cpu") -> dict:
+    """inductor options of the fused step: on CPU the one-row products become loops that read each weight once at
+    memory speed (`row_matmul_pass`, as in compiled_decoding.py)."""
+    if torch.device(device).type == "cpu":
+        return {"post_grad_custom_post_pass": row_matmul_pass()}
+    return {}
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def _token_ids(value) -> list[int]:
+    """An id or a list of ids (a generation config's eos / forced-eos setting) as a list; None -> []."""
+    if value is None:
+        return []
+    if torch.is_tensor(value):
+        return [int(v) for v in value.flatten().tolist()]
+    return [int(value)] if isinstance(value, int) else [int(v) for v in value]
+
+
+class _Step(nn.Module):
+    """One step method of a `FastDecoder` as a module (what torch.export takes), its Python-number arguments fixed."""
+
+    def __init__(self, decoder: FastDecoder, method: str, **constants):
+        super().__init__()
+        self.decoder = decoder
+        self.method = method
+        self.constants = constants
+
+    def forward(self, *args):
+        return getattr(self.decoder, self.method)(*args, **self.constants)
+
+
+def _shape_key(method: str, args, constants: dict, dynamic: bool) -> tuple:
+    """What selects a compiled step: the method, its fixed Python numbers and the shapes of its tensors, without the
+    cache and source lengths when those are dynamic (AOTInductor)."""
+    leaves = torch.utils._pytree.tree_leaves(args)
+    if dynamic:  # the rows (batch x beams) and the sources fix the step
+        cache, cross = (args[2], args[3]) if method == "greedy_step" else (args[1], args[2])
+        shapes = (cache[0].shape[0], cross.shape[2], len(cache))
+    else:
+        shapes = tuple(tuple(t.shape) for t in leaves)
+    return method, tuple(sorted(constants.items())), shapes, tuple(t.dtype for t in leaves)
+
+
+def _dynamic_shapes(method: str, args) -> tuple:
+    """torch.export's `dynamic_shapes` of a step's arguments: the self-attention cache's length L and the source
+    length S vary (both at least 2: the caller pads), so one compiled step serves every length."""
+    from torch.export import Dim
+
+    length, source = Dim("cache_length", min=2), Dim("source_length", min=2)
+    if method == "greedy_step":  # tokens, position, cache, cross, source_bias, unfinished, pad, controls
+        cache = [{1: length}] * len(args[2])
+        return ((None, None, cache, {3: source}, {1: source}, None, None, (None,) * len(args[7])),)
+    # position, cache, cross, source_bias, state, denominators, controls
+    cache = [{1: length}] * len(args[1])
+    state = ({2: length + 1}, None, {2: length}, {2: length + 1}, None, {2: length}, None, None, {1: length})
+    return ((None, cache, {3: source}, {1: source}, state, {1: length + 2}, (None,) * len(args[6])),)
+
+
+class _Steps:
+    """The compiled steps of one `FastDecoder`, one per method and shape (rows, cache and source lengths, ...):
+
+    - "aoti" (the default): the step is exported (`torch.export`) and compiled by AOTInductor into a shared library,
+      called from C++: no Dynamo and no guard between tokens. The library holds no weights: they are the decoder's
+      own tensors, passed as user-managed constants (float32: the model's parameters themselves).
+    - "compile": `torch.compile(fullgraph=True, dynamic=False)`; `skip_guards=True` runs the calls after the first of
+      each `generate` under `torch.compiler.set_stance(skip_guard_eval_unsafe=True)`.
+    - "eager": the same step without compilation (for checks)."""
+
+    def __init__(self, decoder: FastDecoder, backend: str, options: dict, skip_guards: bool):
+        self.decoder = decoder
+        self.backend = backend
+        self.options = options
+        self.skip_guards = skip_guards
+        self.runners: dict = {}
+
+    def get(self, method: str, args: tuple, **constants):
+        """The runner of `method` for arguments shaped like `args`, built (compiled) at its first use."""
+        key = _shape_key(method, args, constants, dynamic=self.backend == "aoti")
+        runner = self.runners.get(key)
+        if runner is None:
+            module = _Step(self.decoder, method, **constants)
+            if self.backend == "aoti":
+                runner = _aoti_runner(module, args, _dynamic_shapes(method, args), self.options)
+            elif self.backend == "compile":
+                runner = _compiled_runner(module, args, self.options, len(self.runners))
+            else:
+                runner = module
+            self.runners[key] = runner
+        return runner
+
+    def loop_context(self):
+        """The context of the calls after the first of a `generate` call."""
+        if self.backend == "compile" and self.skip_guards:
+            return torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
+        return contextlib.nullcontext()
+
+
+def _aoti_runner(module: nn.Module, args: tuple, dynamic_shapes: tuple, options: dict):
+    """`module` exported with `args`, compiled by AOTInductor and loaded, its buffers as user-managed constants."""
+    import os
+    import tempfile
+
+    import torch._inductor
+
+    exported = torch.export.export(module, args, dynamic_shapes=dynamic_shapes, strict=False)
+    configs = {**options, "aot_inductor.package_constants_in_so": False}
+    with tempfile.TemporaryDirectory(prefix="hf_vit_plus_fast_decoding_") as folder:
+        path = torch._inductor.aoti_compile_and_package(
+            exported, package_path=os.path.join(folder, "step.pt2"), inductor_configs=configs
+        )
+        runner = torch._inductor.aoti_load_package(path)
+    tensors = dict(module.named_parameters(remove_duplicate=False))
+    tensors.update(module.named_buffers(remove_duplicate=False))
+    constants = {name: tensors[name] for name in runner.get_constant_fqns()}
+    runner.load_constants(constants, check_full_update=True, user_managed=True)
+    return runner
+
+
+def _compiled_runner(module: nn.Module, args: tuple, options: dict, compiled_so_far: int):
+    """`module` under torch.compile, compiled now on `args` (each shape is one more entry of the same code object:
+    torch's recompile limit is raised to hold them all)."""
+    import torch._dynamo
+
+    compiled = torch.compile(module, fullgraph=True, dynamic=False, options=options)
+    limit = max(torch._dynamo.config.recompile_limit, compiled_so_far + 2)
+    with torch._dynamo.config.patch(recompile_limit=limit):
+        compiled(*copy_args(args))
+    return compiled
+
+
+def copy_args(args):
+    """A copy of the tensors of `args` (a trial call must not write into the caller's cache)."""
+    return torch.utils._pytree.tree_map(lambda t: t.clone() if torch.is_tensor(t) else t, args)
+
+
+class _ModelDecoding:
+    """What `FastDecoding` keeps per model: the converted decoder, its compiled steps, and the versions of the model's
+    tensors it was built from (a change, e.g. by training, rebuilds it)."""
+
+    def __init__(self, model: nn.Module, precision: str, backend: str, options: dict, skip_guards: bool):
+        self.precision = precision
+        self.versions = self._versions(model)
+        self.decoder = FastDecoder(model, precision).eval()
+        self.steps = _Steps(self.decoder, backend, options, skip_guards)
+
+    def _versions(self, model: nn.Module) -> tuple:
+        # float32 steps read the model's tensors themselves: only replaced tensors make them stale; the converted
+        # (bfloat16, int8) copies also go stale when a tensor is changed in place.
+        tensors = [*model.parameters(), *model.buffers()]
+        if self.precision == "float32":
+            return tuple(id(t) for t in tensors)
+        return tuple((id(t), t._version) for t in tensors)
+
+    def current(self, model: nn.Module) -> bool:
+        return self.versions == self._versions(model)
+
+
+BACKENDS = ("aoti", "compile", "eager")
+
+
+class FastDecoding:
+    """A decoding loop for `generate(custom_generate=...)` that runs each token as one compiled graph (see the module
+    docstring).
+
+    precision: one of `PRECISIONS`. backend: "aoti" (AOTInductor, the default), "compile" (torch.compile) or "eager"
+    (no compilation, for checks). shape_multiple: source and cache lengths are rounded up to a multiple of it (the
+    padding is masked out); with backend "compile", which compiles a step per length, so that nearby lengths share
+    one. options: inductor options (default `compile_options(device)`). skip_guards: with backend "compile", skip
+    Dynamo's guards between tokens (`torch.compiler.set_stance(skip_guard_eval_unsafe=True)`)."""
+
+    def __init__(
+        self,
+        precision: str = "float32",
+        backend: str = "aoti",
+        shape_multiple: int = 1,
+        options: dict | None = None,
+        skip_guards: bool = True,
+    ):
+        if precision not in PRECISIONS:
+            raise ValueError(f"Unknown precision {precision!r}: expected one of {', '.join(map(repr, PRECISIONS))}.")
+        if backend not in BACKENDS:
+            raise ValueError(f"Unknown backend {backend!r}: expected one of {', '.join(map(repr, BACKENDS))}.")
+        if shape_multiple < 1:
+            raise ValueError(f"shape_multiple must be >= 1, got {shape_multiple}.")
+        self.precision = precision
+        self.backend = backend
+        self.shape_multiple = shape_multiple
+        self.options = options
+        self.skip_guards = skip_guards
+        self._models: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def __repr__(self) -> str:
+        return f"FastDecoding(precision={self.precision!r}, backend={self.backend!r})"
+
+    def decoding_state(self, model: nn.Module) -> _ModelDecoding:
+        """The converted decoder and compiled steps of `model`, built on first use and rebuilt when its weights
+        changed since."""
+        state = self._models.get(model)
+        if state is None or not state.current(model):
+            options = self.options if self.options is not None else compile_options(model.device)
+            state = _ModelDecoding(model, self.precision, self.backend, options, self.skip_guards)
+            self._models[model] = state
+        return state
+
+    @torch.no_grad()
+    def __call__(
+        self,
+        model,
+        input_ids: torch.LongTensor,
+        logits_processor=None,
+        stopping_criteria=None,
+        generation_config: GenerationConfig | None = None,
+        synced_gpus: bool = False,
+        **model_kwargs,
+    ) -> torch.LongTensor:
+        """The decoding loop `generate` calls with `custom_generate=self`, after its own preparation: `input_ids` are
+        the decoder start tokens (batch x beams rows), `model_kwargs` hold the encoder output. Returns the sequences,
+        as `generate` does."""
+        settings = _Settings(model, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs)
+        if synced_gpus:
+            raise ValueError("FastDecoding does not run with synced_gpus=True (several processes): use generate().")
+        state = self.decoding_state(model)
+        cross, source_bias = self._encoder_inputs(model, settings, model_kwargs)
+        if settings.num_beams == 1:
+            return self._greedy(state, settings, input_ids, cross, source_bias)
+        return self._beam_search(state, settings, input_ids, cross, source_bias)
+
+    def _encoder_inputs(self, model, settings, model_kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every decoder layer's cross-attention keys and values, once per source (not per beam), padded to a
+        multiple of `shape_multiple` positions and at least 2: (layers, 2, B, S, D), and the source bias (B, S): 0 or
+        -inf."""
+        group = settings.expand
+        encoder_states = model_kwargs["encoder_outputs"].last_hidden_state[::group]  # (B, S, D)
+        mask = model_kwargs.get("attention_mask")
+        batch, length, dim = encoder_states.shape
+        padded = max(2, _round_up(length, self.shape_multiple))
+        layers = model.get_decoder().layers
+        cross = encoder_states.new_zeros(len(layers), 2, batch, padded, dim)
+        for i, layer in enumerate(layers):
+            cross[i, 0, :, :length] = layer.encoder_attn.k_proj(encoder_states)
+            cross[i, 1, :, :length] = layer.encoder_attn.v_proj(encoder_states)
+        real = torch.zeros(batch, padded, dtype=torch.bool, device=encoder_states.device)
+        real[:, :length] = True if mask is None else mask[::group].bool()
+        source_bias = torch.zeros(batch, padded, device=encoder_states.device).masked_fill(~real, _NEG_INF)
+        return cross, source_bias
+
+    def _greedy(self, state, settings, input_ids, cross, source_bias) -> torch.LongTensor:
+        """transformers' greedy loop (`_sample` with do_sample=False), one `greedy_step` per token."""
+        rows, device = input_ids.shape[0], input_ids.device
+        length = self._cache_length(settings)
+        cache = state.decoder.new_cache(rows, length, device)
+        controls, pad = settings.controls(device), torch.tensor(settings.pad_token_id, device=device)
+        unfinished = torch.ones(rows, dtype=torch.long, device=device)
+        positions = [torch.tensor(p, device=device) for p in range(min(settings.max_length - 1, length))]
+        args = (input_ids[:, 0], positions[0], cache, cross, source_bias, unfinished, pad, controls)
+        step = state.steps.get("greedy_step", args)
+        tokens, unfinished, more = step(*args)
+        generated = [tokens]
+        if more:
+            with state.steps.loop_context():
+                for position in positions[1:]:
+                    tokens, unfinished, more = step(
+                        tokens, position, cache, cross, source_bias, unfinished, pad, controls
+                    )
+                    generated.append(tokens)
+                    if not more:
+                        break
+        if more:
+            settings.check_length(len(generated))
+        return torch.cat([input_ids, torch.stack(generated, dim=1)], dim=1)
+
+    def _beam_search(self, state, settings, input_ids, cross, source_bias) -> torch.LongTensor:
+        """transformers' beam search (`_beam_search` without sampling), one `beam_step` per token."""
+        rows, device = input_ids.shape[0], input_ids.device
+        beams = settings.num_beams
+        batch = rows // beams
+        length = self._cache_length(settings)
+        total = length + 1  # sequence slots: the start token and `length` new tokens (>= max_length)
+        cache = state.decoder.new_cache(rows, length, device)
+        controls = settings.controls(device)
+        denominators = settings.denominators(total, device)
+        running = torch.full((batch, beams, total), settings.fill_value, dtype=torch.long, device=device)
+        running[:, :, 0] = input_ids[:, 0].view(batch, beams)
+        running_scores = torch.zeros(batch, beams, device=device)
+        running_scores[:, 1:] = -1e9
+        running_indices = torch.full((batch, beams, total - 1), -1, dtype=torch.int32, device=device)
+        beam_state = (
+            running,
+            running_scores,
+            running_indices,
+            running.clone(),
+            torch.full((batch, beams), -1e9, device=device),
+            running_indices.clone(),
+            torch.zeros(batch, beams, dtype=torch.bool, device=device),
+            torch.ones(batch, 1, dtype=torch.bool, device=device),
+            torch.arange(rows, device=device)[:, None].repeat(1, length),  # the cache history: no position yet
+        )
+        keep = max(2, 1 + len(settings.eos_token_ids)) * beams
+        positions = [torch.tensor(p, device=device) for p in range(min(settings.max_length - 1, length))]
+        args = (positions[0], cache, cross, source_bias, beam_state, denominators, controls)
+        step = state.steps.get("beam_step", args, keep=keep)
+        beam_state, done = step(*args)
+        steps = 1
+        if not done:
+            with state.steps.loop_context():
+                for position in positions[1:]:
+                    beam_state, done = step(position, cache, cross, source_bias, beam_state, denominators, controls)
+                    steps += 1
+                    if done:
+                        break
+        if not done:
+            settings.check_length(steps)
+        returned = settings.num_return_sequences
+        sequences = beam_state[3][:, :returned].reshape(batch * returned, total)
+        indices = beam_state[5][:, :returned].reshape(batch * returned, total - 1)
+        generated = int(((indices + 1).bool()).sum(dim=1).max())
+        return sequences[:, : 1 + generated]
+
+    def _cache_length(self, settings) -> int:
+        """The self-attention cache's positions: max_length - 1 rounded up to `shape_multiple`, at least 2, within the
+        position table (eager decoding raises when it gets past the table; so does `check_length`)."""
+        needed = settings.max_length - 1
+        return max(2, min(_round_up(needed, self.shape_multiple), settings.max_positions))
+
+
+class _Settings:
+    """The decoding settings of one `generate` call, read from what `generate` prepared, and checked: anything that
+    the fused step does not implement is a ValueError naming it."""
+
+    def __init__(self, model, input_ids, logits_processor, stopping_criteria, config, model_kwargs):
+        problems = []
+        if config is None:
+            raise ValueError("FastDecoding is called by generate(custom_generate=...), with a generation_config.")
+        if not getattr(model.config, "is_encoder_decoder", False) or not hasattr(model.get_decoder(), "layers"):
+            raise ValueError(f"FastDecoding decodes the encoder-decoder Transformer, not {type(model).__name__}.")
+        if input_ids.shape[1] != 1:
+            problems.append(f"a decoder prompt of {input_ids.shape[1]} tokens (only the decoder start token)")
+        if config.do_sample:
+            problems.append("do_sample=True (sampling)")
+        problems += [f"{name}=True" for name in _UNSUPPORTED_OUTPUTS if getattr(config, name, False)]
+        problems += [
+            f"the logits processor {type(p).__name__}"
+            for p in logits_processor or []
+            if type(p) not in SUPPORTED_PROCESSORS
+        ]
+        problems += [
+            f"the stopping criterion {type(c).__name__}"
+            for c in stopping_criteria or []
+            if type(c) not in SUPPORTED_CRITERIA
+        ]
+        bad_words = config.bad_words_ids or []
+        if any(len(sequence) != 1 for sequence in bad_words):
+            problems.append("bad_words_ids of more than one token")
+        cache = cache_from_kwargs(model_kwargs)
+        if cache is not None and cache.get_seq_length() > 0:
+            problems.append("a cache that already holds tokens")
+        if model_kwargs.get("decoder_attention_mask") is not None:
+            problems.append("a decoder_attention_mask")
+        if model_kwargs.get("encoder_outputs") is None:
+            problems.append("no encoder output (pass input_ids to generate)")
+        if problems:
+            raise ValueError(
+                "FastDecoding (generate(custom_generate=FastDecoding(...))) does not implement "
+                + "; ".join(problems)
+                + ". Call generate() without custom_generate for these."
+            )
+        self.model = model
+        self.num_beams = config.num_beams
+        self.num_return_sequences = config.num_return_sequences
+        self.expand = max(config.num_beams, config.num_return_sequences)
+        self.max_length = config.max_length
+        self.max_positions = model.get_decoder().max_positions
+        self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        self.eos_token_ids = _token_ids(config.eos_token_id)
+        pad = config.pad_token_id
+        if pad is None and self.eos_token_ids:
+            pad = self.eos_token_ids[0]  # generate's own fallback
+        self.pad_token_id = 0 if pad is None else int(pad)
+        # Beam search's filler: `pad_token_id or eos_token_id[0] if eos_token_id is not None else -1` (a pad id of 0
+        # counts as missing there).
+        self.fill_value = pad if pad else (self.eos_token_ids[0] if self.eos_token_ids else -1)
+        min_length = 0
+        if self.eos_token_ids:  # the min-length processors exist only with an eos token
+            if config.min_length:
+                min_length = config.min_length
+            if config.min_new_tokens:
+                min_length = max(min_length, config.min_new_tokens + 1)
+        self.min_length = min_length
+        self.bad_token_ids = [s[0] for s in bad_words if s[0] not in self.eos_token_ids]
+        self.forced_bos_token_id = config.forced_bos_token_id
+        self.forced_eos_token_ids = _token_ids(config.forced_eos_token_id)
+        self.length_penalty = config.length_penalty
+        self.early_stopping = config.early_stopping
+
+    def controls(self, device) -> tuple:
+        """The logits processors' tensors for `FastDecoder.process`."""
+        vocab = self.vocab_size
+        bad_bias = torch.zeros(vocab, device=device)
+        bad_bias[self.bad_token_ids] = _NEG_INF
+        eos = torch.zeros(vocab, dtype=torch.bool, device=device)
+        eos[self.eos_token_ids] = True
+        bos_forced = torch.zeros(vocab, dtype=torch.bool, device=device)
+        if self.forced_bos_token_id is not None:
+            bos_forced[self.forced_bos_token_id] = True
+        eos_forced = torch.zeros(vocab, dtype=torch.bool, device=device)
+        eos_forced[self.forced_eos_token_ids] = True
+        lengths = [
+            self.min_length,
+            self.max_length,
+            int(self.forced_bos_token_id is not None),
+            int(bool(self.forced_eos_token_ids)),
+            int(self.early_stopping is True),
+        ]
+        return bad_bias, eos, bos_forced, eos_forced, torch.tensor(lengths, device=device)
+
+    def denominators(self, total: int, device) -> torch.Tensor:
+        """(2, total + 1): the length penalty's `n ** length_penalty` for n new tokens, and the early-stop
+        heuristic's denominator after n new tokens, computed in Python as transformers does."""
+        penalty = self.length_penalty
+        never = self.early_stopping == "never" and penalty > 0.0
+        final = [1.0] + [n**penalty for n in range(1, total + 1)]
+        heuristic = [1.0] + [((self.max_length - 1) if never else n) ** penalty for n in range(1, total + 1)]
+        return torch.tensor([final, heuristic], dtype=torch.float32, device=device)
+
+    def check_length(self, generated: int) -> None:
+        """Decoding stopped with sequences unfinished: only because the position table ended before max_length.
+        Eager decoding raises there too."""
+        if generated < self.max_length - 1:
+            raise ValueError(
+                f"The target sequence has {generated + 1} positions but max_position_embeddings is "
+                f"{self.max_positions}; shorten or split the input (no silent truncation)."
+            )
+
+
+__all__ = [
+    "BACKENDS",
+    "INT8_WEIGHT_ONLY_MAX_ROWS",
+    "PRECISIONS",
+    "FastDecoder",
+    "FastDecoding",
+    "FastLinear",
+    "compile_options",
+    "quantize_rows",
+]
