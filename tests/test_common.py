@@ -96,6 +96,52 @@ def test_remote_code_loads_every_case_without_the_package_and_refuses_without_tr
         torch.testing.assert_close(remote, expected[case.id], rtol=0, atol=0, msg=case.id)
 
 
+# ------------------------------------------------------------------------------------------ Auto classes from a config
+
+
+def test_every_auto_class_builds_the_family_from_a_fresh_config(model_case):
+    """What run_clm.py and every from-scratch script do: `AutoModelForX.from_config(Config(...))`, with and without
+    `trust_remote_code`. The Sparse Transformer's AutoModelForCausalLM holds two classes (text and image) and a fresh
+    config had `architectures=None`: transformers raised "TypeError: 'NoneType' object is not iterable"."""
+    for auto_name, model_class in model_case.record.model_classes.items():
+        for trust in (None, True):
+            model = getattr(transformers, auto_name).from_config(model_case.config(), trust_remote_code=trust)
+            assert type(model) is model_class, (auto_name, trust)
+
+
+def test_a_saved_config_names_every_auto_class_and_carries_their_code(tmp_path_factory):
+    """`Config(...).save_pretrained(dir)`, then, where the package is not installed, what transformers' example
+    scripts do with `--config_name dir --trust_remote_code`: AutoConfig, then every Auto class's `from_config`. The
+    folder had only `AutoConfig` in its auto_map and only the configuration's modules: "Unrecognized configuration
+    class"."""
+    root = tmp_path_factory.mktemp("configs")
+    cases = {case.family: case for case in reversed(MODEL_CASES)}  # one case per family
+    expected = {}
+    for family, case in cases.items():
+        case.config().save_pretrained(root / family)
+        auto_map = json.loads((root / family / "config.json").read_text())["auto_map"]
+        expected[family] = {name: cls.__name__ for name, cls in case.record.model_classes.items()}
+        assert {"AutoConfig", *expected[family]} <= set(auto_map), auto_map
+        for auto_name, class_name in expected[family].items():
+            assert auto_map[auto_name].endswith(f".{class_name}")
+            assert (root / family / (auto_map[auto_name].split(".")[0] + ".py")).is_file()
+    code = f"""
+        import json, transformers
+        built = {{}}
+        for family, autos in {json.dumps(expected)}.items():
+            config = transformers.AutoConfig.from_pretrained({str(root)!r} + "/" + family, trust_remote_code=True)
+            for auto_name in autos:
+                model = getattr(transformers, auto_name).from_config(config, trust_remote_code=True)
+                built[family + " " + auto_name] = [type(model).__name__, type(model).__module__]
+        print(json.dumps(built))
+        """
+    built = run_without_package(code, cwd=root, timeout=300)
+    for family, autos in expected.items():
+        for auto_name, class_name in autos.items():
+            name, module = built[f"{family} {auto_name}"]
+            assert name == class_name and not module.startswith("hf_vit_plus"), (family, auto_name, module)
+
+
 def test_meta_device_construction(model_case):
     with torch.device("meta"):
         model = model_case.head_class(model_case.config())

@@ -25,6 +25,7 @@ from .config_checks import (
     check_transformers_kwargs,
     choice,
 )
+from .hub_mixin import HubConfigMixin
 from .sparse_layouts import SparseFields, pattern_from_config
 
 # Table 3 of the paper: (N layers, d_model, d_ff, h heads, P_drop). Both use label smoothing 0.1.
@@ -60,7 +61,7 @@ FIELD_CHECKS = {
 }
 
 
-class Seq2SeqTransformerConfig(PretrainedConfig):
+class Seq2SeqTransformerConfig(HubConfigMixin, PretrainedConfig):
     r"""Configuration of a [`Seq2SeqTransformerModel`] / [`Seq2SeqTransformerForConditionalGeneration`].
 
     The defaults are the paper's base model (sec. 3, Table 3): post-norm sub-layers, ReLU feed-forward network,
@@ -113,6 +114,12 @@ class Seq2SeqTransformerConfig(PretrainedConfig):
     """
 
     model_type = "seq2seq_transformer"
+    # Every Auto class of the family (HubConfigMixin: written into a saved config, with the code they need)
+    remote_code_classes = {
+        "AutoConfig": "configuration_seq2seq_transformer.Seq2SeqTransformerConfig",
+        "AutoModel": "modeling_seq2seq_transformer.Seq2SeqTransformerModel",
+        "AutoModelForSeq2SeqLM": "modeling_seq2seq_transformer.Seq2SeqTransformerForConditionalGeneration",
+    }
     keys_to_ignore_at_inference = list(CACHE_NAMES)  # Trainer drops the cache from the predictions
     attribute_map = {
         "hidden_size": "d_model",

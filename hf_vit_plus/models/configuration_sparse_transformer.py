@@ -27,6 +27,7 @@ from .config_checks import (
     check_transformers_kwargs,
     choice,
 )
+from .hub_mixin import HubConfigMixin
 from .sparse_layouts import SparseFields, pattern_from_config
 
 POSITION_EMBEDDING_TYPES = ("learned", "factorized")
@@ -55,7 +56,7 @@ FIELD_CHECKS = {
 }
 
 
-class SparseTransformerConfig(PretrainedConfig):
+class SparseTransformerConfig(HubConfigMixin, PretrainedConfig):
     r"""Configuration of a [`SparseTransformerModel`] / [`SparseTransformerForCausalLM`].
 
     The defaults are the paper's enwik8 model (Table 2): 30 layers, 8 heads, width 512, the fixed pattern with
@@ -105,6 +106,14 @@ class SparseTransformerConfig(PretrainedConfig):
     """
 
     model_type = "sparse_transformer"
+    # Every Auto class of the family (HubConfigMixin: written into a saved config, with the code they need); an image
+    # config's causal-LM head is `SparseTransformerForImageGeneration` (`family_auto_map`).
+    remote_code_classes = {
+        "AutoConfig": "configuration_sparse_transformer.SparseTransformerConfig",
+        "AutoModel": "modeling_sparse_transformer.SparseTransformerModel",
+        "AutoModelForCausalLM": "modeling_sparse_transformer.SparseTransformerForCausalLM",
+    }
+    image_model_class = "SparseTransformerForImageGeneration"
     keys_to_ignore_at_inference = list(CACHE_NAMES)  # Trainer drops the cache from the predictions
     # The sparse-attention fields as `sparse_layouts.pattern_from_config` reads them: causal, the stride at most
     # `max_position_embeddings`.
@@ -171,6 +180,10 @@ class SparseTransformerConfig(PretrainedConfig):
         self.use_cache = use_cache
         self.tie_word_embeddings = tie_word_embeddings
         super().__init__(**kwargs)
+        if not self.architectures:
+            # Two heads share this config under AutoModelForCausalLM (the text and the image model): transformers
+            # builds the one `architectures` names, and a fresh config named none (`from_config` raised TypeError).
+            self.architectures = [self.causal_lm_class_name]
         self.validate_sparse_transformer()
 
     def validate_sparse_transformer(self) -> None:
@@ -198,6 +211,17 @@ class SparseTransformerConfig(PretrainedConfig):
                 f"'factorized', got {self.position_embedding_type!r}."
             )
         self._validate_image_fields()
+
+    @property
+    def causal_lm_class_name(self) -> str:
+        """The class `AutoModelForCausalLM` builds from this config: the image model's for an image config."""
+        if self.image_size is not None:
+            return self.image_model_class
+        return self.remote_code_classes["AutoModelForCausalLM"].split(".")[1]
+
+    def family_auto_map(self) -> dict[str, str]:
+        module = self.remote_code_classes["AutoModelForCausalLM"].split(".")[0]
+        return {**self.remote_code_classes, "AutoModelForCausalLM": f"{module}.{self.causal_lm_class_name}"}
 
     @property
     def is_image_model(self) -> bool:

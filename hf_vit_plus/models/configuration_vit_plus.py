@@ -23,6 +23,7 @@ from .config_checks import (
     check_transformers_kwargs,
     choice,
 )
+from .hub_mixin import HubConfigMixin
 from .sparse_layouts import SparseFields, default_summary_size, pattern_from_config
 
 # Table 1 of the paper: (layers, hidden size D, MLP size, heads). Patch size and resolution come from the name.
@@ -63,7 +64,7 @@ FIELD_CHECKS = {
 }
 
 
-class ViTPlusConfig(PretrainedConfig):
+class ViTPlusConfig(HubConfigMixin, PretrainedConfig):
     r"""Configuration of a [`ViTPlusModel`].
 
     Args:
@@ -100,6 +101,12 @@ class ViTPlusConfig(PretrainedConfig):
     """
 
     model_type = "vit_plus"
+    # Every Auto class of the family (HubConfigMixin: written into a saved config, with the code they need)
+    remote_code_classes = {
+        "AutoConfig": "configuration_vit_plus.ViTPlusConfig",
+        "AutoModel": "modeling_vit_plus.ViTPlusModel",
+        "AutoModelForImageClassification": "modeling_vit_plus.ViTPlusForImageClassification",
+    }
     # The sparse-attention fields as `sparse_layouts.pattern_from_config` reads them: bidirectional, and the stride
     # must fit the [CLS] token plus the patches.
     sparse_fields = SparseFields(causal=False, length_field="sequence_length")
@@ -149,7 +156,8 @@ class ViTPlusConfig(PretrainedConfig):
         self.attention_type = attention_type
         # Defaults that depend on the image geometry are resolved here, once (a config file of 0.1 holds null).
         if sparse_stride is None and _is_positive_int(image_size) and _is_positive_int(patch_size):
-            sparse_stride = image_size // patch_size
+            # (an image smaller than a patch leaves it unset: the check of image_size names the problem)
+            sparse_stride = image_size // patch_size or None
         if sparse_summary_size is None and _is_positive_int(sparse_stride):
             sparse_summary_size = default_summary_size(attention_type, sparse_stride)
         self.sparse_stride = sparse_stride

@@ -1,9 +1,16 @@
-"""What the three model families add to transformers' `PreTrainedModel` on the way to and from the Hub.
+"""What the three model families add to transformers' `PreTrainedModel` and `PretrainedConfig` on the way to and
+from the Hub.
 
-- `push_to_hub` uploads the family's model card instead of transformers' stock card ("[More Information Needed]",
-  no tags), through the hook the `hf_vit_plus` package sets when it is imported (`set_push_to_hub_hook`).
+- `push_to_hub` (and `save_pretrained(..., push_to_hub=True)`) uploads the family's model card instead of
+  transformers' stock card ("[More Information Needed]", no tags), through the hook the `hf_vit_plus` package sets
+  when it is imported (`set_push_to_hub_hook`).
 - `from_pretrained` names the weights file when a `*.safetensors` file is corrupt or truncated (safetensors itself
   only says "Error while deserializing header").
+- A saved config (`config.save_pretrained`, alone, before any model exists) names every Auto class of its family in
+  its `auto_map` and carries the model code they need (`HubConfigMixin`), so that "write a config, train from
+  scratch" works where the package is not installed: `AutoConfig.from_pretrained(dir, trust_remote_code=True)`,
+  then `AutoModelForX.from_config(config, trust_remote_code=True)` (what transformers' example scripts do with
+  `--config_name dir --trust_remote_code`).
 
 This module ships with the checkpoints as remote code (`trust_remote_code=True`), so it imports only transformers,
 huggingface_hub and safetensors, never the rest of the package: the card code (`hf_vit_plus.hub`) sits above the
@@ -17,6 +24,8 @@ import contextlib
 import json
 import logging
 import os
+import re
+import shutil
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -49,6 +58,59 @@ def push_to_hub_hook() -> Callable | None:
     if installed is None or installed is sys.modules.get(__name__):
         return None
     return getattr(installed, "_push_to_hub_hook", None)
+
+
+# `from .module import name`: how the model modules import their siblings (the only form remote code allows).
+_SIBLING_IMPORT = re.compile(r"^\s*from\s+\.(\w+)\s+import\s", re.MULTILINE)
+
+
+def model_code_files(modules, folder: str | os.PathLike) -> list[Path]:
+    """The files of the modules named in `modules` (e.g. "modeling_vit_plus") in `folder` and of every sibling module
+    they import (`from .x import y`), recursively: what a checkpoint must carry for `trust_remote_code`. Modules
+    missing from `folder` are left out (a remote-code copy holds only those it was loaded with)."""
+    folder, todo, found = Path(folder), list(modules), {}
+    while todo:
+        name = todo.pop()
+        path = folder / f"{name}.py"
+        if name in found or not path.is_file():
+            continue
+        found[name] = path
+        todo.extend(_SIBLING_IMPORT.findall(path.read_text(encoding="utf-8")))
+    return sorted(found.values())
+
+
+class HubConfigMixin:
+    """Inherited first by the families' configs (`class XConfig(HubConfigMixin, PretrainedConfig)`).
+
+    `remote_code_classes` ({Auto class: "module.Class"}) names the family's classes for each Auto class. A config
+    saved with `save_pretrained` gets the entries its `auto_map` lacks (`family_auto_map()`; entries it has, such
+    as a Hub repository's "repo--module.Class", are kept), and the folder gets the modules those classes live in with
+    everything they import. transformers itself writes only `AutoConfig` and copies only the configuration's
+    modules, so a config saved before any model could not build one under remote code ("Unrecognized configuration
+    class"). A model's config gets the same entries when the model is built (`HubMixin`)."""
+
+    remote_code_classes: dict[str, str] = {}
+
+    def family_auto_map(self) -> dict[str, str]:
+        """{Auto class: "module.Class"} of this config's model; a family may choose per config (the Sparse
+        Transformer's causal-LM head is the image model's for an image config)."""
+        return dict(self.remote_code_classes)
+
+    def save_pretrained(self, save_directory: str | os.PathLike, push_to_hub: bool = False, **kwargs):
+        """transformers' `save_pretrained`, with every Auto class of the family in `auto_map` and their code in the
+        folder. With `push_to_hub=True` the folder is saved, then pushed with `push_to_hub` (code included)."""
+        self.auto_map = {**self.family_auto_map(), **(getattr(self, "auto_map", None) or {})}
+        super().save_pretrained(save_directory, **kwargs if not push_to_hub else {})
+        here = Path(sys.modules[type(self).__module__].__file__).parent
+        local = [ref.split(".")[0] for ref in self.auto_map.values() if isinstance(ref, str) and "--" not in ref]
+        for path in model_code_files(local, here):
+            target = Path(save_directory) / path.name
+            if not target.exists() or target.read_bytes() != path.read_bytes():
+                shutil.copyfile(path, target)
+        if push_to_hub:
+            repo_id = kwargs.pop("repo_id", os.fspath(save_directory).rstrip(os.sep).split(os.sep)[-1])
+            return self.push_to_hub(repo_id, **kwargs)
+        return None
 
 
 class CorruptCheckpointError(OSError):
@@ -214,16 +276,21 @@ class HubMixin:
     """Inherited first by the families' `PreTrainedModel` classes (`class XPreTrainedModel(HubMixin,
     PreTrainedModel)`).
 
-    Each family's base sets `remote_code_auto_map` ({Auto class: "module.Class"}); every model built merges it into
-    `config.auto_map`, so a saved config names a class for each Auto class and the checkpoint opens with
-    `trust_remote_code=True`.
+    Each family's base sets `remote_code_auto_map` ({Auto class: "module.Class"}, its config's
+    `remote_code_classes`); every model built merges its config's `family_auto_map()` into `config.auto_map`, so a
+    saved config names a class for each Auto class and the checkpoint opens with `trust_remote_code=True`. The config
+    decides, not the class: the body a head builds inside itself must not rename the head (the image model's
+    `AutoModelForCausalLM` entry is `SparseTransformerForImageGeneration`, which its inner `SparseTransformerModel`
+    used to overwrite until `save_pretrained` set it back).
     """
 
     remote_code_auto_map: dict[str, str] = {}
 
     def __init__(self, config, *inputs, **kwargs):
         super().__init__(config, *inputs, **kwargs)
-        self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **self.remote_code_auto_map}
+        family = getattr(self.config, "family_auto_map", None)
+        entries = family() if callable(family) else self.remote_code_auto_map
+        self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **entries}
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):

@@ -467,11 +467,7 @@ class Seq2SeqTransformerPreTrainedModel(HubMixin, PreTrainedModel):
     _supports_attention_backend = True
 
     # Written into every saved config (see HubMixin): each Auto class opens a checkpoint with trust_remote_code.
-    remote_code_auto_map = {
-        "AutoConfig": "configuration_seq2seq_transformer.Seq2SeqTransformerConfig",
-        "AutoModel": "modeling_seq2seq_transformer.Seq2SeqTransformerModel",
-        "AutoModelForSeq2SeqLM": "modeling_seq2seq_transformer.Seq2SeqTransformerForConditionalGeneration",
-    }
+    remote_code_auto_map = Seq2SeqTransformerConfig.remote_code_classes
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:

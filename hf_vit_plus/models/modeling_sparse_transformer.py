@@ -320,11 +320,7 @@ class SparseTransformerPreTrainedModel(HubMixin, PreTrainedModel):
     _supports_attention_backend = True
 
     # Written into every saved config (see HubMixin): each Auto class opens a checkpoint with trust_remote_code.
-    remote_code_auto_map = {
-        "AutoConfig": "configuration_sparse_transformer.SparseTransformerConfig",
-        "AutoModel": "modeling_sparse_transformer.SparseTransformerModel",
-        "AutoModelForCausalLM": "modeling_sparse_transformer.SparseTransformerForCausalLM",
-    }
+    remote_code_auto_map = SparseTransformerConfig.remote_code_classes
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:

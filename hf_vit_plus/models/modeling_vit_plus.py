@@ -197,11 +197,7 @@ class ViTPlusPreTrainedModel(HubMixin, PreTrainedModel):
     accepts_loss_kwargs = False
 
     # Written into every saved config (see HubMixin): each Auto class opens a checkpoint with trust_remote_code.
-    remote_code_auto_map = {
-        "AutoConfig": "configuration_vit_plus.ViTPlusConfig",
-        "AutoModel": "modeling_vit_plus.ViTPlusModel",
-        "AutoModelForImageClassification": "modeling_vit_plus.ViTPlusForImageClassification",
-    }
+    remote_code_auto_map = ViTPlusConfig.remote_code_classes
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
