@@ -40,10 +40,13 @@ def register_auto_classes() -> None:
             )
             processor.register_for_auto_class("AutoImageProcessor")
             # The pipeline also looks for a video processor: `AutoVideoProcessor` derives one from the image
-            # processor's auto_map ("...VideoProcessor", which does not exist) and, finding no local one, asks "Do
-            # you wish to run the custom code? [y/N]" even though the package is installed. Declaring locally that the
-            # family has no video processor answers the lookup without remote code; the pipeline goes on without one.
-            AutoVideoProcessor.register(config_class, video_processor_classes={"torchvision": None}, exist_ok=True)
+            # processor's auto_map ("...VideoProcessor") and, finding no local one, asked "Do you wish to run the
+            # custom code? [y/N]" even though the package is installed, or answered with its generic "Could not load
+            # any video processor class". The family's video processor class (e.g. `ViTPlusVideoProcessor`) says
+            # that there is none; the pipeline goes on without one.
+            if family.video_processor_class is not None:
+                video = {"torchvision": family.video_processor_class}
+                AutoVideoProcessor.register(config_class, video_processor_classes=video, exist_ok=True)
     # Families that share a config class (the Sparse Transformer's text and image models) map an Auto class to all
     # their heads: transformers picks the one the saved config's `architectures` names (the first by default).
     for (config_class, auto_name), classes in heads.items():

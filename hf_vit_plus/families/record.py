@@ -53,6 +53,8 @@ class Family:
     training_defaults: Mapping[str, Any] = field(default_factory=dict)  # `TrainingArguments` defaults of the family
     lr_scheduler: str = "cosine"  # what --lr_scheduler_type auto means
     image_processor_class: type | None = None  # registered with AutoImageProcessor
+    # registered with AutoVideoProcessor: its answer when one is asked for (ViTPlus: a class saying there is none)
+    video_processor_class: type | None = None
     # Several families may share a model type (the Sparse Transformer's text and image models): True takes only the
     # configs of image models (`image_size` set), False only the others; None every config of the model type.
     image_model: bool | None = None

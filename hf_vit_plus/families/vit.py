@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..models.configuration_vit_plus import ViTPlusConfig
-from ..models.image_processing_vit_plus import ViTPlusImageProcessor
+from ..models.image_processing_vit_plus import ViTPlusImageProcessor, ViTPlusVideoProcessor
 from ..models.modeling_vit_plus import ViTPlusForImageClassification, ViTPlusModel
 from .record import CardSpec, Family
 
@@ -14,6 +14,7 @@ VIT = Family(
     model_classes={"AutoModel": ViTPlusModel, "AutoModelForImageClassification": ViTPlusForImageClassification},
     head="AutoModelForImageClassification",
     image_processor_class=ViTPlusImageProcessor,
+    video_processor_class=ViTPlusVideoProcessor,
     card=CardSpec(
         template="vit.md",
         pipeline_tag="image-classification",

@@ -177,4 +177,30 @@ class ViTPlusImageProcessor(ViTImageProcessor):
         return cls(size=size, **kwargs)
 
 
-__all__ = ["ViTPlusImageProcessor", "channels_to_rgb", "check_images", "rgb_to_luma"]
+class ViTPlusVideoProcessor:
+    """There is none: ViTPlus classifies single images. `AutoVideoProcessor.from_pretrained` derives this name from
+    the image processor's (and the pipelines ask for a video processor), so this class is registered for the family
+    and answers with an error that says so, installed or as remote code, instead of transformers' generic "Could not
+    load any video processor class". Pipelines go on without a video processor, as before."""
+
+    @classmethod
+    def _refuse(cls):
+        raise ValueError(
+            "The ViTPlus family (model type 'vit_plus') has no video processor: it classifies single images. Load its "
+            "image processor with AutoImageProcessor.from_pretrained(...) and give it the frames of a video one by "
+            "one (or as a batch of images)."
+        )
+
+    def __init__(self, *args, **kwargs):
+        self._refuse()
+
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        cls._refuse()
+
+    @classmethod
+    def register_for_auto_class(cls, auto_class: str = "AutoVideoProcessor") -> None:
+        """Nothing to save with a checkpoint (transformers calls this on a class it loads as remote code)."""
+
+
+__all__ = ["ViTPlusImageProcessor", "ViTPlusVideoProcessor", "channels_to_rgb", "check_images", "rgb_to_luma"]

@@ -199,3 +199,12 @@ def test_pipeline_never_asks_to_run_custom_code_when_the_package_is_installed(nu
     assert sum(p["score"] for p in result["predictions"]) == pytest.approx(1.0, abs=1e-5)
     assert "trust_remote_code" not in result["video"] and "custom code" not in result["video"]
     assert not (tmp_path / "modules").exists(), "remote code was loaded although the package is installed"
+
+
+def test_auto_video_processor_says_the_family_has_none(grey_folder):
+    """transformers answered "Could not load any video processor class for ... with torchvision backend. Please
+    install the backend dependencies": the family has no video processor, and the error says so."""
+    from transformers import AutoVideoProcessor
+
+    with pytest.raises(ValueError, match="The ViTPlus family .* has no video processor: it classifies single images"):
+        AutoVideoProcessor.from_pretrained(grey_folder)

@@ -119,17 +119,24 @@ def test_remote_code_pipeline_turns_rgb_files_grey_for_a_one_channel_model(tmp_p
     result = run_without_package(
         f"""
         import json
-        from transformers import pipeline
+        from transformers import AutoVideoProcessor, pipeline
 
         classifier = pipeline("image-classification", model={str(checkpoint)!r}, trust_remote_code=True)
         predictions = classifier({str(tmp_path / "image.png")!r}, top_k=3)
+        try:
+            AutoVideoProcessor.from_pretrained({str(checkpoint)!r}, trust_remote_code=True)
+            video = "loaded"
+        except ValueError as err:
+            video = str(err)
         print(json.dumps(dict(
             processor_module=type(classifier.image_processor).__module__,
             scores={{p["label"]: p["score"] for p in predictions}},
+            video=video,
         )))
         """,
         cwd=tmp_path,
     )
     assert result["processor_module"].startswith("transformers_modules"), result["processor_module"]
+    assert "has no video processor" in result["video"], result["video"]  # the remote code says so too
     got = [result["scores"][config.id2label[i]] for i in range(3)]
     np.testing.assert_allclose(got, expected, atol=1e-6)
