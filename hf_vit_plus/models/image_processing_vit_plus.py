@@ -15,9 +15,11 @@ from transformers.image_utils import ChannelDimension
 from transformers.models.vit.image_processing_vit import ViTImageProcessor
 from transformers.processing_utils import ImagesKwargs
 
-# ITU-R 601-2 luma, L = 0.299 R + 0.587 G + 0.114 B, in PIL's fixed point (weights / 2**16) for 8-bit images, so
-# that uint8 inputs give exactly PIL's `convert("L")`.
-_LUMA = (0.299, 0.587, 0.114)
+from .layers import LUMA_WEIGHTS
+
+# ITU-R 601-2 luma (`layers.LUMA_WEIGHTS`), in PIL's fixed point (weights / 2**16) for 8-bit images, so that uint8
+# inputs give exactly PIL's `convert("L")`.
+_LUMA = LUMA_WEIGHTS
 _LUMA_FIXED_POINT = (19595, 38470, 7471)
 
 

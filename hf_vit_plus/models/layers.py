@@ -27,6 +27,18 @@ class FeedForward(nn.Module):
         return self.fc2(self.activation_fn(self.fc1(hidden_states)))
 
 
+# ITU-R 601-2 luma, L = 0.299 R + 0.587 G + 0.114 B: PIL's `convert("L")`, the image processor's grey conversion and
+# a 1-channel ViT's reading of RGB input.
+LUMA_WEIGHTS = (0.299, 0.587, 0.114)
+
+
+def rgb_to_grey(pixel_values: torch.Tensor) -> torch.Tensor:
+    """(B, 3, H, W) -> (B, 1, H, W), the ITU-R 601-2 luma of each pixel. The weights sum to one, so on images
+    normalised with the same mean and std in each channel it equals the normalised luma."""
+    weights = torch.tensor(LUMA_WEIGHTS, dtype=pixel_values.dtype, device=pixel_values.device)
+    return (pixel_values * weights[:, None, None]).sum(1, keepdim=True)
+
+
 def split_heads(projected: torch.Tensor, num_heads: int) -> torch.Tensor:
     """(B, T, H*Dh) -> (B, H, T, Dh): a projection's output as the attention kernels take it."""
     batch_size, seq_len, width = projected.shape

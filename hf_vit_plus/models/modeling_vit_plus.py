@@ -25,7 +25,7 @@ from .attention import eager_attention_forward, select_attention_kernel
 from .configuration_vit_plus import ViTPlusConfig
 from .hub_mixin import HubMixin
 from .input_checks import IGNORE_INDEX, tracing
-from .layers import FeedForward, config_flag, split_heads
+from .layers import FeedForward, config_flag, rgb_to_grey, split_heads
 from .positional import resample_patch_position_embeddings
 from .sparse_layouts import pattern_from_config
 
@@ -55,9 +55,16 @@ class ViTPlusPatchEmbeddings(nn.Module):
 
     def forward(self, pixel_values: torch.Tensor, interpolate_pos_encoding: bool = False) -> torch.Tensor:
         _, channels, height, width = pixel_values.shape
-        if channels != self.num_channels:
+        if channels == 3 and self.num_channels == 1:
+            # RGB input to a grey model, e.g. from scripts that convert every image to RGB before normalising it
+            # (transformers' image-classification examples): its luma, as the image processor's grey conversion.
+            # Exact when the three channels were normalised alike (the 1-channel processor's single mean and std).
+            pixel_values = rgb_to_grey(pixel_values)
+        elif channels != self.num_channels:
+            grey = " (or 3, converted to grey)" if self.num_channels == 1 else ""
             raise ValueError(
-                f"`pixel_values` has {channels} channels but the model expects num_channels={self.num_channels}."
+                f"`pixel_values` has {channels} channels but the model expects num_channels={self.num_channels}"
+                f"{grey}."
             )
         if interpolate_pos_encoding:
             if height % self.patch_size or width % self.patch_size:

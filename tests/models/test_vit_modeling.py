@@ -265,6 +265,8 @@ def test_wrong_image_size_and_channels_are_clear_errors():
         model(pixels(size=48))
     with pytest.raises(ValueError, match="has 1 channels but the model expects num_channels=3"):
         model(pixels(channels=1))
+    with pytest.raises(ValueError, match=r"has 2 channels but the model expects num_channels=1 \(or 3, converted"):
+        tiny_model(num_channels=1)(pixels(channels=2))
     with pytest.raises(ValueError, match="multiple of patch_size=8"):
         model(pixels(size=36), interpolate_pos_encoding=True)
     with pytest.raises(ValueError, match=r"shape \(batch, channels, height, width\)"):
@@ -313,3 +315,31 @@ def test_missing_or_corrupt_weights_are_clear_errors(tmp_path):
     (corrupt / "model.safetensors").write_bytes(data[: len(data) // 2])
     with pytest.raises(Exception, match=r"(?i)safetensors|incomplete|header|deserializ|corrupt"):
         AutoModelForImageClassification.from_pretrained(corrupt)
+
+
+def test_a_grey_model_reads_rgb_input_as_its_luma():
+    """transformers' image-classification scripts convert every image to RGB, then normalise it with the processor's
+    mean and std (one value for a grey model, broadcast to the three channels): a 1-channel model (the digits model of
+    `make demo`) raised "has 3 channels but the model expects num_channels=1". It reads them as their ITU-R 601-2
+    luma, which is what its processor gives for the same image up to the processor's rounding to 8 bits."""
+    import numpy as np
+    from PIL import Image
+    from torchvision.transforms import Compose, Normalize, ToTensor
+
+    from hf_vit_plus import ViTPlusImageProcessor
+
+    model = tiny_model(num_channels=1)
+    torch.nn.init.normal_(model.classifier.weight, std=0.5)
+    rgb = pixels()
+    luma = 0.299 * rgb[:, :1] + 0.587 * rgb[:, 1:2] + 0.114 * rgb[:, 2:]
+    with torch.no_grad():
+        torch.testing.assert_close(model(rgb).logits, model(luma).logits, rtol=1e-5, atol=1e-5)
+    processor = ViTPlusImageProcessor.from_model_config(model.config)
+    image = Image.fromarray((np.random.default_rng(0).random((32, 32, 3)) * 255).astype(np.uint8))
+    # run_image_classification.py's validation transform (no resize: the image has the model's size)
+    script = Compose([ToTensor(), Normalize(mean=processor.image_mean, std=processor.image_std)])
+    with torch.no_grad():
+        from_script = model(script(image.convert("RGB"))[None]).logits
+        from_processor = model(**processor(images=image, return_tensors="pt")).logits
+    # logits of about 6: the processor rounds the luma to 8 bits (2/255 after normalising), the model does not
+    torch.testing.assert_close(from_script, from_processor, rtol=0, atol=0.02)
