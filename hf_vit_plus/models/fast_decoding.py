@@ -72,8 +72,11 @@ from .compat import cache_from_kwargs
 from .compiled_decoding import row_matmul_pass
 
 PRECISIONS = ("float32", "bfloat16", "int8", "int8-weight-only", "int8-dynamic")
-# "int8" runs weight-only int8 up to this many rows per step (batch x beams) and dynamic int8 above.
-INT8_WEIGHT_ONLY_MAX_ROWS = 4
+# Products of at most this many rows (batch x beams) run as vector-matrix loops that read each weight once
+# (`row_matmul_pass`); larger ones as GEMMs.
+SMALL_ROWS = 4
+# "int8" runs weight-only int8 up to this many rows per step and dynamic int8 above (see the README's measurements).
+INT8_WEIGHT_ONLY_MAX_ROWS = 0
 SUPPORTED_PROCESSORS = (
     NoBadWordsLogitsProcessor,
     MinLengthLogitsProcessor,
@@ -127,7 +130,7 @@ class FastLinear(nn.Module):
         """The product used for `rows` input rows: "float32", "bfloat16-rows", "bfloat16", "int8-weight-only" or
         "int8-dynamic"."""
         if self.precision == "bfloat16":
-            return "bfloat16-rows" if rows == 1 else "bfloat16"
+            return "bfloat16-rows" if rows <= SMALL_ROWS else "bfloat16"
         if self.precision == "int8":
             return "int8-weight-only" if rows <= INT8_WEIGHT_ONLY_MAX_ROWS else "int8-dynamic"
         return self.precision
@@ -137,7 +140,7 @@ class FastLinear(nn.Module):
         if kernel == "float32":
             return F.linear(x, self.weight, self.bias)
         if kernel == "bfloat16-rows":
-            # One row: the conversion fuses into the vector-matrix loop (`row_matmul_pass`), which reads bf16 bytes.
+            # Few rows: the conversion fuses into the vector-matrix loop (`row_matmul_pass`), which reads bf16 bytes.
             out = F.linear(x, self.weight.float())
         elif kernel == "bfloat16":
             out = F.linear(x.to(torch.bfloat16), self.weight).float()
@@ -370,10 +373,10 @@ class FastDecoder(nn.Module):
 
 
 def compile_options(device: str | torch.device = "cpu") -> dict:
-    """inductor options of the fused step: on CPU the one-row products become loops that read each weight once at
-    memory speed (`row_matmul_pass`, as in compiled_decoding.py)."""
+    """inductor options of the fused step: on CPU the products of at most `SMALL_ROWS` rows become loops that read
+    each weight once at memory speed (`row_matmul_pass`, as in compiled_decoding.py)."""
     if torch.device(device).type == "cpu":
-        return {"post_grad_custom_post_pass": row_matmul_pass()}
+        return {"post_grad_custom_post_pass": row_matmul_pass(SMALL_ROWS)}
     return {}
 
 
@@ -809,6 +812,7 @@ class _Settings:
 __all__ = [
     "BACKENDS",
     "INT8_WEIGHT_ONLY_MAX_ROWS",
+    "SMALL_ROWS",
     "PRECISIONS",
     "FastDecoder",
     "FastDecoding",
