@@ -5,6 +5,8 @@ tokenizer."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import difflib
 import json
 import logging
 import shutil
@@ -84,6 +86,10 @@ def convert_checkpoint(
             kwargs["num_classes"] = num_classes
         if image_size is not None:
             kwargs["img_size"] = image_size
+        if not timm.is_model(timm_name):
+            close = difflib.get_close_matches(timm_name, timm.list_models("vit_*"), n=3)
+            hint = f" Did you mean {', '.join(map(repr, close))}?" if close else " See `timm.list_models('vit_*')`."
+            raise UsageError(f"--timm_name {timm_name!r} is not a timm model.{hint}")
         if checkpoint == "pretrained":
             timm_model = timm.create_model(timm_name, pretrained=True, **kwargs)
         else:
@@ -127,6 +133,18 @@ def convert_checkpoint(
     processor.save_pretrained(output_dir)
     logger.info("wrote %s", output_dir)
     return output_dir
+
+
+@contextlib.contextmanager
+def corrupt_as_usage_error():
+    """A corrupt or truncated weights file the user gave (`CorruptCheckpointError`, which names it) is a user error:
+    one line on the command line, not a traceback."""
+    from ..models.hub_mixin import CorruptCheckpointError
+
+    try:
+        yield
+    except CorruptCheckpointError as error:
+        raise UsageError(str(error)) from error
 
 
 def convert_marian(checkpoint: str | Path, output_dir: str | Path) -> Path:
@@ -218,9 +236,10 @@ def copy_marian_tokenizer(source: Path, output_dir: Path) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    out = convert_checkpoint(
-        args.source, args.checkpoint, args.output_dir, args.timm_name, args.num_classes, args.image_size
-    )
+    with corrupt_as_usage_error():
+        out = convert_checkpoint(
+            args.source, args.checkpoint, args.output_dir, args.timm_name, args.num_classes, args.image_size
+        )
     family = "Seq2seq Transformer" if args.source == "marian" else "ViTPlus"
     print(f"{family} checkpoint written to {out}")
     return 0

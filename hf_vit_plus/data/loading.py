@@ -6,11 +6,14 @@ Columns are checked up front so that a typo fails with the names that do exist, 
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
 from datasets import ClassLabel, DatasetDict, load_dataset
+from datasets.exceptions import DatasetGenerationError
 
 logger = logging.getLogger(__name__)
 
@@ -43,27 +46,40 @@ def load_user_dataset(
     data has a `ClassLabel` column).
     """
     if dataset_name:
-        raw = load_dataset(dataset_name, dataset_config_name)
+        if _looks_like_a_path(dataset_name) and not Path(dataset_name).exists():
+            raise ValueError(f"--dataset_name {dataset_name!r} does not exist (neither a local folder nor a Hub id).")
+        with _data_errors("--dataset_name", dataset_name):
+            raw = load_dataset(dataset_name, dataset_config_name)
     elif train_dir:
-        _require_exists(train_dir, "--train_dir")
+        for option, folder in (("--train_dir", train_dir), ("--validation_dir", validation_dir)):
+            if folder:
+                _require_exists(folder, option)
+                if not any(path.is_file() for path in Path(folder).rglob("*")):
+                    raise ValueError(
+                        f"{option} {folder!r} holds no files: expected one sub-folder of images per class."
+                    )
         data_files = {"train": str(Path(train_dir) / "**")}
         if validation_dir:
-            _require_exists(validation_dir, "--validation_dir")
             data_files["validation"] = str(Path(validation_dir) / "**")
-        raw = load_dataset("imagefolder", data_files=data_files)
+        with _data_errors("--train_dir", train_dir):
+            raw = load_dataset("imagefolder", data_files=data_files)
     elif train_file:
-        _require_exists(train_file, "--train_file")
         builder = file_builder(train_file)
         data_files = {"train": train_file}
+        for option, file in (("--train_file", train_file), ("--validation_file", validation_file)):
+            if file:
+                _require_exists(file, option)
+                if Path(file).stat().st_size == 0:
+                    raise ValueError(f"{option} {file!r} is empty.")
         if validation_file:
-            _require_exists(validation_file, "--validation_file")
             if file_builder(validation_file) != builder:
                 raise ValueError(
                     f"--train_file {train_file!r} and --validation_file {validation_file!r} have different formats."
                 )
             data_files["validation"] = validation_file
         kwargs = {"delimiter": "\t"} if Path(train_file).suffix.lower() == ".tsv" else {}
-        raw = load_dataset(builder, data_files=data_files, **kwargs)
+        with _data_errors("--train_file", train_file):
+            raw = load_dataset(builder, data_files=data_files, **kwargs)
     else:
         raise ValueError("No data given: pass --dataset_name, --train_dir or --train_file.")
     return ensure_validation_split(raw, validation_split_percentage, seed)
@@ -76,6 +92,17 @@ def ensure_validation_split(raw: DatasetDict, validation_split_percentage: float
         if name in raw:
             return DatasetDict(train=raw["train"], validation=raw[name])
     train = raw["train"]
+    if len(train) < 2:
+        raise ValueError(
+            f"The training data has {len(train)} example(s): a validation split needs at least 2 (or give a "
+            "validation file or folder)."
+        )
+    held_out = math.ceil(len(train) * validation_split_percentage / 100.0)  # as `train_test_split` rounds
+    if held_out >= len(train):
+        raise ValueError(
+            f"--validation_split_percentage {validation_split_percentage:g} of {len(train)} training examples holds "
+            f"out {held_out}, leaving none to train on (or give a validation file or folder)."
+        )
     stratify = next((k for k, v in train.features.items() if isinstance(v, ClassLabel)), None)
     test_size = validation_split_percentage / 100.0
     try:
@@ -122,6 +149,22 @@ def check_labels(names: Sequence[str], num_labels: int, *, model: str, label_col
             f"has num_labels={num_labels}. Use a data set with {num_labels} classes, or pass "
             "--ignore_mismatched_sizes to train a new head."
         )
+
+
+def _looks_like_a_path(name: str) -> bool:
+    """A --dataset_name that can only be a local path (a Hub id is 'name' or 'namespace/name')."""
+    return name.startswith((".", "/", "~")) or name.count("/") > 1 or Path(name).exists()
+
+
+@contextlib.contextmanager
+def _data_errors(option: str, value: str):
+    """What the datasets library raises for data it cannot read (no files, a format it cannot parse, an unknown
+    Hub data set offline), as a `ValueError` naming the option."""
+    try:
+        yield
+    except (ValueError, FileNotFoundError, ConnectionError, DatasetGenerationError) as error:
+        cause = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ValueError(f"{option} {value!r} could not be read: {cause}") from error
 
 
 def _require_exists(path: str, option: str) -> None:

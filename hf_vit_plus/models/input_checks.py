@@ -116,18 +116,26 @@ _GENERATE_INTS = {
     "num_beam_groups": 1,
 }
 _GENERATE_POSITIVE = ("temperature", "repetition_penalty")  # fmt: skip
+_GENERATE_FLOATS = ("temperature", "repetition_penalty", "top_p", "length_penalty")
 
 
-def check_generate_arguments(inputs, kwargs: dict, generation_config) -> None:
+def check_generate_arguments(inputs, kwargs: dict, generation_config, config) -> None:
     """The arguments of `generate` that transformers uses unchecked (num_beams=0 divided by zero, num_beams=-1 made
-    a negative dimension, max_new_tokens="2" compared a string, a list as input_ids had no shape): a `TypeError` or
-    `ValueError` naming the argument. A value given to `generate` wins over the generation config's."""
+    a negative dimension, max_new_tokens="2" compared a string, a list as input_ids had no shape, a length beyond
+    the model's positions failed after the work, an enormous num_beams or length asked for terabytes): a
+    `TypeError` or `ValueError` naming the argument, before any work. A value given to `generate` wins over the
+    generation config's. Integer values of the real-valued settings (`repetition_penalty=2`) become floats in
+    `kwargs`, which transformers requires."""
     ids = inputs if inputs is not None else kwargs.get("input_ids")
     if ids is not None and not torch.is_tensor(ids):
         raise TypeError(
             f"`input_ids` of `generate` must be a torch.Tensor (batch, seq_len), got {type(ids).__name__}; a "
             "tokenizer gives one with return_tensors='pt'."
         )
+    for name in _GENERATE_FLOATS:
+        value = kwargs.get(name)
+        if isinstance(value, int) and not isinstance(value, bool):
+            kwargs[name] = float(value)
     for name, least in _GENERATE_INTS.items():
         value = kwargs[name] if name in kwargs else getattr(generation_config, name, None)
         if value is None:
@@ -145,3 +153,34 @@ def check_generate_arguments(inputs, kwargs: dict, generation_config) -> None:
     top_p = kwargs["top_p"] if "top_p" in kwargs else getattr(generation_config, "top_p", None)
     if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1):
         raise ValueError(f"`top_p` of `generate` must be a number in (0, 1], got {top_p!r}.")
+    _check_generate_sizes(ids, kwargs, generation_config, config)
+
+
+def _check_generate_sizes(ids, kwargs: dict, generation_config, config) -> None:
+    """Beams within the vocabulary, and the longest output within the model's positions."""
+
+    def setting(name):
+        return kwargs[name] if name in kwargs else getattr(generation_config, name, None)
+
+    vocab_size = getattr(config, "vocab_size", None)
+    num_beams = setting("num_beams") or 1
+    if vocab_size and num_beams > vocab_size:
+        raise ValueError(f"`num_beams` of `generate` ({num_beams}) is more than the vocabulary ({vocab_size} tokens).")
+    max_positions = getattr(config, "max_position_embeddings", None)
+    if not max_positions or ids is None or not torch.is_tensor(ids) or ids.dim() != 2:
+        return
+    # The length asked for here (transformers' default max_length is not the user's request). A decoder-only model
+    # reads the prompt and every new token but the last; an encoder-decoder's decoder its start token and the same.
+    start = 1 if getattr(config, "is_encoder_decoder", False) else ids.shape[1]
+    if kwargs.get("max_new_tokens") is not None:
+        name, total = "max_new_tokens", start + kwargs["max_new_tokens"]
+    elif kwargs.get("max_length") is not None:
+        name, total = "max_length", kwargs["max_length"]
+    else:
+        return
+    if total - 1 > max_positions:
+        prompt = "" if start == 1 else f" after a prompt of {start} tokens"
+        raise ValueError(
+            f"`{name}` of `generate` asks for a sequence of {total} tokens{prompt}: the model reads {total - 1} "
+            f"positions, more than its max_position_embeddings ({max_positions})."
+        )

@@ -15,14 +15,18 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from ..cli_utils import HelpFormatter, one_of, parse_bool
+from ..cli_utils import CommandParser, HelpFormatter, one_of, parse_bool
 from ..errors import UsageError, check_exists, check_model_location
 from ..families import FAMILIES as FAMILY_RECORDS
 from ..families import Family
+from ..tokenization import MAX_VOCAB_SIZE
 
 FAMILIES = tuple(FAMILY_RECORDS)
 SCHEDULERS = ("auto", "cosine", "noam", "linear", "constant")
@@ -236,32 +240,19 @@ class TrainingArguments:
             raise UsageError(f"Unknown family {self.family!r}; expected one of {FAMILIES}.")
         family = FAMILY_RECORDS[self.family]
         self._validate_data_choice(family)
-        for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
+        for name, check in VALUE_CHECKS.items():
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise UsageError(f"--{name} must be a positive integer, got {value!r}.")
-        for name in ("max_steps", "stop_after_steps", "eval_steps", "max_train_samples", "max_eval_samples"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise UsageError(f"--{name} must be a positive integer, got {value!r}.")
-        if self.logging_steps < 1:
-            raise UsageError(f"--logging_steps must be a positive integer, got {self.logging_steps!r}.")
+            if value is not None or name in REQUIRED_VALUES:
+                check(f"--{name}", value)
+        check_report_to(self.report_to)
         if self.lr_scheduler_type not in SCHEDULERS:
             raise UsageError(f"--lr_scheduler_type must be one of {SCHEDULERS}, got {self.lr_scheduler_type!r}.")
         if self.mixed_precision is not None and self.mixed_precision not in MIXED_PRECISION:
             raise UsageError(f"--mixed_precision must be one of {MIXED_PRECISION}, got {self.mixed_precision!r}.")
         if self.num_train_epochs is None or isinstance(self.num_train_epochs, bool):
             raise UsageError(f"--num_train_epochs must be a number > 0, got {self.num_train_epochs!r}.")
-        if self.num_train_epochs <= 0 and self.max_steps is None:
-            raise UsageError(f"--num_train_epochs must be > 0, got {self.num_train_epochs!r}.")
-        if self.learning_rate <= 0:
-            raise UsageError(f"--learning_rate must be > 0, got {self.learning_rate!r}.")
-        if not 0.0 <= self.warmup_ratio < 1.0:
-            raise UsageError(f"--warmup_ratio must be in [0, 1), got {self.warmup_ratio!r}.")
-        if not 0.0 < self.validation_split_percentage < 100.0:
-            raise UsageError(
-                f"--validation_split_percentage must be in (0, 100), got {self.validation_split_percentage!r}."
-            )
+        if self.max_steps is None:
+            number("--num_train_epochs", self.num_train_epochs, low=0.0, low_open=True)
         steps = self.save_steps
         if steps not in ("epoch", "none") and not (str(steps).isdigit() and int(steps) > 0):
             raise UsageError(f"--save_steps must be 'epoch', 'none' or a positive integer, got {steps!r}.")
@@ -307,8 +298,9 @@ class TrainingArguments:
             )
 
     def check_paths(self) -> None:
-        """Raise a `UsageError` naming the option whose local data or model path does not exist (run before any
-        work starts; `validate` only checks values)."""
+        """Raise a `UsageError` naming the option whose local data or model path does not exist, or an output folder
+        that cannot be written (run before any work starts; `validate` only checks values)."""
+        check_output_dir(self.output_dir)
         for name, kind in (("train_dir", "dir"), ("validation_dir", "dir"), ("train_file", "file"),
                            ("validation_file", "file")):  # fmt: skip
             if getattr(self, name):
@@ -324,6 +316,123 @@ class TrainingArguments:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+# ------------------------------------------------------------------------------------------------- value checks
+def integer(option: str, value, low: int = 1, high: int | None = None) -> None:
+    """An int in [low, high] (bools and floats refused)."""
+    if high is not None:
+        what = f"an integer from {low:,} to {high:,}"
+    else:
+        what = "a positive integer" if low == 1 else f"an integer >= {low}"
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+        raise UsageError(f"{option} must be {what}, got {value!r}.")
+
+
+def number(option: str, value, low: float | None = None, high: float | None = None, low_open: bool = False,
+           high_open: bool = True) -> None:  # fmt: skip
+    """A finite number within the bounds (NaN and infinity refused: they train NaN models)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise UsageError(f"{option} must be a finite number, got {value!r}.")
+    too_low = low is not None and (value <= low if low_open else value < low)
+    too_high = high is not None and (value >= high if high_open else value > high)
+    if too_low or too_high:
+        left = "" if low is None else f"{'(' if low_open else '['}{low:g}"
+        right = "" if high is None else f"{high:g}{')' if high_open else ']'}"
+        what = f"in {left}, {right}" if low is not None and high is not None else (
+            f"{'>' if low_open else '>='} {low:g}" if low is not None else f"{'<' if high_open else '<='} {high:g}"
+        )  # fmt: skip
+        raise UsageError(f"{option} must be {what}, got {value!r}.")
+
+
+def _positive(option, value):
+    integer(option, value, 1)
+
+
+def _non_negative(option, value):
+    integer(option, value, 0)
+
+
+# Each numeric option and its range; checked when the option has a value (or always, for REQUIRED_VALUES).
+VALUE_CHECKS: dict[str, Callable[[str, Any], None]] = {
+    **dict.fromkeys(
+        (
+            "per_device_train_batch_size",
+            "per_device_eval_batch_size",
+            "gradient_accumulation_steps",
+            "logging_steps",
+            "max_source_length",
+            "max_target_length",
+            "block_size",
+            "max_steps",
+            "stop_after_steps",
+            "eval_steps",
+            "max_train_samples",
+            "max_eval_samples",
+            "save_total_limit",
+        ),
+        _positive,
+    ),  # fmt: skip
+    **dict.fromkeys(("dataloader_num_workers", "warmup_steps"), _non_negative),
+    "vocab_size": lambda option, value: integer(option, value, 260, MAX_VOCAB_SIZE),  # BPE: 4 specials + 256 bytes
+    "seed": lambda option, value: integer(option, value, 0, 2**32 - 1),  # numpy's seeds
+    "learning_rate": lambda option, value: number(option, value, low=0.0, low_open=True),
+    "weight_decay": lambda option, value: number(option, value, low=0.0),
+    "adam_beta1": lambda option, value: number(option, value, low=0.0, high=1.0),
+    "adam_beta2": lambda option, value: number(option, value, low=0.0, high=1.0),
+    "adam_epsilon": lambda option, value: number(option, value, low=0.0, low_open=True),
+    "max_grad_norm": lambda option, value: number(option, value, low=0.0),
+    "warmup_ratio": lambda option, value: number(option, value, low=0.0, high=1.0),
+    "validation_split_percentage": lambda option, value: number(option, value, 0.0, 100.0, low_open=True),
+    "label_smoothing_factor": lambda option, value: number(option, value, low=0.0, high=1.0),
+}
+REQUIRED_VALUES = {
+    "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps", "logging_steps",
+    "max_source_length", "max_target_length", "block_size", "vocab_size", "dataloader_num_workers", "seed",
+    "learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm", "warmup_ratio",
+    "validation_split_percentage", "label_smoothing_factor",
+}  # fmt: skip
+
+
+def check_report_to(report_to: str) -> None:
+    """--report_to names trackers that accelerate knows and that are installed (or 'all' / 'none')."""
+    from accelerate.tracking import get_available_trackers
+    from accelerate.utils import LoggerType
+
+    known = [kind.value for kind in LoggerType if kind.value != "all"]
+    available = [str(getattr(kind, "value", kind)) for kind in get_available_trackers()]
+    names = [name.strip() for name in str(report_to).split(",") if name.strip()]
+    if not names:
+        raise UsageError("--report_to is empty: name trackers, or 'none'.")
+    for name in names:
+        if name in ("all", "none"):
+            if len(names) > 1:
+                raise UsageError(f"--report_to {name!r} cannot be combined with other trackers ({report_to!r}).")
+            continue
+        if name not in known:
+            raise UsageError(f"Unknown --report_to tracker {name!r}: expected 'none', 'all' or {one_of(known)}.")
+        if name not in available:
+            raise UsageError(
+                f"--report_to {name!r}: the {name} package is not installed (installed trackers: "
+                f"{', '.join(available) or 'none'})."
+            )
+
+
+def check_output_dir(output_dir: str) -> None:
+    """The output folder is a folder (or does not exist yet) that this user can write in: found now, not after
+    training when the model is saved."""
+    path = Path(output_dir).expanduser()
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"--output_dir {str(output_dir)!r} is a file; expected a folder (created if missing).")
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UsageError(f"--output_dir {str(output_dir)!r} cannot be created: {str(existing)!r} is a file.")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(
+            f"--output_dir {str(output_dir)!r} cannot be written: no write permission on {str(existing)!r}."
+        )
 
 
 def add_training_arguments(parser: argparse.ArgumentParser, family: str) -> argparse.ArgumentParser:
@@ -360,9 +469,7 @@ def args_from_namespace(namespace: argparse.Namespace) -> TrainingArguments:
 
 def parse_args(family: str, argv: list[str] | None = None) -> TrainingArguments:
     """Parse `argv` (default: sys.argv); a bad value exits with argparse's error (status 2)."""
-    parser = argparse.ArgumentParser(
-        description=f"Train the {family} family with Accelerate.", formatter_class=HelpFormatter
-    )
+    parser = CommandParser(description=f"Train the {family} family with Accelerate.", formatter_class=HelpFormatter)
     add_training_arguments(parser, family)
     namespace = parser.parse_args(argv)
     try:

@@ -36,6 +36,7 @@ from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, set_
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
+from ..errors import UsageError
 from ..models.compat import enable_activation_checkpointing
 from .args import TrainingArguments
 from .checkpoints import (
@@ -134,12 +135,13 @@ class ResumePoint:
 def train(args: TrainingArguments, family: TrainingFamily | None = None) -> TrainResult:
     """Train `args.family` as `args` says; returns the final evaluation and where things were written."""
     family = family or get_family(args.family)
-    accelerator = create_accelerator(args)
-    set_seed(args.seed)
-    resume = find_resume_point(args, family)
-    args = reuse_checkpoint_processor(args, family, resume)
-    run = prepare_run(accelerator, args, family, resume)
-    progress = restore_progress(run, resume)
+    with user_errors():  # before the first update, a bad value is the user's: the tracker, data, config, sizes
+        accelerator = create_accelerator(args)
+        set_seed(args.seed)
+        resume = find_resume_point(args, family)
+        args = reuse_checkpoint_processor(args, family, resume)
+        run = prepare_run(accelerator, args, family, resume)
+        progress = restore_progress(run, resume)
     with stop_on_sigterm(accelerator):
         announce(run)
         start = time.perf_counter()
@@ -148,6 +150,20 @@ def train(args: TrainingArguments, family: TrainingFamily | None = None) -> Trai
     if progress.stop_reason != "finished":
         return stop_early(run, progress, train_seconds)
     return finish(run, progress, train_seconds)
+
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """Turn the `ValueError`s raised while a run is prepared (reading the user's data, building the config and
+    model from the user's values, sizing the loaders) into `UsageError`s, which the command line reports as one line
+    with exit status 2 before any training; Python callers still get a `ValueError`. (Paths that do not exist are
+    found before, by `TrainingArguments.check_paths`.)"""
+    try:
+        yield
+    except UsageError:
+        raise
+    except ValueError as error:
+        raise UsageError(str(error)) from error
 
 
 def create_accelerator(args: TrainingArguments) -> Accelerator:

@@ -53,6 +53,8 @@ class ViTFamily(TrainingFamily):
             check_labels(names, saved.num_labels, model=args.model_name_or_path, label_column=data.label_column)
         defaults = DIGITS_VIT_CONFIG if builtin_data(args) else SMALL_VIT_CONFIG
         model = self.load_or_create_model(args, self.build_config(args, defaults, labels))
+        # --config_overrides may contradict the data (num_labels=3 on 10 classes): found now, not mid-training
+        check_labels(names, model.config.num_labels, model="the run's config", label_column=data.label_column)
         return model, self.image_processor(args, model.config)
 
     def image_processor(self, args, config) -> ViTPlusImageProcessor:
