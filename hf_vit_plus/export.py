@@ -352,6 +352,193 @@ def export_onnx(model: nn.Module, output_dir: str | Path) -> list[Path]:
     return paths
 
 
+# ------------------------------------------------------------------------------------------------ CTranslate2
+CTRANSLATE2_QUANTIZATIONS = ("int8", "int8_float32", "bfloat16")
+# Our `activation_function` names -> CTranslate2's activations (`ctranslate2.specs.common_spec.Activation`).
+_CTRANSLATE2_ACTIVATIONS = {"relu": "RELU", "gelu": "GELU", "gelu_new": "GELUTanh", "gelu_pytorch_tanh": "GELUTanh",
+                            "swish": "SWISH", "silu": "SWISH"}  # fmt: skip
+
+
+def _placeholder_token(token_id: int) -> str:
+    """The token string of an id without a tokenizer (CTranslate2 translates token strings)."""
+    return f"<id:{token_id}>"
+
+
+def ctranslate2_vocabulary(model: nn.Module, tokenizer=None) -> list[str]:
+    """The token strings of ids 0 .. vocab_size - 1 in `tokenizer`'s vocabulary (ids it lacks, e.g. a vocabulary
+    padded to a multiple, get placeholders), or placeholders `<id:N>` for every id without a tokenizer."""
+    vocab_size = model.config.vocab_size
+    tokens = [_placeholder_token(i) for i in range(vocab_size)]
+    if tokenizer is not None:
+        for token, token_id in tokenizer.get_vocab().items():
+            if token_id >= vocab_size:
+                raise ValueError(
+                    f"The tokenizer has id {token_id} ({token!r}) but the model's vocabulary has {vocab_size} ids: "
+                    "they do not belong together."
+                )
+            tokens[token_id] = token
+    if len(set(tokens)) != len(tokens):
+        raise ValueError("The tokenizer's vocabulary spells two ids the same: CTranslate2 needs unique token strings.")
+    return tokens
+
+
+def _check_ctranslate2_model(model: nn.Module) -> None:
+    from .models.modeling_seq2seq_transformer import Seq2SeqTransformerForConditionalGeneration
+    from .quantization import is_quantized_weight
+
+    if not isinstance(model, Seq2SeqTransformerForConditionalGeneration):
+        raise TypeError(
+            f"export_ctranslate2 takes a Seq2SeqTransformerForConditionalGeneration, got {type(model).__name__}."
+        )
+    config = model.config
+    if config.encoder_attention_type != "dense":
+        raise ValueError(
+            f"This checkpoint's encoder uses sparse attention (encoder_attention_type="
+            f"{config.encoder_attention_type!r}), and CTranslate2 has no sparse attention: it would compute a "
+            "different model. Export a dense-encoder checkpoint, or serve this one with hf_vit_plus (FastDecoding)."
+        )
+    if config.activation_function not in _CTRANSLATE2_ACTIVATIONS:
+        raise ValueError(
+            f"activation_function={config.activation_function!r} has no CTranslate2 equivalent; supported: "
+            f"{', '.join(sorted(_CTRANSLATE2_ACTIVATIONS))}."
+        )
+    quantized = [name for name, p in model.named_parameters() if is_quantized_weight(p)]
+    if quantized:
+        raise ValueError(
+            f"The model holds torchao-quantized weights (e.g. {quantized[0]!r}): export the float model and choose "
+            "CTranslate2's own quantization (quantization='int8', ...)."
+        )
+
+
+def _ctranslate2_spec(model: nn.Module, tokens: list[str]):
+    """The CTranslate2 `TransformerSpec` of `model`, filled with its weights (float32), as its converters build it
+    for BART/Marian: fused self-attention Q/K/V and cross-attention K/V, the stored sinusoid tables, the embedding
+    scale, pre- or post-norm, the output bias (Marian's `final_logits_bias`)."""
+    from ctranslate2.converters.utils import fuse_linear
+    from ctranslate2.specs import common_spec, transformer_spec
+
+    config = model.config
+    activation = getattr(common_spec.Activation, _CTRANSLATE2_ACTIVATIONS[config.activation_function])
+
+    def tensor(t: torch.Tensor) -> torch.Tensor:
+        return t.detach().to("cpu", torch.float32).contiguous()
+
+    def set_linear(spec, linear: nn.Linear) -> None:
+        spec.weight = tensor(linear.weight)
+        if linear.bias is not None:
+            spec.bias = tensor(linear.bias)
+
+    def set_layer_norm(spec, norm: nn.LayerNorm) -> None:
+        spec.gamma, spec.beta = tensor(norm.weight), tensor(norm.bias)
+
+    def set_attention(spec, attention, self_attention: bool) -> None:
+        parts = [common_spec.LinearSpec() for _ in range(3)]
+        for part, linear in zip(parts, (attention.q_proj, attention.k_proj, attention.v_proj)):
+            set_linear(part, linear)
+        if self_attention:
+            fuse_linear(spec.linear[0], parts)
+        else:
+            fuse_linear(spec.linear[0], parts[:1])
+            fuse_linear(spec.linear[1], parts[1:])
+        set_linear(spec.linear[-1], attention.o_proj)
+
+    def set_stack(spec, stack) -> None:
+        spec.scale_embeddings = float(stack.embed_scale)
+        spec.position_encodings.encodings = tensor(stack.embed_positions)
+        embeddings = spec.embeddings[0] if isinstance(spec.embeddings, list) else spec.embeddings
+        embeddings.weight = tensor(stack.embed_tokens.weight)
+        if stack.layer_norm is not None:
+            set_layer_norm(spec.layer_norm, stack.layer_norm)
+        for layer_spec, layer in zip(spec.layer, stack.layers):
+            set_attention(layer_spec.self_attention, layer.self_attn, self_attention=True)
+            set_layer_norm(layer_spec.self_attention.layer_norm, layer.self_attn_layer_norm)
+            if stack.is_decoder:
+                set_attention(layer_spec.attention, layer.encoder_attn, self_attention=False)
+                set_layer_norm(layer_spec.attention.layer_norm, layer.encoder_attn_layer_norm)
+            set_linear(layer_spec.ffn.linear_0, layer.fc1)
+            set_linear(layer_spec.ffn.linear_1, layer.fc2)
+            set_layer_norm(layer_spec.ffn.layer_norm, layer.final_layer_norm)
+
+    pre_norm = bool(config.normalize_before)
+    encoder = transformer_spec.TransformerEncoderSpec(
+        config.encoder_layers, config.encoder_attention_heads, pre_norm=pre_norm, activation=activation
+    )
+    decoder = transformer_spec.TransformerDecoderSpec(
+        config.decoder_layers, config.decoder_attention_heads, pre_norm=pre_norm, activation=activation
+    )
+    spec = transformer_spec.TransformerSpec(encoder, decoder)
+    set_stack(spec.encoder, model.get_encoder())
+    set_stack(spec.decoder, model.get_decoder())
+    set_linear(spec.decoder.projection, model.get_output_embeddings())
+    if getattr(model, "final_logits_bias", None) is not None:
+        spec.decoder.projection.bias = tensor(model.final_logits_bias[0])
+
+    eos = config.eos_token_id[0] if isinstance(config.eos_token_id, (list, tuple)) else config.eos_token_id
+    start = config.decoder_start_token_id
+    if eos is None or start is None:
+        raise ValueError("A CTranslate2 model needs the config's eos_token_id and decoder_start_token_id.")
+    unk = "<unk>" if "<unk>" in tokens else tokens[config.pad_token_id if config.pad_token_id is not None else 0]
+    spec.config.unk_token = unk
+    spec.config.eos_token = tokens[eos]
+    spec.config.bos_token = tokens[config.bos_token_id if config.bos_token_id is not None else start]
+    spec.config.decoder_start_token = tokens[start]
+    spec.config.layer_norm_epsilon = float(config.layer_norm_eps)
+    spec.register_source_vocabulary(tokens)
+    spec.register_target_vocabulary(tokens)
+    return spec
+
+
+def export_ctranslate2(
+    model: nn.Module, output_dir: str | Path, tokenizer=None, quantization: str | None = None
+) -> Path:
+    """Write `model` (a dense-encoder `Seq2SeqTransformerForConditionalGeneration`) as a CTranslate2 model in
+    `output_dir`, with CTranslate2's own converter API (`ctranslate2.converters.Converter` on a `TransformerSpec`),
+    then its tokenizer files and generation config next to it. quantization: None (float32 weights), "int8",
+    "int8_float32" or "bfloat16" (the weights as stored; `ctranslate2.Translator(compute_type=...)` can still pick
+    another type at load). Without a tokenizer the tokens are placeholders `<id:N>` (translate ids, not text).
+
+    Sparse-encoder checkpoints are refused: CTranslate2 has no sparse attention. Files of the same names in
+    `output_dir` are replaced; other files are left alone. Returns `output_dir`."""
+    try:
+        import ctranslate2
+    except ImportError as error:
+        raise ImportError("CTranslate2 export needs ctranslate2: `pip install ctranslate2`.") from error
+    if quantization is not None and quantization not in CTRANSLATE2_QUANTIZATIONS:
+        raise ValueError(
+            f"Unknown CTranslate2 quantization {quantization!r}: expected None (float32) or one of "
+            f"{', '.join(map(repr, CTRANSLATE2_QUANTIZATIONS))}."
+        )
+    _check_ctranslate2_model(model)
+    tokens = ctranslate2_vocabulary(model, tokenizer)
+    with torch.no_grad():
+        spec = _ctranslate2_spec(model, tokens)
+
+    class _Converter(ctranslate2.converters.Converter):
+        def _load(self):
+            return spec
+
+    import shutil
+    import tempfile
+
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    # The converter replaces a whole folder: convert into a fresh one, then move the files.
+    with tempfile.TemporaryDirectory(dir=output_dir.parent, prefix=f".{output_dir.name}.") as scratch:
+        converted = Path(scratch) / "model"
+        _Converter().convert(str(converted), quantization=quantization)
+        for path in converted.iterdir():
+            target = output_dir / path.name
+            if target.is_dir():
+                shutil.rmtree(target)
+            shutil.move(str(path), str(target))
+    if tokenizer is not None:
+        tokenizer.save_pretrained(output_dir)
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.save_pretrained(output_dir)
+    logger.info("wrote a CTranslate2 model (%s) to %s", quantization or "float32", output_dir)
+    return output_dir
+
+
 # ------------------------------------------------------------------------------------------- onnxruntime
 def _session(path: Path, threads: int | None):
     try:
@@ -469,4 +656,11 @@ class OnnxCausalLMGenerator:
         return np.concatenate([input_ids, new], axis=1)
 
 
-__all__ = ["OnnxCausalLMGenerator", "OnnxSeq2SeqGenerator", "export_onnx"]
+__all__ = [
+    "CTRANSLATE2_QUANTIZATIONS",
+    "OnnxCausalLMGenerator",
+    "OnnxSeq2SeqGenerator",
+    "ctranslate2_vocabulary",
+    "export_ctranslate2",
+    "export_onnx",
+]
