@@ -10,6 +10,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from PIL import Image
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -116,3 +118,15 @@ def random_pixels(batch: int, channels: int, height: int, width: int, seed: int 
 
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, 256, (batch, channels, height, width), generator=g, dtype=torch.uint8)
+
+
+def open_png(path) -> Image.Image:
+    """The PNG file `path`, loaded; a nearly blank figure (grey levels with a standard deviation <= 10) fails."""
+    import numpy as np
+
+    with Image.open(path) as image:
+        assert image.format == "PNG", f"{path} is a {image.format}, not a PNG"
+        image.load()
+        pixels = np.asarray(image.convert("L"), dtype=np.float64)
+        assert pixels.std() > 10, f"{path} is nearly blank"
+        return image

@@ -15,7 +15,7 @@ from hf_vit_plus.interpret import NextPixelAttention, next_pixel_attention, plot
 from hf_vit_plus.interpret.image_attention import generated_mask
 from hf_vit_plus.interpret.plots import DPI, PANEL_INCHES
 from hf_vit_plus.models.sparse_layouts import pattern_from_config
-from tests.utils import tiny_image_model
+from tests.utils import open_png, tiny_image_model
 
 HEIGHT, WIDTH = 6, 5
 TARGET = (3, 2)  # pixel index 17: the rows above and the row so far are both non-trivial
@@ -194,23 +194,17 @@ def test_bad_inputs_name_the_value():
 # ---------------------------------------------------------------------------------------------------- the figure
 
 
-def _png(path) -> Image.Image:
-    with Image.open(path) as image:
-        image.load()
-        return image
-
-
 def test_plot_draws_one_panel_per_layer(tmp_path):
     model = image_model("strided")
     image = random_image()
     result = next_pixel_attention(model, image, TARGET)
     path = plot_next_pixel_attention(result.maps, image, TARGET, tmp_path / "f" / "two.png", result.start_weights)
-    drawn = _png(path)
+    drawn = open_png(path)
     assert drawn.size[0] == round(2 * PANEL_INCHES * DPI)  # two panels side by side
     one = plot_next_pixel_attention(result.maps, image, TARGET, tmp_path / "one.png", layers=[1])
-    assert _png(one).size[0] == round(PANEL_INCHES * DPI)
+    assert open_png(one).size[0] == round(PANEL_INCHES * DPI)
     deep = torch.rand(10, HEIGHT, WIDTH)  # a deeper model: rows of 8 panels
-    grid = _png(plot_next_pixel_attention(deep, image, TARGET, tmp_path / "deep.png"))
+    grid = open_png(plot_next_pixel_attention(deep, image, TARGET, tmp_path / "deep.png"))
     assert grid.size[0] == round(8 * PANEL_INCHES * DPI) and grid.size[1] > 2 * PANEL_INCHES * DPI
     # The target pixel's centre is drawn in the colour of the pixels not generated yet, not the image's grey.
     pixels = np.asarray(drawn.convert("RGB")).astype(int)
@@ -244,11 +238,11 @@ def test_cli_writes_the_figure_for_an_image_file_and_for_digits(saved_digits_mod
     assert cli_main([*args, "--output", str(output)]) == 0
     printed = capsys.readouterr().out
     assert "layer 1: start token" in printed and "layer 2:" in printed and f"wrote {output}" in printed
-    assert _png(output).size[0] == round(2 * PANEL_INCHES * DPI)
+    assert open_png(output).size[0] == round(2 * PANEL_INCHES * DPI)
     output = tmp_path / "digits.png"
     args = ["explain", "next-pixel", folder, "--dataset", "digits", "--index", "5", "--layers", "2", "--head", "1"]
     assert cli_main([*args, "--output", str(output)]) == 0
-    assert _png(output).size[0] == round(PANEL_INCHES * DPI)
+    assert open_png(output).size[0] == round(PANEL_INCHES * DPI)
     assert "layer 1:" not in capsys.readouterr().out  # only the layer asked for
 
 
@@ -291,6 +285,6 @@ def test_cli_draws_a_sample_of_the_model(saved_digits_model, tmp_path, capsys):
     assert cli_main(["explain", "next-pixel", str(saved_digits_model), "--sample", "--seed", "3", "--output",
                      str(output)]) == 0  # fmt: skip
     assert "layer 2: start token" in capsys.readouterr().out
-    assert _png(output).size[0] == round(2 * PANEL_INCHES * DPI)
+    assert open_png(output).size[0] == round(2 * PANEL_INCHES * DPI)
     assert cli_main(["explain", "next-pixel", str(saved_digits_model), "--dataset", "digits", "--seed", "3"]) == 2
     assert "--seed applies to --sample only" in capsys.readouterr().err

@@ -32,6 +32,7 @@ from hf_vit_plus.interpret import (
 )
 from hf_vit_plus.interpret.plots import DPI, PANEL_INCHES
 from hf_vit_plus.models.sparse_layouts import ATTENTION_TYPES
+from tests.utils import open_png
 
 # ------------------------------------------------------------------------------------------------------- rollout
 
@@ -420,15 +421,6 @@ def test_trained_rollout_lies_on_the_ink(digits_vit):
     assert abs(untrained.median() - 1) < 0.2, untrained.median()
 
 
-def _png(path) -> Image.Image:
-    with Image.open(path) as image:
-        assert image.format == "PNG"
-        image.load()
-        pixels = np.asarray(image.convert("L"), dtype=np.float64)
-        assert pixels.std() > 10, f"{path} is nearly blank"
-        return image
-
-
 def test_write_vit_figures(digits_vit, tmp_path):
     paths = write_vit_figures(digits_vit.model, digits_vit.images[:5], tmp_path, max_images=2)
     names = [p.name for p in paths]
@@ -437,10 +429,10 @@ def test_write_vit_figures(digits_vit, tmp_path):
         "patch_embedding_components.png",
     ]  # fmt: skip
     heads = digits_vit.model.config.num_attention_heads
-    assert _png(paths[0]).size == (round(PANEL_INCHES * (2 + heads) * DPI), round((PANEL_INCHES * 2 + 0.3) * DPI))
-    assert _png(paths[1]).size == (480, 360)
-    assert _png(paths[2]).size == (500, 440)
-    _png(paths[3])
+    assert open_png(paths[0]).size == (round(PANEL_INCHES * (2 + heads) * DPI), round((PANEL_INCHES * 2 + 0.3) * DPI))
+    assert open_png(paths[1]).size == (480, 360)
+    assert open_png(paths[2]).size == (500, 440)
+    open_png(paths[3])
 
 
 def test_cli_writes_pngs(digits_vit, tmp_path, capsys):
@@ -448,15 +440,15 @@ def test_cli_writes_pngs(digits_vit, tmp_path, capsys):
     heads = digits_vit.model.config.num_attention_heads
 
     assert cli_main(["explain", "rollout", folder, *images[:2], "--output", str(tmp_path / "r.png")]) == 0
-    assert _png(tmp_path / "r.png").size == (
+    assert open_png(tmp_path / "r.png").size == (
         round(PANEL_INCHES * (2 + heads) * DPI),
         round((PANEL_INCHES * 2 + 0.3) * DPI),
     )
     assert cli_main(["explain", "distance", folder, "--output", str(tmp_path / "d.png"), "--num_random", "4"]) == 0
     assert "layer 3:" in capsys.readouterr().out
-    assert _png(tmp_path / "d.png").size == (480, 360)
+    assert open_png(tmp_path / "d.png").size == (480, 360)
     assert cli_main(["explain", "positions", folder, "--output", str(tmp_path / "p.png")]) == 0
-    assert _png(tmp_path / "p.png").mode == "RGBA"
+    assert open_png(tmp_path / "p.png").mode == "RGBA"
     assert cli_main(["explain", "filters", folder, "--output", str(tmp_path / "f.png")]) == 0
     assert "16 components" in capsys.readouterr().out  # 48 filters in 1 * 4 * 4 = 16 dimensions
     args = [
@@ -472,7 +464,7 @@ def test_cli_writes_pngs(digits_vit, tmp_path, capsys):
         str(tmp_path / "s.png"),
     ]
     assert cli_main(args) == 0
-    assert _png(tmp_path / "s.png").size == (len(ATTENTION_TYPES) * 320, 700)  # one panel per registered kind
+    assert open_png(tmp_path / "s.png").size == (len(ATTENTION_TYPES) * 320, 700)  # one panel per registered kind
     assert cli_main(["explain", "all", folder, *images, "--output_dir", str(tmp_path / "all")]) == 0
     assert sorted(p.name for p in (tmp_path / "all").iterdir()) == [
         "attention_maps.png", "mean_attention_distance.png", "patch_embedding_components.png",
