@@ -50,6 +50,19 @@ from .sparse_layouts import SparsePattern, pattern_from_config
 PAPER_GENERATION_SETTINGS = {"num_beams": 4, "length_penalty": 0.6}
 
 
+def refuse_position_ids(kwargs: dict) -> None:
+    """The model numbers each row's tokens 0..T-1 itself (sinusoidal positions), so it has no `position_ids`, and
+    padding-free packing (several sequences in one row, marked by restarting `position_ids`, as
+    `DataCollatorWithFlattening` gives) would let them attend to one another: refuse both rather than ignore them."""
+    given = [name for name in ("position_ids", "decoder_position_ids") if kwargs.get(name) is not None]
+    if given:
+        raise ValueError(
+            f"Seq2SeqTransformer takes no {' or '.join(f'`{name}`' for name in given)}: it numbers the tokens of each "
+            "row from 0 itself, so padding-free packing (several sequences in one row) is not supported. Pad the "
+            "batch instead (`attention_mask` / `decoder_attention_mask`, e.g. DataCollatorForSeq2Seq)."
+        )
+
+
 class _MaskConfig:
     """The config as transformers' mask builders see it, with `_attn_implementation` the kernel the dense attentions
     run (`select_attention_kernel`), when that is not the configured one (a sparse kernel's mask function returns a
@@ -361,6 +374,7 @@ class Seq2SeqTransformerStack(nn.Module):
         past_key_values: EncoderDecoderCache | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPastAndCrossAttentions | BaseModelOutput | tuple:
+        refuse_position_ids(kwargs)
         cache = resolve_cache(cache, past_key_values)
         output_attentions = config_flag(output_attentions, self.config, "output_attentions")
         output_hidden_states = config_flag(output_hidden_states, self.config, "output_hidden_states")
@@ -581,6 +595,7 @@ class Seq2SeqTransformerModel(Seq2SeqTransformerPreTrainedModel):
     ) -> Seq2SeqModelOutput | tuple:
         r"""cache: the decoder's keys and values of earlier target tokens and the cross-attention's (an
         `EncoderDecoderCache`; `past_key_values`, its name before transformers 5.24, works too)."""
+        refuse_position_ids(kwargs)
         cache = resolve_cache(cache, past_key_values)
         return_dict = config_flag(return_dict, self.config, "return_dict", default=True)
         if encoder_outputs is None:
@@ -744,6 +759,7 @@ class Seq2SeqTransformerForConditionalGeneration(
         `decoder_input_ids` is not, the decoder inputs are the labels shifted right.
         num_items_in_batch (keyword, passed by Trainer): the number of non-ignored target tokens in the whole
         accumulated batch; the loss is then the sum over this batch divided by it."""
+        refuse_position_ids(kwargs)
         cache = resolve_cache(cache, past_key_values)
         return_dict = config_flag(return_dict, self.config, "return_dict", default=True)
         if labels is not None:

@@ -20,11 +20,18 @@ Which kernel computes a sparse attention (the pattern itself lives in `sparse_la
   `compiled_decoding.py`): the masked dense reference over every slot of the cache, with a mask built from tensors
   only (the gather above needs the positions as Python numbers, which a compiled graph cannot read).
 `output_attentions=True` always uses the masked reference, the one kernel that returns the probabilities.
+
+Padding-free packing, read as transformers' own decoders read it: `position_ids` that restart inside a row, with no
+`attention_mask` and no cache (what `DataCollatorWithFlattening` gives), mark several sequences packed one after the
+other (a new sequence wherever a position is not the previous one plus one). Each attends only to itself, and a
+sparse pattern is laid on its own positions, so every sequence gets the outputs it would get alone. Dense attention
+keeps the requested kernel (with that mask); a sparse pattern on packed rows runs the masked dense reference, as for
+left padding (the block kernels lay the pattern on the row's absolute positions).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -54,6 +61,18 @@ from .layers import FeedForward, config_flag, split_heads, token_cross_entropy
 from .sparse_layouts import SparsePattern, pattern_from_config
 
 
+def packed_sequence_ids(position_ids: torch.Tensor) -> torch.Tensor | None:
+    """(B, T) index of the packed sequence each token belongs to, read from `position_ids` (B, T) as transformers'
+    decoders read them: a new sequence starts wherever a position is not the previous one plus one (e.g. [0, 1, 2, 0,
+    1] -> [0, 0, 0, 1, 1]). None when every row holds one sequence; traced code always gets the tensor (reading it
+    would break the graph), which is exact either way."""
+    first = position_ids[:, :1] - 1  # so that the first token does not start a new sequence
+    sequence_ids = (torch.diff(position_ids, prepend=first, dim=-1) != 1).cumsum(-1)
+    if tracing() or bool(sequence_ids[:, -1].any()):
+        return sequence_ids
+    return None
+
+
 def _heads_differ(pattern: SparsePattern, head_parts: list[int | None]) -> bool:
     """Whether the heads of a layer see different keys (one mask row per head, else one for all)."""
     return len(set(head_parts)) > 1 or pattern.head_dependent
@@ -77,6 +96,9 @@ class _AttentionContext:
     key_order: torch.Tensor
     masks: dict
     static: bool = False
+    # (B, T) index of the packed sequence each token belongs to (padding-free packing, see the module docstring), or
+    # None for one sequence per row; positions then restart at each sequence
+    sequence_ids: torch.Tensor | None = None
 
     @property
     def kv_length(self) -> int:
@@ -84,14 +106,15 @@ class _AttentionContext:
 
     @property
     def is_full_sequence(self) -> bool:
-        """No cache before, no padding: kernels may assume positions 0..T-1 in natural order."""
-        return not self.static and self.past_length == 0 and self.key_valid is None
+        """No cache before, no padding, one sequence per row: kernels may assume positions 0..T-1 in natural
+        order."""
+        return not self.static and self.past_length == 0 and self.key_valid is None and self.sequence_ids is None
 
     @property
     def in_natural_order(self) -> bool:
         """No cache before and every real token at its own index (no padding, or padding on the right only): the
         sparse kernels, which use absolute positions plus a 2-D padding mask, are exact."""
-        if self.static or self.past_length != 0:
+        if self.static or self.past_length != 0 or self.sequence_ids is not None:
             return False
         if self.key_valid is None:
             return True
@@ -124,6 +147,8 @@ class _AttentionContext:
     def _finish(self, mask: torch.Tensor) -> torch.Tensor:
         if self.key_valid is not None:
             mask = mask & self.key_valid[:, None, None, :]
+        if self.sequence_ids is not None:  # packed sequences see only themselves
+            mask = mask & (self.sequence_ids[:, None, :, None] == self.sequence_ids[:, None, None, :])
         # Every query sees itself, so that padding queries get a finite (ignored) output instead of NaN.
         q_len = self.query_positions.shape[1]
         diagonal = torch.zeros(q_len, self.kv_length, dtype=torch.bool, device=mask.device)
@@ -437,6 +462,13 @@ class SparseTransformerModel(SparseTransformerPreTrainedModel):
         positions_given = position_ids is not None
         if positions_given:
             check_position_ids(position_ids, batch_size, seq_len)
+            if attention_mask is None and not torch.is_tensor(past_length) and past_length == 0:
+                positions = position_ids.to(device).expand(batch_size, -1)
+                sequence_ids = packed_sequence_ids(positions)
+                if sequence_ids is not None:  # padding-free packing: each sequence on its own positions, alone
+                    context = replace(
+                        context, query_positions=positions, key_positions=positions, sequence_ids=sequence_ids
+                    )
         else:
             position_ids = context.query_positions
         if not positions_given and context.key_valid is None:
