@@ -102,6 +102,11 @@ def decompose_row_matmuls(graph: torch.fx.Graph, max_rows: int = 1) -> int:
         if value.dim() != 2 or not isinstance(value.shape[0], int) or not 1 <= value.shape[0] <= max_rows:
             continue
         with graph.inserting_before(node):
+            if value.is_contiguous():
+                # An identity view that inductor computes from a stored buffer (`as_strided` takes realized inputs):
+                # otherwise a pointwise producer of x (a LayerNorm, an activation, the attention's weighted sum)
+                # is inlined into the product's loop and recomputed for every column of W.
+                left = graph.call_function(aten.as_strided.default, (left, list(value.shape), list(value.stride())))
             if value.shape[0] == 1:
                 column = graph.call_function(aten.permute.default, (left, [1, 0]))  # (K, 1)
                 product = graph.call_function(aten.mul.Tensor, (column, right))  # (K, N)

@@ -457,7 +457,7 @@ class _Steps:
         if runner is None:
             module = _Step(self.decoder, method, **constants)
             if self.backend == "aoti":
-                runner = _aoti_runner(module, args, _dynamic_shapes(method, args), self.options)
+                runner = aoti_compile(module, args, _dynamic_shapes(method, args), self.options)
             elif self.backend == "compile":
                 runner = _compiled_runner(module, args, self.options, len(self.runners))
             else:
@@ -472,13 +472,16 @@ class _Steps:
         return contextlib.nullcontext()
 
 
-def _aoti_runner(module: nn.Module, args: tuple, dynamic_shapes: tuple, options: dict):
-    """`module` exported with `args`, compiled by AOTInductor and loaded, its buffers as user-managed constants."""
+def aoti_compile(module: nn.Module, args: tuple, dynamic_shapes=None, options: dict | None = None):
+    """`module` exported with `args` (`torch.export`, `dynamic_shapes` as it takes them), compiled by AOTInductor
+    with the inductor `options` (default `compile_options()`) and loaded; its parameters and buffers are not copied
+    into the library but passed as user-managed constants (the module's own tensors). Returns the callable."""
     import os
     import tempfile
 
     import torch._inductor
 
+    options = compile_options() if options is None else options
     exported = torch.export.export(module, args, dynamic_shapes=dynamic_shapes, strict=False)
     configs = {**options, "aot_inductor.package_constants_in_so": False}
     with tempfile.TemporaryDirectory(prefix="hf_vit_plus_fast_decoding_") as folder:
@@ -812,11 +815,12 @@ class _Settings:
 __all__ = [
     "BACKENDS",
     "INT8_WEIGHT_ONLY_MAX_ROWS",
-    "SMALL_ROWS",
     "PRECISIONS",
+    "SMALL_ROWS",
     "FastDecoder",
     "FastDecoding",
     "FastLinear",
+    "aoti_compile",
     "compile_options",
     "quantize_rows",
 ]
