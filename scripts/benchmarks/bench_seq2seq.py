@@ -4,16 +4,21 @@ CTranslate2, every engine holding the same weights.
 One randomly initialised `MarianMTModel` with opus-mt's conventions (swish feed-forward, sines then cosines,
 embeddings scaled by sqrt(d_model), an output bias, post-norm, tied embeddings, pad = decoder start token, eos 0) is
 the reference. Our model is `hf_vit_plus.conversion.seq2seq_from_marian` of it; CTranslate2's models come from its
-own converter (`ctranslate2.converters.TransformersConverter`) run on the same saved folder. Engines (`--engines`):
+own converter (`ctranslate2.converters.TransformersConverter`) run on the same saved folder, and from our export
+(`hf_vit_plus.export.export_ctranslate2` of our model). Engines (`--engines`):
 
 - marian: transformers' MarianMTModel, eager (the reference of the ratios);
-- ours: our model, eager, dynamic cache;
-- ours-compiled: `generate(..., cache_implementation="static", compile_config=CompileConfig(...))`: the decoding
-  step runs compiled by torch.compile, with fixed shapes; each (batch size x beams, maximum length) compiles once,
-  at its first call, which is left out of the rates and reported in a second table;
-- ours-int8: our model quantized by `hf_vit_plus.quantization.quantize(model, "int8-dynamic")` (torchao: int8
-  weights and activations), decoded compiled as above; ours-int8-eager (not in the default set): the same, eager;
-- ct2-fp32, ct2-int8: CTranslate2 `Translator(compute_type="float32" / "int8")`, `translate_batch` on token strings.
+- ours: our model, eager `generate`, dynamic cache;
+- ours-compiled: `generate(..., cache_implementation="static", compile_config=...)`: transformers' loop, the model's
+  step compiled by torch.compile with fixed shapes (the previous round's path);
+- ours-int8: our model quantized by `hf_vit_plus.quantization.quantize(model, "int8-dynamic")` (torchao), decoded
+  as ours-compiled; ours-int8-eager (not in the default set): the same, eager;
+- ours-fast, ours-fast-bf16, ours-fast-int8, ours-fast-int8-wo: `generate(custom_generate=FastDecoding(precision))`
+  (`hf_vit_plus.models.fast_decoding`): each token one AOTInductor-compiled graph (decoder, output projection,
+  greedy / beam bookkeeping), in float32, bfloat16, int8 (dynamic: int8 products) or int8 weight-only;
+- ct2-fp32, ct2-int8: CTranslate2 `Translator(compute_type="float32" / "int8")` of the Marian folder;
+- ct2-export, ct2-export-int8: CTranslate2 running our export, through `CTranslate2Generator` (generate's
+  arguments and output layout), float32 / int8.
 
 Each engine generates exactly `--new_tokens` tokens (transformers: min = max new tokens; CTranslate2: min = max
 decoding length), so that all do the same work whatever they predict. Cases: greedy and beam 4, at each batch size;
@@ -22,13 +27,28 @@ training (forward + backward + Adam step, dropout 0.1, on copies of the weights)
 Measurements rotate over the engines, repetition by repetition (each engine takes each place in the order in turn),
 on the same inputs, so that load on the machine affects all alike; the table gives median rates and the median of
 the per-repetition ratios to marian, with their range. A first untimed call of every engine and case warms up
-(and compiles). The greedy tokens of the first batch are compared with Marian's as a check of identical weights
-(int8 engines are expected to differ somewhat). torch keeps compiled kernels in an on-disk cache: a second run
-compiles faster; `TORCHINDUCTOR_FORCE_DISABLE_CACHES=1` measures a cold compilation.
+(and compiles). The greedy tokens of the first batch are compared with Marian's and with ours-fast's (float32): the
+float32 engines should agree, bf16 and int8 are expected to differ somewhat. torch keeps compiled kernels in an
+on-disk cache: a second run compiles faster; `TORCHINDUCTOR_FORCE_DISABLE_CACHES=1` measures a cold compilation.
+
+`--profile` adds, for every fast engine and batch-1 case, where the time of a token goes: the decoder's projections
+(GEMV), attention over the caches, the output projection (each compiled alone by AOTInductor on the step's shapes
+and timed), the rest of the compiled step (norms, embeddings, logits processing, greedy / beam bookkeeping), the
+encoder and `generate`'s set-up per token, and the Python loop and call overhead; with the bytes each part reads per
+token and the rate achieved.
+
+`--quality MODEL_DIR` measures instead what the faster engines cost in quality, on a translation model trained by
+`scripts/train_translation.py` (SWORD English -> Spanish): its held-out test verses (the training script's split) are
+decoded greedily and with the paper's beam search (4 beams, length penalty 0.6, source length + 50 new tokens) by
+`generate` in float32 (the reference), FastDecoding in each precision and CTranslate2 (our export, float32 and int8),
+with sacreBLEU's BLEU and chrF, the share of verses decoded exactly as the reference, and the token agreement (tokens
+equal at the same position, over the longer of the two outputs).
 
     python scripts/benchmarks/bench_seq2seq.py                       # small sizes, one thread, every engine
+    python scripts/benchmarks/bench_seq2seq.py --preset opus-mt      # opus-mt sizes, two threads
+    python scripts/benchmarks/bench_seq2seq.py --profile             # + the batch-1 profile tables
     python scripts/benchmarks/bench_seq2seq.py --quick               # a short check that every engine runs
-    python scripts/benchmarks/bench_seq2seq.py --d_model 512 --layers 6 --ffn_dim 2048 --heads 8 --threads 8
+    python scripts/benchmarks/bench_seq2seq.py --quality outputs/translation/model   # BLEU / chrF per engine
 """
 
 from __future__ import annotations
@@ -41,37 +61,75 @@ import time
 from pathlib import Path
 
 import torch
+from torch import nn
 from transformers import CompileConfig, MarianConfig, MarianMTModel
 
-from hf_vit_plus.cli_utils import CommandParser
 from hf_vit_plus.conversion import seq2seq_from_marian
 
-ENGINES = ("marian", "ours", "ours-compiled", "ours-int8", "ours-int8-eager", "ct2-fp32", "ct2-int8")
-DEFAULT_ENGINES = ("marian", "ours", "ours-compiled", "ours-int8", "ct2-fp32", "ct2-int8")
+FAST = {
+    "ours-fast": "float32",
+    "ours-fast-bf16": "bfloat16",
+    "ours-fast-int8": "int8",
+    "ours-fast-int8-wo": "int8-weight-only",
+}
+ENGINES = (
+    "marian",
+    "ours",
+    "ours-compiled",
+    "ours-int8",
+    "ours-int8-eager",
+    *FAST,
+    "ct2-fp32",
+    "ct2-int8",
+    "ct2-export",
+    "ct2-export-int8",
+)
+DEFAULT_ENGINES = (
+    "marian",
+    "ours-compiled",
+    "ours-int8",
+    "ours-fast",
+    "ours-fast-bf16",
+    "ours-fast-int8",
+    "ct2-fp32",
+    "ct2-int8",
+    "ct2-export",
+)
 TRAINABLE = ("marian", "ours")
-COMPILED = ("ours-compiled", "ours-int8")
+COMPILED = ("ours-compiled", "ours-int8", *FAST)
 EOS, UNK = 0, 1  # Marian's ids; the pad token (also the decoder start) is the last id
+# Model sizes (and threads) of `--preset`: the defaults of the earlier rounds, and the opus-mt checkpoints'.
+PRESETS = {
+    "small": dict(vocab_size=8000, d_model=256, layers=3, heads=4, ffn_dim=1024, threads=1, train_batch=16),
+    "opus-mt": dict(vocab_size=58000, d_model=512, layers=6, heads=8, ffn_dim=2048, threads=2, train_batch=0),
+}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--vocab_size", type=int, default=8000, help="shared vocabulary size")
-    p.add_argument("--d_model", type=int, default=256, help="model width")
-    p.add_argument("--layers", type=int, default=3, help="encoder and decoder layers")
-    p.add_argument("--heads", type=int, default=4, help="attention heads")
-    p.add_argument("--ffn_dim", type=int, default=1024, help="feed-forward width")
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", choices=sorted(PRESETS), default="small", help="model sizes and threads (small)")
+    p.add_argument("--vocab_size", type=int, help="shared vocabulary size (preset)")
+    p.add_argument("--d_model", type=int, help="model width (preset)")
+    p.add_argument("--layers", type=int, help="encoder and decoder layers (preset)")
+    p.add_argument("--heads", type=int, help="attention heads (preset)")
+    p.add_argument("--ffn_dim", type=int, help="feed-forward width (preset)")
+    p.add_argument("--threads", type=int, help="torch and CTranslate2 (intra_threads) threads (preset)")
     p.add_argument("--activation", default="swish", help="feed-forward activation (opus-mt: swish)")
     # Defaults of the full run; --quick replaces those not given.
     p.add_argument("--source_length", type=int, help="source tokens per sequence (32)")
     p.add_argument("--new_tokens", type=int, help="tokens generated per sequence, exactly (32)")
     p.add_argument("--batch_sizes", type=int, nargs="+", help="generation batch sizes (1 16)")
     p.add_argument("--beams", type=int, nargs="+", help="beam sizes, 1 = greedy (1 4)")
-    p.add_argument("--train_batch", type=int, help="sequences per training step, 0 = no training case (16)")
+    p.add_argument("--train_batch", type=int, help="sequences per training step, 0 = no training case (preset)")
     p.add_argument("--repeats", type=int, help="timed repetitions per engine and case (3)")
-    p.add_argument("--threads", type=int, default=1, help="torch and CTranslate2 (intra_threads) threads")
     p.add_argument("--attn_implementation", default="sdpa", choices=["eager", "sdpa"], help="torch models' kernel")
     p.add_argument("--engines", default=",".join(DEFAULT_ENGINES), help=f"comma-separated, from {', '.join(ENGINES)}")
-    p.add_argument("--compile_mode", default="default", help="torch.compile mode of the compiled engines")
+    p.add_argument("--compile_mode", default="default", help="torch.compile mode of ours-compiled and ours-int8")
+    p.add_argument("--fast_backend", default="aoti", choices=["aoti", "compile", "eager"], help="FastDecoding's")
+    p.add_argument("--profile", action="store_true", help="profile tables of the fast engines at batch 1")
+    p.add_argument("--quality", type=Path, default=None, help="a SWORD translation model: BLEU/chrF per engine")
+    p.add_argument("--quality_batch", type=int, default=32, help="verses decoded together by --quality")
+    p.add_argument("--quality_limit", type=int, default=None, help="decode only the first N test verses")
     p.add_argument("--quick", action="store_true", help="short defaults: 1 repeat, 8 + 8 tokens, batch 1 2, beam 1 2")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
     args = p.parse_args(argv)
@@ -79,10 +137,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = [name for name in args.engines if name not in ENGINES]
     if unknown or "marian" not in args.engines:
         p.error(f"--engines: unknown {unknown} or no 'marian' (the reference); choose from {', '.join(ENGINES)}")
-    full = dict(source_length=32, new_tokens=32, batch_sizes=[1, 16], beams=[1, 4], train_batch=16, repeats=3)
+    for name, value in PRESETS[args.preset].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    full = dict(source_length=32, new_tokens=32, batch_sizes=[1, 16], beams=[1, 4], repeats=3)
     quick = dict(source_length=8, new_tokens=8, batch_sizes=[1, 2], beams=[1, 2], train_batch=2, repeats=1)
     for name, value in (quick if args.quick else full).items():
-        if getattr(args, name) is None:
+        if getattr(args, name) is None or (args.quick and name == "train_batch"):
             setattr(args, name, value)
     return args
 
@@ -176,33 +237,49 @@ def build_ctranslate2(marian_dir: Path, out_dir: Path, args: argparse.Namespace)
     return translators
 
 
-def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
-    try:
-        from hf_vit_plus.quantization import quantize
-    except ImportError:  # an older hf_vit_plus: torchao directly
-        from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
+def build_ctranslate2_exports(ours: nn.Module, out_dir: Path, args: argparse.Namespace) -> dict:
+    """Our model through `export_ctranslate2`, run by `CTranslate2Generator` (float32, int8)."""
+    from hf_vit_plus.export import export_ctranslate2
+    from hf_vit_plus.models.pipeline_text2text_generation import CTranslate2Generator
 
-        quantize_(model, Int8DynamicActivationInt8WeightConfig())
-        return model
+    generators = {}
+    for name, quantization in (("ct2-export", None), ("ct2-export-int8", "int8")):
+        if name in args.engines:
+            folder = export_ctranslate2(ours, out_dir / name, quantization=quantization)
+            compute_type = quantization or "float32"
+            generators[name] = CTranslate2Generator(folder, compute_type=compute_type, intra_threads=args.threads)
+    return generators
+
+
+def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
+    from hf_vit_plus.quantization import quantize
+
     return quantize(model, "int8-dynamic")
 
 
-def build_engines(args: argparse.Namespace, workdir: Path) -> tuple[dict, dict]:
-    """The engines to time, and copies of marian and ours for the training case (training changes weights)."""
+def build_engines(args: argparse.Namespace, workdir: Path) -> tuple[dict, dict, nn.Module]:
+    """The engines to time, copies of marian and ours for the training case (training changes weights), and our
+    float32 model (for the profile)."""
+    from hf_vit_plus.models.fast_decoding import FastDecoding
+
     marian = build_marian(args)
     engines = {"marian": marian.to(args.device)}
-    ours = seq2seq_from_marian(marian)
+    ours = seq2seq_from_marian(marian).eval()
     for name in ("ours", "ours-compiled", "ours-int8", "ours-int8-eager"):
         if name in args.engines:
             model = copy.deepcopy(ours)
             engines[name] = quantize_int8(model) if "int8" in name else model
-    if any(name.startswith("ct2") for name in args.engines):
+    for name, precision in FAST.items():
+        if name in args.engines:
+            engines[name] = (ours, FastDecoding(precision=precision, backend=args.fast_backend))
+    if any(name in ("ct2-fp32", "ct2-int8") for name in args.engines):
         marian.save_pretrained(workdir / "marian")
         engines.update(build_ctranslate2(workdir / "marian", workdir, args))
+    engines.update(build_ctranslate2_exports(ours, workdir, args))
     trainable = {}
     if args.train_batch:
         trainable = {name: copy.deepcopy(engines[name]) for name in TRAINABLE if name in args.engines}
-    return {name: engines[name] for name in args.engines}, trainable
+    return {name: engines[name] for name in args.engines}, trainable, ours
 
 
 # ----------------------------------------------------------------------------------------------- the timings
@@ -223,20 +300,16 @@ def generate(name: str, engine, input_ids: torch.Tensor, beams: int, args: argpa
     n = args.new_tokens
     if isinstance(engine, CTranslate2Engine):
         return engine.generate(input_ids, beams, n)
-    extra = {}
+    settings = dict(num_beams=beams, do_sample=False, length_penalty=1.0, min_new_tokens=n, max_new_tokens=n)
+    mask = torch.ones_like(input_ids)
+    if name.startswith("ct2-export"):
+        return engine.generate(input_ids, attention_mask=mask, **settings)[:, 1:]
+    if name in FAST:
+        model, fast = engine
+        return model.generate(input_ids=input_ids, attention_mask=mask, custom_generate=fast, **settings)[:, 1:]
     if name in COMPILED:
-        extra = dict(cache_implementation="static", compile_config=args.compile_config)
-    output = engine.generate(
-        input_ids=input_ids,
-        attention_mask=torch.ones_like(input_ids),
-        num_beams=beams,
-        do_sample=False,
-        length_penalty=1.0,
-        min_new_tokens=n,
-        max_new_tokens=n,
-        **extra,
-    )
-    return output[:, 1:]  # without the decoder start token
+        settings.update(cache_implementation="static", compile_config=args.compile_config)
+    return engine.generate(input_ids=input_ids, attention_mask=mask, **settings)[:, 1:]  # without the start token
 
 
 def timed_generate(name: str, engine, input_ids, beams: int, args) -> tuple[float, torch.Tensor]:
@@ -271,11 +344,13 @@ def training_rate(model, optimizer, input_ids, labels, device: str, steps: int =
 def main(argv: list[str] | None = None) -> dict[str, dict[str, dict]]:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.quality is not None:
+        return quality(args)
     args.compile_config = compile_config(args)
     # Every (engine, batch x beams) shape of the compiled engines is one more compiled graph of the same code.
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     workdir = tempfile.TemporaryDirectory(prefix="bench_seq2seq_")
-    engines, trainable = build_engines(args, Path(workdir.name))
+    engines, trainable, ours = build_engines(args, Path(workdir.name))
     optimizers = {name: torch.optim.Adam(m.parameters(), lr=1e-4) for name, m in trainable.items()}
     generator = torch.Generator().manual_seed(0)
 
@@ -292,7 +367,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, dict]]:
     names = list(engines)
     rates = {label: {name: [] for name in names} for label, _, _ in cases}
     first_calls: dict[str, dict[str, float]] = {label: {} for label, _, _ in cases}
-    agreement: dict[str, float] = {}
+    agreement: dict[str, dict[str, float]] = {}
     for label, batch, beams in cases:  # untimed first calls: warm-up, and compilation of the compiled engines
         source = tokens(batch, args.source_length)
         outputs = {}
@@ -300,8 +375,13 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, dict]]:
             seconds, outputs[name] = timed_generate(name, engines[name], source, beams, args)
             first_calls[label][name] = seconds
         if beams == 1 and not agreement:
-            reference = outputs["marian"].cpu()
-            agreement = {name: (out.cpu() == reference).float().mean().item() for name, out in outputs.items()}
+            for reference in ("marian", "ours-fast"):
+                if reference in outputs:
+                    agreement[reference] = {
+                        name: (out.cpu() == outputs[reference].cpu()).float().mean().item()
+                        for name, out in outputs.items()
+                        if name != reference
+                    }
     graphs_before = compiled_graphs()
     for repeat in range(args.repeats):
         order = names[repeat % len(names) :] + names[: repeat % len(names)]
@@ -322,26 +402,29 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, dict]]:
                 rate = training_rate(trainable[name], optimizers[name], source, target, args.device)
                 rates[label][name].append(rate)
     summary = report(args, rates, first_calls, agreement)
+    if args.profile:
+        summary["profile"] = profile_tables(args, engines, ours, tokens, summary)
     workdir.cleanup()
     return summary
 
 
 def report(args, rates, first_calls, agreement) -> dict[str, dict[str, dict]]:
     print(
-        f"device {args.device}, {args.threads} thread(s), attn {args.attn_implementation}, compile mode "
-        f"{args.compile_mode!r}; vocab {args.vocab_size}, d_model {args.d_model}, {args.layers}+{args.layers} layers, "
-        f"{args.heads} heads, ffn {args.ffn_dim}, {args.activation}; source {args.source_length} tokens, "
-        f"{args.new_tokens} new tokens; median of {args.repeats}"
+        f"device {args.device}, {args.threads} thread(s), attn {args.attn_implementation}; preset {args.preset}: "
+        f"vocab {args.vocab_size}, d_model {args.d_model}, {args.layers}+{args.layers} layers, {args.heads} heads, "
+        f"ffn {args.ffn_dim}, {args.activation}; source {args.source_length} tokens, {args.new_tokens} new tokens; "
+        f"median of {args.repeats}; FastDecoding backend {args.fast_backend}"
     )
-    print(
-        "greedy tokens equal to Marian's (first batch): "
-        + ", ".join(f"{name} {share:.0%}" for name, share in agreement.items() if name != "marian")
-    )
+    for reference, shares in agreement.items():
+        print(
+            f"greedy tokens equal to {reference}'s (first batch): "
+            + ", ".join(f"{name} {share:.1%}" for name, share in shares.items())
+        )
     print("vs marian: median of the per-repetition ratios to marian eager (measured in turn), with their range")
-    header = f"| {'case':<30} | {'engine':<15} | {'tok/s':>9} | {'vs marian':>9} | {'range':>11} |"
+    header = f"| {'case':<30} | {'engine':<16} | {'tok/s':>9} | {'vs marian':>9} | {'range':>11} |"
     print(header)
     print("|" + "|".join("-" * len(cell) for cell in header.split("|")[1:-1]) + "|")
-    summary: dict[str, dict[str, dict]] = {}
+    summary: dict[str, dict[str, dict]] = {"agreement": agreement}
     for label, by_engine in rates.items():
         summary[label] = {}
         for i, (name, values) in enumerate(by_engine.items()):
@@ -351,14 +434,14 @@ def report(args, rates, first_calls, agreement) -> dict[str, dict[str, dict]]:
             summary[label][name] = entry
             spread = "" if name == "marian" else f"{entry['range'][0]:.2f}-{entry['range'][1]:.2f}"
             case = label if i == 0 else ""
-            print(f"| {case:<30} | {name:<15} | {entry['rate']:>9.1f} | {entry['ratio']:>8.2f}x | {spread:>11} |")
+            print(f"| {case:<30} | {name:<16} | {entry['rate']:>9.1f} | {entry['ratio']:>8.2f}x | {spread:>11} |")
     compiled = [name for name in COMPILED if name in args.engines]
     if compiled:
         print(
             "compilation: first call of each shape minus the median timed call, in seconds (paid once per shape); "
-            f"graphs compiled during the timed calls: {args.recompiled} (0 expected)"
+            f"torch.compile graphs compiled during the timed calls: {args.recompiled} (0 expected)"
         )
-        header = f"| {'case':<30} | " + " | ".join(f"{name:>13}" for name in compiled) + " |"
+        header = f"| {'case':<30} | " + " | ".join(f"{name:>16}" for name in compiled) + " |"
         print(header)
         print("|" + "|".join("-" * len(cell) for cell in header.split("|")[1:-1]) + "|")
         for label, firsts in first_calls.items():
@@ -367,9 +450,260 @@ def report(args, rates, first_calls, agreement) -> dict[str, dict[str, dict]]:
             for name in compiled:
                 steady = batch * args.new_tokens / summary[label][name]["rate"]
                 summary[label][name]["compile_s"] = max(0.0, firsts[name] - steady)  # 0: an earlier shape's graph
-                cells.append(f"{summary[label][name]['compile_s']:>13.1f}")
+                cells.append(f"{summary[label][name]['compile_s']:>16.1f}")
             print(f"| {label:<30} | " + " | ".join(cells) + " |")
     return summary
+
+
+# ------------------------------------------------------------------------------------------------ the profile
+class _Projections(nn.Module):
+    """Every projection of the decoder layers (self-attention Q/K/V/O, cross-attention Q/O, the feed-forward
+    network), as the step computes them on (rows, d_model) states."""
+
+    def __init__(self, decoder):
+        super().__init__()
+        self.layers = decoder.layers
+
+    def forward(self, hidden):
+        out = hidden.new_zeros(())
+        for layer in self.layers:
+            for projection in (layer.q_proj, layer.k_proj, layer.v_proj, layer.o_proj, layer.cross_q_proj):
+                out = out + projection(hidden).sum()
+            out = out + layer.cross_o_proj(hidden).sum()
+            out = out + layer.fc2(layer.activation_fn(layer.fc1(hidden))).sum()
+        return out
+
+
+class _Attention(nn.Module):
+    """Self-attention over the (rows, length, d_model) caches and cross-attention over the (batch, source, d_model)
+    keys and values of every layer, without the projections: the step's attention arithmetic."""
+
+    def __init__(self, heads: int, layers: int):
+        super().__init__()
+        self.heads, self.num_layers = heads, layers
+
+    def forward(self, query, position, cache, cross, source_bias):
+        rows, dim = query.shape
+        heads, head_dim = self.heads, dim // self.heads
+        out = query.new_zeros(())
+        for i in range(self.num_layers):
+            keys, values = cache[2 * i], cache[2 * i + 1]
+            length = keys.shape[1]
+            scores = (query.view(rows, 1, heads, head_dim) * keys.view(rows, length, heads, head_dim)).sum(-1)
+            future = torch.arange(length) > position
+            probs = scores.masked_fill(future.view(1, length, 1), float("-inf")).softmax(dim=1)
+            out = out + (probs.unsqueeze(-1) * values.view(rows, length, heads, head_dim)).sum(1).sum()
+            batch, source = cross.shape[2], cross.shape[3]
+            q = query.view(batch, rows // batch, 1, heads, head_dim)
+            scores = (q * cross[i, 0].view(batch, 1, source, heads, head_dim)).sum(-1)
+            probs = (scores + source_bias.view(batch, 1, source, 1)).softmax(dim=2)
+            out = out + (probs.unsqueeze(-1) * cross[i, 1].view(batch, 1, source, heads, head_dim)).sum(2).sum()
+        return out
+
+
+class _OutputProjection(nn.Module):
+    def __init__(self, decoder):
+        super().__init__()
+        self.lm_head = decoder.lm_head
+
+    def forward(self, hidden):
+        return self.lm_head(hidden)
+
+
+class _TimedRunner:
+    """A compiled step that records the time of its calls and when the first began."""
+
+    def __init__(self, runner):
+        self.runner, self.seconds, self.calls, self.first_start = runner, 0.0, 0, None
+
+    def __call__(self, *args):
+        start = time.perf_counter()
+        if self.first_start is None:
+            self.first_start = start
+        out = self.runner(*args)
+        self.seconds += time.perf_counter() - start
+        self.calls += 1
+        return out
+
+
+def _best_ms(fn, *inputs, rounds: int = 5, calls: int = 20) -> float:
+    for _ in range(3):
+        fn(*inputs)
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn(*inputs)
+        best = min(best, (time.perf_counter() - start) / calls * 1e3)
+    return best
+
+
+@torch.no_grad()
+def profile_tables(args, engines, ours, tokens, summary) -> dict:
+    """Where a token's time goes, for every fast engine at batch 1 (greedy and beam search); see the docstring."""
+    from hf_vit_plus.models.fast_decoding import aoti_compile
+
+    tables = {}
+    for name in [name for name in FAST if name in engines]:
+        _, fast = engines[name]
+        state = fast.decoding_state(ours)
+        decoder = state.decoder
+        for beams in args.beams:
+            label = f"generate {'greedy' if beams == 1 else f'beam {beams}'}, batch 1"
+            if label not in summary:
+                continue
+            rows, length, source, dim = beams, args.new_tokens, args.source_length, args.d_model
+            hidden = torch.randn(rows, dim)
+            cache = [torch.randn(rows, length, dim) for _ in range(2 * args.layers)]
+            cross = torch.randn(args.layers, 2, 1, source, dim)
+            bias = torch.zeros(1, source)
+            position = torch.tensor(length // 2)
+            parts = {
+                "decoder projections (GEMV)": (_Projections(decoder), (hidden,)),
+                "attention (self + cross)": (
+                    _Attention(args.heads, args.layers),
+                    (hidden, position, cache, cross, bias),
+                ),
+                "output projection": (_OutputProjection(decoder), (hidden,)),
+            }
+            ms = {part: _best_ms(aoti_compile(module, inputs), *inputs) for part, (module, inputs) in parts.items()}
+            # The step itself and the rest, timed inside real generate calls.
+            runners = state.steps.runners
+            for key in list(runners):
+                runners[key] = _TimedRunner(runners[key])
+            source_ids = tokens(1, args.source_length)
+            total, setup = 0.0, 0.0
+            for _ in range(args.repeats):
+                timed = [runner for runner in runners.values()]
+                for runner in timed:
+                    runner.seconds, runner.calls, runner.first_start = 0.0, 0, None
+                start = time.perf_counter()
+                generate(name, engines[name], source_ids, beams, args)
+                total += time.perf_counter() - start
+                first = min(r.first_start for r in timed if r.first_start is not None)
+                setup += first - start
+            step_seconds = sum(r.seconds for r in runners.values())
+            step_calls = sum(r.calls for r in runners.values())
+            for key in list(runners):
+                runners[key] = runners[key].runner
+            new = args.new_tokens * args.repeats
+            step_ms = step_seconds / step_calls * 1e3
+            ms["rest of the step (norms, embeddings, logits processing, bookkeeping)"] = step_ms - sum(ms.values())
+            ms["encoder and generate() set-up, per token"] = setup / new * 1e3
+            ms["Python loop and call overhead"] = (total - setup - step_seconds) / new * 1e3
+            weights = sum(
+                linear.nbytes() for layer in decoder.layers for linear in layer.children() if hasattr(linear, "nbytes")
+            )
+            nbytes = {
+                "decoder projections (GEMV)": weights,
+                "attention (self + cross)": 4
+                * (2 * args.layers * rows * length * dim + 2 * args.layers * source * dim),
+                "output projection": decoder.lm_head.nbytes(),
+            }
+            token_ms = total / new * 1e3
+            print(f"\nprofile: {name}, {label}: {token_ms:.3f} ms per token ({1e3 / token_ms:.0f} tok/s)")
+            print(f"| {'part':<72} | {'ms/token':>8} | {'share':>6} | {'MB/token':>8} | {'GB/s':>6} |")
+            print(f"|{'-' * 74}|{'-' * 10}|{'-' * 8}|{'-' * 10}|{'-' * 8}|")
+            for part, value in ms.items():
+                mb = nbytes.get(part)
+                rate = f"{mb / value / 1e6:>6.1f}" if mb and value > 0 else f"{'':>6}"
+                mb_cell = f"{mb / 1e6:>8.2f}" if mb else f"{'':>8}"
+                print(f"| {part:<72} | {value:>8.3f} | {value / token_ms:>6.1%} | {mb_cell} | {rate} |")
+            step_mb = sum(nbytes.values())
+            print(
+                f"| {'the compiled step (one graph)':<72} | {step_ms:>8.3f} | {step_ms / token_ms:>6.1%} | "
+                f"{step_mb / 1e6:>8.2f} | {step_mb / step_ms / 1e6:>6.1f} |"
+            )
+            tables[f"{name}: {label}"] = {"token_ms": token_ms, "step_ms": step_ms, "parts": ms, "bytes": nbytes}
+    return tables
+
+
+# ------------------------------------------------------------------------------------------------ the quality
+def _token_agreement(outputs: list[list[int]], references: list[list[int]]) -> float:
+    equal = total = 0
+    for out, ref in zip(outputs, references):
+        equal += sum(a == b for a, b in zip(out, ref))
+        total += max(len(out), len(ref))
+    return equal / total
+
+
+def _strip(ids: torch.Tensor, special: set[int]) -> list[list[int]]:
+    return [[t for t in row if t not in special] for row in ids.tolist()]
+
+
+@torch.no_grad()
+def quality(args) -> dict:
+    """BLEU / chrF and agreement with float32 `generate`, per engine, on the SWORD test verses (see the docstring)."""
+    import sys
+
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    from hf_vit_plus.export import export_ctranslate2
+    from hf_vit_plus.metrics import load_translation_metric
+    from hf_vit_plus.models.fast_decoding import FastDecoding
+    from hf_vit_plus.models.pipeline_text2text_generation import CTranslate2Generator
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import train_translation
+
+    test = train_translation.load_pairs(train_translation.parse_args(["--output_dir", "unused"]))["test"]
+    sources, references = test["source"], test["target"]
+    if args.quality_limit:
+        sources, references = sources[: args.quality_limit], references[: args.quality_limit]
+    model = AutoModelForSeq2SeqLM.from_pretrained(args.quality).eval()
+    tokenizer = AutoTokenizer.from_pretrained(args.quality)
+    special = set(tokenizer.all_special_ids)
+    workdir = tempfile.TemporaryDirectory(prefix="bench_seq2seq_quality_")
+    engines = {"generate float32": ("generate", None)}
+    for precision in ("float32", "bfloat16", "int8", "int8-weight-only"):
+        engines[f"fast {precision}"] = ("fast", FastDecoding(precision=precision, backend=args.fast_backend))
+    folder = export_ctranslate2(model, Path(workdir.name) / "ct2", tokenizer=tokenizer)
+    for compute_type in ("float32", "int8"):
+        generator = CTranslate2Generator(folder, compute_type=compute_type, intra_threads=args.threads)
+        engines[f"ctranslate2 {compute_type}"] = ("ctranslate2", generator)
+    metric = load_translation_metric()
+    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+    modes = {"greedy": dict(num_beams=1), "beam 4": dict(num_beams=4, length_penalty=0.6)}
+    results: dict = {}
+    for mode, settings in modes.items():
+        reference_ids = None
+        for name, (kind, engine) in engines.items():
+            ids: list[list[int]] = [[] for _ in sources]
+            texts: list[str] = [""] * len(sources)
+            start = time.perf_counter()
+            for first in range(0, len(order), args.quality_batch):
+                index = order[first : first + args.quality_batch]
+                batch = tokenizer([sources[i] for i in index], return_tensors="pt", padding=True)
+                extra = dict(settings, max_new_tokens=batch["input_ids"].shape[1] + 50)
+                if kind == "ctranslate2":
+                    out = engine.generate(batch["input_ids"], batch["attention_mask"], **extra)
+                else:
+                    if kind == "fast":
+                        extra["custom_generate"] = engine
+                    out = model.generate(**batch, **extra)
+                for i, row, text in zip(
+                    index, _strip(out, special), tokenizer.batch_decode(out, skip_special_tokens=True)
+                ):
+                    ids[i], texts[i] = row, text.strip()
+            seconds = time.perf_counter() - start
+            if reference_ids is None:
+                reference_ids = ids
+            scores = metric.compute(predictions=texts, references=references)
+            entry = {
+                "bleu": round(scores["bleu"], 2),
+                "chrf": round(scores["chrf"], 2),
+                "identical": sum(a == b for a, b in zip(ids, reference_ids)) / len(ids),
+                "agreement": _token_agreement(ids, reference_ids),
+                "seconds": round(seconds, 1),
+            }
+            results[f"{mode}: {name}"] = entry
+            print(
+                f"| {mode:<7} | {name:<28} | {entry['bleu']:>6.2f} | {entry['chrf']:>6.2f} | "
+                f"{entry['identical']:>7.1%} | {entry['agreement']:>7.2%} | {seconds:>7.1f} |",
+                flush=True,
+            )
+    workdir.cleanup()
+    return results
 
 
 if __name__ == "__main__":

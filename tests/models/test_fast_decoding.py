@@ -1,0 +1,282 @@
+"""`hf_vit_plus.models.fast_decoding`: `generate(custom_generate=FastDecoding(...))` runs each token as one compiled
+graph and gives the tokens of eager `generate` in float32, for greedy decoding and beam search.
+
+Most checks run the same steps uncompiled (`backend="eager"`: the graph's code, in a second); two tests compile with
+AOTInductor (the default backend, about ten seconds per step on a tiny model) and check that one compiled step serves
+other source and output lengths. The model is briefly trained on a toy task (reversing the source), so that its
+predictions are varied and sequences end at different lengths.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import GenerationConfig
+
+from hf_vit_plus import Seq2SeqTransformerConfig, Seq2SeqTransformerForConditionalGeneration
+from hf_vit_plus.generation import decompose_row_matmuls
+from hf_vit_plus.models.fast_decoding import FastDecoding, FastLinear, quantize_rows
+
+PAD, BOS, EOS, VOCAB = 0, 1, 2, 20
+
+
+def _config(**overrides) -> Seq2SeqTransformerConfig:
+    fields = dict(
+        vocab_size=VOCAB,
+        d_model=64,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=128,
+        decoder_ffn_dim=128,
+        max_position_embeddings=32,
+        dropout=0.0,
+        pad_token_id=PAD,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+        decoder_start_token_id=BOS,
+    )
+    return Seq2SeqTransformerConfig(**{**fields, **overrides})
+
+
+def _reversal_batch(gen: torch.Generator, batch: int):
+    """Sources of 3-8 tokens, right-padded; targets: the source reversed, then EOS."""
+    src = torch.full((batch, 8), PAD)
+    labels = torch.full((batch, 9), -100)
+    for row in range(batch):
+        length = int(torch.randint(3, 9, (1,), generator=gen))
+        tokens = torch.randint(3, VOCAB, (length,), generator=gen)
+        src[row, :length] = tokens
+        labels[row, :length] = tokens.flip(0)
+        labels[row, length] = EOS
+    return src, (src != PAD).long(), labels
+
+
+def _train(model, steps: int = 120):
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3, betas=(0.9, 0.98), eps=1e-9)
+    gen = torch.Generator().manual_seed(0)
+    model.train()
+    for _ in range(steps):
+        src, mask, labels = _reversal_batch(gen, batch=64)
+        loss = model(input_ids=src, attention_mask=mask, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return _train(Seq2SeqTransformerForConditionalGeneration(_config()))
+
+
+@pytest.fixture(scope="module")
+def marian_like():
+    """Marian's options (swish, sines then cosines, an output bias, the pad token as the decoder start), pre-norm."""
+    torch.manual_seed(1)
+    config = _config(
+        activation_function="swish",
+        sinusoid_layout="halves",
+        add_final_logits_bias=True,
+        decoder_start_token_id=PAD,
+        normalize_before=True,
+    )
+    model = Seq2SeqTransformerForConditionalGeneration(config)
+    with torch.no_grad():
+        model.final_logits_bias.normal_(std=0.5)
+    return _train(model, steps=60)
+
+
+@pytest.fixture(scope="module")
+def batch():
+    src, mask, _ = _reversal_batch(torch.Generator().manual_seed(123), batch=8)
+    return src, mask
+
+
+def _generate(model, batch, **settings) -> torch.Tensor:
+    src, mask = batch
+    with torch.no_grad():
+        return model.generate(src, attention_mask=mask, **settings)
+
+
+def _assert_same(model, batch, fast, **settings):
+    eager = _generate(model, batch, **settings)
+    out = _generate(model, batch, custom_generate=fast, **settings)
+    assert out.shape == eager.shape, (settings, out, eager)
+    assert torch.equal(out, eager), (settings, out, eager)
+    return eager
+
+
+SETTINGS = {
+    "greedy": dict(num_beams=1, max_new_tokens=12),
+    "greedy, min_new_tokens": dict(num_beams=1, max_new_tokens=12, min_new_tokens=6),
+    "greedy, max_length": dict(num_beams=1, max_length=7),
+    "greedy, two eos ids, forced bos": dict(num_beams=1, eos_token_id=[EOS, 9], forced_bos_token_id=5, max_length=11),
+    "beam": dict(num_beams=4, max_new_tokens=12),
+    "beam, returned sequences, penalty": dict(num_beams=3, num_return_sequences=3, length_penalty=0.6, max_length=14),
+    "beam, early_stopping=True": dict(num_beams=4, early_stopping=True, max_new_tokens=10),
+    "beam, never, penalty > 0": dict(num_beams=4, early_stopping="never", length_penalty=1.3, max_new_tokens=10),
+    "beam, min_length, two eos ids": dict(num_beams=3, min_length=5, eos_token_id=[EOS, 7], max_new_tokens=12),
+    "beam, bad words, forced eos": dict(num_beams=2, bad_words_ids=[[5], [7]], forced_eos_token_id=EOS, max_length=9),
+    "beam, max_length": dict(num_beams=5, max_length=6),
+}
+
+
+@pytest.mark.parametrize("settings", list(SETTINGS.values()), ids=list(SETTINGS))
+def test_fast_decoding_gives_the_tokens_of_generate(model, batch, settings):
+    """The fused step's code (run uncompiled) against transformers' own loop: greedy and beam search, with the
+    logits processors and stopping rules that translation uses."""
+    eager = _assert_same(model, batch, FastDecoding(backend="eager"), **settings)
+    if settings.get("num_beams") == 1 and "min_new_tokens" not in settings:  # the sequences end at various lengths
+        assert len({int(row.ne(PAD).sum()) for row in eager}) > 1
+
+
+def test_marian_options_and_pre_norm(marian_like, batch):
+    fast = FastDecoding(backend="eager")
+    for settings in (SETTINGS["greedy"], SETTINGS["beam, returned sequences, penalty"]):
+        _assert_same(marian_like, batch, fast, **settings)
+
+
+def test_the_compiled_steps_give_the_tokens_of_generate_at_every_length(model, batch):
+    """AOTInductor compiles one greedy step and one beam step (rows 8 and 8 x 3); both then serve other source and
+    output lengths without compiling again."""
+    fast = FastDecoding()
+    _assert_same(model, batch, fast, **SETTINGS["greedy"])
+    _assert_same(model, batch, fast, num_beams=3, max_new_tokens=12, length_penalty=0.6)
+    steps = fast.decoding_state(model).steps.runners
+    assert len(steps) == 2
+    src, mask = batch
+    for cut, new_tokens in ((5, 4), (8, 20)):
+        shorter = (src[:, :cut], mask[:, :cut])
+        _assert_same(model, shorter, fast, num_beams=1, max_new_tokens=new_tokens)
+        _assert_same(model, shorter, fast, num_beams=3, max_new_tokens=new_tokens, length_penalty=0.6)
+    assert len(fast.decoding_state(model).steps.runners) == 2
+
+
+@pytest.mark.slow
+def test_the_torch_compile_backend_gives_the_tokens_of_generate(model, batch):
+    fast = FastDecoding(backend="compile")
+    _assert_same(model, batch, fast, **SETTINGS["greedy"])
+    _assert_same(model, batch, fast, **SETTINGS["beam"])
+
+
+@pytest.mark.parametrize("precision", ["bfloat16", "int8", "int8-weight-only", "int8-dynamic"])
+def test_reduced_precisions_decode_close_to_float32(model, batch, precision):
+    """bf16 and int8 weights are not float32's: they must decode the task nearly as well (the README measures them
+    on real translation); here at least 80% of float32's tokens, greedy and beam."""
+    fast = FastDecoding(precision=precision, backend="eager")
+    for settings in (dict(num_beams=1, max_new_tokens=10, min_new_tokens=10), dict(num_beams=3, max_new_tokens=10)):
+        reference = _generate(model, batch, **settings)
+        out = _generate(model, batch, custom_generate=fast, **settings)
+        assert out.shape[0] == reference.shape[0] and out.max() < VOCAB
+        length = min(out.shape[1], reference.shape[1])
+        agreement = (out[:, :length] == reference[:, :length]).float().mean()
+        assert agreement > 0.8, (precision, settings, agreement)
+
+
+def test_int8_weights_and_the_products(model):
+    linear = model.model.decoder.layers[0].fc1
+    q, scale = quantize_rows(linear.weight)
+    assert q.dtype == torch.int8 and q.abs().max() == 127
+    torch.testing.assert_close(q.float() * scale[:, None], linear.weight, atol=scale.max().item(), rtol=0)
+    x = torch.randn(3, linear.in_features)
+    reference = linear(x).detach()
+    for precision, tolerance in (("float32", 1e-6), ("bfloat16", 0.05), ("int8-weight-only", 0.05), ("int8", 0.1)):
+        out = FastLinear(linear, precision)(x)
+        assert (out - reference).abs().max() <= tolerance * reference.abs().max(), precision
+    assert FastLinear(linear, "float32").weight.data_ptr() == linear.weight.data_ptr()  # no copy in float32
+    assert FastLinear(linear, "int8").nbytes() < FastLinear(linear, "float32").nbytes() / 3
+
+
+def test_changed_weights_rebuild_the_converted_decoder(batch):
+    """Regression: the bf16 / int8 copies were made once per model; a model trained further (or loaded again in
+    place) must not decode with stale weights. float32 steps read the model's tensors and need no rebuild."""
+    torch.manual_seed(3)
+    model = Seq2SeqTransformerForConditionalGeneration(_config()).eval()
+    fast32, fast8 = FastDecoding(backend="eager"), FastDecoding(precision="int8", backend="eager")
+    settings = dict(num_beams=1, max_new_tokens=6)
+    before = _generate(model, batch, custom_generate=fast8, **settings)
+    state32, state8 = fast32.decoding_state(model), fast8.decoding_state(model)
+    _train(model, steps=20)
+    after = _generate(model, batch, custom_generate=fast8, **settings)
+    assert fast8.decoding_state(model) is not state8 and not torch.equal(before, after)
+    assert fast32.decoding_state(model) is state32
+    _assert_same(model, batch, fast32, **settings)
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        (dict(do_sample=True), "do_sample=True"),
+        (dict(output_scores=True, return_dict_in_generate=True), "output_scores=True"),
+        (dict(repetition_penalty=1.2), "RepetitionPenaltyLogitsProcessor"),
+        (dict(bad_words_ids=[[4, 5]]), "bad_words_ids of more than one token"),
+        (dict(decoder_input_ids=torch.tensor([[BOS, 4]] * 8)), "decoder prompt of 2 tokens"),
+    ],
+    ids=["sampling", "scores", "repetition penalty", "multi-token bad words", "decoder prompt"],
+)
+def test_what_the_fused_step_does_not_implement_is_refused_by_name(model, batch, settings, message):
+    with pytest.raises(ValueError, match=message):
+        _generate(model, batch, custom_generate=FastDecoding(backend="eager"), max_new_tokens=4, **settings)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="Unknown precision 'fp8'"):
+        FastDecoding(precision="fp8")
+    with pytest.raises(ValueError, match="Unknown backend 'tvm'"):
+        FastDecoding(backend="tvm")
+
+
+def test_the_position_table_limit_is_an_error_as_in_eager_decoding(model, batch):
+    for extra in ({}, {"custom_generate": FastDecoding(backend="eager")}):
+        with pytest.raises(ValueError, match=r"max_position_embeddings \(32\)"):
+            _generate(model, batch, max_new_tokens=40, **extra)
+
+
+def test_the_model_generation_config_is_used(model, batch):
+    """generate prepares the settings (the model's generation config, then the call's): beam search with the
+    paper's length penalty here, as for eager decoding."""
+    saved = model.generation_config
+    model.generation_config = GenerationConfig(
+        num_beams=3,
+        length_penalty=0.6,
+        max_new_tokens=9,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+        pad_token_id=PAD,
+        decoder_start_token_id=BOS,
+    )
+    try:
+        _assert_same(model, batch, FastDecoding(backend="eager"))
+    finally:
+        model.generation_config = saved
+
+
+def test_a_few_row_products_become_loops_reading_stored_inputs():
+    """decompose_row_matmuls(max_rows=4) rewrites the 1- and 3-row products (x-outer: (M, N, K) summed over K, so
+    that inductor vectorises along K), not the 6-row one, and reads x through an `as_strided` view (regression:
+    without it a LayerNorm feeding the product was recomputed for every column of W)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def products(one, three, six, weight, bias):
+        normed = torch.nn.functional.layer_norm(three, (40,))
+        return (
+            torch.nn.functional.linear(one, weight, bias),
+            torch.nn.functional.linear(normed, weight),
+            torch.nn.functional.linear(six, weight, bias),
+        )
+
+    g = torch.Generator().manual_seed(0)
+    inputs = [torch.randn(rows, 40, generator=g) for rows in (1, 3, 6)]
+    inputs += [torch.randn(50, 40, generator=g), torch.randn(50, generator=g)]
+    module = make_fx(products, tracing_mode="fake")(*inputs)
+    expected = products(*inputs)
+    assert decompose_row_matmuls(module.graph, max_rows=4) == 2
+    module.recompile()
+    targets = [node.target for node in module.graph.nodes if node.op == "call_function"]
+    assert targets.count(torch.ops.aten.as_strided.default) == 2
+    assert targets.count(torch.ops.aten.addmm.default) == 1  # the 6-row product stays a GEMM
+    for out, reference in zip(module(*inputs), expected):
+        torch.testing.assert_close(out, reference, rtol=1e-5, atol=1e-5)

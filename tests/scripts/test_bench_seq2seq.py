@@ -1,0 +1,60 @@
+"""scripts/benchmarks/bench_seq2seq.py runs every kind of engine and prints its tables (speed is measured by the
+script on a quiet machine, not asserted here). FastDecoding runs uncompiled to keep the check short."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from tests.utils import REPO_ROOT
+
+pytest.importorskip("ctranslate2")
+
+
+def _bench():
+    path = REPO_ROOT / "scripts" / "benchmarks" / "bench_seq2seq.py"
+    spec = importlib.util.spec_from_file_location("bench_seq2seq", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_quick_run_prints_the_tables(capsys):
+    bench = _bench()
+    argv = [
+        "--quick",
+        "--engines",
+        "marian,ours,ours-fast,ours-fast-int8,ct2-fp32,ct2-export",
+        "--fast_backend",
+        "eager",
+        "--vocab_size",
+        "300",
+        "--d_model",
+        "32",
+        "--layers",
+        "2",
+        "--heads",
+        "2",
+        "--ffn_dim",
+        "64",
+    ]
+    summary = bench.main(argv)
+    out = capsys.readouterr().out
+    assert "| generate greedy, batch 1" in out and "| generate beam 2, batch 2" in out
+    assert "compilation: first call of each shape" in out
+    for label in ("generate greedy, batch 1", "generate beam 2, batch 2"):
+        assert set(summary[label]) == {"marian", "ours", "ours-fast", "ours-fast-int8", "ct2-fp32", "ct2-export"}
+    # the same weights in every float32 engine: the greedy tokens agree
+    agreement = summary["agreement"]
+    assert agreement["marian"]["ours"] == agreement["marian"]["ours-fast"] == 1.0
+    assert agreement["ours-fast"]["ct2-export"] == 1.0
+
+
+def test_presets():
+    bench = _bench()
+    args = bench.parse_args(["--preset", "opus-mt"])
+    assert (args.vocab_size, args.d_model, args.layers, args.ffn_dim, args.threads) == (58000, 512, 6, 2048, 2)
+    args = bench.parse_args(["--preset", "opus-mt", "--threads", "1", "--layers", "2"])
+    assert (args.threads, args.layers, args.d_model) == (1, 2, 512)
+    assert bench.parse_args([]).d_model == 256
