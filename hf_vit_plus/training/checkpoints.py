@@ -97,6 +97,24 @@ def check_same_model(state: dict, family: str, fingerprint: dict, path: Path) ->
         )
 
 
+def check_same_layout(state: dict, layout: str, path: Path, layouts: dict[str, str]) -> None:
+    """Refuse a checkpoint whose model and optimizer are laid out otherwise than this run reads them (a DDP state
+    under FSDP, or the reverse), naming both layouts (`layouts`: name -> description)."""
+    saved = state.get("checkpoint_layout", "replicated")
+    if saved == layout:
+        return
+    if layout == "replicated":
+        how = "with the sharding it was saved with (--fsdp, or the same accelerate config)"
+    elif saved == "replicated":
+        how = "without --fsdp and without an FSDP accelerate config, as it was saved"
+    else:
+        how = "with the fsdp_config state_dict_type it was saved with"
+    raise ValueError(
+        f"Checkpoint {str(path)!r} holds {layouts.get(saved, saved)}, but this run reads {layouts[layout]}: resume "
+        f"it {how}. Refusing to resume."
+    )
+
+
 def save_checkpoint(
     accelerator: Accelerator, output_dir: Path, state: dict, total_limit: int | None, processor=None
 ) -> Path:

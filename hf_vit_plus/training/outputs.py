@@ -1,6 +1,7 @@
 """What a finished run leaves: the model folder (weights, config, processor), its evaluation results and log, the
 training curves and the family's figures, the model card, and the push to the Hub. The main process writes; every
-process calls `save_final` (gathering a sharded model's weights is collective)."""
+process calls `save_final` (gathering a sharded model's weights is collective). Under FSDP the folder holds one
+consolidated model.safetensors, written from an ordinary copy of the model that the card and figures use too."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from ..models.compat import disable_activation_checkpointing
 from .args import TrainingArguments
 from .checkpoints import CHECKPOINTS_DIR
 from .families import TrainingData, TrainingFamily
+from .sharding import trained_model
 
 logger = logging.getLogger(__name__)
 
@@ -49,14 +51,16 @@ def save_final(
     data: TrainingData,
     eval_metrics: dict[str, float],
     log_history: list[dict],
+    trained: tuple | None = None,
 ) -> list[Path]:
     """Model + processor, evaluation results, curves, figures and the card into --output_dir; push when asked.
-    `model` is the one `accelerator.prepare` returned. Returns the files written besides the model's own."""
+    `model` is the one `accelerator.prepare` returned; `trained` what `sharding.trained_model` gave for it, if it
+    was called already. Returns the files written besides the model's own."""
     output_dir = Path(args.output_dir)
     accelerator.wait_for_everyone()
-    unwrapped = accelerator.unwrap_model(model)
-    state_dict = accelerator.get_state_dict(model)  # collective under FSDP/DeepSpeed: every process calls it
-    if args.activation_checkpointing:
+    # an ordinary module with the trained weights: collective under FSDP/DeepSpeed, every process calls it
+    unwrapped, state_dict = trained if trained is not None else trained_model(accelerator, model)
+    if args.activation_checkpointing and unwrapped is not None:
         disable_activation_checkpointing(unwrapped)
     files: list[Path] = []
     if accelerator.is_main_process:

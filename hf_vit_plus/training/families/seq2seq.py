@@ -106,6 +106,8 @@ class Seq2SeqFamily(TrainingFamily):
     def eval_outputs(self, model, batch):
         from accelerate.utils import extract_model_from_parallel
 
+        from ..sharding import is_sharded
+
         labels = batch["labels"]
         logits = model(**batch).logits.float()
         mask = labels != -100
@@ -121,6 +123,9 @@ class Seq2SeqFamily(TrainingFamily):
             num_beams=1,
             do_sample=False,
             max_new_tokens=labels.shape[1] + 5,
+            # a sharded model gathers its weights in every step: all processes step until the last one is done
+            # (transformers detects FSDP modules of its own, not Accelerate's)
+            synced_gpus=True if is_sharded(bare) else None,
         )[:, 1:]  # drop decoder_start_token_id
         pad = bare.config.pad_token_id
         reference = labels.masked_fill(~mask, pad)
