@@ -272,12 +272,12 @@ def test_renamed_flags_are_hidden_aliases_of_the_new_ones():
     assert (push.revision, push.create_branch, push.commit_message) == ("b", False, "m")
 
 
-def _all_parsers(parser):
+def _parser_tree(parser):
     yield parser
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for child in action.choices.values():
-                yield from _all_parsers(child)
+                yield from _parser_tree(child)
 
 
 def test_no_parser_takes_an_abbreviation_of_a_flag():
@@ -285,7 +285,7 @@ def test_no_parser_takes_an_abbreviation_of_a_flag():
     script's: the package builds them from `cli_utils.CommandParser`, never `argparse.ArgumentParser` itself."""
     from hf_vit_plus.cli import build_parser
 
-    parsers = list(_all_parsers(build_parser()))
+    parsers = list(_parser_tree(build_parser()))
     assert len(parsers) > 10 and all(not parser.allow_abbrev for parser in parsers)
     direct = [
         path.relative_to(REPO_ROOT).as_posix()

@@ -64,6 +64,7 @@ import torch
 from torch import nn
 from transformers import CompileConfig, MarianConfig, MarianMTModel
 
+from hf_vit_plus.cli_utils import CommandParser
 from hf_vit_plus.conversion import seq2seq_from_marian
 
 FAST = {
@@ -106,7 +107,7 @@ PRESETS = {
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", choices=sorted(PRESETS), default="small", help="model sizes and threads (small)")
     p.add_argument("--vocab_size", type=int, help="shared vocabulary size (preset)")
     p.add_argument("--d_model", type=int, help="model width (preset)")
