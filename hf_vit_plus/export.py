@@ -357,8 +357,14 @@ def export_onnx(model: nn.Module, output_dir: str | Path) -> list[Path]:
 # ------------------------------------------------------------------------------------------------ CTranslate2
 CTRANSLATE2_QUANTIZATIONS = ("int8", "int8_float32", "bfloat16")
 # Our `activation_function` names -> CTranslate2's activations (`ctranslate2.specs.common_spec.Activation`).
-_CTRANSLATE2_ACTIVATIONS = {"relu": "RELU", "gelu": "GELU", "gelu_new": "GELUTanh", "gelu_pytorch_tanh": "GELUTanh",
-                            "swish": "SWISH", "silu": "SWISH"}  # fmt: skip
+_CTRANSLATE2_ACTIVATIONS = {
+    "relu": "RELU",
+    "gelu": "GELU",
+    "gelu_new": "GELUTanh",
+    "gelu_pytorch_tanh": "GELUTanh",
+    "swish": "SWISH",
+    "silu": "SWISH",
+}
 
 
 def _placeholder_token(token_id: int) -> str:

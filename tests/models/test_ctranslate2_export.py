@@ -131,10 +131,13 @@ def checkpoint(tmp_path_factory):
     texts = ["in the beginning was the word", "and the word was with god", "blessed are the meek"] * 10
     tokenizer = train_bpe_tokenizer(texts, vocab_size=300)
     config = _config(
-        vocab_size=len(tokenizer), max_position_embeddings=96, pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        vocab_size=len(tokenizer),
+        max_position_embeddings=96,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
         decoder_start_token_id=tokenizer.bos_token_id,
-    )  # fmt: skip
+    )
     torch.manual_seed(5)
     model = Seq2SeqTransformerForConditionalGeneration(config).eval()
     folder = tmp_path_factory.mktemp("text") / "checkpoint"
@@ -218,3 +221,23 @@ def test_the_fast_engine_runs_as_remote_code(checkpoint, tmp_path):
     )
     assert result["fast"] == result["eager"]
     assert result["module"].startswith("transformers_modules.")
+
+
+def test_the_card_says_how_to_serve_it(tmp_path):
+    from hf_vit_plus.hub.card import write_model_card
+
+    config = {"model_type": "seq2seq_transformer", "d_model": 64, "encoder_layers": 2, "decoder_layers": 2}
+    path = write_model_card(
+        tmp_path,
+        family="seq2seq",
+        model_config=config,
+        training_args={},
+        eval_results={"eval_bleu": 1.0},
+        dataset_name="local-data",
+        repo_id="org/translator",
+    )
+    text = path.read_text()
+    assert "## Serving it fast" in text
+    assert "custom_generate=fast" in text and 'FastDecoding(precision="int8")' in text
+    assert "hf-vit-plus export ctranslate2 org/translator translator-ct2 --quantization int8" in text
+    assert 'engine="ctranslate2", ctranslate2_model="translator-ct2"' in text
