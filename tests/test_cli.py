@@ -239,8 +239,9 @@ def test_every_flag_has_help_and_an_underscore_name(capsys):
 @pytest.mark.parametrize(
     "family, absent",
     [
-        ("vit", ["--train_file", "--text_column", "--block_size", "--tokenizer_name", "--label_smoothing_factor"]),
-        ("seq2seq", ["--train_dir", "--image_column_name", "--block_size", "--ignore_mismatched_sizes"]),
+        ("vit", ["--train_file", "--text_column", "--block_size", "--tokenizer_name", "--source_column"]),
+        ("vit-mpp", ["--label_column_name", "--mixup_alpha", "--teacher", "--label_smoothing_factor"]),
+        ("seq2seq", ["--train_dir", "--image_column_name", "--block_size", "--ignore_mismatched_sizes", "--recipe"]),
         ("sparse-lm", ["--train_dir", "--source_column", "--vocab_size", "--label_smoothing_factor"]),
     ],
 )
