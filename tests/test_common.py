@@ -190,13 +190,13 @@ def test_flex_attention_matches_eager(model_case):
 # ------------------------------------------------------------------------------------------ padding-free packing
 
 
-def _packed_rows(case: ModelCase, lengths=(5, 6, 3)) -> tuple[torch.Tensor, torch.Tensor]:
+def _packed_rows(case: ModelCase, lengths: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
     """Token ids of sequences of `lengths` packed into one row, and their restarting `position_ids` (what
     `DataCollatorWithFlattening` makes)."""
     vocab = case.config().vocab_size
     g = torch.Generator().manual_seed(3)
     ids = torch.cat([torch.randint(3, vocab, (n,), generator=g) for n in lengths])[None]  # (1, sum)
-    positions = torch.cat([torch.arange(n) for n in lengths])[None]  # (1, sum): 0..4, 0..5, 0..2
+    positions = torch.cat([torch.arange(n) for n in lengths])[None]  # (1, sum): 0..12, 0..19, 0..5
     return ids, positions
 
 
@@ -205,7 +205,8 @@ def test_packed_sequences_give_the_outputs_of_each_sequence_alone(model_case, im
     """Padding-free packing: position_ids that restart inside a row separate the sequences in every kernel, dense and
     sparse patterns alike (each pattern on the sequence's own positions), as transformers' decoders read them. The
     tokens attended across the boundary (logits off by 0.05-0.08). The seq2seq model numbers its positions itself and
-    refuses position_ids; the ViT has none."""
+    refuses position_ids; the ViT has none. The packed row is longer than `max_position_embeddings` (39 > 32 or 35):
+    only the positions must fit."""
     if model_case.family == "vit":
         pytest.skip("the ViT has no token positions to pack by")
     if model_case.family == "seq2seq":
@@ -213,7 +214,7 @@ def test_packed_sequences_give_the_outputs_of_each_sequence_alone(model_case, im
         with pytest.raises(ValueError, match="padding-free packing .* is not supported"):
             model(**model_case.inputs(), position_ids=torch.arange(11)[None].expand(2, -1))
         return
-    lengths = (5, 6, 3)
+    lengths = (13, 20, 6)
     model = model_case.model(head=model_case.family == "sparse-lm")  # the image model's body reads token ids
     model.set_attn_implementation(implementation)
     ids, positions = _packed_rows(model_case, lengths)
@@ -221,6 +222,51 @@ def test_packed_sequences_give_the_outputs_of_each_sequence_alone(model_case, im
         packed = _logits(model, {"input_ids": ids, "position_ids": positions, "use_cache": False})[0]
         alone = [_logits(model, {"input_ids": part[None], "use_cache": False})[0] for part in ids[0].split(lengths)]
     torch.testing.assert_close(packed, torch.cat(alone), rtol=1e-5, atol=1e-5)
+
+
+def test_left_padding_changes_no_output_of_a_right_padded_batch(model_case):
+    """transformers' test_left_padding_compatibility: left-padding a batch (its right-padded rows included) changes no
+    logit, the last position's included, which is padding in a right-padded row. Padding slots after the last real
+    token took the last real token's position on the masked path but their own index on the natural-order one, so a
+    sparse pattern gave those rows other logits."""
+    if model_case.family != "sparse-lm":
+        pytest.skip("decoder-only LMs batch prompts with padding")
+    model = model_case.model()
+    inputs = model_case.inputs()  # one full row, one right-padded row
+
+    def run(ids, mask):
+        positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)  # what generate passes
+        with torch.no_grad():
+            return model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
+
+    ids, mask = inputs["input_ids"], inputs["attention_mask"]
+    plain = run(ids, mask)
+    pad = torch.zeros(ids.shape[0], 4, dtype=ids.dtype)
+    left = run(torch.cat([pad, ids], 1), torch.cat([pad, mask], 1))[:, 4:]
+    torch.testing.assert_close(left, plain, rtol=1e-5, atol=1e-5)
+
+
+def test_a_custom_4d_mask_gives_each_continuation_of_a_shared_prefix_its_own_outputs(model_case):
+    """A custom 4-D mask (transformers' decoders take one; its common tests run this case): three continuations of a
+    shared prefix in one row, each seeing the prefix and itself, at repeated positions, give the logits of the three
+    sequences run separately, for every pattern. It was refused ("needs a padding mask of shape (1, 6)")."""
+    if model_case.family not in ("sparse-lm", "image-lm"):
+        pytest.skip("only the decoder-only LM takes position_ids and a 4-D mask")
+    model = model_case.model(head=model_case.family == "sparse-lm")
+    g = torch.Generator().manual_seed(5)
+    prefix, ends = torch.randint(3, 40, (5,), generator=g), torch.randint(3, 40, (3,), generator=g)
+    separate = torch.stack([torch.cat([prefix, end[None]]) for end in ends])  # (3, 6)
+    shared = torch.cat([prefix, ends])[None]  # (1, 8)
+    allowed = torch.ones(8, 8).tril().bool()
+    allowed[5:, 5:] = torch.eye(3, dtype=torch.bool)  # the continuations do not see one another
+    additive = torch.zeros(1, 1, 8, 8).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    positions = torch.tensor([[0, 1, 2, 3, 4, 5, 5, 5]])
+    with torch.no_grad():
+        expected = _logits(model, {"input_ids": separate, "use_cache": False})[:, -1]
+        for mask in (additive, allowed[None, None]):  # additive float or boolean
+            got = _logits(model, {"input_ids": shared, "attention_mask": mask, "position_ids": positions,
+                                  "use_cache": False})[0, -3:]  # fmt: skip
+            torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
 # ------------------------------------------------------------------------------------------ outputs

@@ -479,6 +479,9 @@ class Seq2SeqTransformerPreTrainedModel(HubMixin, PreTrainedModel):
     _supports_flash_attn = False
     _supports_flex_attn = False
     _supports_attention_backend = True
+    # The whole forward traces as one graph (tests/test_common.py), and a decoding step on a static cache compiles
+    # with fullgraph=True: transformers' compiled `generate` path and its tests take this flag.
+    _can_compile_fullgraph = True
 
     # Written into every saved config (see HubMixin): each Auto class opens a checkpoint with trust_remote_code.
     remote_code_auto_map = Seq2SeqTransformerConfig.remote_code_classes

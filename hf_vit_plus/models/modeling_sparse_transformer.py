@@ -27,6 +27,11 @@ other (a new sequence wherever a position is not the previous one plus one). Eac
 sparse pattern is laid on its own positions, so every sequence gets the outputs it would get alone. Dense attention
 keeps the requested kernel (with that mask); a sparse pattern on packed rows runs the masked dense reference, as for
 left padding (the block kernels lay the pattern on the row's absolute positions).
+
+A custom 4-D `attention_mask` (batch or 1, 1, queries, keys; boolean, True = attend, or additive float, 0 = attend,
+as transformers' decoders take it, e.g. several continuations sharing a prefix) replaces the causal mask: queries see
+the keys it allows (and, with a sparse pattern, those the pattern allows on `position_ids`), through the masked
+reference or, for dense attention, the requested kernel.
 """
 
 from __future__ import annotations
@@ -99,6 +104,8 @@ class _AttentionContext:
     # (B, T) index of the packed sequence each token belongs to (padding-free packing, see the module docstring), or
     # None for one sequence per row; positions then restart at each sequence
     sequence_ids: torch.Tensor | None = None
+    # (B or 1, 1, Tq, Tk) bool, True = attend: a custom 4-D mask that replaces the causal one, or None
+    custom_mask: torch.Tensor | None = None
 
     @property
     def kv_length(self) -> int:
@@ -108,13 +115,16 @@ class _AttentionContext:
     def is_full_sequence(self) -> bool:
         """No cache before, no padding, one sequence per row: kernels may assume positions 0..T-1 in natural
         order."""
-        return not self.static and self.past_length == 0 and self.key_valid is None and self.sequence_ids is None
+        return (
+            not self.static and self.past_length == 0 and self.key_valid is None and self.sequence_ids is None
+            and self.custom_mask is None
+        )  # fmt: skip
 
     @property
     def in_natural_order(self) -> bool:
         """No cache before and every real token at its own index (no padding, or padding on the right only): the
         sparse kernels, which use absolute positions plus a 2-D padding mask, are exact."""
-        if self.static or self.past_length != 0 or self.sequence_ids is not None:
+        if self.static or self.past_length != 0 or self.sequence_ids is not None or self.custom_mask is not None:
             return False
         if self.key_valid is None:
             return True
@@ -128,6 +138,8 @@ class _AttentionContext:
         applies it itself (`explicit` False: sdpa reads the module's `is_causal`; the eager reference does not)."""
         if self.is_full_sequence and not explicit:
             return None
+        if self.custom_mask is not None:
+            return self.custom_mask
         if "dense" not in self.masks:
             self.masks["dense"] = self._finish(
                 self.key_positions[:, None, None, :] <= self.query_positions[:, None, :, None]
@@ -145,6 +157,8 @@ class _AttentionContext:
         return self.masks[key]
 
     def _finish(self, mask: torch.Tensor) -> torch.Tensor:
+        if self.custom_mask is not None:  # the caller's mask decides, self-attention included
+            return mask & self.custom_mask
         if self.key_valid is not None:
             mask = mask & self.key_valid[:, None, None, :]
         if self.sequence_ids is not None:  # packed sequences see only themselves
@@ -343,6 +357,9 @@ class SparseTransformerPreTrainedModel(HubMixin, PreTrainedModel):
     _supports_flex_attn = False
     _supports_flash_attn = False
     _supports_attention_backend = True
+    # The whole forward traces as one graph (tests/test_common.py), and a decoding step on a static cache compiles
+    # with fullgraph=True: transformers' compiled `generate` path and its tests take this flag.
+    _can_compile_fullgraph = True
 
     # Written into every saved config (see HubMixin): each Auto class opens a checkpoint with trust_remote_code.
     remote_code_auto_map = SparseTransformerConfig.remote_code_classes
@@ -440,6 +457,10 @@ class SparseTransformerModel(SparseTransformerPreTrainedModel):
         # pads it so, see `create_masks_for_generate`); once filled it counts its tokens in a 0-d tensor that each
         # layer's update advances in place, and the attention then runs over all its slots (`_static_context`).
         static_length = cache.get_max_length() if is_static_cache(cache) else None
+        custom_mask = None
+        if attention_mask is not None and attention_mask.dim() == 4 and static_length is None:
+            custom_mask = self._custom_mask(attention_mask, batch_size, seq_len, past_length)
+            attention_mask = None
         if attention_mask is not None and not (torch.is_tensor(past_length) and tracing()):
             # During generation the mask covers the cached tokens and the new ones.
             past = int(past_length) if torch.is_tensor(past_length) else past_length  # int() would freeze an export
@@ -458,10 +479,19 @@ class SparseTransformerModel(SparseTransformerPreTrainedModel):
         else:
             if attention_mask is not None and attention_mask.shape[1] > past_length + seq_len:
                 attention_mask = attention_mask[:, : past_length + seq_len]  # the first step on a static cache
-            context = self._attention_context(batch_size, seq_len, past_length, attention_mask, device)
+            context = self._attention_context(
+                batch_size, seq_len, past_length, attention_mask, device, positions_given=position_ids is not None
+            )
         positions_given = position_ids is not None
         if positions_given:
             check_position_ids(position_ids, batch_size, seq_len)
+        if custom_mask is not None:
+            positions = context.query_positions
+            if positions_given:
+                positions = position_ids.to(device).expand(batch_size, -1)
+            keys = positions if past_length == 0 else context.key_positions  # dense attention after a cache
+            context = replace(context, query_positions=positions, key_positions=keys, custom_mask=custom_mask)
+        elif positions_given:
             if attention_mask is None and not torch.is_tensor(past_length) and past_length == 0:
                 positions = position_ids.to(device).expand(batch_size, -1)
                 sequence_ids = packed_sequence_ids(positions)
@@ -512,6 +542,30 @@ class SparseTransformerModel(SparseTransformerPreTrainedModel):
         )
         return output if return_dict else output.to_tuple()
 
+    def _custom_mask(self, attention_mask: torch.Tensor, batch_size: int, seq_len: int, past_length) -> torch.Tensor:
+        """A custom 4-D mask (B or 1, 1, Tq, Tk) as a boolean mask, True = attend; Tk = cached + new tokens."""
+        kv_length = int(past_length) + seq_len
+        shape = tuple(attention_mask.shape)
+        if shape[0] not in (1, batch_size) or shape[1] != 1 or shape[2] != seq_len or shape[3] < kv_length:
+            raise ValueError(
+                f"A 4-D `attention_mask` must have shape ({batch_size} or 1, 1, {seq_len}, {kv_length}): one row per "
+                f"new token, one column per cached and new token; got {shape}."
+            )
+        if int(past_length) and self.config.attention_type != "dense":
+            raise ValueError(
+                "A 4-D `attention_mask` on top of a cache needs dense attention: a sparse pattern reads the positions "
+                "of the cached keys, which a custom mask does not give. Pass the whole sequence without a cache."
+            )
+        mask = attention_mask[..., :kv_length]
+        if mask.dtype == torch.bool:
+            return mask
+        if not mask.is_floating_point():
+            raise TypeError(
+                "A 4-D `attention_mask` is boolean (True = attend) or additive float (0 = attend, the dtype's minimum "
+                f"= masked), as transformers' decoders take it; got dtype {mask.dtype}."
+            )
+        return mask == 0
+
     @staticmethod
     def _static_context(
         batch_size: int, seq_len: int, past_length: torch.Tensor, attention_mask: torch.Tensor | None,
@@ -540,10 +594,12 @@ class SparseTransformerModel(SparseTransformerPreTrainedModel):
         )
 
     def _attention_context(
-        self, batch_size: int, seq_len: int, past_length: int, attention_mask: torch.Tensor | None, device
-    ) -> _AttentionContext:
+        self, batch_size: int, seq_len: int, past_length: int, attention_mask: torch.Tensor | None, device,
+        positions_given: bool = False,
+    ) -> _AttentionContext:  # fmt: skip
         kv_length = past_length + seq_len
-        if seq_len > self.config.max_position_embeddings:
+        # Given positions are checked against the table by `forward` (a row of packed sequences may be longer).
+        if not positions_given and seq_len > self.config.max_position_embeddings:
             raise ValueError(
                 f"The input has {seq_len} tokens, longer than `max_position_embeddings` "
                 f"({self.config.max_position_embeddings})."
@@ -559,8 +615,12 @@ class SparseTransformerModel(SparseTransformerPreTrainedModel):
             key_valid = None
         else:
             # Positions count real tokens only, so a left-padded row has the same positions (and, for the fixed
-            # pattern, the same blocks) as the unpadded one.
-            key_positions = (key_valid.long().cumsum(-1) - 1).clamp(min=0)
+            # pattern, the same blocks) as the unpadded one. A padding slot after a real token counts on from it, as
+            # on the natural-order path: the (ignored) outputs at right padding do not depend on left padding.
+            slots = torch.arange(kv_length, device=device)
+            last_real = torch.cummax(torch.where(key_valid, slots, -1), dim=-1).values  # (B, Tk), -1 before any
+            counted = key_valid.long().cumsum(-1) - 1 + (slots - last_real)
+            key_positions = torch.where(last_real >= 0, counted, 0)
             # Physical slot of each logical position: the valid slots first, in order.
             key_order = torch.argsort((~key_valid).to(torch.int8), dim=-1, stable=True)
         return _AttentionContext(
