@@ -204,6 +204,12 @@ class TrainingArguments:
     )
     activation_checkpointing: bool = _option(False, "recompute block activations in the backward pass (less memory)")
     use_cpu: bool = _option(False, "train on the CPU even when an accelerator is present")
+    fsdp: bool = _option(
+        False,
+        "shard parameters, gradients and optimizer state over the processes with FSDP2 (torch's fully_shard through "
+        "Accelerate's FSDP plugin; on CPU too); start the run with accelerate launch or torchrun",
+    )
+    fsdp_config: str | None = _option(None, lambda family: _fsdp_config_help())
     seed: int = _option(42, "random seed of the initial weights and of the data order")
     # --- logging, evaluation, checkpoints
     logging_steps: int = _option(10, "log the mean training loss every N updates")
@@ -249,6 +255,10 @@ class TrainingArguments:
             raise UsageError(f"--lr_scheduler_type must be one of {SCHEDULERS}, got {self.lr_scheduler_type!r}.")
         if self.mixed_precision is not None and self.mixed_precision not in MIXED_PRECISION:
             raise UsageError(f"--mixed_precision must be one of {MIXED_PRECISION}, got {self.mixed_precision!r}.")
+        if self.fsdp_config is not None:
+            if not self.fsdp:
+                raise UsageError("--fsdp_config needs --fsdp (it tunes the sharding --fsdp switches on).")
+            read_fsdp_config(self.fsdp_config)
         if self.num_train_epochs is None or isinstance(self.num_train_epochs, bool):
             raise UsageError(f"--num_train_epochs must be a number > 0, got {self.num_train_epochs!r}.")
         if self.max_steps is None:
@@ -308,6 +318,11 @@ class TrainingArguments:
         for name in ("model_name_or_path", "tokenizer_name"):
             if getattr(self, name):
                 check_model_location(getattr(self, name), f"--{name}")
+
+    @property
+    def fsdp_options(self) -> dict:
+        """--fsdp_config as a dict (`read_fsdp_config`); empty without it."""
+        return read_fsdp_config(self.fsdp_config) if self.fsdp_config else {}
 
     @property
     def save_every(self) -> int | None:
@@ -392,6 +407,108 @@ REQUIRED_VALUES = {
     "learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm", "warmup_ratio",
     "validation_split_percentage", "label_smoothing_factor",
 }  # fmt: skip
+
+
+# --fsdp_config: transformers' keys (`TrainingArguments.fsdp_config`, an `fsdp_` prefix allowed), what each means, and
+# its check (returning the value to use). Units, activation checkpointing and mixed precision: `training/sharding.py`.
+def _boolean(key: str, value) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    raise UsageError(f"--fsdp_config {key} must be true or false, got {value!r}.")
+
+
+def _choice(*choices: str) -> Callable[[str, Any], str]:
+    def check(key: str, value) -> str:
+        if not isinstance(value, str) or value.upper() not in choices:
+            raise UsageError(f"--fsdp_config {key} must be {one_of(choices)}, got {value!r}.")
+        return value.upper()
+
+    return check
+
+
+def _class_names(key: str, value) -> list[str]:
+    names = value.split(",") if isinstance(value, str) else value
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) and n.strip() for n in names):
+        raise UsageError(f"--fsdp_config {key} must be a class name or a list of them, got {value!r}.")
+    return [n.strip() for n in names]
+
+
+def _version(key: str, value) -> int:
+    if isinstance(value, bool) or value not in (1, 2, "1", "2"):
+        raise UsageError(f"--fsdp_config {key} must be 2 (FSDP2), got {value!r}.")
+    return int(value)
+
+
+PRECISIONS = ("bf16", "fp16", "fp32")
+POLICY_FIELDS = ("param_dtype", "reduce_dtype", "output_dtype")
+
+
+def _precision_policy(key: str, value):
+    if isinstance(value, str) and value in PRECISIONS:
+        return value
+    if isinstance(value, dict) and value and all(k in POLICY_FIELDS and v in PRECISIONS for k, v in value.items()):
+        return dict(value)
+    raise UsageError(
+        f"--fsdp_config {key} must be one of {PRECISIONS} or an object of {', '.join(POLICY_FIELDS)} -> one of "
+        f"them (e.g. {{\"param_dtype\": \"bf16\", \"reduce_dtype\": \"fp32\"}}), got {value!r}."
+    )
+
+
+FSDP_CONFIG_KEYS: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
+    "version": ("2 (FSDP2, the default; 1 is refused)", _version),
+    "reshard_after_forward": ("free gathered parameters after each unit's forward, default true", _boolean),
+    "activation_checkpointing": ("as --activation_checkpointing", _boolean),
+    "cpu_offload": ("keep parameters on the CPU between uses (GPU runs)", _boolean),
+    "state_dict_type": (
+        "training checkpoints SHARDED_STATE_DICT (default) or FULL_STATE_DICT",
+        _choice("SHARDED_STATE_DICT", "FULL_STATE_DICT"),
+    ),
+    "auto_wrap_policy": (
+        "TRANSFORMER_BASED_WRAP (the model's layers, default) or NO_WRAP",
+        _choice("TRANSFORMER_BASED_WRAP", "NO_WRAP"),
+    ),
+    "transformer_layer_cls_to_wrap": ("layer classes to wrap (default: the model's _no_split_modules)", _class_names),
+    "mixed_precision_policy": (
+        "bf16, or {param_dtype, reduce_dtype, output_dtype: bf16|fp16|fp32}",
+        _precision_policy,
+    ),
+}
+
+
+def _fsdp_config_help() -> str:
+    keys = "; ".join(f"{key}: {what}" for key, (what, _) in FSDP_CONFIG_KEYS.items())
+    return f"FSDP settings with --fsdp: a JSON file or object with transformers' fsdp_config keys ({keys})"
+
+
+def read_fsdp_config(value: str) -> dict:
+    """--fsdp_config (a JSON file, or a JSON object on the command line) as a dict of `FSDP_CONFIG_KEYS` without
+    their `fsdp_` prefix, each value checked; a `UsageError` names an unknown key (with the closest) or a bad value."""
+    import difflib
+    import json
+
+    text = str(value).strip()
+    if not text.startswith(("{", "[")):
+        path = check_exists(text, "--fsdp_config", "file")
+        text = path.read_text()
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise UsageError(f"--fsdp_config {str(value)!r} is not valid JSON: {error}.") from None
+    if not isinstance(config, dict):
+        raise UsageError(f"--fsdp_config must be a JSON object, got {type(config).__name__}.")
+    options = {}
+    for key, item in config.items():
+        name = key.removeprefix("fsdp_")
+        if name not in FSDP_CONFIG_KEYS:
+            close = difflib.get_close_matches(name, FSDP_CONFIG_KEYS, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise UsageError(
+                f"--fsdp_config has an unknown key {key!r}: {hint}expected {one_of(list(FSDP_CONFIG_KEYS))}."
+            )
+        options[name] = FSDP_CONFIG_KEYS[name][1](key, item)
+    return options
 
 
 def check_report_to(report_to: str) -> None:

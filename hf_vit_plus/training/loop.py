@@ -1,7 +1,9 @@
 """The one training loop of every family, on Accelerate: train -> epochs -> steps -> evaluate.
 
 The same code runs on one CPU, on N processes (`accelerate launch --multi_gpu --num_processes N`, gloo on CPU,
-NCCL on GPUs), on several machines, and under FSDP/DeepSpeed configs, which Accelerate applies in `prepare`.
+NCCL on GPUs), on several machines, and sharded with FSDP2 (`--fsdp` or an accelerate config), on GPUs and on CPU,
+which Accelerate applies in `prepare` (`sharding.py`: the plugin, driving it on CPU, the units, what is refused). The
+first lines of a run say what is in effect (`sharding.describe`).
 
 Order (as in Accelerate's examples): Accelerator -> set_seed -> data under `main_process_first` -> model ->
 optimiser groups -> `prepare` -> `accumulate` -> `gather_for_metrics` -> save on the main process with
@@ -42,6 +44,7 @@ from .args import TrainingArguments
 from .checkpoints import (
     PROCESSOR_DIR,
     STATE_FORMAT,
+    check_same_layout,
     check_same_model,
     model_fingerprint,
     read_training_state,
@@ -50,6 +53,21 @@ from .checkpoints import (
 )
 from .families import TrainingData, TrainingFamily, get_family
 from .outputs import prefixed_metrics, save_final
+from .sharding import (
+    CHECKPOINT_LAYOUTS,
+    checkpoint_layout,
+    describe,
+    fsdp_plugin,
+    honour,
+    keep_environment,
+    local_share,
+    parallelism_request,
+    prepare_model,
+    refuse_before_start,
+    reload_sharded_optimizer,
+    trained_model,
+    units,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +85,9 @@ class TrainResult:
     train_seconds: float = 0.0
     files: list[Path] = field(default_factory=list)
     raw_datasets: Any = None
-    model: Any = None  # the trained model, unwrapped (on every process)
+    # the trained model, unwrapped, on every process; under FSDP, after the last update: the gathered model on the
+    # main process and None on the others (a run stopped early: the sharded model)
+    model: Any = None
 
 
 # ----------------------------------------------------------------------------------------------------- the loop
@@ -137,6 +157,10 @@ def train(args: TrainingArguments, family: TrainingFamily | None = None) -> Trai
     family = family or get_family(args.family)
     with user_errors():  # before the first update, a bad value is the user's: the tracker, data, config, sizes
         accelerator = create_accelerator(args)
+        args = with_fsdp_checkpointing(args)
+        for line in describe(accelerator, args.per_device_train_batch_size, args.gradient_accumulation_steps,
+                             args.activation_checkpointing):  # fmt: skip
+            accelerator.print(line)
         set_seed(args.seed)
         resume = find_resume_point(args, family)
         args = reuse_checkpoint_processor(args, family, resume)
@@ -167,20 +191,38 @@ def user_errors() -> Iterator[None]:
 
 
 def create_accelerator(args: TrainingArguments) -> Accelerator:
+    """The run's Accelerator, doing what the arguments and the launcher ask (FSDP on CPU too), or a `UsageError`
+    naming what cannot be honoured (`sharding.refuse_before_start`, `sharding.honour`)."""
     output_dir = Path(args.output_dir)
-    return Accelerator(
-        # Without an accelerator device, say so: then `accelerate launch --multi_gpu` / torchrun processes join one
-        # gloo group on CPU instead of each training alone.
-        cpu=args.use_cpu or not torch.accelerator.is_available(),
-        mixed_precision=args.mixed_precision,
-        gradient_accumulation_steps=args.gradient_accumulation_steps,
-        log_with=_trackers(args.report_to),
-        project_config=ProjectConfiguration(project_dir=str(output_dir), logging_dir=str(output_dir / "logs")),
-        # Data order depends on (seed, epoch) only: the same on every process, and again after a resume.
-        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=args.seed),
-        # The schedule counts optimiser updates, whatever the number of processes (see `training_step`).
-        step_scheduler_with_optimizer=False,
-    )
+    # Without an accelerator device, say so: then `accelerate launch --multi_gpu` / torchrun processes join one gloo
+    # group on CPU instead of each training alone.
+    on_cpu = args.use_cpu or not torch.accelerator.is_available()
+    request = parallelism_request(args.fsdp, args.fsdp_options)
+    refuse_before_start(request, on_cpu)
+    plugin = fsdp_plugin(request)
+    with keep_environment("ACCELERATE_USE_FSDP"):
+        accelerator = Accelerator(
+            cpu=on_cpu,
+            fsdp_plugin=plugin,
+            mixed_precision=args.mixed_precision,
+            gradient_accumulation_steps=args.gradient_accumulation_steps,
+            log_with=_trackers(args.report_to),
+            project_config=ProjectConfiguration(project_dir=str(output_dir), logging_dir=str(output_dir / "logs")),
+            # Data order depends on (seed, epoch) only: the same on every process, and again after a resume.
+            dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=args.seed),
+            # The schedule counts optimiser updates, whatever the number of processes (see `training_step`).
+            step_scheduler_with_optimizer=False,
+        )
+    honour(accelerator, request, plugin)
+    return accelerator
+
+
+def with_fsdp_checkpointing(args: TrainingArguments) -> TrainingArguments:
+    """Activation checkpointing asked for by --fsdp_config or the launcher's FSDP config is --activation_checkpointing:
+    the model's own (one recomputation per layer, with the RNG state kept), not the plugin's wrapper."""
+    if args.activation_checkpointing or not parallelism_request(args.fsdp, args.fsdp_options).activation_checkpointing:
+        return args
+    return dataclasses.replace(args, activation_checkpointing=True)
 
 
 def find_resume_point(args: TrainingArguments, family: TrainingFamily) -> ResumePoint | None:
@@ -223,7 +265,10 @@ def prepare_run(
     if args.activation_checkpointing:
         if not getattr(model, "supports_gradient_checkpointing", False):
             raise ValueError(f"{type(model).__name__} does not support --activation_checkpointing.")
-        enable_activation_checkpointing(model)
+        # under FSDP2 the recomputed forward runs inside the unit's gathered parameters: non-reentrant checkpoints
+        enable_activation_checkpointing(model, {"use_reentrant": False} if accelerator.is_fsdp2 else None)
+    if accelerator.is_fsdp2:
+        prepare_model(accelerator, model)  # the units, and the tied weights sharded together: before the optimiser
 
     loaders = make_dataloaders(args, datasets, family.collate_fn(processor), accelerator.num_processes)
     optimizer = family.create_optimizer(model, args)
@@ -279,10 +324,13 @@ def restore_progress(run: Run, resume: ResumePoint | None) -> Progress:
     progress = Progress(loss=RunningLoss(run.accelerator.device))
     if resume is None:
         return progress
+    check_same_layout(resume.state, checkpoint_layout(run.accelerator), resume.path, CHECKPOINT_LAYOUTS)
     _warn_if_layout_changed(resume.state, run.args, run.accelerator.num_processes)
     # Accelerate loads optimizer/scheduler/RNG with torch.load(weights_only=True) and the model from safetensors;
     # nothing else (no custom pickled objects) is registered for checkpointing.
     run.accelerator.load_state(str(resume.path), load_kwargs={"weights_only": True})
+    if checkpoint_layout(run.accelerator) == "fsdp-sharded":
+        reload_sharded_optimizer(run.accelerator, run.model, run.optimizer, resume.path)  # accelerate 1.10 lost it
     progress.global_step = resume.state["global_step"]
     progress.start_epoch, progress.skip_batches = resume.state["epoch"], resume.state["batches_in_epoch"]
     progress.log_history = list(resume.state.get("log_history", []))
@@ -299,9 +347,12 @@ def announce(run: Run) -> None:
     if _trackers(args.report_to):
         accelerator.init_trackers(args.project_name or f"hf_vit_plus-{run.family.name}", config=_hparams(args))
     world = accelerator.num_processes
+    sharded = ""
+    if accelerator.is_fsdp2:
+        sharded = f" (FSDP units: {units(run.model)}; this process holds {local_share(run.model):.1%} of them)"
     accelerator.print(
-        f"Training {run.family.name}: {_count(run.model)} parameters, {len(run.train_dataloader.dataset)} train / "
-        f"{len(run.eval_dataloader.dataset)} eval examples, {world} process(es), global batch "
+        f"Training {run.family.name}: {_count(run.model)} parameters{sharded}, {len(run.train_dataloader.dataset)} "
+        f"train / {len(run.eval_dataloader.dataset)} eval examples, {world} process(es), global batch "
         f"{args.per_device_train_batch_size * world * args.gradient_accumulation_steps}, {run.total_steps} updates."
     )
 
@@ -412,6 +463,7 @@ def save_training_state(run: Run, progress: Progress, epoch: int, batches_in_epo
         "epoch": epoch,
         "batches_in_epoch": batches_in_epoch,
         "num_processes": run.accelerator.num_processes,
+        "checkpoint_layout": checkpoint_layout(run.accelerator),
         "per_device_train_batch_size": run.args.per_device_train_batch_size,
         "gradient_accumulation_steps": run.args.gradient_accumulation_steps,
         "seed": run.args.seed,
@@ -431,7 +483,7 @@ def stop_early(run: Run, progress: Progress, train_seconds: float) -> TrainResul
         f"{progress.last_checkpoint}."
     )
     run.accelerator.end_training()
-    return _result(run, progress, train_seconds, files=[])
+    return _result(run, progress, train_seconds, files=[], model=run.accelerator.unwrap_model(run.model))
 
 
 def finish(run: Run, progress: Progress, train_seconds: float) -> TrainResult:
@@ -444,17 +496,19 @@ def finish(run: Run, progress: Progress, train_seconds: float) -> TrainResult:
         _log(
             run.accelerator, history, {"step": progress.global_step, **prefixed_metrics(progress.eval_metrics)}, "eval"
         )
+    trained = trained_model(run.accelerator, run.model)  # gathered under FSDP (collective)
     files = save_final(
-        run.accelerator, run.model, run.processor, run.args, run.family, run.data, progress.eval_metrics, history
-    )
+        run.accelerator, run.model, run.processor, run.args, run.family, run.data, progress.eval_metrics, history,
+        trained=trained,
+    )  # fmt: skip
     run.accelerator.end_training()
     run.accelerator.print(f"Final evaluation: {json.dumps(progress.eval_metrics)}; model saved in {run.output_dir}.")
     if run.data.baselines:
         run.accelerator.print(f"Baselines on the same split: {json.dumps(run.data.baselines)}.")
-    return _result(run, progress, train_seconds, files)
+    return _result(run, progress, train_seconds, files, model=trained[0])
 
 
-def _result(run: Run, progress: Progress, train_seconds: float, files: list[Path]) -> TrainResult:
+def _result(run: Run, progress: Progress, train_seconds: float, files: list[Path], model) -> TrainResult:
     return TrainResult(
         output_dir=run.output_dir,
         global_step=progress.global_step,
@@ -467,7 +521,7 @@ def _result(run: Run, progress: Progress, train_seconds: float, files: list[Path
         train_seconds=train_seconds,
         files=files,
         raw_datasets=run.data.raw,
-        model=run.accelerator.unwrap_model(run.model),
+        model=model,
     )
 
 
