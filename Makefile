@@ -43,11 +43,11 @@ demo: $(VENV)/.stamp-base
 
 # The multi-process tests fork (accelerate.debug_launcher), which torch refuses in a process that already ran
 # autograd: they run first, in a fresh interpreter of their own; the rest runs on 2 pytest-xdist workers.
-DISTRIBUTED_TESTS := tests/training/test_training_distributed.py
+DISTRIBUTED_TESTS := tests/training/test_training_distributed.py tests/training/test_training_fsdp.py
 test: $(VENV)/.stamp-test
 	$(VENV)/bin/hf-vit-plus env
 	OMP_NUM_THREADS=1 $(PY) -m pytest -p no:xdist -q $(DISTRIBUTED_TESTS)
-	OMP_NUM_THREADS=1 $(PY) -m pytest $(PYTEST_ARGS) --ignore=$(DISTRIBUTED_TESTS) tests
+	OMP_NUM_THREADS=1 $(PY) -m pytest $(PYTEST_ARGS) $(addprefix --ignore=,$(DISTRIBUTED_TESTS)) tests
 
 # The same suite on the oldest supported releases (see README, "Supported releases"). Where .venv exists too, the
 # checkpoints saved under one environment's transformers are also run under the other's (tests/test_compat.py).
@@ -55,7 +55,7 @@ test-oldest: $(OLDEST_VENV)/.stamp-test
 	$(OLDEST_VENV)/bin/hf-vit-plus env
 	OMP_NUM_THREADS=1 $(OLDEST_VENV)/bin/python -m pytest -p no:xdist -q $(DISTRIBUTED_TESTS)
 	OMP_NUM_THREADS=1 HF_VIT_PLUS_OTHER_PYTHON=$(if $(wildcard $(PY)),$(CURDIR)/$(PY),) \
-		$(OLDEST_VENV)/bin/python -m pytest $(PYTEST_ARGS) --ignore=$(DISTRIBUTED_TESTS) tests
+		$(OLDEST_VENV)/bin/python -m pytest $(PYTEST_ARGS) $(addprefix --ignore=,$(DISTRIBUTED_TESTS)) tests
 
 env: $(VENV)/.stamp-base
 	$(VENV)/bin/hf-vit-plus env
