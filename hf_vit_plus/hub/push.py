@@ -1,11 +1,12 @@
 """Push a saved checkpoint folder to the Hugging Face Hub (or any endpoint set with `HF_ENDPOINT`).
 
-One call does: check the folder (a config, safetensors weights, no pickles) -> `create_repo(exist_ok=True)` ->
-`create_branch` when a revision is given -> one commit of the folder's files. Everything in the folder goes up: the
-weights, config.json, the model-code files that `save_pretrained` copies for `trust_remote_code`, the
-processor/tokenizer files, figures and the README.md model card. A folder without README.md gets the family's card
-rendered from its config.json (`hf_vit_plus.hub.card.model_card_from_config`) in the commit; a README.md in the
-folder goes up as it is. The local folder is only read, never written.
+One call does: check the folder (a config, or a PEFT adapter's adapter_config.json, safetensors weights, no pickles)
+-> `create_repo(exist_ok=True)` -> `create_branch` when a revision is given -> one commit of the folder's files.
+Everything in the folder goes up: the weights, config.json, the model-code files that `save_pretrained` copies for
+`trust_remote_code`, the processor/tokenizer files, figures and the README.md model card. A folder without README.md
+gets the family's card (an adapter folder: an adapter card naming its base model) rendered from its config.json
+(`hf_vit_plus.hub.card.model_card_from_config`) in the commit; a README.md in the folder goes up as it is. The local
+folder is only read, never written.
 
 `push_model` is what the families' `model.push_to_hub(repo_id)` does: `hf_vit_plus/__init__.py` sets it as the push
 hook of `hf_vit_plus.models.hub_mixin` (the models never import this package). It is transformers' push with the
@@ -27,6 +28,8 @@ from huggingface_hub import CommitOperationAdd, HfApi, ModelCard
 from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError
 from huggingface_hub.hf_api import DEFAULT_IGNORE_PATTERNS
 from huggingface_hub.utils import filter_repo_objects
+
+from .adapter import adapter_card, is_adapter_folder
 
 logger = logging.getLogger(__name__)
 
@@ -71,8 +74,11 @@ def check_checkpoint_folder(folder: str | Path) -> list[str]:
             "`save_pretrained` (safetensors by default) and move these files out of the folder (for a Trainer "
             "output dir, push the final model folder, not the one holding checkpoint-*/ and training_args.bin)."
         )
-    if "config.json" not in files:
-        raise ValueError(f"{str(folder)!r} has no config.json: is it a `save_pretrained` folder?")
+    if "config.json" not in files and not is_adapter_folder(folder):
+        raise ValueError(
+            f"{str(folder)!r} has no config.json, nor adapter_config.json + adapter_model.safetensors: is it a "
+            "`save_pretrained` folder?"
+        )
     if not any(f.endswith(".safetensors") and "/" not in f for f in files):
         raise ValueError(f"{str(folder)!r} has no *.safetensors weights at its top level.")
     return files
@@ -83,6 +89,9 @@ def _card_for_folder(folder: Path, repo_id: str) -> str | None:
     type of another project."""
     from .card import family_of, model_card_from_config
 
+    if is_adapter_folder(folder) and not (folder / "config.json").is_file():
+        logger.info("%s has no README.md: uploading an adapter card naming its base model.", folder)
+        return str(adapter_card(folder, family=None, repo_id=repo_id))
     config_path = folder / "config.json"
     try:
         config = json.loads(config_path.read_text(encoding="utf-8"))

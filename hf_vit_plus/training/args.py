@@ -88,10 +88,13 @@ def has_builtin_datasets(family: Family) -> bool:
 
 
 def _option(default: Any, help: str | Callable[[Family], str], families: Callable[[Family], bool] | str = every,
-            choices=None):  # fmt: skip
+            choices=None, nargs=None):  # fmt: skip
     """A field that is also a command-line flag of `families`. `help` may be computed from the family's record (see
     `help_text`)."""
-    return field(default=default, metadata={"help": help, "families": families, "choices": choices})
+    metadata = {"help": help, "families": families, "choices": choices}
+    if nargs is not None:  # a list of values
+        metadata["nargs"] = nargs
+    return field(default=default, metadata=metadata)
 
 
 def applies(flag: dataclasses.Field, family: Family) -> bool:
@@ -224,6 +227,16 @@ class TrainingArguments:
     )
     report_to: str = _option("tensorboard", "tracker(s) of accelerate's log_with: tensorboard, wandb, ..., all, none")
     project_name: str | None = _option(None, "project name given to the trackers (default: hf_vit_plus-FAMILY)")
+    # --- LoRA (PEFT): train an adapter of --model_name_or_path instead of every weight (hf_vit_plus.training.lora)
+    lora_r: int | None = _option(
+        None, "train a LoRA adapter of this rank on --model_name_or_path (frozen); saves the adapter, not the model"
+    )
+    lora_alpha: float | None = _option(None, "LoRA scale numerator: updates are scaled by alpha / r (default: 2r)")
+    lora_dropout: float = _option(0.0, "dropout on the LoRA branch's input")
+    lora_target_modules: list[str] | None = _option(
+        None, "linear layers to adapt, by name (default: q_proj k_proj v_proj o_proj; fc1 fc2 are the MLP's; or "
+        "all-linear)", nargs="+",
+    )  # fmt: skip
     # --- outputs
     push_to_hub: bool = _option(False, "push the model folder to the Hub at the end (needs --hub_model_id)")
     hub_model_id: str | None = _option(None, "Hub repository to push to, 'namespace/name'")
@@ -268,6 +281,18 @@ class TrainingArguments:
             raise UsageError(f"--save_steps must be 'epoch', 'none' or a positive integer, got {steps!r}.")
         if self.save_total_limit is not None and self.save_total_limit < 1:
             raise UsageError(f"--save_total_limit must be >= 1, got {self.save_total_limit!r}.")
+        if self.lora_r is not None:
+            integer("--lora_r", self.lora_r)
+            if not self.model_name_or_path:
+                raise UsageError(
+                    "--lora_r trains an adapter of a pre-trained model: give it with --model_name_or_path (an adapter "
+                    "of freshly initialised weights would be useless without them)."
+                )
+        elif self.lora_alpha is not None or self.lora_target_modules is not None:
+            raise UsageError("--lora_alpha and --lora_target_modules need --lora_r (the adapter's rank).")
+        if self.lora_alpha is not None:
+            number("--lora_alpha", self.lora_alpha, low=0.0, low_open=True)
+        number("--lora_dropout", self.lora_dropout, low=0.0, high=1.0)
         if self.push_to_hub and not self.hub_model_id:
             raise UsageError("--push_to_hub needs --hub_model_id (e.g. 'my-user/vit-digits').")
         if self.train_dir and self.train_file:
@@ -569,6 +594,8 @@ def add_training_arguments(parser: argparse.ArgumentParser, family: str) -> argp
                 kwargs.update(action="store_true")
         else:
             kwargs.update(type=_base_type(f.type), choices=f.metadata["choices"])
+            if "nargs" in f.metadata:
+                kwargs.update(nargs=f.metadata["nargs"])
         parser.add_argument(f"--{f.name}", **kwargs)
         if f.name in old_names:
             hidden = dict(kwargs, help=argparse.SUPPRESS, default=argparse.SUPPRESS)

@@ -259,6 +259,10 @@ def prepare_run(
         data = family.load_data(args)
         model, processor = family.build(args, data)
         datasets = family.transform(data, processor, model, args)
+    if args.lora_r is not None:  # the base frozen, an adapter (and a new head) trained: saved as an adapter folder
+        from .lora import add_lora
+
+        model = add_lora(model, args.family, args.lora_r, args.lora_alpha, args.lora_target_modules, args.lora_dropout)
     fingerprint = model_fingerprint(model.config)
     if resume is not None:
         check_same_model(resume.state, family.name, fingerprint, resume.path)

@@ -100,6 +100,14 @@ def write_card_and_figures(
 
     output_dir = Path(args.output_dir)
     figures = [Path(plot_training_curves(log_history, output_dir / "training_curves.png"))]
+    if args.lora_r is not None:  # an adapter folder: its card names the base model and how to load the adapter onto it
+        from ..hub.adapter import write_adapter_card
+
+        card = write_adapter_card(
+            output_dir, family=family.name, base_model=args.model_name_or_path, repo_id=args.hub_model_id,
+            eval_results=prefixed_metrics(eval_metrics), dataset_name=data.name, figures=figures,
+        )  # fmt: skip
+        return figures + [card]
     was_training = model.training
     model.eval()
     figures += [Path(p) for p in family.figures(model, processor, data.raw, output_dir)]
