@@ -545,6 +545,50 @@ def test_generate_with_and_without_cache_and_with_a_static_cache_give_the_same_t
     torch.testing.assert_close(static, cached, rtol=0, atol=0)
 
 
+def test_transformers_compiled_static_cache_generate_gives_the_eager_tokens_and_logits(generative_case):
+    """The flag transformers' generation tests read (`_can_compile_fullgraph`, true for both generative families)
+    holds: `generate(cache_implementation="static", compile_config=CompileConfig(fullgraph=True, dynamic=False))`
+    forced onto the CPU, as those tests run it, compiles the decoding step without a graph break and gives the
+    tokens and logits of eager decoding with a dynamic cache, for two batches of the same shape and with every
+    output (scores, attentions, hidden states), greedy as they run it (beam search:
+    tests/models/test_compiled_decoding.py). The graphs stay far below torch's recompile limit (the sparse LM
+    exceeded it before) and a repeated call compiles nothing. Dynamo's eager backend checks the graph; inductor
+    gives the same tokens (measured: 40-50 s per family, too slow here)."""
+    from torch._dynamo.utils import counters
+    from transformers import CompileConfig
+
+    model = generative_case.model()
+    assert type(model)._can_compile_fullgraph
+    if generative_case.family == "image-lm":  # images are drawn from the start token
+        batch = {"input_ids": torch.full((4, 1), generative_case.config().bos_token_id)}
+    else:
+        batch = {k: v for k, v in generative_case.inputs(batch=4).items() if k != "decoder_input_ids"}
+    halves = [{k: v[:2] for k, v in batch.items()}, {k: v[2:] for k, v in batch.items()}]
+    torch._dynamo.reset()
+    graphs = counters["stats"]["unique_graphs"]
+    for outputs in ({}, {"output_attentions": True, "output_hidden_states": True, "output_scores": True}):
+        config = CompileConfig(fullgraph=True, dynamic=False, backend="eager", mode=None)
+        config._compile_all_devices = True  # as transformers' tests force it on CPU
+        settings = dict(do_sample=False, num_beams=1, max_new_tokens=5, min_new_tokens=5, return_dict_in_generate=True,
+                        output_logits=True, **outputs)  # fmt: skip
+        with torch.no_grad():
+            eager = [model.generate(**half, **settings) for half in halves]
+            compiled = [model.generate(**half, **settings, cache_implementation="static", compile_config=config)
+                        for half in halves]  # fmt: skip
+        for want, got in zip(eager, compiled):
+            torch.testing.assert_close(got.sequences, want.sequences, rtol=0, atol=0)
+            torch.testing.assert_close(torch.stack(got.logits), torch.stack(want.logits), rtol=1e-5, atol=1e-5)
+            if outputs:  # one entry per new token
+                key = "decoder_attentions" if generative_case.family == "seq2seq" else "attentions"
+                assert len(getattr(got, key)) == len(getattr(want, key)) == 5
+    made = counters["stats"]["unique_graphs"] - graphs
+    assert 1 <= made <= 4 < torch._dynamo.config.recompile_limit, made
+    with torch.no_grad():
+        model.generate(**halves[0], **settings, cache_implementation="static", compile_config=config)
+    assert counters["stats"]["unique_graphs"] - graphs == made
+    torch._dynamo.reset()
+
+
 def test_resize_token_embeddings_keeps_the_tied_matrices_tied(generative_case):
     if generative_case.family == "image-lm":
         pytest.skip("an image model's vocabulary is fixed (the 256 intensities and the start token), untied")
