@@ -3,7 +3,8 @@
 
 User errors are reported the argparse way: one line `hf-vit-plus <command>: error: <message>` on stderr and exit
 status 2. argparse finds some of them itself (a missing argument, a value outside `choices`); the others are
-`hf_vit_plus.errors.UsageError`s raised while the sub-command checks its arguments. Any other exception is a bug
+`hf_vit_plus.errors.UsageError`s raised while the sub-command checks its arguments. A final step that fails after
+the work was kept (`StepFailedError`: the push after a run) is one line with status 1. Any other exception is a bug
 (or a failure of the run itself) and keeps its traceback.
 
 This module is the root of the command line: it imports the sub-command modules, and they import only what is
@@ -19,7 +20,7 @@ import sys
 from hf_vit_plus import __version__, env_cli, export_cli, sample_cli
 from hf_vit_plus.cli_utils import CommandParser, HelpFormatter, one_line, unrecognized_arguments
 from hf_vit_plus.conversion import cli as conversion_cli
-from hf_vit_plus.errors import UsageError
+from hf_vit_plus.errors import StepFailedError, UsageError
 from hf_vit_plus.hub import cli as hub_cli
 from hf_vit_plus.interpret import cli as interpret_cli
 from hf_vit_plus.training import cli as training_cli
@@ -55,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as error:
         print(f"{args.command_prog}: error: {one_line(error)}", file=sys.stderr)
         return 2
+    except StepFailedError as error:
+        print(f"{args.command_prog}: error: {one_line(error)}", file=sys.stderr)
+        return 1
     return int(result or 0)
 
 

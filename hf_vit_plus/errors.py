@@ -3,7 +3,8 @@
 Validation code raises `UsageError` (a `ValueError`, so Python callers see the usual exception) for a bad value
 the user typed: an unknown config field, a folder that does not exist, an option out of range. `hf-vit-plus`
 prints such an error as one line, `hf-vit-plus <command>: error: <message>`, and exits with status 2, as argparse
-does for the errors it finds itself; any other exception keeps its traceback.
+does for the errors it finds itself. A `StepFailedError` (a final step failed, its work kept) is one line with
+status 1; any other exception keeps its traceback.
 """
 
 from __future__ import annotations
@@ -13,6 +14,12 @@ from pathlib import Path
 
 class UsageError(ValueError):
     """A bad command-line (or config) value; the message names the value and what was expected."""
+
+
+class StepFailedError(RuntimeError):
+    """A step failed after the work it follows was done and kept (a push after training: the model is saved). The
+    command line prints the message, which says where the work is and how to redo the step, as one line and exits
+    with status 1, without a traceback."""
 
 
 def check_exists(path: str | Path, option: str, kind: str = "any") -> Path:

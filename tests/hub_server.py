@@ -275,6 +275,11 @@ class _Handler(BaseHTTPRequestHandler):
     def authorized(self) -> bool:
         return self.headers.get("Authorization", "").startswith("Bearer ")
 
+    @property
+    def token(self) -> str | None:
+        header = self.headers.get("Authorization", "")
+        return header.removeprefix("Bearer ") if header.startswith("Bearer ") else None
+
     def _dispatch(self, method: str) -> None:
         url = urlsplit(self.path)
         self._body_read = False
@@ -286,6 +291,10 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             route, handler, args = self._route(method, segments)
             hub._record(method, route, url.path, self.headers)
+            if self.token in hub.invalid_tokens:
+                raise HubError(401, "Invalid credentials in Authorization header")
+            if self.token in hub.read_tokens and method != "GET":
+                raise HubError(403, "You don't have the rights to write with this token")
             fault = hub._take_fault(route, url.path)
             if fault is not None:
                 raise HubError(fault[0], fault[1], "InjectedFault")
@@ -359,7 +368,8 @@ class _Handler(BaseHTTPRequestHandler):
     def whoami(self):
         if not self.authorized:
             raise HubError(401, "Invalid credentials in Authorization header")
-        self._send_json({"type": "user", "name": USER, "orgs": [], "auth": {"accessToken": {"role": "write"}}})
+        role = "read" if self.token in self.server.hub.read_tokens else "write"
+        self._send_json({"type": "user", "name": USER, "orgs": [], "auth": {"accessToken": {"role": role}}})
 
     def create_repo(self):
         data = self._json_body()
@@ -660,6 +670,9 @@ class HubServer:
         self.requests: list[dict] = []
         self._faults: dict[str, list[tuple[int, str, str | None]]] = {}
         self._lock = threading.Lock()
+        # tokens every route answers 401, as the Hub answers an invalid or expired token; "read" tokens may not write
+        self.invalid_tokens: set[str] = set()
+        self.read_tokens: set[str] = set()
         self._httpd = _Server((host, port), _Handler)
         self._httpd.hub = self
         self._thread: threading.Thread | None = None

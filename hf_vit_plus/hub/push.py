@@ -46,11 +46,18 @@ class HubPushError(RuntimeError):
         self.step = step
 
 
+# What a training run leaves next to its model and never pushes (hf_vit_plus.training): the training states
+# (checkpoints/, with pickled optimiser states), the trackers' logs and half-written files. So the output folder of
+# `hf-vit-plus train` is pushed as it is, by the run and by `hf-vit-plus push` when that push is retried.
+RUN_IGNORE_PATTERNS = ["checkpoints/*", "logs/*", ".tmp-*", ".tmp-*/*"]
+
+
 def files_to_push(folder: str | Path) -> list[str]:
-    """The files `upload_folder` would send from `folder` (paths relative to it, POSIX style)."""
+    """The files `upload_folder` would send from `folder` (paths relative to it, POSIX style), without a training
+    run's own files (`RUN_IGNORE_PATTERNS`)."""
     folder = Path(folder)
     paths = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
-    return list(filter_repo_objects(paths, ignore_patterns=DEFAULT_IGNORE_PATTERNS))
+    return list(filter_repo_objects(paths, ignore_patterns=[*DEFAULT_IGNORE_PATTERNS, *RUN_IGNORE_PATTERNS]))
 
 
 def check_checkpoint_folder(folder: str | Path) -> list[str]:
@@ -313,3 +320,61 @@ def push_model(model, repo_id: str, **options):
             revision=revision,
             create_pr=options["create_pr"],
         )
+
+
+def check_push_target(
+    repo_id: str, *, revision: str | None = None, private: bool = False, token: str | None = None
+) -> str:
+    """Check, before a long run, that its final push can succeed, as transformers' Trainer does by creating the
+    repository when it starts: the endpoint answers, the token is accepted and may write, the repository exists or
+    can be created (it is created now), and the branch `revision` exists or can be created (created now). Returns the
+    repository id; raises `HubPushError` whose message is one line saying what failed and what to do.
+
+    Main process or every process alike: each step is idempotent."""
+    from huggingface_hub import constants
+    from huggingface_hub.errors import LocalTokenNotFoundError, OfflineModeIsEnabled
+
+    endpoint = constants.ENDPOINT
+    if not isinstance(repo_id, str) or repo_id.count("/") != 1 or not all(repo_id.split("/")):
+        raise ValueError(f"--hub_model_id must look like 'namespace/name', got {repo_id!r}.")
+    api = HfApi(token=token)
+    step = "whoami"
+    try:
+        user = api.whoami()
+        role = ((user.get("auth") or {}).get("accessToken") or {}).get("role")
+        if role == "read":
+            raise HubPushError(
+                f"The token for {endpoint} is read-only (user {user.get('name')!r}): pushing to {repo_id!r} needs a "
+                "write token (HF_TOKEN or `hf auth login`).",
+                step,
+            )
+        step = "create_repo"
+        api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+        if revision is not None and revision != "main":
+            step = "create_branch"
+            api.create_branch(repo_id, branch=revision, exist_ok=True, repo_type="model")
+    except HubPushError:
+        raise
+    except OfflineModeIsEnabled as err:
+        raise HubPushError(f"HF_HUB_OFFLINE is set, so nothing can be pushed to {repo_id!r}: unset it ({err}).",
+                           step) from err  # fmt: skip
+    except LocalTokenNotFoundError as err:
+        raise HubPushError(
+            f"No Hub token for {endpoint}: set HF_TOKEN or run `hf auth login` to push to {repo_id!r}.", step
+        ) from err
+    except HfHubHTTPError as err:
+        status = err.response.status_code if err.response is not None else None
+        if step == "whoami" and status == 401:
+            what = "refuses the token (HF_TOKEN or the saved login): it is invalid or expired"
+        elif status in (401, 403):
+            what = f"does not let this token {'create or write' if step == 'create_repo' else 'write'} {repo_id!r}"
+        else:
+            what = f"answered {status} to {step}"
+        raise HubPushError(f"The Hub at {endpoint} {what} ({_one_line(err)[:300]}).", step) from err
+    except Exception as err:  # the endpoint cannot be reached: connection refused, DNS, timeout, TLS
+        raise HubPushError(
+            f"Cannot reach the Hub at {endpoint} ({type(err).__name__}: {_one_line(err)[:300]}); check HF_ENDPOINT "
+            "and the network.",
+            step,
+        ) from err
+    return repo_id

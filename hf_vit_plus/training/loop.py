@@ -52,7 +52,7 @@ from .checkpoints import (
     save_checkpoint,
 )
 from .families import TrainingData, TrainingFamily, get_family
-from .outputs import prefixed_metrics, save_final
+from .outputs import check_push_target, prefixed_metrics, save_final
 from .sharding import (
     CHECKPOINT_LAYOUTS,
     checkpoint_layout,
@@ -156,6 +156,7 @@ def train(args: TrainingArguments, family: TrainingFamily | None = None) -> Trai
     """Train `args.family` as `args` says; returns the final evaluation and where things were written."""
     family = family or get_family(args.family)
     with user_errors():  # before the first update, a bad value is the user's: the tracker, data, config, sizes
+        check_push_target(args)  # the final push's target, before hours of training (as transformers' Trainer)
         accelerator = create_accelerator(args)
         args = with_fsdp_checkpointing(args)
         for line in describe(accelerator, args.per_device_train_batch_size, args.gradient_accumulation_steps,

@@ -13,9 +13,9 @@ from pathlib import Path
 
 from accelerate import Accelerator
 
+from ..errors import StepFailedError, UsageError
 from ..models.compat import disable_activation_checkpointing
 from .args import TrainingArguments
-from .checkpoints import CHECKPOINTS_DIR
 from .families import TrainingData, TrainingFamily
 from .sharding import trained_model
 
@@ -63,6 +63,7 @@ def save_final(
     if args.activation_checkpointing and unwrapped is not None:
         disable_activation_checkpointing(unwrapped)
     files: list[Path] = []
+    push_failure = None
     if accelerator.is_main_process:
         # written next to the folder, then moved in file by file: no half-written weights under their final name
         staging = output_dir / ".tmp-final"
@@ -80,8 +81,10 @@ def save_final(
         if args.write_card:
             files += write_card_and_figures(args, family, data, unwrapped, processor, eval_metrics, log_history)
         if args.push_to_hub:
-            push(output_dir, args)
+            push_failure = push(output_dir, args)
     accelerator.wait_for_everyone()
+    if push_failure is not None:  # after the other processes are released: the model is saved, the run is done
+        raise StepFailedError(push_failure)
     return files
 
 
@@ -135,18 +138,45 @@ def card_hyperparameters(args: TrainingArguments) -> dict:
     return values
 
 
-def push(output_dir: Path, args: TrainingArguments) -> None:
-    """Push the model folder (not the training checkpoints or logs) to --hub_model_id."""
-    from ..hub import push_checkpoint
+def check_push_target(args: TrainingArguments) -> None:
+    """With --push_to_hub, before any training: the endpoint answers, the token may write, --hub_model_id exists or
+    is created now, --hub_revision exists or is created now (`hub.push.check_push_target`); else a `UsageError` in
+    one line."""
+    from ..hub.push import HubPushError
+    from ..hub.push import check_push_target as check_target
 
-    staging = output_dir.parent / f".push-{output_dir.name}"
-    shutil.rmtree(staging, ignore_errors=True)
-    shutil.copytree(output_dir, staging, ignore=shutil.ignore_patterns(CHECKPOINTS_DIR, "logs", ".tmp-*"))
+    if not args.push_to_hub:
+        return
     try:
-        push_checkpoint(staging, args.hub_model_id, revision=args.hub_revision, private=args.hub_private_repo)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        check_target(args.hub_model_id, revision=args.hub_revision, private=args.hub_private_repo)
+    except HubPushError as err:
+        raise UsageError(f"--push_to_hub: {err} Nothing was trained.") from err
+
+
+def push(output_dir: Path, args: TrainingArguments) -> str | None:
+    """Push the model folder (not the training checkpoints or logs: `hub.push.RUN_IGNORE_PATTERNS`) to
+    --hub_model_id. Returns None, or, when the push fails, one line saying where the model is saved and the
+    `hf-vit-plus push` command that retries it."""
+    import shlex
+
+    from ..hub import push_checkpoint
+    from ..hub.push import HubPushError
+
+    try:
+        push_checkpoint(output_dir, args.hub_model_id, revision=args.hub_revision, private=args.hub_private_repo)
+    except HubPushError as err:
+        retry = ["hf-vit-plus", "push", str(output_dir), args.hub_model_id]
+        retry += ["--revision", args.hub_revision] if args.hub_revision else []
+        retry += ["--private"] if args.hub_private_repo else []
+        cause = err.__cause__
+        detail = f"{type(cause).__name__}: {cause}" if cause is not None else str(err)
+        detail = " ".join(detail.split())[:400]
+        return (
+            f"the model is saved in {output_dir}, but pushing it to {args.hub_model_id!r} failed at step "
+            f"'{err.step}' ({detail}). Retry with: {shlex.join(retry)}"
+        )
     logger.info("Pushed %s to %s (revision %s).", output_dir, args.hub_model_id, args.hub_revision or "main")
+    return None
 
 
 def baseline_results(data: TrainingData) -> dict:
