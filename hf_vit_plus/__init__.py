@@ -21,7 +21,13 @@ from .models.modeling_sparse_transformer import (
     SparseTransformerModel,
     SparseTransformerPreTrainedModel,
 )
-from .models.modeling_vit_plus import ViTPlusForImageClassification, ViTPlusModel, ViTPlusPreTrainedModel
+from .models.modeling_vit_plus import (
+    ViTPlusForImageClassification,
+    ViTPlusForMaskedImageModeling,
+    ViTPlusModel,
+    ViTPlusPreTrainedModel,
+    corrupt_patches,
+)
 from .registration import register_auto_classes
 
 register_auto_classes()
@@ -32,6 +38,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ViTPlusConfig",
     "ViTPlusForImageClassification",
+    "ViTPlusForMaskedImageModeling",
     "ViTPlusImageProcessor",
     "ViTPlusModel",
     "ViTPlusPreTrainedModel",
@@ -44,5 +51,6 @@ __all__ = [
     "SparseTransformerForImageGeneration",
     "SparseTransformerModel",
     "SparseTransformerPreTrainedModel",
+    "corrupt_patches",
     "register_auto_classes",
 ]

@@ -5,15 +5,18 @@ Field names follow transformers' `ViTConfig`; the presets are the paper's Table 
 
 from __future__ import annotations
 
+import math
 import re
 
 from transformers import PretrainedConfig
 
 from .config_checks import (
+    FieldTypeError,
     check_activation,
     check_bool,
     check_divisible,
     check_fields,
+    check_int,
     check_non_negative_int,
     check_optional_positive_int,
     check_positive_int,
@@ -37,6 +40,26 @@ VIT_PLUS_SIZES: dict[str, tuple[int, int, int, int]] = {
 VIT_PLUS_PATCH_SIZES = (14, 16, 32)
 _PRESET_RE = re.compile(r"^(?P<size>[a-z]+)-patch(?P<patch>\d+)-(?P<res>\d+)$")
 CLASSIFIER_HEADS = ("linear", "mlp_tanh")
+# Masked patch prediction (sec. 4.6, appendix B.1.2): the mean colour of a patch, `mpp_num_bits` bits per channel.
+MPP_MAX_BITS = 8
+
+
+def _check_mpp_mask_ratio(name: str, value) -> None:
+    check_probability(name, value)
+    if value == 0:
+        raise ValueError(f"`{name}` must be in (0, 1): the share of patches corrupted, got {value!r}.")
+
+
+def _check_value_range(name: str, value) -> None:
+    if (
+        not isinstance(value, (list, tuple))
+        or len(value) != 2
+        or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value)
+        or not value[0] < value[1]
+    ):
+        raise FieldTypeError(f"`{name}` must be two finite numbers [low, high] with low < high, got {value!r}.")
+
+
 # How `interpolate_pos_encoding=True` resamples the position embeddings: timm's antialiased bicubic (the default, as
 # in 0.1) or transformers' plain bicubic. Each converter sets the one of its source, so converted models match it.
 POSITION_INTERPOLATIONS = ("bicubic_antialias", "bicubic")
@@ -61,6 +84,11 @@ FIELD_CHECKS = {
     "sparse_summary_size": lambda name, value: value is None or check_non_negative_int(name, value),
     "sparse_pattern_mode": check_str,
     "position_interpolation": choice(POSITION_INTERPOLATIONS),
+    "drop_path_rate": check_probability,
+    "use_distillation_token": check_bool,
+    "mpp_mask_ratio": _check_mpp_mask_ratio,
+    "mpp_num_bits": lambda name, value: check_int(name, value, minimum=1, maximum=MPP_MAX_BITS),
+    "mpp_value_range": _check_value_range,
 }
 
 
@@ -98,6 +126,19 @@ class ViTPlusConfig(HubConfigMixin, PretrainedConfig):
         position_interpolation: how `interpolate_pos_encoding=True` resamples the 2-D grid of position embeddings
             (sec. 3.2): "bicubic_antialias" (timm's `resample_abs_pos_embed`, the default) or "bicubic" (plain
             bicubic, as transformers' ViT). The converters set the one of their source.
+        drop_path_rate: stochastic depth (Huang et al. 2016, as DeiT and timm train ViTs): each residual branch of
+            block i is dropped per example with probability `drop_path_rate * i / (L - 1)` (linear over depth, 0 for
+            the first block) during training, and the kept ones are scaled by 1 / (1 - p). 0 (the default) adds
+            nothing.
+        use_distillation_token: DeiT's distillation token (Touvron et al. 2021): a second learnable token after the
+            class token with its own linear head, trained on a teacher's predictions; inference averages the two
+            heads' logits. False (the default) is the paper's ViT.
+        mpp_mask_ratio: masked patch prediction (ViT paper, sec. 4.6 and appendix B.1.2): the share of patches
+            corrupted per image (the paper: 50%).
+        mpp_num_bits: the bits per channel of a patch's mean colour that masked patch prediction predicts: the paper's
+            3 bits give 512 classes for RGB; a grey image has 2**3 = 8 intensity bins at the same depth.
+        mpp_value_range: [low, high] of the pixel values the model receives, split into the colour bins (the image
+            processor's default normalisation, mean 0.5 and std 0.5, maps 0..255 to [-1, 1]).
     """
 
     model_type = "vit_plus"
@@ -106,6 +147,7 @@ class ViTPlusConfig(HubConfigMixin, PretrainedConfig):
         "AutoConfig": "configuration_vit_plus.ViTPlusConfig",
         "AutoModel": "modeling_vit_plus.ViTPlusModel",
         "AutoModelForImageClassification": "modeling_vit_plus.ViTPlusForImageClassification",
+        "AutoModelForMaskedImageModeling": "modeling_vit_plus.ViTPlusForMaskedImageModeling",
     }
     # The sparse-attention fields as `sparse_layouts.pattern_from_config` reads them: bidirectional, and the stride
     # must fit the [CLS] token plus the patches.
@@ -134,6 +176,11 @@ class ViTPlusConfig(HubConfigMixin, PretrainedConfig):
         sparse_num_summary_blocks: int = 1,
         sparse_pattern_mode: str = "merged",
         position_interpolation: str = "bicubic_antialias",
+        drop_path_rate: float = 0.0,
+        use_distillation_token: bool = False,
+        mpp_mask_ratio: float = 0.5,
+        mpp_num_bits: int = 3,
+        mpp_value_range: tuple[float, float] | list[float] = (-1.0, 1.0),
         **kwargs,
     ):
         check_fields(locals(), FIELD_CHECKS)
@@ -165,6 +212,11 @@ class ViTPlusConfig(HubConfigMixin, PretrainedConfig):
         self.sparse_num_summary_blocks = sparse_num_summary_blocks
         self.sparse_pattern_mode = sparse_pattern_mode
         self.position_interpolation = position_interpolation
+        self.drop_path_rate = drop_path_rate
+        self.use_distillation_token = use_distillation_token
+        self.mpp_mask_ratio = mpp_mask_ratio
+        self.mpp_num_bits = mpp_num_bits
+        self.mpp_value_range = [float(v) for v in mpp_value_range]  # a list, as config.json gives it back
         super().__init__(**kwargs)
         self.validate_vit_plus()
 
@@ -178,15 +230,30 @@ class ViTPlusConfig(HubConfigMixin, PretrainedConfig):
             why=": the paper splits the image into non-overlapping patches",
         )  # fmt: skip
         pattern_from_config(self)  # the sparse-attention fields
+        if self.mpp_num_bits * self.num_channels > 24:
+            raise ValueError(
+                f"`mpp_num_bits` ({self.mpp_num_bits}) x `num_channels` ({self.num_channels}) must be at most 24: "
+                f"masked patch prediction has 2**(bits x channels) colour classes."
+            )
 
     @property
     def num_patches(self) -> int:
         return (self.image_size // self.patch_size) ** 2
 
     @property
+    def num_prefix_tokens(self) -> int:
+        """Tokens before the patches: the [CLS] token, and DeiT's distillation token when there is one."""
+        return 2 if self.use_distillation_token else 1
+
+    @property
     def sequence_length(self) -> int:
-        """Tokens per image at `image_size`: the [CLS] token and the patches."""
-        return self.num_patches + 1
+        """Tokens per image at `image_size`: the [CLS] token (and the distillation token) and the patches."""
+        return self.num_patches + self.num_prefix_tokens
+
+    @property
+    def mpp_num_classes(self) -> int:
+        """The colour classes of masked patch prediction: 2**(mpp_num_bits x num_channels) (512 for 3-bit RGB)."""
+        return 2 ** (self.mpp_num_bits * self.num_channels)
 
     @classmethod
     def preset_names(cls) -> list[str]:

@@ -4,6 +4,10 @@ Read top to bottom: patch embedding (sec. 3.1, eq. 1) -> [class] token and learn
 encoder blocks (eq. 2-3) -> final LayerNorm -> head on the class token (eq. 4). Parameter names follow
 transformers' ViT so that checkpoints convert with a rename (see `hf_vit_plus.conversion`).
 
+Additions from later work, all off by default (a default config computes exactly the paper's model): stochastic depth
+(`drop_path_rate`), DeiT's distillation token and head (Touvron et al. 2021, `use_distillation_token`), and the
+paper's own self-supervised objective, masked patch prediction (sec. 4.6: `ViTPlusForMaskedImageModeling`).
+
 Optionally (`config.attention_type` "strided" or "fixed") the self-attention follows a bidirectional Sparse
 Transformer pattern (Child et al. 2019; `sparse_layouts.py`); its kernels (`sparse_attention.py`) are loaded only
 then. `attention.select_attention_kernel` says which kernel a layer runs.
@@ -38,6 +42,51 @@ class ViTPlusModelOutput(ModelOutput):
     pooler_output: torch.FloatTensor | None = None
     hidden_states: tuple[torch.FloatTensor, ...] | None = None
     attentions: tuple[torch.FloatTensor, ...] | None = None
+
+
+@dataclass
+class ViTPlusImageClassifierOutput(ImageClassifierOutput):
+    """transformers' `ImageClassifierOutput` (loss, logits, hidden_states, attentions) and, for a model with DeiT's
+    distillation token, the two heads' logits: `logits` is their mean (DeiT's inference), `cls_logits` the class
+    token's head, `distillation_logits` the distillation token's. Both are None without a distillation token."""
+
+    cls_logits: torch.FloatTensor | None = None
+    distillation_logits: torch.FloatTensor | None = None
+
+
+@dataclass
+class ViTPlusMaskedPatchPredictionOutput(ModelOutput):
+    """loss: cross-entropy of the corrupted patches' colour classes (None when no patch is corrupted and no labels are
+    given); logits: (B, N, mpp_num_classes), one prediction per patch."""
+
+    loss: torch.FloatTensor | None = None
+    logits: torch.FloatTensor | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    attentions: tuple[torch.FloatTensor, ...] | None = None
+
+
+def drop_path(hidden_states: torch.Tensor, rate: float, training: bool) -> torch.Tensor:
+    """Stochastic depth on a residual branch (B, T, D): zero whole examples with probability `rate` during training,
+    scale the rest by 1 / (1 - rate) (timm's `drop_path`)."""
+    if rate == 0.0 or not training:
+        return hidden_states
+    keep = 1.0 - rate
+    mask = hidden_states.new_empty((hidden_states.shape[0],) + (1,) * (hidden_states.dim() - 1)).bernoulli_(keep)
+    return hidden_states * mask / keep
+
+
+class DropPath(nn.Module):
+    """`drop_path` as a module (nothing to learn); an `nn.Identity` stands in for rate 0."""
+
+    def __init__(self, rate: float):
+        super().__init__()
+        self.rate = rate
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return drop_path(hidden_states, self.rate, self.training)
+
+    def extra_repr(self) -> str:
+        return f"rate={self.rate:g}"
 
 
 class ViTPlusPatchEmbeddings(nn.Module):
@@ -82,13 +131,23 @@ class ViTPlusPatchEmbeddings(nn.Module):
 
 
 class ViTPlusEmbeddings(nn.Module):
-    """z_0 = [x_class; x_p^1 E; ...; x_p^N E] + E_pos (eq. 1)."""
+    """z_0 = [x_class; x_p^1 E; ...; x_p^N E] + E_pos (eq. 1); with DeiT's distillation token,
+    [x_class; x_distil; x_p^1 E; ...] + E_pos. `use_mask_token` adds the [mask] embedding of masked patch prediction,
+    which replaces the patches `bool_masked_pos` marks (before the positions are added)."""
 
-    def __init__(self, config: ViTPlusConfig):
+    def __init__(self, config: ViTPlusConfig, use_mask_token: bool = False):
         super().__init__()
         self.cls_token = nn.Parameter(torch.zeros(1, 1, config.hidden_size))
+        # DeiT (Touvron et al. 2021, sec. 4): a second learnable token, read by its own head
+        self.distillation_token = (
+            nn.Parameter(torch.zeros(1, 1, config.hidden_size)) if config.use_distillation_token else None
+        )
+        self.mask_token = nn.Parameter(torch.zeros(1, 1, config.hidden_size)) if use_mask_token else None
+        self.num_prefix_tokens = config.num_prefix_tokens
         self.patch_embeddings = ViTPlusPatchEmbeddings(config)
-        self.position_embeddings = nn.Parameter(torch.zeros(1, config.num_patches + 1, config.hidden_size))
+        self.position_embeddings = nn.Parameter(
+            torch.zeros(1, config.num_patches + self.num_prefix_tokens, config.hidden_size)
+        )
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.patch_size = config.patch_size
         self.grid_size = config.image_size // config.patch_size
@@ -102,14 +161,35 @@ class ViTPlusEmbeddings(nn.Module):
             self.position_embeddings,
             old_grid=(self.grid_size, self.grid_size),
             new_grid=new_grid,
+            num_prefix_tokens=self.num_prefix_tokens,
             antialias=self.antialias,
         )
 
-    def forward(self, pixel_values: torch.Tensor, interpolate_pos_encoding: bool = False) -> torch.Tensor:
+    def forward(
+        self,
+        pixel_values: torch.Tensor,
+        interpolate_pos_encoding: bool = False,
+        bool_masked_pos: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         batch_size, _, height, width = pixel_values.shape
-        patches = self.patch_embeddings(pixel_values, interpolate_pos_encoding=interpolate_pos_encoding)
-        cls_tokens = self.cls_token.expand(batch_size, -1, -1)  # (B, 1, D)
-        embeddings = torch.cat((cls_tokens, patches), dim=1)  # (B, N+1, D)
+        patches = self.patch_embeddings(pixel_values, interpolate_pos_encoding=interpolate_pos_encoding)  # (B, N, D)
+        if bool_masked_pos is not None:
+            if self.mask_token is None:
+                raise ValueError(
+                    "`bool_masked_pos` needs the [mask] embedding of masked patch prediction: use "
+                    "ViTPlusForMaskedImageModeling (or ViTPlusModel(config, use_mask_token=True))."
+                )
+            if tuple(bool_masked_pos.shape) != tuple(patches.shape[:2]):
+                raise ValueError(
+                    f"`bool_masked_pos` must have shape (batch, patches) = {tuple(patches.shape[:2])}, got "
+                    f"{tuple(bool_masked_pos.shape)}."
+                )
+            masked = bool_masked_pos.to(patches.dtype).unsqueeze(-1)  # (B, N, 1)
+            patches = patches * (1.0 - masked) + self.mask_token.to(patches.dtype) * masked
+        prefix = [self.cls_token.expand(batch_size, -1, -1)]  # (B, 1, D)
+        if self.distillation_token is not None:
+            prefix.append(self.distillation_token.expand(batch_size, -1, -1))
+        embeddings = torch.cat((*prefix, patches), dim=1)  # (B, prefix + N, D)
         if interpolate_pos_encoding:
             embeddings = embeddings + self.interpolate_pos_encoding(height, width)
         else:
@@ -170,6 +250,8 @@ class ViTPlusLayer(GradientCheckpointingLayer):
         self.layernorm_after = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.mlp = FeedForward(config.hidden_size, config.intermediate_size, config.hidden_act)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        rate = drop_path_rate(config, layer_idx)
+        self.drop_path = DropPath(rate) if rate > 0 else nn.Identity()
 
     def forward(
         self,
@@ -182,11 +264,19 @@ class ViTPlusLayer(GradientCheckpointingLayer):
         hidden_states, attn_weights = self.attention(
             self.layernorm_before(hidden_states), attention_mask, output_attentions=output_attentions, **kwargs
         )
-        hidden_states = residual + self.dropout(hidden_states)
+        hidden_states = residual + self.drop_path(self.dropout(hidden_states))
 
         residual = hidden_states
-        hidden_states = residual + self.dropout(self.mlp(self.layernorm_after(hidden_states)))
+        hidden_states = residual + self.drop_path(self.dropout(self.mlp(self.layernorm_after(hidden_states))))
         return hidden_states, attn_weights
+
+
+def drop_path_rate(config: ViTPlusConfig, layer_idx: int) -> float:
+    """Block `layer_idx`'s stochastic-depth rate: linear over depth from 0 (first block) to `drop_path_rate` (last), as
+    timm's `torch.linspace(0, drop_path_rate, depth)`."""
+    if config.num_hidden_layers == 1:
+        return config.drop_path_rate
+    return config.drop_path_rate * layer_idx / (config.num_hidden_layers - 1)
 
 
 class ViTPlusPreTrainedModel(HubMixin, PreTrainedModel):
@@ -209,6 +299,10 @@ class ViTPlusPreTrainedModel(HubMixin, PreTrainedModel):
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         std = self.config.initializer_range
+        # Every linear layer, the heads included, starts from the truncated normal (transformers' ViT, timm from
+        # scratch). The paper's zero-initialised fine-tuning head (sec. 3.2) is not applied: a zero head passes no
+        # gradient to the encoder until it grows, which slows training from scratch (release 0.1 never applied it
+        # either: its zeros_ branch was never reached).
         if isinstance(module, (nn.Linear, nn.Conv2d)):
             init.trunc_normal_(module.weight, mean=0.0, std=std)
             if module.bias is not None:
@@ -219,18 +313,17 @@ class ViTPlusPreTrainedModel(HubMixin, PreTrainedModel):
         elif isinstance(module, ViTPlusEmbeddings):
             init.trunc_normal_(module.position_embeddings, mean=0.0, std=std)
             init.trunc_normal_(module.cls_token, mean=0.0, std=std)
-        elif isinstance(module, ViTPlusForImageClassification) and isinstance(module.classifier, nn.Linear):
-            # Sec. 3.2: fine-tuning attaches a zero-initialised D x K layer.
-            init.zeros_(module.classifier.weight)
-            init.zeros_(module.classifier.bias)
+            for token in (module.distillation_token, module.mask_token):
+                if token is not None:
+                    init.trunc_normal_(token, mean=0.0, std=std)
 
 
 class ViTPlusModel(ViTPlusPreTrainedModel):
     """The bare encoder. `pooler_output` is the final-LayerNorm class token y = LN(z_L^0) (eq. 4)."""
 
-    def __init__(self, config: ViTPlusConfig):
+    def __init__(self, config: ViTPlusConfig, use_mask_token: bool = False):
         super().__init__(config)
-        self.embeddings = ViTPlusEmbeddings(config)
+        self.embeddings = ViTPlusEmbeddings(config, use_mask_token=use_mask_token)
         self.layers = nn.ModuleList([ViTPlusLayer(config, layer_idx=i) for i in range(config.num_hidden_layers)])
         self.layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.gradient_checkpointing = False
@@ -242,12 +335,15 @@ class ViTPlusModel(ViTPlusPreTrainedModel):
     def forward(
         self,
         pixel_values: torch.Tensor | None = None,
+        bool_masked_pos: torch.Tensor | None = None,
         interpolate_pos_encoding: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         **kwargs,
     ) -> ViTPlusModelOutput | tuple:
+        """`bool_masked_pos` (B, N): patches replaced by the [mask] embedding (a model built with
+        `use_mask_token=True`, as transformers' `ViTModel`)."""
         if pixel_values is None:
             raise ValueError("`pixel_values` is required: a float tensor of shape (batch, channels, height, width).")
         if torch.is_tensor(pixel_values) and pixel_values.dim() != 4:
@@ -270,7 +366,9 @@ class ViTPlusModel(ViTPlusPreTrainedModel):
         return_dict = config_flag(return_dict, self.config, "return_dict", default=True)
 
         expected_dtype = self.embeddings.patch_embeddings.projection.weight.dtype
-        hidden_states = self.embeddings(pixel_values.to(expected_dtype), bool(interpolate_pos_encoding))
+        hidden_states = self.embeddings(
+            pixel_values.to(expected_dtype), bool(interpolate_pos_encoding), bool_masked_pos
+        )
         kwargs.pop("num_items_in_batch", None)
         all_hidden_states = (hidden_states,) if output_hidden_states else None
         all_attentions = () if output_attentions else None
@@ -293,7 +391,13 @@ class ViTPlusModel(ViTPlusPreTrainedModel):
 
 class ViTPlusForImageClassification(ViTPlusPreTrainedModel):
     """ViT with a head on the class token: a linear layer (fine-tuning, default) or the paper's pre-training
-    head, an MLP with one tanh hidden layer (`classifier_head="mlp_tanh"`)."""
+    head, an MLP with one tanh hidden layer (`classifier_head="mlp_tanh"`).
+
+    With DeiT's distillation token (`use_distillation_token=True`) a second linear head reads that token: `logits` is
+    the mean of the two heads (DeiT's inference), and the loss is DeiT's hard-label distillation,
+    (CE(class head, labels) + CE(distillation head, teacher_classes)) / 2, where `teacher_classes` are a
+    teacher's predicted classes (the labels themselves when none are given). Without the token,
+    `teacher_classes` train the class head alike (DeiT's "hard distillation" without a distillation token)."""
 
     def __init__(self, config: ViTPlusConfig):
         super().__init__(config)
@@ -306,18 +410,24 @@ class ViTPlusForImageClassification(ViTPlusPreTrainedModel):
             hidden = config.hidden_size
             self.pre_logits = nn.Identity()
         self.classifier = nn.Linear(hidden, config.num_labels) if config.num_labels > 0 else nn.Identity()
+        self.distillation_classifier = None
+        if config.use_distillation_token:
+            self.distillation_classifier = (
+                nn.Linear(config.hidden_size, config.num_labels) if config.num_labels > 0 else nn.Identity()
+            )
         self.post_init()
 
     def forward(
         self,
         pixel_values: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
+        teacher_classes: torch.Tensor | None = None,
         interpolate_pos_encoding: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         **kwargs,
-    ) -> ImageClassifierOutput | tuple:
+    ) -> ViTPlusImageClassifierOutput | tuple:
         return_dict = config_flag(return_dict, self.config, "return_dict", default=True)
         outputs = self.vit(
             pixel_values,
@@ -328,9 +438,29 @@ class ViTPlusForImageClassification(ViTPlusPreTrainedModel):
             **kwargs,
         )
         logits = self.classifier(self.pre_logits(outputs.pooler_output))  # (B, num_labels)
-        loss = self.compute_loss(logits, labels) if labels is not None else None
-        output = ImageClassifierOutput(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        cls_logits = distillation_logits = None
+        if self.distillation_classifier is not None:
+            cls_logits = logits
+            distillation_logits = self.distillation_classifier(outputs.last_hidden_state[:, 1])  # (B, num_labels)
+            logits = (cls_logits + distillation_logits) / 2  # DeiT's inference: the mean of the two heads
+        loss = None
+        if labels is not None or teacher_classes is not None:
+            if labels is None:
+                raise ValueError("`teacher_classes` (a teacher's classes) come with `labels`: pass both.")
+            teacher = labels if teacher_classes is None else teacher_classes
+            if cls_logits is not None:
+                loss = (self.compute_loss(cls_logits, labels) + self.compute_loss(distillation_logits, teacher)) / 2
+            elif teacher_classes is not None:
+                loss = (self.compute_loss(logits, labels) + self.compute_loss(logits, teacher)) / 2
+            else:
+                loss = self.compute_loss(logits, labels)
+        output = ViTPlusImageClassifierOutput(
+            loss=loss,
+            logits=logits,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+            cls_logits=cls_logits,
+            distillation_logits=distillation_logits,
         )
         return output if return_dict else output.to_tuple()
 
@@ -365,8 +495,162 @@ class ViTPlusForImageClassification(ViTPlusPreTrainedModel):
         return nn.functional.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX)
 
 
+# ------------------------------------------------------------------------------------ masked patch prediction
+def patch_colour_classes(
+    pixel_values: torch.Tensor, patch_size: int, num_bits: int, value_range, num_channels: int | None = None
+) -> torch.Tensor:
+    """The target of masked patch prediction (sec. 4.6, appendix B.1.2): each patch's mean colour, `num_bits` bits
+    per channel, as one class id in [0, 2**(num_bits x channels)) (the first channel the most significant; 512
+    classes for 3-bit RGB, 8 intensity bins for grey). `value_range` = [low, high] of the pixel values, split into
+    2**num_bits equal bins. RGB input to a grey model (`num_channels=1`) is read as its luma, as the model reads it.
+
+    (B, C, H, W) -> (B, N), N = (H / P) * (W / P) in raster order, the order of the patch tokens."""
+    if num_channels == 1 and pixel_values.shape[1] == 3:
+        pixel_values = rgb_to_grey(pixel_values)
+    low, high = value_range
+    levels = 2**num_bits
+    means = nn.functional.avg_pool2d(pixel_values.float(), patch_size)  # (B, C, H/P, W/P)
+    bins = ((means - low) / (high - low) * levels).floor().clamp(0, levels - 1).long()  # (B, C, h, w)
+    weights = levels ** torch.arange(bins.shape[1] - 1, -1, -1, device=bins.device)  # (C,)
+    return (bins * weights[:, None, None]).sum(1).flatten(1)  # (B, N)
+
+
+def corrupt_patches(
+    pixel_values: torch.Tensor, config: ViTPlusConfig, generator: torch.Generator | None = None
+) -> dict[str, torch.Tensor]:
+    """The inputs of one masked-patch-prediction step, as a data collator would make them (BERT's recipe on patches,
+    sec. 4.6): `mpp_mask_ratio` of each image's patches are corrupted, and of those 80% are replaced by the [mask]
+    embedding (`bool_masked_pos`), 10% by a random other patch (any patch of the batch; done here on the pixels, which
+    the linear patch embedding maps to that patch's embedding) and 10% kept as they are. `labels` (B, N) hold the
+    mean-colour class of each corrupted patch of the clean image (`patch_colour_classes`) and -100 elsewhere.
+
+    Returns `pixel_values` (corrupted), `bool_masked_pos` and `labels`: `ViTPlusForMaskedImageModeling(**inputs)`.
+    Random draws come from `generator` (on the CPU) when given, else from torch's global generator."""
+    batch, channels, height, width = pixel_values.shape
+    size = config.patch_size
+    rows, cols = height // size, width // size
+    num_patches = rows * cols
+    labels = patch_colour_classes(
+        pixel_values, size, config.mpp_num_bits, config.mpp_value_range, config.num_channels
+    )  # (B, N)
+    count = min(num_patches, max(1, round(config.mpp_mask_ratio * num_patches)))
+    noise = torch.rand(batch, num_patches, generator=generator).to(pixel_values.device)
+    chosen = noise.argsort(dim=1)[:, :count]  # (B, count): the corrupted patches of each image
+    corrupted = torch.zeros(batch, num_patches, dtype=torch.bool, device=pixel_values.device)
+    corrupted.scatter_(1, chosen, True)
+    how = torch.rand(batch, num_patches, generator=generator).to(pixel_values.device)
+    bool_masked_pos = corrupted & (how < 0.8)
+    random_patch = corrupted & (how >= 0.8) & (how < 0.9)
+    # patches as rows: (B, C, h, P, w, P) -> (B * N, C, P, P)
+    patches = pixel_values[..., : rows * size, : cols * size].reshape(batch, channels, rows, size, cols, size)
+    patches = patches.permute(0, 2, 4, 1, 3, 5).reshape(batch * num_patches, channels, size, size)
+    targets = random_patch.flatten().nonzero().squeeze(1)  # (M,)
+    if targets.numel():
+        sources = torch.randint(0, batch * num_patches - 1, (targets.numel(),), generator=generator)
+        sources = sources.to(targets.device)
+        sources = sources + (sources >= targets).long()  # another patch than itself
+        patches = patches.clone()
+        patches[targets] = patches[sources]
+        corrupted_pixels = pixel_values.clone()
+        corrupted_pixels[..., : rows * size, : cols * size] = (
+            patches.reshape(batch, rows, cols, channels, size, size)
+            .permute(0, 3, 1, 4, 2, 5)
+            .reshape(batch, channels, rows * size, cols * size)
+        )
+        pixel_values = corrupted_pixels
+    return {
+        "pixel_values": pixel_values,
+        "bool_masked_pos": bool_masked_pos,
+        "labels": labels.masked_fill(~corrupted, IGNORE_INDEX),
+    }
+
+
+class ViTPlusForMaskedImageModeling(ViTPlusPreTrainedModel):
+    """Masked patch prediction, the paper's self-supervised pre-training (sec. 4.6 and appendix B.1.2): the encoder
+    reads images whose corrupted patches carry the [mask] embedding, a random other patch or themselves
+    (`corrupt_patches` makes such inputs), and a linear head on every patch token predicts that patch's mean colour,
+    3 bits per channel (512 classes for RGB; `mpp_num_bits`, `mpp_value_range`).
+
+    The backbone is `self.vit`, as in `ViTPlusForImageClassification`: a saved checkpoint fine-tunes with
+    `ViTPlusForImageClassification.from_pretrained(path, num_labels=...)`, which keeps the encoder and starts a new
+    classifier (the [mask] embedding and `mpp_head` are left out), as transformers' `ViTForMaskedImageModeling`
+    checkpoints load into `ViTForImageClassification`.
+
+    The forward pass is deterministic: `bool_masked_pos` (B, N) marks the patches that get the [mask] embedding;
+    `labels` (B, N) are the colour classes to predict, -100 for patches without a loss. Without `labels` the targets
+    are the mean colours of `pixel_values` at the `bool_masked_pos` patches; with neither there is no loss."""
+
+    def __init__(self, config: ViTPlusConfig):
+        super().__init__(config)
+        self.vit = ViTPlusModel(config, use_mask_token=True)
+        self.mpp_head = nn.Linear(config.hidden_size, config.mpp_num_classes)
+        self.post_init()
+
+    def forward(
+        self,
+        pixel_values: torch.Tensor | None = None,
+        bool_masked_pos: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        interpolate_pos_encoding: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> ViTPlusMaskedPatchPredictionOutput | tuple:
+        return_dict = config_flag(return_dict, self.config, "return_dict", default=True)
+        outputs = self.vit(
+            pixel_values,
+            bool_masked_pos=bool_masked_pos,
+            interpolate_pos_encoding=interpolate_pos_encoding,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            **kwargs,
+        )
+        patch_states = outputs.last_hidden_state[:, self.config.num_prefix_tokens :]  # (B, N, D)
+        logits = self.mpp_head(patch_states)  # (B, N, classes)
+        loss = None
+        if labels is None and bool_masked_pos is not None:
+            labels = patch_colour_classes(
+                pixel_values, self.config.patch_size, self.config.mpp_num_bits, self.config.mpp_value_range,
+                self.config.num_channels,
+            ).masked_fill(~bool_masked_pos.bool(), IGNORE_INDEX)  # fmt: skip
+        if labels is not None:
+            loss = self.compute_loss(logits, labels)
+        output = ViTPlusMaskedPatchPredictionOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+        return output if return_dict else output.to_tuple()
+
+    def compute_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Cross-entropy over the patches with a label (-100: none); NaN-free when no patch has one (0)."""
+        if labels.shape != logits.shape[:2]:
+            raise ValueError(
+                f"Masked patch prediction `labels` must have shape (batch, patches) = {tuple(logits.shape[:2])}, got "
+                f"{tuple(labels.shape)}."
+            )
+        if labels.is_floating_point() or labels.dtype == torch.bool:
+            raise ValueError(f"Masked patch prediction `labels` must be integer colour classes, got {labels.dtype}.")
+        labels = labels.to(logits.device).long()
+        classes = logits.shape[-1]
+        if not tracing():
+            bad = labels[((labels < 0) | (labels >= classes)) & (labels != IGNORE_INDEX)]
+            if bad.numel():
+                raise ValueError(
+                    f"Masked patch prediction label {bad[0].item()} is outside [0, mpp_num_classes={classes}) "
+                    f"(or {IGNORE_INDEX}, no loss)."
+                )
+        losses = nn.functional.cross_entropy(
+            logits.float().reshape(-1, classes), labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
+        )
+        return losses / (labels != IGNORE_INDEX).sum().clamp(min=1)
+
+
 __all__ = [
     "ViTPlusForImageClassification",
+    "ViTPlusForMaskedImageModeling",
+    "ViTPlusImageClassifierOutput",
+    "ViTPlusMaskedPatchPredictionOutput",
     "ViTPlusModel",
     "ViTPlusModelOutput",
     "ViTPlusPreTrainedModel",
