@@ -330,6 +330,24 @@ class HubMixin:
                     "those tensors instead."
                 ) from err
 
+    def save_pretrained(self, save_directory: str | os.PathLike, *args, push_to_hub: bool = False, **kwargs):
+        """transformers' `save_pretrained`. With `push_to_hub=True` (and the package's hook set) the folder is saved,
+        then pushed with `push_to_hub` (`repo_id`, default the folder's name, and the push options taken from
+        `kwargs`), so the repository gets the family's card, not transformers' stock card (which transformers would
+        also write into the folder)."""
+        if not push_to_hub or push_to_hub_hook() is None:
+            return super().save_pretrained(save_directory, *args, push_to_hub=push_to_hub, **kwargs)
+        push_options = {
+            name: kwargs.pop(name)
+            for name in ("commit_message", "commit_description", "private", "token", "revision", "create_pr", "tags")
+            if name in kwargs
+        }
+        repo_id = kwargs.pop("repo_id", os.fspath(save_directory).rstrip(os.sep).split(os.sep)[-1])
+        result = super().save_pretrained(save_directory, *args, **kwargs)
+        if kwargs.get("is_main_process", True):
+            self.push_to_hub(repo_id, max_shard_size=kwargs.get("max_shard_size", "50GB"), **push_options)
+        return result
+
     def push_to_hub(
         self,
         repo_id: str,
