@@ -28,6 +28,7 @@ import torch
 from accelerate import debug_launcher
 from safetensors.torch import load_file, save_file
 
+import hf_vit_plus
 from hf_vit_plus.training.args import family_arguments
 from hf_vit_plus.training.loop import train
 from tests.utils import REPO_ROOT, TINY_VIT_OVERRIDES
@@ -198,6 +199,8 @@ def test_fsdp_shards_matches_ddp_resumes_exactly_and_saves_one_model(tmp_path, f
     # the saved model is the consolidated one, and from_pretrained loads it
     saved = load_file(tmp_path / "fsdp" / "model.safetensors")
     assert all(torch.equal(saved[k], fsdp_weights[k]) for k in saved)
+    loaded = getattr(hf_vit_plus, FAMILY_CLASSES[family]).from_pretrained(tmp_path / "fsdp")
+    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in fsdp_weights.items())
 
     # stopped mid-epoch and resumed from the sharded checkpoint: bitwise the uninterrupted run
     assert (report["stopped"]["step"], report["stopped"]["stop"]) == (STOP, "stop_after_steps")
@@ -312,7 +315,8 @@ def test_accelerate_config_shards_on_cpu_on_one_machine_and_on_two(tmp_path):
     config.write_text(FSDP_CONFIG)
     one = tmp_path / "one"
     proc = subprocess.run(
-        _launch(config) + ["--output_dir", str(one), "--max_steps", "4", "--save_steps", "2", *LM_FLAGS],
+        _launch(config) + ["--output_dir", str(one), "--max_steps", "4", "--save_steps", "2", *LM_FLAGS,
+                           "--write_card", "true"],
         capture_output=True, text=True, env=_env(), timeout=600,
     )  # fmt: skip
     output = proc.stdout + proc.stderr
@@ -322,6 +326,16 @@ def test_accelerate_config_shards_on_cpu_on_one_machine_and_on_two(tmp_path):
     assert lines[1].startswith("Sharding: parameters, gradients and optimizer state split over 2 processes")
     assert lines[2] == "Precision: fp32" and lines[3].startswith("Global batch: 8 = 4 per process x 2 processes")
     assert (one / "checkpoints" / "checkpoint-2" / "pytorch_model_fsdp_0").is_dir()
+    # the folder hf-vit-plus push uploads: the consolidated model, its card, and from_pretrained opens it
+    from transformers import AutoModelForCausalLM
+
+    from hf_vit_plus.hub.card import validate_card_metadata
+
+    assert not validate_card_metadata(one / "README.md")
+
+    reloaded = AutoModelForCausalLM.from_pretrained(one, trust_remote_code=False)
+    assert type(reloaded).__name__ == "SparseTransformerForCausalLM"
+    assert all(torch.equal(reloaded.state_dict()[k], v) for k, v in load_file(one / "model.safetensors").items())
 
     two = tmp_path / "two"
     port = str(_free_port())
