@@ -121,6 +121,12 @@ def _four_runs_and_a_look(family: str, root: str) -> None:
             weights[name] = {k: v.detach().clone().contiguous() for k, v in result.model.state_dict().items()}
         report[name]["model"] = None if result.model is None else type(result.model).__name__
         _reset_accelerate()
+    try:  # the sharded state of the last run, resumed without sharding: refused by name before anything is read
+        train(run_args(family, root_path / "split", save_steps="100", resume_from_checkpoint="latest", max_steps=24))
+        report["ddp_resumes_sharded"] = "resumed"
+    except ValueError as error:
+        report["ddp_resumes_sharded"] = str(error)
+    _reset_accelerate()
     report["look"] = _look_at_a_sharded_step(family, root_path / "look")
     rank = torch.distributed.get_rank()  # Accelerate's state is reset: ask the process group
     (root_path / f"report{rank}.json").write_text(json.dumps(report))
@@ -214,6 +220,10 @@ def test_fsdp_shards_matches_ddp_resumes_exactly_and_saves_one_model(tmp_path, f
     resumed_weights = load_file(tmp_path / "resumed.safetensors")
     for key in fsdp_weights:
         assert torch.equal(resumed_weights[key], fsdp_weights[key]), key
+    # a sharded state under DDP: refused, naming both layouts (the reverse: tests/training/test_sharding.py)
+    refusal = report["ddp_resumes_sharded"]
+    assert f"checkpoint-{STEPS}" in refusal and "holds FSDP2 shards" in refusal, refusal
+    assert "without sharding" in refusal and "resume it with the sharding it was saved with" in refusal, refusal
 
 
 # ------------------------------------------------------------------- activation checkpointing, mixed precision
