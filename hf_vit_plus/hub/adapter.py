@@ -53,8 +53,7 @@ def adapter_card(
         datasets=[dataset_name] if dataset_name else None,
     )
     auto_class = FAMILIES[family].head if family in FAMILIES else "AutoModel"
-    pictures = "".join(f"![{Path(p).stem}]({Path(p).relative_to(folder) if Path(p).is_absolute() else p})\n"
-                       for p in figures)  # fmt: skip
+    pictures = "".join(f"![{Path(p).stem}]({_inside(Path(p), folder)})\n" for p in figures)
     results = "".join(
         f"| {name} | {value:.4g} |\n" for name, value in (eval_results or {}).items() if isinstance(value, int | float)
     )
@@ -83,6 +82,14 @@ merged = model.merge_and_unload()  # a plain model of the family, adapter folded
         f"\n## Training\n\n{pictures}" if pictures else ""
     )
     return ModelCard(content)
+
+
+def _inside(path: Path, folder: Path) -> str:
+    """`path` relative to the card's folder (figures are written there), as the card links it."""
+    try:
+        return path.resolve().relative_to(folder.resolve()).as_posix()
+    except ValueError:
+        return path.name
 
 
 def write_adapter_card(folder: str | Path, **options) -> Path:

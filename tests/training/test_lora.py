@@ -188,3 +188,15 @@ def test_lora_flags_are_checked_before_training(tmp_path):
 
     with pytest.raises(ValueError, match="--lora_target_modules query: no such linear layer .* q_proj"):
         add_lora(model, "vit", 2, target_modules=["query", "q_proj"])
+
+
+def test_adapter_card_links_figures_inside_its_folder_for_a_relative_output_dir(tmp_path, monkeypatch):
+    """`--output_dir run` (relative): the curves are run/training_curves.png and the card, in run/, links
+    training_curves.png (it linked run/training_curves.png, a broken image on the Hub)."""
+    from hf_vit_plus.hub.adapter import adapter_card
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "adapter_config.json").write_text('{"r": 2, "lora_alpha": 4, "target_modules": ["q_proj"]}')
+    card = adapter_card("run", family="vit", base_model="someone/vit", figures=["run/training_curves.png"])
+    assert "![training_curves](training_curves.png)" in card.text
