@@ -51,6 +51,8 @@ def add_lora(
     if not 0 <= dropout < 1:
         raise ValueError(f"--lora_dropout must be in [0, 1), got {dropout!r}.")
     targets = list(LORA_TARGET_MODULES) if target_modules is None else target_modules
+    if not isinstance(targets, str) and list(targets) == ["all-linear"]:  # the command line gives a list
+        targets = "all-linear"
     if not isinstance(targets, str):
         linear = {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, nn.Linear)}
         unknown = [name for name in targets if name not in linear]

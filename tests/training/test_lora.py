@@ -188,6 +188,10 @@ def test_lora_flags_are_checked_before_training(tmp_path):
 
     with pytest.raises(ValueError, match="--lora_target_modules query: no such linear layer .* q_proj"):
         add_lora(model, "vit", 2, target_modules=["query", "q_proj"])
+    # `--lora_target_modules all-linear` arrives as a list: PEFT's keyword (it was refused as a layer name)
+    adapted = add_lora(model, "vit", 2, target_modules=["all-linear"])
+    adapted_layers = {name.rsplit(".", 1)[-1] for name in adapted.peft_config["default"].target_modules}
+    assert {"q_proj", "fc1", "fc2"} <= adapted_layers
 
 
 def test_adapter_card_links_figures_inside_its_folder_for_a_relative_output_dir(tmp_path, monkeypatch):
