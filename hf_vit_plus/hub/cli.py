@@ -14,10 +14,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "push",
         help="push a checkpoint folder (safetensors, config, model code, card) to the Hub",
         description=(
-            "Push a save_pretrained folder to a Hub model repository as one commit. The repository is created "
-            "if missing; with --revision the branch is created from main if missing. Pickled weights are refused. "
+            "Push a save_pretrained folder (a model, or a PEFT adapter: adapter_config.json + "
+            "adapter_model.safetensors) to a Hub model repository as one commit. The repository is created "
+            "if missing; with --revision the branch is created from main if missing. Pickled weights are refused; "
+            "a training run's checkpoints/ and logs/ are left out. "
             "A README.md in the folder is pushed as it is; without one, the commit gets the family's model card "
-            "rendered from config.json (the folder itself is only read). "
+            "rendered from config.json, or an adapter card for an adapter (the folder itself is only read). "
             "The endpoint is HF_ENDPOINT (default https://huggingface.co)."
         ),
         formatter_class=HelpFormatter,
