@@ -115,7 +115,14 @@ def export_checkpoint(checkpoint: str, output_dir: str | Path) -> list[Path]:
     output_dir = _check_output_dir(output_dir)
     config = load_config(checkpoint, "CHECKPOINT")
     family = family_of_config(config)
-    if family is None or family.export is None:
+    if family is not None and family.export is None:  # e.g. a masked patch prediction encoder
+        heads = ", ".join(f.head_class.__name__ for f in FAMILIES.values() if f.export is not None)
+        raise UsageError(
+            f"CHECKPOINT {checkpoint!r} is a {family.head_class.__name__} ({family.id}), which has no ONNX layout; "
+            f"`export onnx` exports {heads}" + (" (fine-tune it first: `hf-vit-plus train vit --model_name_or_path`)."
+                                                if family.id == "vit-mpp" else ".")
+        )
+    if family is None:
         exported = sorted({f.model_type for f in FAMILIES.values() if f.export is not None})
         raise UsageError(
             f"CHECKPOINT {checkpoint!r} is a {config.model_type!r} model; `export onnx` exports the hf_vit_plus "

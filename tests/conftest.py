@@ -85,7 +85,7 @@ class ModelCase:
     """One cell of the family x variant matrix."""
 
     id: str
-    family: str  # a family id of `hf_vit_plus.families.FAMILIES`: "vit", "seq2seq", "sparse-lm" or "image-lm"
+    family: str  # a family id of `hf_vit_plus.families.FAMILIES`: "vit", "vit-mpp", "seq2seq", "sparse-lm", "image-lm"
     config_fields: dict = field(default_factory=dict)
 
     @property
@@ -112,6 +112,11 @@ class ModelCase:
         return self.record.head
 
     @property
+    def vision(self) -> bool:
+        """A ViT encoder (image classifier or masked patch prediction): pixels in, no token positions."""
+        return self.family in ("vit", "vit-mpp")
+
+    @property
     def generative(self) -> bool:
         return self.head_class.can_generate()
 
@@ -128,13 +133,15 @@ class ModelCase:
         return self.config_class(**fields)
 
     def model(self, head: bool = True, seed: int = 0, **overrides):
-        """A tiny model in eval mode with non-trivial weights everywhere (the ViT's zero-initialised head too)."""
+        """A tiny model in eval mode with non-trivial weights everywhere (the ViT's heads large enough to matter)."""
         import torch
 
         torch.manual_seed(seed)
         model = (self.head_class if head else self.base_class)(self.config(**overrides))
         if head and self.family == "vit":
-            torch.nn.init.normal_(model.classifier.weight, std=0.5)
+            for name in ("classifier", "distillation_classifier"):  # small at init: logits nearly alike
+                if isinstance(getattr(model, name, None), torch.nn.Linear):
+                    torch.nn.init.normal_(getattr(model, name).weight, std=0.5)
         return model.eval()
 
     def inputs(self, batch: int = 2, seed: int = 1, labels: bool = False) -> dict:
@@ -156,6 +163,12 @@ class ModelCase:
             if labels:
                 out["labels"] = torch.randint(0, fields["num_labels"], (batch,), generator=g)
             return out
+        if self.family == "vit-mpp":  # images with half of their patches corrupted, as `corrupt_patches` makes them
+            from hf_vit_plus import corrupt_patches
+
+            size = TINY_CONFIGS["vit-mpp"]["image_size"]
+            inputs = corrupt_patches(torch.randn(batch, 3, size, size, generator=g), self.config(), generator=g)
+            return inputs if labels else {k: v for k, v in inputs.items() if k != "labels"}
         vocab = TINY_CONFIGS[self.family]["vocab_size"]
         length = 11  # not a multiple of the sparse strides: the kernels pad
         ids = torch.randint(3, vocab, (batch, length), generator=g)
@@ -176,10 +189,12 @@ class ModelCase:
 
     def base_inputs(self, batch: int = 2, seed: int = 1) -> dict:
         """The inputs of the base model (`base_class`): the head's, except for the image model, whose body reads the
-        pixels as tokens shifted right by the start token."""
+        pixels as tokens shifted right by the start token, and masked patch prediction's (no masked patches)."""
         import torch
 
         inputs = self.inputs(batch=batch, seed=seed)
+        if self.family == "vit-mpp":  # the bare encoder (AutoModel) has no [mask] embedding: the images alone
+            return {"pixel_values": inputs["pixel_values"]}
         if self.family != "image-lm":
             return inputs
         tokens = inputs["pixel_values"].reshape(batch, -1).long()  # (B, H*W): grey, raster order
@@ -197,6 +212,10 @@ TINY_CONFIGS = {
         patch_size=4,  # an 8 x 8 grid: 65 tokens, not a multiple of the stride
         num_labels=3,
     ),
+    # the same encoder pre-trained by masked patch prediction (8 x 8 patches of 3 channels: 512 colour classes)
+    "vit-mpp": dict(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, image_size=32, patch_size=4,
+    ),  # fmt: skip
     "seq2seq": dict(
         vocab_size=20,
         d_model=32,
@@ -239,6 +258,10 @@ MODEL_CASES = [
     ModelCase("vit-fixed", "vit", {"attention_type": "fixed"}),
     # sliding window of one patch row, the class token global (the default of `sparse_summary_size` for "local")
     ModelCase("vit-local", "vit", {"attention_type": "local"}),
+    # DeiT's distillation token and head (the model's logits: the mean of the two heads)
+    ModelCase("vit-distilled", "vit", {"use_distillation_token": True}),
+    # masked patch prediction (sec. 4.6), its own head on the same encoder
+    ModelCase("vit-mpp", "vit-mpp"),
     ModelCase("seq2seq-dense", "seq2seq"),
     # What a converted opus-mt checkpoint uses (hf_vit_plus.conversion.seq2seq_from_marian).
     ModelCase(

@@ -207,7 +207,7 @@ def test_packed_sequences_give_the_outputs_of_each_sequence_alone(model_case, im
     tokens attended across the boundary (logits off by 0.05-0.08). The seq2seq model numbers its positions itself and
     refuses position_ids; the ViT has none. The packed row is longer than `max_position_embeddings` (39 > 32 or 35):
     only the positions must fit."""
-    if model_case.family == "vit":
+    if model_case.vision:
         pytest.skip("the ViT has no token positions to pack by")
     if model_case.family == "seq2seq":
         model = model_case.model()
@@ -279,8 +279,8 @@ def test_hidden_states_and_attentions_have_the_documented_count_and_shapes(model
     with torch.no_grad():
         out = model(**inputs, output_hidden_states=True, output_attentions=True)
     batch = 2
-    if model_case.family == "vit":
-        tokens = (config.image_size // config.patch_size) ** 2 + 1
+    if model_case.vision:
+        tokens = config.sequence_length  # the patches, the class token (and DeiT's distillation token)
         stacks = {"": (config.num_hidden_layers, config.num_attention_heads, tokens, tokens)}
         width = config.hidden_size
     elif model_case.family == "seq2seq":
@@ -373,7 +373,7 @@ def test_compile_inductor_equal_outputs(case_id):
 def _encoder_and_inputs(case: ModelCase):
     model = case.model()
     inputs = case.inputs()
-    if case.family in ("vit", "image-lm"):  # the image model's own entry point: pixels in, logits out
+    if case.vision or case.family == "image-lm":  # the image models' own entry point: pixels in, logits out
         return model, inputs
     if case.family == "seq2seq":
         return model.get_encoder(), {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"]}
@@ -386,6 +386,8 @@ def _encoder_and_inputs(case: ModelCase):
         "vit-dense",
         "vit-strided",
         "vit-fixed",
+        "vit-distilled",
+        "vit-mpp",
         "seq2seq-dense",
         "seq2seq-strided",
         "seq2seq-fixed",
@@ -404,7 +406,7 @@ def test_torch_export_of_the_classifier_and_the_encoders(case_id):
     with torch.no_grad():
         expected = module(**inputs)
         got = exported.module()(**inputs)
-    key = "logits" if case.family in ("vit", "image-lm") else "last_hidden_state"
+    key = "logits" if case.vision or case.family == "image-lm" else "last_hidden_state"
     torch.testing.assert_close(
         _real_rows(case, inputs, got[key]), _real_rows(case, inputs, expected[key]), rtol=1e-5, atol=1e-6
     )
@@ -613,7 +615,7 @@ def test_resize_token_embeddings_keeps_the_tied_matrices_tied(generative_case):
 def _malformed_inputs(case: ModelCase) -> list[tuple[str, dict, str]]:
     """(what, inputs, a fragment the error message must contain) for one case."""
     good = case.inputs()
-    if case.family == "vit":
+    if case.vision:
         pixels = good["pixel_values"]
         return [
             ("channels", {"pixel_values": pixels[:, :1]}, "channels"),
@@ -686,6 +688,7 @@ CLI_TINY = {
     "sparse-lm": "hidden_size=32,num_hidden_layers=2,num_attention_heads=2,intermediate_size=64,"
     "max_position_embeddings=64,sparse_stride=8,sparse_summary_size=2",
     "image-lm": TINY_VIT_OVERRIDES,  # the same width and depth; 8 x 8 digits
+    "vit-mpp": TINY_VIT_OVERRIDES,
 }
 CLI_ATTENTION = {
     "vit": ["attention_type=dense", "attention_type=strided", "attention_type=fixed"],
@@ -696,6 +699,7 @@ CLI_ATTENTION = {
     ],
     "sparse-lm": ["attention_type=dense", "attention_type=strided", "attention_type=fixed"],
     "image-lm": ["attention_type=dense", "attention_type=strided", "attention_type=fixed"],
+    "vit-mpp": ["attention_type=dense"],  # the encoder's variants are the classifier's
 }
 CLI_RUNS = [(family, attention) for family, options in CLI_ATTENTION.items() for attention in options]
 

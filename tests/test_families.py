@@ -67,9 +67,51 @@ def test_every_family_is_a_train_sub_command_and_a_card_family():
 def test_a_familys_models_and_configs_are_found_as_its_own(name):
     family = get_family(name)
     config = family.config_class.for_images(4, 4) if family.image_model else family.config_class()
+    config.architectures = [family.head_class.__name__]  # as a saved model's config names its head
     assert family_of_config(config) is family and family_of_config(config.to_dict()) is family
     assert family_of_model(family.head_class(config)) is family
     assert family_of_config({"model_type": "bert"}) is None
+
+
+def test_a_vit_config_is_the_classifiers_unless_it_names_the_masked_patch_head():
+    """Two families share ViTPlusConfig: a fresh config (no architectures) is the classifier's, a config saved by
+    masked patch prediction the "vit-mpp" family's (its card, its export: none)."""
+    from hf_vit_plus import ViTPlusConfig
+
+    assert family_of_config(ViTPlusConfig()).id == "vit"
+    assert family_of_config(ViTPlusConfig(architectures=["ViTPlusForImageClassification"])).id == "vit"
+    assert family_of_config(ViTPlusConfig(architectures=["ViTPlusForMaskedImageModeling"])).id == "vit-mpp"
+
+
+def test_a_masked_patch_checkpoint_fine_tunes_as_a_classifier(tmp_path):
+    """As transformers' ViTForMaskedImageModeling checkpoints load into ViTForImageClassification: the encoder is
+    kept, the classifier is newly initialised (and transformers says so), the [mask] embedding and the colour head are
+    left out."""
+    import torch
+    from transformers.testing_utils import CaptureLogger
+
+    from hf_vit_plus import ViTPlusConfig, ViTPlusForImageClassification, ViTPlusForMaskedImageModeling
+
+    torch.manual_seed(0)
+    mpp = ViTPlusForMaskedImageModeling(
+        ViTPlusConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, image_size=16,
+                      patch_size=4)
+    )  # fmt: skip
+    mpp.save_pretrained(tmp_path)
+    assert transformers.AutoConfig.from_pretrained(tmp_path).architectures == ["ViTPlusForMaskedImageModeling"]
+    loaded = transformers.AutoModelForMaskedImageModeling.from_pretrained(tmp_path)
+    assert type(loaded) is ViTPlusForMaskedImageModeling
+    with CaptureLogger(transformers.modeling_utils.logger) as captured:
+        classifier = transformers.AutoModelForImageClassification.from_pretrained(tmp_path, num_labels=7)
+    assert "newly initialized" in captured.out and "classifier.weight" in captured.out, captured.out
+    assert "mpp_head" in captured.out  # the colour head is named as unused
+    assert type(classifier) is ViTPlusForImageClassification and classifier.config.num_labels == 7
+    backbone = {k: v for k, v in mpp.vit.state_dict().items() if "mask_token" not in k}
+    assert backbone.keys() == classifier.vit.state_dict().keys()
+    for name, value in backbone.items():
+        torch.testing.assert_close(classifier.vit.state_dict()[name], value, msg=name)
+    std = classifier.config.initializer_range
+    assert 0.5 * std < classifier.classifier.weight.std().item() < 2 * std
 
 
 def test_an_unknown_family_is_named():

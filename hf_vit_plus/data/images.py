@@ -17,6 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .digits import DIGIT_NAMES
+from .fashion_mnist import FASHION_MNIST_CLASSES
+
 
 @dataclass(frozen=True)
 class ImageDataset:
@@ -30,13 +33,29 @@ class ImageDataset:
     loader: Callable[[str], np.ndarray]  # split -> images (N, H, W) uint8; FileNotFoundError when not installed
     citation: str = ""  # what a model card trained on it cites (markdown)
     splits: tuple[str, ...] = ("train", "test")
+    # The class of each image, for the classifiers (`train vit --dataset_name NAME`): split -> labels (N,) int64, and
+    # the class names; None / () for a data set without labels.
+    label_loader: Callable[[str], np.ndarray] | None = None
+    class_names: tuple[str, ...] = ()
+    # Whether a left-right mirror image is still an image of its class (augmentation: clothes yes, digits no).
+    mirror_symmetric: bool = False
 
     def load(self, split: str) -> np.ndarray:
         """The images (N, H, W) uint8 of `split`."""
+        self._check_split(split)
+        return self.loader(split)
+
+    def load_labels(self, split: str) -> np.ndarray:
+        """The class (N,) int64 of each image of `split`, in the order of `load(split)`."""
+        self._check_split(split)
+        if self.label_loader is None:
+            raise ValueError(f"The built-in data set {self.name!r} has no labels.")
+        return self.label_loader(split)
+
+    def _check_split(self, split: str) -> None:
         if split not in self.splits:
             expected = " or ".join(repr(name) for name in self.splits)
             raise ValueError(f"Unknown split {split!r} of {self.name}: expected {expected}.")
-        return self.loader(split)
 
 
 def _digits(split: str) -> np.ndarray:
@@ -46,10 +65,22 @@ def _digits(split: str) -> np.ndarray:
     return np.stack([np.asarray(image.convert("L"), dtype=np.uint8) for image in images])
 
 
+def _digit_labels(split: str) -> np.ndarray:
+    from .digits import load_digits_dataset
+
+    return np.asarray(load_digits_dataset(seed=0)[split]["label"], dtype=np.int64)
+
+
 def _fashion_mnist(split: str) -> np.ndarray:
     from .fashion_mnist import load_fashion_mnist_arrays
 
     return load_fashion_mnist_arrays(split)[0]
+
+
+def _fashion_mnist_labels(split: str) -> np.ndarray:
+    from .fashion_mnist import load_fashion_mnist_arrays
+
+    return load_fashion_mnist_arrays(split)[1]
 
 
 DIGITS_CITATION = """\
@@ -91,6 +122,8 @@ IMAGE_DATASETS: dict[str, ImageDataset] = {
             default_epochs=30.0,
             loader=_digits,
             citation=DIGITS_CITATION,
+            label_loader=_digit_labels,
+            class_names=tuple(DIGIT_NAMES),
         ),
         ImageDataset(
             name="fashion-mnist",
@@ -100,6 +133,9 @@ IMAGE_DATASETS: dict[str, ImageDataset] = {
             default_epochs=1.0,
             loader=_fashion_mnist,
             citation=FASHION_MNIST_CITATION,
+            label_loader=_fashion_mnist_labels,
+            class_names=tuple(FASHION_MNIST_CLASSES),
+            mirror_symmetric=True,
         ),
     )
 }
@@ -112,6 +148,11 @@ def get_image_dataset(name: str) -> ImageDataset:
     return IMAGE_DATASETS[name]
 
 
+def labelled_image_datasets() -> dict[str, ImageDataset]:
+    """The built-in data sets with labels: what the classifiers train on with `--dataset_name NAME`."""
+    return {name: dataset for name, dataset in IMAGE_DATASETS.items() if dataset.label_loader is not None}
+
+
 def load_image_arrays(name: str, split: str) -> np.ndarray:
     """The images (N, H, W) uint8 of the "train" or "test" split of the built-in data set `name`."""
     return get_image_dataset(name).load(split)
@@ -122,4 +163,11 @@ def split_names() -> list[str]:
     return list(dict.fromkeys(split for dataset in IMAGE_DATASETS.values() for split in dataset.splits))
 
 
-__all__ = ["IMAGE_DATASETS", "ImageDataset", "get_image_dataset", "load_image_arrays", "split_names"]
+__all__ = [
+    "IMAGE_DATASETS",
+    "ImageDataset",
+    "get_image_dataset",
+    "labelled_image_datasets",
+    "load_image_arrays",
+    "split_names",
+]

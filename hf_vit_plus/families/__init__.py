@@ -15,10 +15,10 @@ from .image_lm import IMAGE_LM
 from .record import CardSpec, Family
 from .seq2seq import SEQ2SEQ
 from .sparse_lm import SPARSE_LM
-from .vit import VIT
+from .vit import VIT, VIT_MPP
 
 # id -> record, in the order the command line lists them
-FAMILIES: dict[str, Family] = {family.id: family for family in (VIT, SEQ2SEQ, SPARSE_LM, IMAGE_LM)}
+FAMILIES: dict[str, Family] = {family.id: family for family in (VIT, VIT_MPP, SEQ2SEQ, SPARSE_LM, IMAGE_LM)}
 
 
 def get_family(name: str) -> Family:
@@ -38,9 +38,13 @@ def _as_dict(config) -> Mapping[str, Any]:
 
 def family_of_config(config) -> Family | None:
     """The family of a config (a `PretrainedConfig` or its dict), by its `model_type` (and, for a model type that
-    several families share, whether it is an image model); None for a model type that is not this project's."""
+    several families share, whether it is an image model, then the head its `architectures` names: a ViT saved by
+    masked patch prediction is a "vit-mpp" model); None for a model type that is not this project's."""
     config = _as_dict(config)
-    return next((family for family in FAMILIES.values() if family.matches(config)), None)
+    matching = [family for family in FAMILIES.values() if family.matches(config)]
+    architectures = config.get("architectures") or ()
+    named = [family for family in matching if family.head_class.__name__ in architectures]
+    return (named or matching or [None])[0]
 
 
 def family_of_model(model) -> Family | None:

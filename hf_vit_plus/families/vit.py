@@ -1,11 +1,28 @@
-"""The Vision Transformer (Dosovitskiy et al. 2021): an image classifier."""
+"""The Vision Transformer (Dosovitskiy et al. 2021): an image classifier ("vit"), and the same encoder pre-trained by
+the paper's masked patch prediction (sec. 4.6; "vit-mpp"), which "vit" then fine-tunes (--model_name_or_path)."""
 
 from __future__ import annotations
 
 from ..models.configuration_vit_plus import ViTPlusConfig
 from ..models.image_processing_vit_plus import ViTPlusImageProcessor, ViTPlusVideoProcessor
-from ..models.modeling_vit_plus import ViTPlusForImageClassification, ViTPlusModel
+from ..models.modeling_vit_plus import ViTPlusForImageClassification, ViTPlusForMaskedImageModeling, ViTPlusModel
 from .record import CardSpec, Family
+
+# The flags of the data-efficient recipe (DeiT, Touvron et al. 2021): `--recipe deit` sets them from the data
+RECIPE_FLAGS = (
+    "recipe", "auto_augment", "auto_augment_magnitude", "random_resized_crop_scale", "horizontal_flip",
+    "random_erasing_prob", "mixup_alpha", "cutmix_alpha", "mixup_prob", "ema_decay",
+)  # fmt: skip
+# Masked patch prediction learns no classes: no Mixup/CutMix, random erasing, label smoothing or teacher
+MPP_RECIPE_FLAGS = (
+    "recipe", "auto_augment", "auto_augment_magnitude", "random_resized_crop_scale", "horizontal_flip", "ema_decay",
+)  # fmt: skip
+RECIPE_FLAG_HELP = {
+    "learning_rate": "peak learning rate (default: the --recipe's: 2e-3 with none; deit: 5e-4 x global batch / 512)",
+    "weight_decay": "AdamW weight decay of the matrices, tensors of rank < 2 not decayed (default: 0.05)",
+    "warmup_ratio": "share of the updates spent warming up (default: the --recipe's: 0.1 with none; deit: 5 of "
+    "300 epochs, at least 5%%)",
+}
 
 VIT = Family(
     id="vit",
@@ -23,25 +40,74 @@ VIT = Family(
         architecture=(
             "image_size", "patch_size", "num_channels", "hidden_size", "num_hidden_layers", "num_attention_heads",
             "intermediate_size", "hidden_act", "layer_norm_eps", "qkv_bias", "classifier_head", "attention_type",
-            "num_labels",
+            "drop_path_rate", "use_distillation_token", "num_labels",
+            # a CNN trained for comparison (train vit --model_type resnet): its own fields
+            "embedding_size", "hidden_sizes", "depths", "layer_type",
         ),  # fmt: skip
     ),
     trainer="hf_vit_plus.training.families.vit:ViTFamily",
     data="images",
     builtin_data="8x8 digits",
-    flags=("ignore_mismatched_sizes", "image_column_name", "label_column_name"),
+    flags=(
+        "ignore_mismatched_sizes", "image_column_name", "label_column_name", "label_smoothing_factor", "teacher",
+        "model_type", *RECIPE_FLAGS,
+    ),  # fmt: skip
     flag_help={
         "config_name": "preset ({tiny,small,base,large,huge}-patch{14,16,32}-{224,384}, e.g. 'tiny-patch16-224') or "
         "config folder of a fresh model; default: a small config for the data",
+        "label_smoothing_factor": "label smoothing of the training loss (default: the recipe's: 0 with none, 0.1 "
+        "with deit)",
+        **RECIPE_FLAG_HELP,
     },
-    # the demo's small digits model
+    # the demo's small digits model; the learning rate, warm-up and label smoothing are the --recipe's (`none`: 2e-3,
+    # 0.1 and 0, as release 0.1)
     training_defaults=dict(
         output_dir="outputs/vit",
-        learning_rate=2e-3,
+        learning_rate=None,
         weight_decay=0.05,
         num_train_epochs=30.0,
         per_device_train_batch_size=64,
-        warmup_ratio=0.1,
+        warmup_ratio=None,
+        label_smoothing_factor=None,
     ),
     export="image-classifier",
+)
+
+VIT_MPP = Family(
+    id="vit-mpp",
+    help="the Vision Transformer pre-trained by masked patch prediction (the ViT paper, sec. 4.6), to fine-tune "
+    "with `train vit --model_name_or_path`",
+    config_class=ViTPlusConfig,
+    model_classes={"AutoModel": ViTPlusModel, "AutoModelForMaskedImageModeling": ViTPlusForMaskedImageModeling},
+    head="AutoModelForMaskedImageModeling",
+    image_processor_class=ViTPlusImageProcessor,
+    video_processor_class=ViTPlusVideoProcessor,
+    card=CardSpec(
+        template="vit-mpp.md",
+        pipeline_tag="image-feature-extraction",
+        task_name="Masked Patch Prediction",
+        tags=("vision", "image-feature-extraction", "vit", "masked-image-modeling", "hf_vit_plus", "custom_code"),
+        architecture=(
+            "image_size", "patch_size", "num_channels", "hidden_size", "num_hidden_layers", "num_attention_heads",
+            "intermediate_size", "hidden_act", "layer_norm_eps", "qkv_bias", "attention_type", "drop_path_rate",
+            "mpp_mask_ratio", "mpp_num_bits", "mpp_value_range",
+        ),
+    ),  # fmt: skip
+    trainer="hf_vit_plus.training.families.vit:ViTMaskedPatchFamily",
+    data="images",
+    builtin_data="8x8 digits",
+    flags=("image_column_name", *MPP_RECIPE_FLAGS),
+    flag_help={
+        "config_name": "preset or config folder of a fresh model; default: a small config for the data",
+        **RECIPE_FLAG_HELP,
+    },
+    training_defaults=dict(
+        output_dir="outputs/vit-mpp",
+        learning_rate=None,
+        weight_decay=0.05,
+        num_train_epochs=30.0,
+        per_device_train_batch_size=64,
+        warmup_ratio=None,
+    ),
+    export=None,
 )

@@ -377,6 +377,19 @@ def _render_card(
         baselines=baselines,
         figures=figures,
         dataset_citation=citation,
+        # what the image templates say of the architecture: transformers' own model types trained by the ViT family
+        # for comparison (a ResNet), DeiT's distillation token
+        model_type=config.get("model_type"),
+        model_class=(config.get("architectures") or [None])[0],
+        distillation_token=bool(config.get("use_distillation_token")),
+        drop_path_rate=config.get("drop_path_rate") or 0,
+        # a run with --ema_decay saves the weights' average; `online_*` results are the last weights'
+        averaged_weights=any(r.metric_type.startswith("online_") for r in results),
+        # masked patch prediction (the vit-mpp card)
+        mpp_percent=f"{100 * config.get('mpp_mask_ratio', 0.5):g}%",
+        mpp_bits=config.get("mpp_num_bits", 3),
+        mpp_classes=2 ** (config.get("mpp_num_bits", 3) * (config.get("num_channels") or 3)),
+        grey=config.get("num_channels") == 1,
     )
 
 

@@ -51,6 +51,7 @@ from .checkpoints import (
     resolve_checkpoint,
     save_checkpoint,
 )
+from .ema import ModelEma
 from .families import TrainingData, TrainingFamily, get_family
 from .outputs import check_push_target, prefixed_metrics, save_final
 from .sharding import (
@@ -108,6 +109,8 @@ class Run:
     fingerprint: dict  # `model_fingerprint` of the model's config, recorded in each training state
     total_steps: int
     num_epochs: int
+    extras: dict = field(default_factory=dict)  # what the family's loss needs besides the model (a teacher)
+    ema: ModelEma | None = None  # the average of the weights (--ema_decay): evaluated and saved as the model
 
     @property
     def output_dir(self) -> Path:
@@ -258,6 +261,7 @@ def prepare_run(
     optimiser and schedule, all through `accelerator.prepare`."""
     with accelerator.main_process_first():
         data = family.load_data(args)
+        args = family.resolve_args(args, data)  # e.g. a training recipe's values for this data
         model, processor = family.build(args, data)
         datasets = family.transform(data, processor, model, args)
     if args.lora_r is not None:  # the base frozen, an adapter (and a new head) trained: saved as an adapter folder
@@ -282,6 +286,12 @@ def prepare_run(
     total_steps = args.max_steps or math.ceil(args.num_train_epochs * updates_per_epoch)
     scheduler = family.create_scheduler(optimizer, args, total_steps, model.config)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    ema = None
+    if getattr(args, "ema_decay", None):
+        if accelerator.is_fsdp2:
+            raise UsageError("--ema_decay averages whole weights: it cannot be combined with FSDP sharding.")
+        ema = ModelEma(accelerator.unwrap_model(model), args.ema_decay)
+        accelerator.register_for_checkpointing(ema)  # saved with each training state, restored on resume
     return Run(
         accelerator=accelerator,
         args=args,
@@ -296,6 +306,8 @@ def prepare_run(
         fingerprint=fingerprint,
         total_steps=total_steps,
         num_epochs=math.ceil(total_steps / updates_per_epoch),
+        extras=family.extras(args, model, accelerator),
+        ema=ema,
     )
 
 
@@ -332,7 +344,7 @@ def restore_progress(run: Run, resume: ResumePoint | None) -> Progress:
     check_same_layout(resume.state, checkpoint_layout(run.accelerator), resume.path, CHECKPOINT_LAYOUTS)
     _warn_if_layout_changed(resume.state, run.args, run.accelerator.num_processes)
     # Accelerate loads optimizer/scheduler/RNG with torch.load(weights_only=True) and the model from safetensors;
-    # nothing else (no custom pickled objects) is registered for checkpointing.
+    # the only other object registered for checkpointing is the weights' average (--ema_decay), a dict of tensors.
     run.accelerator.load_state(str(resume.path), load_kwargs={"weights_only": True})
     if checkpoint_layout(run.accelerator) == "fsdp-sharded":
         reload_sharded_optimizer(run.accelerator, run.model, run.optimizer, resume.path)  # accelerate 1.10 lost it
@@ -409,13 +421,15 @@ def training_step(run: Run, batch: dict) -> torch.Tensor:
     and the schedule step. Returns the loss."""
     accelerator, args = run.accelerator, run.args
     with accelerator.accumulate(run.model):
-        loss = run.model(**batch).loss
+        loss = run.family.training_loss(run.model, batch, run.extras)
         accelerator.backward(loss)
         if accelerator.sync_gradients and args.max_grad_norm and args.max_grad_norm > 0:
             accelerator.clip_grad_norm_(run.model.parameters(), args.max_grad_norm)
         run.optimizer.step()  # a no-op until the last micro-batch of the accumulation
         if accelerator.sync_gradients and not accelerator.optimizer_step_was_skipped:
             run.scheduler.step()
+            if run.ema is not None:
+                run.ema.update(accelerator.unwrap_model(run.model))
         run.optimizer.zero_grad(set_to_none=True)
     return loss
 
@@ -431,7 +445,7 @@ def after_update(run: Run, progress: Progress, epoch: int, batches_in_epoch: int
         _log(accelerator, progress.log_history, entry, "train")
         bar.set_postfix(loss=f"{mean_loss:.4f}")
     if args.eval_steps and step % args.eval_steps == 0:
-        progress.eval_metrics = evaluate(accelerator, run.model, run.eval_dataloader, run.family)
+        progress.eval_metrics = evaluate_run(run)
         _log(accelerator, progress.log_history, {"step": step, **prefixed_metrics(progress.eval_metrics)}, "eval")
         run.model.train()
     if step >= run.total_steps:
@@ -447,7 +461,7 @@ def after_update(run: Run, progress: Progress, epoch: int, batches_in_epoch: int
 def end_epoch(run: Run, progress: Progress, epoch: int) -> None:
     """At the end of an epoch: evaluate (unless --eval_steps sets its own rhythm) and save with --save_steps epoch."""
     if not run.args.eval_steps:
-        progress.eval_metrics = evaluate(run.accelerator, run.model, run.eval_dataloader, run.family)
+        progress.eval_metrics = evaluate_run(run)
         entry = {"step": progress.global_step, "epoch": epoch + 1, **prefixed_metrics(progress.eval_metrics)}
         _log(run.accelerator, progress.log_history, entry, "eval")
     if run.args.save_steps == "epoch" and progress.global_step != progress.last_saved_step:
@@ -495,12 +509,14 @@ def finish(run: Run, progress: Progress, train_seconds: float) -> TrainResult:
     """The last training state, the final evaluation, then the model folder (and the Hub push)."""
     if run.args.save_steps != "none" and progress.global_step != progress.last_saved_step:
         save_training_state(run, progress, run.num_epochs, 0)
-    progress.eval_metrics = evaluate(run.accelerator, run.model, run.eval_dataloader, run.family)
+    progress.eval_metrics = evaluate_run(run)
     history = progress.log_history
     if not history or history[-1].get("step") != progress.global_step or "eval_loss" not in history[-1]:
         _log(
             run.accelerator, history, {"step": progress.global_step, **prefixed_metrics(progress.eval_metrics)}, "eval"
         )
+    if run.ema is not None:  # the average is the model the run evaluated and saves
+        run.ema.copy_to(run.accelerator.unwrap_model(run.model))
     trained = trained_model(run.accelerator, run.model)  # gathered under FSDP (collective)
     files = save_final(
         run.accelerator, run.model, run.processor, run.args, run.family, run.data, progress.eval_metrics, history,
@@ -528,6 +544,17 @@ def _result(run: Run, progress: Progress, train_seconds: float, files: list[Path
         raw_datasets=run.data.raw,
         model=model,
     )
+
+
+def evaluate_run(run: Run) -> dict[str, float]:
+    """The run's evaluation: of the model, or with --ema_decay of the average of its weights (the model saved), with
+    the current weights' metrics beside it as `online_*`."""
+    metrics = evaluate(run.accelerator, run.model, run.eval_dataloader, run.family)
+    if run.ema is None:
+        return metrics
+    averaged = evaluate(run.accelerator, run.ema.module, run.eval_dataloader, run.family)
+    online = {f"online_{key}": value for key, value in metrics.items() if key != "samples" and "baseline_" not in key}
+    return averaged | online
 
 
 def evaluate(accelerator: Accelerator, model, dataloader, family: TrainingFamily) -> dict[str, float]:

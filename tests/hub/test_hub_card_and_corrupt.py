@@ -41,6 +41,13 @@ FAMILIES = {
         ),
         "A Vision Transformer (ViT; Dosovitskiy et al., ICLR 2021) image classifier",
     ),
+    "vit-mpp": (
+        lambda: ViTPlusConfig(
+            hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32, image_size=16,
+            patch_size=8,
+        ),
+        "A Vision Transformer (ViT; Dosovitskiy et al., ICLR 2021) encoder pre-trained by masked patch prediction",
+    ),
     "seq2seq": (
         lambda: Seq2SeqTransformerConfig(
             vocab_size=40, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,

@@ -33,6 +33,7 @@ EVAL_RESULTS = {"eval_accuracy": 0.74, "eval_loss": 0.8, "eval_runtime": 0.3, "e
 TRAINING_ARGS = {"learning_rate": 3e-4, "per_device_train_batch_size": 64, "num_train_epochs": 3, "optim": "adamw"}
 FAMILIES = {
     "vit": ("image-classification", "AutoModelForImageClassification", "dosovitskiy2021image", "2010.11929"),
+    "vit-mpp": ("image-feature-extraction", "AutoModelForMaskedImageModeling", "dosovitskiy2021image", "2010.11929"),
     "seq2seq": ("translation", "AutoModelForSeq2SeqLM", "vaswani2017attention", "1706.03762"),
     "sparse-lm": ("text-generation", "AutoModelForCausalLM", "child2019generating", "1904.10509"),
     "image-lm": ("unconditional-image-generation", "AutoModelForCausalLM", "child2019generating", "1904.10509"),
@@ -40,6 +41,11 @@ FAMILIES = {
 CONFIGS = {
     "vit": ViTPlusConfig(
         hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, num_labels=4
+    ),
+    # the same model type: a config saved by masked patch prediction names its head
+    "vit-mpp": ViTPlusConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, num_channels=1,
+        architectures=["ViTPlusForMaskedImageModeling"],
     ),
     "seq2seq": {"model_type": "seq2seq_transformer", "d_model": 64, "encoder_layers": 2, "decoder_layers": 2},
     "sparse-lm": {

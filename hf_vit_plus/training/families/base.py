@@ -4,9 +4,12 @@ data it returns (`TrainingData`), the optimiser groups and the data helpers.
 A recipe holds no state: each step takes what it needs and returns values. The loop calls
 
     load_data(args)                        -> TrainingData: "train" / "validation" with the family's columns
+    resolve_args(args, data)               -> args with the run's settings that depend on the data (a recipe's)
     build(args, data)                      -> (model, processor): image processor or tokenizer
     transform(data, processor, model, args)-> the datasets the loaders read, processed on the fly
     collate_fn(processor)                  -> batches
+    extras(args, model, accelerator)       -> what the loss needs besides the model (e.g. a teacher), or {}
+    training_loss(model, batch, extras)    -> the loss of one micro-batch (default: the model's own)
     eval_outputs(model, batch), metrics(gathered)
     create_optimizer(model, args), create_scheduler(optimizer, args, total_steps, config)
     figures(model, processor, raw, output_dir)   for the model card
@@ -157,11 +160,25 @@ class TrainingFamily:
     def load_data(self, args: TrainingArguments) -> TrainingData:
         raise NotImplementedError
 
+    def resolve_args(self, args: TrainingArguments, data: TrainingData) -> TrainingArguments:
+        """`args` with the settings that depend on the data and the run filled in (a training recipe's); the
+        default leaves them as they are."""
+        return args
+
     def transform(self, data: TrainingData, processor, model, args: TrainingArguments) -> DatasetDict:
         raise NotImplementedError
 
     def collate_fn(self, processor) -> Callable[[list[dict]], dict]:
         raise NotImplementedError
+
+    # --- training
+    def extras(self, args: TrainingArguments, model, accelerator) -> dict[str, Any]:
+        """What `training_loss` needs besides the model and the batch (e.g. a teacher model on the device)."""
+        return {}
+
+    def training_loss(self, model, batch: dict, extras: dict[str, Any]) -> torch.Tensor:
+        """The loss of one training micro-batch: the model's own by default."""
+        return model(**batch).loss
 
     # --- evaluation
     def eval_outputs(self, model, batch: dict) -> dict[str, torch.Tensor]:

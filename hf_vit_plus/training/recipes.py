@@ -1,0 +1,158 @@
+"""Training recipes of the image models (`--recipe`): "none", plain training as in release 0.1, and "deit", the
+data-efficient recipe of DeiT (Touvron et al., ICML 2021, "Training data-efficient image transformers & distillation
+through attention", Table 9 and its code's defaults), scaled to the data and the run.
+
+A recipe gives a value to every setting the user leaves unset (None): explicit flags always win. Values that need no
+data are set when the arguments are made (`static_recipe_values`); the others when the run starts, from the data,
+the model and the run's length (`resolve_recipe`, `recipe_drop_path_rate`).
+
+DeiT's values and how "deit" scales them:
+
+| setting | DeiT (ImageNet, 300 epochs, batch 1024) | "deit" here |
+|---|---|---|
+| optimiser, schedule | AdamW, cosine, weight decay 0.05 | the same (the family's) |
+| learning rate | 5e-4 x batch / 512 | the same rule on the global batch |
+| warm-up | 5 epochs (1.7% of the run) | 5 epochs, at most 5% of the run |
+| label smoothing | 0.1 | 0.1 |
+| stochastic depth | 0.1 (DeiT-Ti/S, 12 blocks) | 0.1 x blocks / 12 |
+| RandAugment | rand-m9-mstd0.5 (timm: 90% of each range) | magnitude 27 of torchvision's 30 x s, 2 ops |
+| Mixup / CutMix | alpha 0.8 / 1.0, every batch, one of the two | the same alphas, a batch mixed with probability s |
+| random erasing | 0.25 | 0.25 x s |
+| random resized crop | scale (0.08, 1) at 224 px | smallest crop 16 x 16 px: scale (max(0.08, (16/size)^2), 1) |
+| horizontal flip | yes | where the data allows (clothes yes, digits no; user images yes) |
+| weight EMA | 0.99996 (its horizon 1/(1-d) = 25k updates, 6.7% of the run) | horizon 6.7% of the run's updates |
+
+s = the run's share of DeiT's training, min(1, epochs / 300) ** 0.5: the regularisers that make the model fit slower
+(stronger augmentation, mixing, erasing, dropped blocks) grow with the time it has to fit, so that a run of 300
+epochs gets DeiT's values and a short run on a small data set is not regularised into under-fitting. The square root
+is a choice, not DeiT's: see the README's ViT section for what it gives on Fashion-MNIST.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+# Every setting a recipe decides (the `TrainingArguments` fields, None when unset), and "none"'s value of each: plain
+# training as in release 0.1 (the learning rate, warm-up and smoothing the ViT family always had).
+RECIPE_NONE = dict(
+    learning_rate=2e-3,
+    warmup_ratio=0.1,
+    label_smoothing_factor=0.0,
+    auto_augment="none",
+    auto_augment_magnitude=9,  # torchvision's default (used only when --auto_augment randaugment is given)
+    random_resized_crop_scale=1.0,
+    horizontal_flip=False,
+    random_erasing_prob=0.0,
+    mixup_alpha=0.0,
+    cutmix_alpha=0.0,
+    mixup_prob=1.0,
+    ema_decay=0.0,
+)
+# DeiT's values that need no data
+DEIT_STATIC = dict(label_smoothing_factor=0.1, auto_augment="randaugment", mixup_alpha=0.8, cutmix_alpha=1.0)
+DEIT_EPOCHS = 300
+DEIT_LEARNING_RATE_PER_512 = 5e-4
+DEIT_WARMUP_EPOCHS = 5
+DEIT_MAX_WARMUP_RATIO = 0.05
+DEIT_DROP_PATH_RATE = 0.1  # DeiT-Ti / DeiT-S, 12 blocks
+DEIT_DROP_PATH_DEPTH = 12
+DEIT_RANDAUGMENT_MAGNITUDE = 27  # timm's m9 of 10 on torchvision's 0-30 scale
+DEIT_RANDOM_ERASING = 0.25
+DEIT_EMA_SHARE = 25_000 / (300 * 1251)  # 0.99996's horizon over DeiT's updates (300 epochs of 1,251 at batch 1024)
+MIN_CROP_PIXELS = 16  # the smallest random crop keeps the area of a 16 x 16 image
+
+
+@dataclass(frozen=True)
+class RecipeContext:
+    """What the run-time values of a recipe depend on."""
+
+    family: str  # "vit" or "vit-mpp" (masked patch prediction learns no classes: no mixing, erasing or smoothing)
+    image_size: tuple[int, int]  # (height, width) of the model's input
+    global_batch: int  # images per update, all processes and micro-batches
+    total_steps: int  # updates of the run
+    epochs: float  # passes over the training data
+    mirror_symmetric: bool  # a mirrored image keeps its class
+
+
+def budget_scale(epochs: float) -> float:
+    """s: how much of DeiT's regularisation a run of `epochs` gets, min(1, epochs / 300) ** 0.5."""
+    return min(1.0, max(0.0, epochs) / DEIT_EPOCHS) ** 0.5
+
+
+# Masked patch prediction learns no classes: nothing to smooth or mix, and erasing would hide the patches to predict.
+NO_CLASSES = dict(label_smoothing_factor=0.0, mixup_alpha=0.0, cutmix_alpha=0.0, random_erasing_prob=0.0)
+
+
+def static_recipe_values(recipe: str, family: str = "vit") -> dict[str, Any]:
+    """The values of `recipe` that need no data: all of "none"'s, DeiT's fixed ones (for `family`)."""
+    if recipe == "none":
+        return dict(RECIPE_NONE)
+    if recipe == "deit":
+        return {**DEIT_STATIC, **(NO_CLASSES if family == "vit-mpp" else {})}
+    raise ValueError(f"Unknown recipe {recipe!r}; expected 'none' or 'deit'.")
+
+
+def run_recipe_values(recipe: str, context: RecipeContext) -> dict[str, Any]:
+    """Every setting of `recipe` for this run (see the module's table)."""
+    values = static_recipe_values(recipe, context.family)
+    if recipe == "none":
+        return values
+    scale = budget_scale(context.epochs)
+    crop = max(0.08, (MIN_CROP_PIXELS / min(context.image_size)) ** 2)
+    horizon = max(1.0, DEIT_EMA_SHARE * context.total_steps)
+    values.update(
+        learning_rate=DEIT_LEARNING_RATE_PER_512 * context.global_batch / 512,
+        warmup_ratio=min(DEIT_WARMUP_EPOCHS / max(context.epochs, 1e-9), DEIT_MAX_WARMUP_RATIO),
+        auto_augment_magnitude=max(1, round(DEIT_RANDAUGMENT_MAGNITUDE * scale)),
+        random_resized_crop_scale=min(1.0, crop),
+        horizontal_flip=context.mirror_symmetric,
+        random_erasing_prob=DEIT_RANDOM_ERASING * scale,
+        mixup_prob=scale,
+        ema_decay=min(0.99996, max(0.9, 1.0 - 1.0 / horizon)),
+    )
+    if context.family == "vit-mpp":
+        values.update(NO_CLASSES)
+    return values
+
+
+def resolve_recipe(args, context: RecipeContext):
+    """`args` (TrainingArguments) with every unset (None) setting of its recipe filled in for this run."""
+    values = run_recipe_values(args.recipe, context)
+    unset = {name: value for name, value in values.items() if getattr(args, name, 0) is None}
+    return dataclasses.replace(args, **unset) if unset else args
+
+
+def recipe_drop_path_rate(recipe: str, num_hidden_layers: int, epochs: float) -> float:
+    """The stochastic-depth rate of `recipe` for a model of `num_hidden_layers` blocks: DeiT's 0.1 at 12 blocks,
+    linear in depth, times the budget scale s ("none": 0)."""
+    if recipe != "deit":
+        return 0.0
+    rate = DEIT_DROP_PATH_RATE * num_hidden_layers / DEIT_DROP_PATH_DEPTH * budget_scale(epochs)
+    return round(min(rate, 0.5), 4)
+
+
+def epochs_of_run(total_steps: int, steps_per_epoch: int) -> float:
+    """Passes over the training data that `total_steps` updates make."""
+    return total_steps / max(1, steps_per_epoch)
+
+
+def updates_per_epoch(num_examples: int, per_device_batch: int, num_processes: int, accumulation: int) -> int:
+    """Updates per pass over `num_examples` (full batches only, as the loop's loader)."""
+    batches = num_examples // (per_device_batch * num_processes)
+    return max(1, math.ceil(batches / accumulation))
+
+
+__all__ = [
+    "RECIPE_NONE",
+    "RecipeContext",
+    "budget_scale",
+    "epochs_of_run",
+    "recipe_drop_path_rate",
+    "resolve_recipe",
+    "run_recipe_values",
+    "static_recipe_values",
+    "updates_per_epoch",
+]

@@ -1,0 +1,223 @@
+"""The ViT's data-efficient training (issue 26) through the Accelerate loop: `--recipe deit` (augmentation, Mixup /
+CutMix, label smoothing, stochastic depth, the weights' EMA), DeiT's hard distillation from a CNN teacher trained by
+the same loop (`--model_type resnet`, `--teacher`), masked patch prediction (`train vit-mpp`) and its fine-tuning,
+and the built-in labelled Fashion-MNIST. Tiny models, few updates: these check the wiring; the README's table the
+learning."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from hf_vit_plus.errors import UsageError
+from hf_vit_plus.training.args import family_arguments
+from hf_vit_plus.training.augment import BatchMixer, image_augmentation, soft_cross_entropy
+from hf_vit_plus.training.distillation import PixelFormat, convert_pixels
+from hf_vit_plus.training.ema import ModelEma
+from hf_vit_plus.training.loop import train
+from hf_vit_plus.training.recipes import (
+    RecipeContext,
+    budget_scale,
+    recipe_drop_path_rate,
+    resolve_recipe,
+    run_recipe_values,
+)
+from tests.utils import TINY_VIT_OVERRIDES
+
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")  # tests/conftest.py
+
+
+def tiny(tmp_path: Path, name: str, family: str = "vit", **overrides):
+    values = dict(
+        output_dir=str(tmp_path / name),
+        config_overrides=TINY_VIT_OVERRIDES,
+        report_to="none",
+        write_card=False,
+        max_train_samples=64,
+        max_eval_samples=48,
+        per_device_train_batch_size=16,
+        save_steps="none",
+        logging_steps=2,
+        max_steps=4,
+    )
+    values.update(overrides)
+    return family_arguments(family, **values)
+
+
+# ------------------------------------------------------------------------------------------------ the recipe values
+def test_recipe_none_keeps_the_plain_training_of_release_0_1():
+    args = family_arguments("vit", output_dir="unused")
+    assert args.recipe == "none"
+    assert (args.learning_rate, args.warmup_ratio, args.label_smoothing_factor) == (2e-3, 0.1, 0.0)
+    assert args.auto_augment == "none" and args.mixup_alpha == 0.0 and args.ema_decay == 0.0
+    assert not args.horizontal_flip and args.random_resized_crop_scale == 1.0
+    assert image_augmentation(args, (8, 8)) is None
+    assert recipe_drop_path_rate("none", 12, 300) == 0.0
+
+
+def test_deit_values_are_deits_at_300_epochs_and_scaled_down_for_short_runs():
+    full = RecipeContext("vit", (224, 224), global_batch=1024, total_steps=300 * 1251, epochs=300,
+                         mirror_symmetric=True)  # fmt: skip
+    values = run_recipe_values("deit", full)
+    assert values["learning_rate"] == pytest.approx(1e-3)  # 5e-4 x 1024 / 512
+    assert values["label_smoothing_factor"] == 0.1 and values["mixup_alpha"] == 0.8 and values["cutmix_alpha"] == 1.0
+    assert values["auto_augment"] == "randaugment" and values["auto_augment_magnitude"] == 27
+    assert values["random_erasing_prob"] == pytest.approx(0.25) and values["mixup_prob"] == pytest.approx(1.0)
+    assert values["random_resized_crop_scale"] == pytest.approx(0.08) and values["horizontal_flip"]
+    assert values["ema_decay"] == pytest.approx(0.99996, abs=1e-6)
+    assert recipe_drop_path_rate("deit", 12, 300) == pytest.approx(0.1)
+
+    short = RecipeContext("vit", (28, 28), global_batch=128, total_steps=4690, epochs=10, mirror_symmetric=False)
+    values = run_recipe_values("deit", short)
+    scale = budget_scale(10)
+    assert scale == pytest.approx((10 / 300) ** 0.5)
+    assert values["mixup_prob"] == pytest.approx(scale)
+    assert values["random_erasing_prob"] == pytest.approx(0.25 * scale)
+    assert values["random_resized_crop_scale"] == pytest.approx((16 / 28) ** 2)  # the smallest crop is 16 x 16 px
+    assert not values["horizontal_flip"] and values["warmup_ratio"] == pytest.approx(0.05)
+    assert 0.9 <= values["ema_decay"] < 0.99996
+    # masked patch prediction has no classes to smooth or mix
+    mpp = run_recipe_values("deit", RecipeContext("vit-mpp", (28, 28), 128, 4690, 10, True))
+    assert mpp["mixup_alpha"] == mpp["cutmix_alpha"] == mpp["label_smoothing_factor"] == 0.0
+    assert mpp["random_erasing_prob"] == 0.0
+
+
+def test_explicit_flags_win_over_the_recipe(tmp_path):
+    args = family_arguments("vit", output_dir="unused", recipe="deit", mixup_alpha=0.0, ema_decay=0.0,
+                            learning_rate=1e-3)  # fmt: skip
+    context = RecipeContext("vit", (8, 8), global_batch=64, total_steps=100, epochs=5, mirror_symmetric=False)
+    resolved = resolve_recipe(args, context)
+    assert resolved.learning_rate == 1e-3 and resolved.ema_decay == 0.0 and resolved.mixup_alpha == 0.0
+    assert resolved.cutmix_alpha == 1.0 and resolved.label_smoothing_factor == 0.1  # the recipe's
+    assert resolved.warmup_ratio == pytest.approx(0.05) and resolved.random_erasing_prob > 0
+    result = train(tiny(tmp_path, "explicit", recipe="deit", ema_decay=0.0, max_steps=2))
+    assert not any(key.startswith("online_") for key in result.eval_metrics)  # no EMA: one set of metrics
+
+
+@pytest.mark.parametrize(
+    "flag, value, message",
+    [
+        ("recipe", "mae", "--recipe"),
+        ("auto_augment", "autoaugment", "--auto_augment"),
+        ("ema_decay", 1.5, "--ema_decay"),
+        ("mixup_prob", -0.1, "--mixup_prob"),
+        ("random_resized_crop_scale", 0.0, "--random_resized_crop_scale"),
+    ],
+)
+def test_bad_recipe_values_are_named(flag, value, message):
+    with pytest.raises(UsageError, match=message):
+        family_arguments("vit", output_dir="unused", **{flag: value})
+
+
+# ------------------------------------------------------------------------------------------------ the pieces
+def test_mixing_gives_soft_targets_that_sum_to_one_and_the_loss_reads_them():
+    torch.manual_seed(0)
+    pixels, labels = torch.randn(8, 1, 8, 8), torch.arange(8) % 4
+    mixed, targets = BatchMixer(4, mixup_alpha=0.8, cutmix_alpha=1.0, prob=1.0)(pixels, labels)
+    assert targets.shape == (8, 4) and torch.allclose(targets.sum(-1), torch.ones(8))
+    assert not torch.equal(mixed, pixels)
+    same, one_hot = BatchMixer(4, mixup_alpha=0.8, prob=0.0)(pixels, labels)
+    assert torch.equal(same, pixels) and torch.equal(one_hot.argmax(-1), labels)
+    logits = torch.randn(8, 4)
+    torch.testing.assert_close(soft_cross_entropy(logits, one_hot), torch.nn.functional.cross_entropy(logits, labels))
+
+
+def test_the_ema_averages_after_each_update_and_round_trips_its_state():
+    model = torch.nn.Linear(2, 2)
+    ema = ModelEma(model, 0.9)
+    before = ema.module.weight.clone()
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    ema.update(model)
+    torch.testing.assert_close(ema.module.weight, before + 0.1)
+    other = ModelEma(torch.nn.Linear(2, 2), 0.9)
+    other.load_state_dict(ema.state_dict())
+    torch.testing.assert_close(other.module.weight, ema.module.weight)
+    with pytest.raises(ValueError, match="decay must be in \\(0, 1\\), got 1.0"):
+        ModelEma(model, 1.0)
+
+
+def test_a_teacher_reads_the_students_images_in_its_own_format():
+    grey = PixelFormat(channels=1, mean=(0.5,), std=(0.5,))
+    rgb = PixelFormat(channels=3, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), size=(16, 16))
+    images = torch.rand(2, 1, 8, 8)
+    converted = convert_pixels((images - 0.5) / 0.5, grey, rgb)
+    assert converted.shape == (2, 3, 16, 16)
+    back = converted * torch.tensor(rgb.std)[:, None, None] + torch.tensor(rgb.mean)[:, None, None]
+    torch.testing.assert_close(back[:, 0], back[:, 2])  # the grey channel repeated
+    assert convert_pixels(images, grey, grey) is images
+
+
+# ------------------------------------------------------------------------------------------------ runs
+def test_deit_recipe_trains_with_stochastic_depth_and_saves_the_ema_it_evaluated(tmp_path):
+    result = train(tiny(tmp_path, "deit", recipe="deit", max_steps=6))
+    config = json.loads((tmp_path / "deit" / "config.json").read_text())
+    assert config["drop_path_rate"] > 0  # the recipe's, scaled to the depth and the run
+    metrics = result.eval_metrics
+    assert "online_accuracy" in metrics and "accuracy" in metrics  # the average, and the last weights beside it
+    from transformers import AutoModelForImageClassification
+
+    saved = AutoModelForImageClassification.from_pretrained(tmp_path / "deit")
+    for name, value in saved.state_dict().items():  # the saved weights are the average's, not the last weights'
+        torch.testing.assert_close(value, result.model.state_dict()[name], msg=name)
+    losses = [entry["loss"] for entry in result.log_history if "loss" in entry]
+    assert losses and all(torch.isfinite(torch.tensor(losses)))
+
+
+def test_distillation_from_a_cnn_trained_by_the_same_loop(tmp_path):
+    teacher = train(tiny(tmp_path, "cnn", model_type="resnet", config_overrides="", max_steps=3))
+    assert type(teacher.model).__name__ == "ResNetForImageClassification"
+    result = train(tiny(tmp_path, "student", recipe="deit", teacher=str(tmp_path / "cnn"), max_steps=3))
+    assert result.model.config.use_distillation_token
+    assert {"cls_head_accuracy", "distillation_head_accuracy"} <= set(result.eval_metrics)
+    # a teacher of other classes is refused by name
+    (tmp_path / "wrong").mkdir()
+    wrong = teacher.model.config
+    wrong.num_labels, wrong.id2label = 3, {0: "a", 1: "b", 2: "c"}
+    teacher.model.__class__(wrong).save_pretrained(tmp_path / "wrong")
+    with pytest.raises(UsageError, match="--teacher .* predicts 3 classes"):
+        train(tiny(tmp_path, "refused", teacher=str(tmp_path / "wrong"), max_steps=1))
+
+
+def test_masked_patch_prediction_then_fine_tuning(tmp_path):
+    pre = train(tiny(tmp_path, "mpp", family="vit-mpp", max_steps=4))
+    assert type(pre.model).__name__ == "ViTPlusForMaskedImageModeling"
+    metrics = pre.eval_metrics
+    assert 0.0 <= metrics["mpp_accuracy"] <= 1.0 and metrics["baseline_commonest_colour_accuracy"] > 0
+    config = json.loads((tmp_path / "mpp" / "config.json").read_text())
+    assert config["architectures"] == ["ViTPlusForMaskedImageModeling"]
+    tuned = train(tiny(tmp_path, "tuned", model_name_or_path=str(tmp_path / "mpp"), config_overrides=None,
+                       max_steps=2))  # fmt: skip
+    assert type(tuned.model).__name__ == "ViTPlusForImageClassification"
+    for name, value in pre.model.vit.state_dict().items():  # started from the pre-trained encoder
+        if "mask_token" not in name:
+            assert value.shape == tuned.model.vit.state_dict()[name].shape, name
+
+
+def test_transformers_vit_trains_with_the_recipe(tmp_path):
+    result = train(tiny(tmp_path, "hf-vit", model_type="vit", recipe="deit", max_steps=2))
+    assert type(result.model).__name__ == "ViTForImageClassification"
+    assert result.model.config.layer_norm_eps == 1e-6 and result.model.config.hidden_size == 32
+
+
+def test_an_unknown_model_type_is_named(tmp_path):
+    with pytest.raises(UsageError, match="--model_type 'bert' is not a transformers image classifier"):
+        train(tiny(tmp_path, "bad", model_type="bert", config_overrides=""))
+
+
+def test_fashion_mnist_is_built_in_labelled_data(tmp_path):
+    from hf_vit_plus.data.images import labelled_image_datasets
+
+    dataset = labelled_image_datasets()["fashion-mnist"]
+    try:
+        labels = dataset.load_labels("test")
+    except FileNotFoundError:
+        pytest.skip("Debian's dataset-fashion-mnist is not installed")
+    assert labels.shape == (10_000,) and set(labels.tolist()) == set(range(10))
+    result = train(tiny(tmp_path, "fashion", dataset_name="fashion-mnist", max_steps=2))
+    assert result.model.config.image_size == 28 and result.model.config.num_labels == 10
+    assert result.model.config.id2label[0] == dataset.class_names[0]
+    assert result.eval_metrics["samples"] == 48
