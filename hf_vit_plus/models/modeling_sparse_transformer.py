@@ -458,7 +458,7 @@ class SparseTransformerModel(SparseTransformerPreTrainedModel):
         # layer's update advances in place, and the attention then runs over all its slots (`_static_context`).
         static_length = cache.get_max_length() if is_static_cache(cache) else None
         custom_mask = None
-        if attention_mask is not None and attention_mask.dim() == 4 and static_length is None:
+        if torch.is_tensor(attention_mask) and attention_mask.dim() == 4 and static_length is None:
             custom_mask = self._custom_mask(attention_mask, batch_size, seq_len, past_length)
             attention_mask = None
         if attention_mask is not None and not (torch.is_tensor(past_length) and tracing()):
