@@ -221,3 +221,23 @@ def test_fashion_mnist_is_built_in_labelled_data(tmp_path):
     assert result.model.config.image_size == 28 and result.model.config.num_labels == 10
     assert result.model.config.id2label[0] == dataset.class_names[0]
     assert result.eval_metrics["samples"] == 48
+
+
+def test_a_run_with_the_ema_resumes_to_the_same_average(tmp_path):
+    """The average is registered for checkpointing: a run stopped after 2 updates and resumed saves the same averaged
+    weights as the uninterrupted run (recipe none: no random augmentation to replay)."""
+    from safetensors.torch import load_file
+
+    common = dict(ema_decay=0.9, max_steps=4, save_steps="100")
+    full = train(tiny(tmp_path, "full", **common))
+    stopped = train(tiny(tmp_path, "split", stop_after_steps=2, **common))
+    assert stopped.interrupted and stopped.global_step == 2
+    resumed = train(tiny(tmp_path, "split", resume_from_checkpoint="latest", **common))
+    assert resumed.global_step == full.global_step == 4
+    expected = load_file(tmp_path / "full" / "model.safetensors")
+    got = load_file(tmp_path / "split" / "model.safetensors")
+    assert expected.keys() == got.keys()
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], rtol=0, atol=0, msg=name)
+    assert resumed.eval_metrics["accuracy"] == full.eval_metrics["accuracy"]
+    assert "online_accuracy" in resumed.eval_metrics
