@@ -11,7 +11,7 @@ export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM := false
 PYTEST_ARGS ?= -n 2 --dist loadfile --durations=15
 
-.PHONY: demo test test-oldest test-slow lint format bench clean venv venv-test env
+.PHONY: demo test test-oldest test-slow test-deepspeed lint format bench clean venv venv-test env
 
 # The oldest releases the package supports (pyproject's lower bounds), in an environment of their own.
 OLDEST_VENV ?= .venv-oldest
@@ -43,7 +43,9 @@ demo: $(VENV)/.stamp-base
 
 # The multi-process tests fork (accelerate.debug_launcher), which torch refuses in a process that already ran
 # autograd: they run first, in a fresh interpreter of their own; the rest runs on 2 pytest-xdist workers.
-DISTRIBUTED_TESTS := tests/training/test_training_distributed.py tests/training/test_training_fsdp.py
+# test_training_deepspeed.py is skipped unless deepspeed is installed (`make test-deepspeed`).
+DISTRIBUTED_TESTS := tests/training/test_training_distributed.py tests/training/test_training_fsdp.py \
+	tests/training/test_training_deepspeed.py
 test: $(VENV)/.stamp-test
 	$(VENV)/bin/hf-vit-plus env
 	OMP_NUM_THREADS=1 $(PY) -m pytest -p no:xdist -q $(DISTRIBUTED_TESTS)
@@ -59,6 +61,12 @@ test-oldest: $(OLDEST_VENV)/.stamp-test
 
 env: $(VENV)/.stamp-base
 	$(VENV)/bin/hf-vit-plus env
+
+# DeepSpeed ZeRO-2/3 on 2 CPU processes (README, "Sharded training"): not in the test extras, since importing
+# deepspeed builds ops on first use and slows every run that imports it.
+test-deepspeed: $(VENV)/.stamp-test
+	$(VENV)/bin/pip install -q deepspeed
+	OMP_NUM_THREADS=1 $(PY) -m pytest -p no:xdist -q tests/training/test_training_deepspeed.py
 
 test-slow: $(VENV)/.stamp-test
 	$(PY) -m pytest -m slow tests

@@ -23,6 +23,7 @@ import dataclasses
 import json
 import logging
 import math
+import os
 import signal
 import time
 from collections import defaultdict
@@ -34,7 +35,7 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, set_seed
+from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs, ProjectConfiguration, set_seed
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
@@ -56,10 +57,13 @@ from .families import TrainingData, TrainingFamily, get_family
 from .outputs import check_push_target, prefixed_metrics, save_final
 from .sharding import (
     CHECKPOINT_LAYOUTS,
+    DEEPSPEED_STATE_REFUSAL,
     checkpoint_layout,
+    deepspeed_plugin,
     describe,
     fsdp_plugin,
     honour,
+    is_zero3,
     keep_environment,
     local_share,
     parallelism_request,
@@ -204,10 +208,20 @@ def create_accelerator(args: TrainingArguments) -> Accelerator:
     request = parallelism_request(args.fsdp, args.fsdp_options)
     refuse_before_start(request, on_cpu)
     plugin = fsdp_plugin(request)
-    with keep_environment("ACCELERATE_USE_FSDP"):
+    zero = deepspeed_plugin(request, args, on_cpu)
+    handlers = []
+    if zero is not None and on_cpu:
+        # DeepSpeed on CPU processes: not Accelerator(cpu=True), which sets up DDP instead (so does a launcher's
+        # use_cpu), but DeepSpeed's CPU accelerator over gloo
+        handlers = [InitProcessGroupKwargs(backend="gloo")]
+    with keep_environment("ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED", "ACCELERATE_USE_CPU"):
+        if zero is not None:
+            os.environ.pop("ACCELERATE_USE_CPU", None)
         accelerator = Accelerator(
-            cpu=on_cpu,
+            cpu=on_cpu and zero is None,
             fsdp_plugin=plugin,
+            deepspeed_plugin=zero,
+            kwargs_handlers=handlers,
             mixed_precision=args.mixed_precision,
             gradient_accumulation_steps=args.gradient_accumulation_steps,
             log_with=_trackers(args.report_to),
@@ -288,8 +302,8 @@ def prepare_run(
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     ema = None
     if getattr(args, "ema_decay", None):
-        if accelerator.is_fsdp2:
-            raise UsageError("--ema_decay averages whole weights: it cannot be combined with FSDP sharding.")
+        if accelerator.is_fsdp2 or is_zero3(accelerator):
+            raise UsageError("--ema_decay averages whole weights: it cannot be combined with FSDP or ZeRO-3 sharding.")
         ema = ModelEma(accelerator.unwrap_model(model), args.ema_decay)
         accelerator.register_for_checkpointing(ema)  # saved with each training state, restored on resume
     return Run(
@@ -367,6 +381,8 @@ def announce(run: Run) -> None:
     sharded = ""
     if accelerator.is_fsdp2:
         sharded = f" (FSDP units: {units(run.model)}; this process holds {local_share(run.model):.1%} of them)"
+    elif is_zero3(accelerator):
+        sharded = f" (ZeRO-3: this process holds {local_share(run.model):.1%} of them)"
     accelerator.print(
         f"Training {run.family.name}: {_count(run.model)} parameters{sharded}, {len(run.train_dataloader.dataset)} "
         f"train / {len(run.eval_dataloader.dataset)} eval examples, {world} process(es), global batch "
@@ -470,6 +486,9 @@ def end_epoch(run: Run, progress: Progress, epoch: int) -> None:
 
 def save_training_state(run: Run, progress: Progress, epoch: int, batches_in_epoch: int) -> None:
     """A checkpoint of the run at this position: the next batch to train is `batches_in_epoch` of `epoch`."""
+    if checkpoint_layout(run.accelerator) == "deepspeed":  # only SIGTERM gets here (see sharding.deepspeed_plugin)
+        run.accelerator.print(f"No training state saved: {DEEPSPEED_STATE_REFUSAL}.")
+        return
     if batches_in_epoch >= len(run.train_dataloader):
         epoch, batches_in_epoch = epoch + 1, 0
     state = {
@@ -497,10 +516,9 @@ def save_training_state(run: Run, progress: Progress, epoch: int, batches_in_epo
 
 def stop_early(run: Run, progress: Progress, train_seconds: float) -> TrainResult:
     """The run stopped before its last update (--stop_after_steps, SIGTERM): its state is saved, no final model."""
-    run.accelerator.print(
-        f"Stopped at update {progress.global_step}/{run.total_steps} ({progress.stop_reason}); state saved in "
-        f"{progress.last_checkpoint}."
-    )
+    saved = f"state saved in {progress.last_checkpoint}" if progress.last_checkpoint else "no training state saved"
+    stop = f"Stopped at update {progress.global_step}/{run.total_steps} ({progress.stop_reason})"
+    run.accelerator.print(f"{stop}; {saved}.")
     run.accelerator.end_training()
     return _result(run, progress, train_seconds, files=[], model=run.accelerator.unwrap_model(run.model))
 
@@ -616,7 +634,7 @@ def _log(accelerator: Accelerator, history: list[dict], entry: dict, kind: str) 
 
 
 def _count(model) -> str:
-    n = sum(p.numel() for p in model.parameters())
+    n = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())  # ZeRO-3: the whole size
     return f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n / 1e3:.1f}k"
 
 

@@ -13,8 +13,13 @@ state says FSDP: `honour` switches the state of a CPU run of several processes f
 `prepare`, `backward`, `clip_grad_norm_`, `accumulate`, `save_state` / `load_state` (torch distributed checkpoint)
 and `get_state_dict` are Accelerate's FSDP2 path, unchanged, on CPU as on GPUs.
 
+DeepSpeed ZeRO-2/3 is asked for by an accelerate config of `distributed_type: DEEPSPEED` (ACCELERATE_USE_DEEPSPEED,
+ACCELERATE_DEEPSPEED_*): `deepspeed_plugin` builds Accelerate's plugin with the run's batch, accumulation and
+clipping in its config; on CPU the loop then builds the Accelerator without `cpu=True` (which would set up DDP) and
+with a gloo process group, and DeepSpeed uses its CPU accelerator.
+
 A request that cannot be honoured is refused with one line naming what was asked and why (`refuse_before_start`,
-`honour`), and the first lines of every run say what is in effect (`describe`).
+`deepspeed_plugin`, `honour`), and the first lines of every run say what is in effect (`describe`).
 
 FSDP units (`prepare_model`, before the optimiser is built): each layer of the model's `_no_split_modules` is a unit,
 except a module that holds the input or output embedding or a tied weight (accelerate 1.15 carves the input embedding
@@ -100,12 +105,6 @@ def refuse_before_start(request: ParallelismRequest, on_cpu: bool) -> None:
             f"{request.fsdp_from} asks for FSDP and {request.deepspeed_from} for DeepSpeed: choose one of them."
         )
     if request.deepspeed_from:
-        if on_cpu:
-            raise UsageError(
-                f"{request.deepspeed_from} asks for DeepSpeed, but this run is on the CPU, where Accelerate does not "
-                "apply DeepSpeed (Accelerator(cpu=True) would train with plain DDP instead): shard with FSDP "
-                "(--fsdp, or distributed_type: FSDP), which runs on CPU too."
-            )
         from accelerate.utils import is_deepspeed_available
 
         if not is_deepspeed_available():
@@ -170,6 +169,96 @@ def _mixed_precision_policy(value):
     if isinstance(value, str):
         value = {"param_dtype": value, "reduce_dtype": value, "output_dtype": value}
     return MixedPrecisionPolicy(**{key: DTYPES[name] for key, name in value.items()})
+
+
+# ------------------------------------------------------------------------------------------------- DeepSpeed
+# the ZeRO stages hf-vit-plus trains with (tested on CPU: tests/training/test_training_deepspeed.py)
+DEEPSPEED_STAGES = (2, 3)
+DEEPSPEED_STATE_REFUSAL = (
+    "DeepSpeed writes its training states as pickles and reads them back with torch.load(weights_only=False), and "
+    "hf-vit-plus never unpickles files"
+)
+
+
+def deepspeed_plugin(request: ParallelismRequest, args, on_cpu: bool):
+    """Accelerate's DeepSpeed plugin for the request (None without one), read from the launcher's variables
+    (ACCELERATE_DEEPSPEED_*, or the DeepSpeed config file they name), with what the run decides written into its
+    config as Accelerate needs it (the loop prepares the loaders apart from the model, so nothing is left 'auto'):
+    the micro-batch per process, the accumulation steps, the gradient clipping, and for ZeRO-3 the gathering of the
+    whole model for the final model.safetensors. Refuses (`UsageError`, one line) what it cannot honour."""
+    if not request.deepspeed_from:
+        return None
+    from accelerate import DeepSpeedPlugin
+
+    asked = request.deepspeed_from
+    if int(os.environ.get("WORLD_SIZE", "1")) < 2:
+        raise UsageError(
+            f"{asked} asks for DeepSpeed ZeRO, but this run has one process and ZeRO shards over processes: start it "
+            "with `accelerate launch --num_processes N` or `torchrun --nproc_per_node N`."
+        )
+    if args.save_steps != "none" or args.resume_from_checkpoint or args.stop_after_steps:
+        what = (
+            "--resume_from_checkpoint" if args.resume_from_checkpoint
+            else "--stop_after_steps" if args.stop_after_steps else f"--save_steps {args.save_steps} (the default)"
+            if args.save_steps == "epoch" else f"--save_steps {args.save_steps}"
+        )  # fmt: skip
+        raise UsageError(
+            f"{asked} asks for DeepSpeed, which cannot save or resume a training state here ({what}): "
+            f"{DEEPSPEED_STATE_REFUSAL}; pass --save_steps none (the final model is still saved as model.safetensors)."
+        )
+    plugin = DeepSpeedPlugin()
+    config = plugin.deepspeed_config
+    if plugin.zero_stage not in DEEPSPEED_STAGES:
+        raise UsageError(
+            f"{asked} asks for DeepSpeed ZeRO stage {plugin.zero_stage}: hf-vit-plus trains with ZeRO stage 2 "
+            "(optimizer state and gradients sharded) or 3 (parameters too), the stages it tests; use FSDP (--fsdp) "
+            "or DDP otherwise."
+        )
+    zero = config.get("zero_optimization", {})
+    for key in ("offload_optimizer", "offload_param"):
+        device = str((zero.get(key) or {}).get("device", "none")).lower()
+        if device not in ("none", "auto") and on_cpu:
+            raise UsageError(
+                f"{asked} asks to offload {key.removeprefix('offload_').replace('param', 'parameters')} to {device}, "
+                "but this run is on the CPU already (and DeepSpeed's offloading needs its compiled CPU Adam op): set "
+                "the offload device to none."
+            )
+    for dtype in ("fp16", "bf16"):
+        enabled = str((config.get(dtype) or {}).get("enabled")).lower() == "true"
+        if on_cpu and (args.mixed_precision == dtype or enabled):
+            raise UsageError(
+                f"{asked} asks for {dtype} under DeepSpeed on the CPU, which hf-vit-plus does not honour (untested "
+                "there; DeepSpeed's CPU runs here train in fp32): use --mixed_precision no, or FSDP for bf16."
+            )
+    wanted = {
+        "train_micro_batch_size_per_gpu": args.per_device_train_batch_size,
+        "gradient_accumulation_steps": args.gradient_accumulation_steps,
+        "gradient_clipping": float(args.max_grad_norm or 0.0),
+    }
+    for key, value in wanted.items():
+        current = config.get(key, "auto")
+        if current == "auto" or (key == "gradient_accumulation_steps" and "ACCELERATE_DEEPSPEED_CONFIG_FILE" not in
+                                 request.environ and str(current) == "1"):  # fmt: skip
+            config[key] = value
+        elif float(current) != float(value):
+            option = {"train_micro_batch_size_per_gpu": "--per_device_train_batch_size",
+                      "gradient_accumulation_steps": "--gradient_accumulation_steps",
+                      "gradient_clipping": "--max_grad_norm"}[key]  # fmt: skip
+            raise UsageError(
+                f"{asked} sets {key} to {current} and the run asks for {option} {value}: make them equal, or set it "
+                "to 'auto' in the DeepSpeed config."
+            )
+    plugin.gradient_accumulation_steps = args.gradient_accumulation_steps
+    plugin.gradient_clipping = float(args.max_grad_norm or 0.0)
+    if plugin.zero_stage == 3:  # the final model is gathered from the shards (Accelerator.get_state_dict)
+        zero["stage3_gather_16bit_weights_on_model_save"] = True
+        plugin.zero3_save_16bit_model = True
+    return plugin
+
+
+def is_zero3(accelerator: Accelerator) -> bool:
+    deepspeed = accelerator.distributed_type == DistributedType.DEEPSPEED
+    return deepspeed and accelerator.state.deepspeed_plugin.zero_stage == 3
 
 
 @contextmanager
@@ -337,7 +426,12 @@ def describe(accelerator: Accelerator, per_device_batch: int, accumulation: int,
         )
     elif kind == DistributedType.DEEPSPEED:
         stage = accelerator.state.deepspeed_plugin.zero_stage
-        lines.append(f"Sharding: DeepSpeed ZeRO stage {stage}")
+        what = {2: "optimizer state and gradients", 3: "parameters, gradients and optimizer state"}.get(stage, "?")
+        lines.append(
+            f"Sharding: DeepSpeed ZeRO stage {stage}: {what} split over {world} processes"
+            f"{'; parameters whole on every process' if stage == 2 else ''}; checkpoints: none (DeepSpeed's are "
+            "pickles), the final model gathered into model.safetensors"
+        )
     else:
         lines.append("Sharding: none")
     lines.append(f"Precision: {precision(accelerator, plugin)}")
@@ -368,6 +462,10 @@ def precision(accelerator: Accelerator, plugin=None) -> str:
             for key, label in (("param_dtype", "compute"), ("reduce_dtype", "gradient reduction"))
         ]
         return f"FSDP2 mixed precision: {', '.join(parts)}; weights and optimizer state fp32 (sharded)"
+    if accelerator.distributed_type == DistributedType.DEEPSPEED:
+        config = accelerator.state.deepspeed_plugin.deepspeed_config
+        enabled = [d for d in ("bf16", "fp16") if str((config.get(d) or {}).get("enabled")).lower() == "true"]
+        return f"DeepSpeed {enabled[0]} (fp32 master weights)" if enabled else "fp32"
     if accelerator.mixed_precision in ("bf16", "fp16") and accelerator.native_amp:
         return f"{accelerator.mixed_precision} autocast; weights, gradients and optimizer state fp32"
     return "fp32"
@@ -394,7 +492,10 @@ def _original_class(module) -> type:
 
 
 def local_numel(tensor) -> int:
-    """Elements this process holds of a (possibly sharded) tensor."""
+    """Elements this process holds of a (possibly sharded) tensor: FSDP2's local shard, DeepSpeed ZeRO-3's
+    partition (`ds_tensor`)."""
+    if hasattr(tensor, "ds_tensor"):
+        return tensor.ds_tensor.numel()
     return tensor.to_local().numel() if hasattr(tensor, "to_local") else tensor.numel()
 
 
@@ -416,7 +517,7 @@ def local_bytes(model: torch.nn.Module, optimizer=None) -> dict[str, int]:
 def local_share(model: torch.nn.Module) -> float:
     """The share of the model's parameters that this process holds (1.0 without sharding)."""
     params = list(model.parameters())
-    return sum(local_numel(p) for p in params) / max(1, sum(p.numel() for p in params))
+    return sum(local_numel(p) for p in params) / max(1, sum(getattr(p, "ds_numel", p.numel()) for p in params))
 
 
 # ------------------------------------------------------------------------------------------------ checkpoints
@@ -467,10 +568,24 @@ def reload_sharded_optimizer(accelerator: Accelerator, model, optimizer, checkpo
 # ------------------------------------------------------------------------------------------- the final model
 def trained_model(accelerator: Accelerator, model) -> tuple[torch.nn.Module | None, dict]:
     """The trained model as one ordinary module, and its state dict (collective: every process calls it). Without
-    sharding, the unwrapped model on every process. Under FSDP, a copy of the model's own class that holds the
-    gathered weights, on the main process (None on the others, whose state dict is empty)."""
+    sharding (and under DeepSpeed ZeRO-2), the unwrapped model on every process. Under FSDP and DeepSpeed ZeRO-3, a
+    copy of the model's own class that holds the gathered weights, on the main process (None on the others, whose
+    state dict is empty)."""
     state_dict = accelerator.get_state_dict(model)
     unwrapped = accelerator.unwrap_model(model)
+    if is_zero3(accelerator):  # the weights gathered on the main process; the module holds its partitions only
+        if not accelerator.is_main_process:
+            return None, state_dict
+        plain = type(unwrapped)(copy.deepcopy(unwrapped.config))
+        plain.load_state_dict(state_dict, strict=False)  # a tied weight may come once (DeepSpeed gathers it once)
+        plain.tie_weights()
+        missing = set(plain.state_dict()) - set(state_dict) - _tied_names(plain)
+        if missing:
+            raise RuntimeError(f"DeepSpeed ZeRO-3 gathered no value for {sorted(missing)}.")
+        plain.train(unwrapped.training)
+        return plain, plain.state_dict()
+    if accelerator.distributed_type == DistributedType.DEEPSPEED:  # ZeRO-2: whole parameters on every process
+        return unwrapped, unwrapped.state_dict()  # (Accelerate's copy of each tensor would untie the tied ones)
     if not is_sharded(unwrapped):
         return unwrapped, state_dict
     if not accelerator.is_main_process:
@@ -479,3 +594,13 @@ def trained_model(accelerator: Accelerator, model) -> tuple[torch.nn.Module | No
     plain.load_state_dict(state_dict, strict=True)
     plain.train(unwrapped.training)
     return plain, plain.state_dict()
+
+
+def _tied_names(model: torch.nn.Module) -> set[str]:
+    """The state-dict names of the weights that share their tensor with an earlier name."""
+    seen, tied = set(), set()
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in seen:
+            tied.add(name)
+        seen.add(id(param))
+    return tied

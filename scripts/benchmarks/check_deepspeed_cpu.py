@@ -1,8 +1,9 @@
 """DeepSpeed ZeRO-2 and ZeRO-3 on CPU processes through Accelerate, against DDP: what the README reports.
 
-`hf-vit-plus train` refuses DeepSpeed on CPU (see `training/sharding.py`): Accelerate's CPU runs use
-`Accelerator(cpu=True)`, which sets up plain DDP (`MULTI_CPU`) and drops a DeepSpeed request, and without it each
-process trains alone (`num_processes` 1). This script checks the one way found to run ZeRO on CPU processes:
+Accelerate's CPU runs use `Accelerator(cpu=True)`, which sets up plain DDP (`MULTI_CPU`) and drops a DeepSpeed
+request, and without it each process trains alone (`num_processes` 1). This script checks, outside the library's
+loop, the one way found to run ZeRO on CPU processes, which `hf-vit-plus train` now takes (`training/sharding.py`,
+tests/training/test_training_deepspeed.py):
 `Accelerator(deepspeed_plugin=..., kwargs_handlers=[InitProcessGroupKwargs(backend="gloo")])` without `cpu=True`,
 with DeepSpeed's CPU accelerator. It trains the sparse-lm family's model (tied embeddings) for a few updates on 2
 processes under DDP, ZeRO-2 and ZeRO-3, on the same batches, and prints each run's distributed type, the share of
