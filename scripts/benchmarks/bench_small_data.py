@@ -1,0 +1,177 @@
+"""A ViT on small data (issue 26): the rows of the comparison, each trained by `hf-vit-plus train` on Fashion-MNIST
+(60,000 training images) for the same training time, each evaluated on the full 10,000-image test set.
+
+Rows, in the order they are trained (the CNN first: it is the teacher of the distilled row):
+
+- `cnn`: a small ResNet (transformers' `ResNetForImageClassification`, `--model_type resnet`, about 0.7M
+  parameters) with the DeiT recipe: the inductive-bias baseline and the teacher;
+- `vit-plain`: the ViTPlus from scratch, `--recipe none` (release 0.1's training);
+- `vit-deit`: the same ViT with `--recipe deit`;
+- `vit-deit-distilled`: `--recipe deit --teacher <cnn>` (DeiT's distillation token, hard labels from the CNN);
+- `vit-mpp-then-deit`: masked patch prediction (`train vit-mpp`) for `--mpp_share` of the row's time, then
+  `train vit --recipe deit --model_name_or_path <the pre-trained encoder>` for the rest (equal total time);
+- `transformers-vit-deit`: transformers' `ViTForImageClassification` of the same shape (`--model_type vit`) with
+  the recipe.
+
+Equal time, not equal updates: each run is first timed for `--calibration_steps` updates, and then trained for as
+many updates as fit `--minutes_per_row` (the schedule, the recipe's scaling and the EMA's horizon follow that
+length). "minutes" in the table is the measured training time of the final run(s), evaluation excluded. The
+machine's load moves the timing; run it on an otherwise idle machine for numbers to compare.
+
+    python scripts/benchmarks/bench_small_data.py --minutes_per_row 45 --output_dir runs/small-data   # the issue's
+    python scripts/benchmarks/bench_small_data.py --minutes_per_row 2 --output_dir /tmp/small-data    # a quick look
+
+Each row runs in its own process (`hf_vit_plus.training.train` keeps Accelerate's process-wide state); every model
+folder stays in `--output_dir/ROW`, with its card, and `results.json` holds the table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from hf_vit_plus.cli_utils import CommandParser
+
+ROWS = ("cnn", "vit-plain", "vit-deit", "vit-deit-distilled", "vit-mpp-then-deit", "transformers-vit-deit")
+
+
+def row_runs(row: str, output_dir: Path) -> list[tuple[str, dict]]:
+    """(family, train flags) of each run of a row, in order; the last one is the classifier the row reports."""
+    cnn = str(output_dir / "cnn")
+    if row == "cnn":
+        return [("vit", dict(model_type="resnet", recipe="deit"))]
+    if row == "vit-plain":
+        return [("vit", dict(recipe="none"))]
+    if row == "vit-deit":
+        return [("vit", dict(recipe="deit"))]
+    if row == "vit-deit-distilled":
+        return [("vit", dict(recipe="deit", teacher=cnn))]
+    if row == "vit-mpp-then-deit":
+        encoder = str(output_dir / "vit-mpp-then-deit-pretrain")
+        return [
+            ("vit-mpp", dict(recipe="deit", output_dir=encoder)),
+            ("vit", dict(recipe="deit", model_name_or_path=encoder)),
+        ]
+    if row == "transformers-vit-deit":
+        return [("vit", dict(model_type="vit", recipe="deit"))]
+    raise ValueError(f"Unknown row {row!r}; expected one of {ROWS}.")
+
+
+def run_once(family: str, flags: dict, threads: int) -> dict:
+    """One `train` call in a fresh process; its result as a dict."""
+    code = (
+        "import json, sys, torch\n"
+        "from hf_vit_plus.training.args import family_arguments\n"
+        "from hf_vit_plus.training.loop import train\n"
+        f"torch.set_num_threads({threads})\n"
+        "family, flags = json.loads(sys.argv[1])\n"
+        "result = train(family_arguments(family, **flags))\n"
+        "print('RESULT ' + json.dumps({'seconds': result.train_seconds, 'updates': result.global_step,\n"
+        "      'metrics': result.eval_metrics}))\n"
+    )
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), TQDM_DISABLE="1")
+    proc = subprocess.run(
+        [sys.executable, "-c", code, json.dumps([family, flags])], capture_output=True, text=True, env=env
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"{family} {flags} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))
+    return json.loads(line[len("RESULT ") :])
+
+
+def common_flags(args, output: Path, steps: int, eval_samples: int | None) -> dict:
+    return dict(
+        output_dir=str(output),
+        dataset_name="fashion-mnist",
+        per_device_train_batch_size=args.batch_size,
+        max_steps=steps,
+        eval_steps=steps + 1,  # evaluate once, at the end
+        max_eval_samples=eval_samples,
+        save_steps="none",
+        report_to="none",
+        logging_steps=max(1, steps // 20),
+        seed=args.seed,
+    )
+
+
+def train_row(row: str, args, output_dir: Path) -> dict:
+    runs = row_runs(row, output_dir)
+    budget = args.minutes_per_row * 60
+    shares = [args.mpp_share, 1 - args.mpp_share] if len(runs) == 2 else [1.0]
+    total_seconds, updates, metrics = 0.0, [], {}
+    for (family, flags), share in zip(runs, shares):
+        output = Path(flags.pop("output_dir", output_dir / row))
+        # calibration: seconds per update of this run, on the same machine, a handful of test images
+        probe = dict(common_flags(args, output_dir / ".calibration", args.calibration_steps, 64), **flags)
+        probe.update(write_card=False)
+        timed = run_once(family, probe, args.threads)
+        per_update = timed["seconds"] / max(1, timed["updates"])
+        steps = max(args.calibration_steps, int(budget * share / per_update))
+        final = dict(common_flags(args, output, steps, None), **flags)
+        result = run_once(family, final, args.threads)
+        total_seconds += result["seconds"]
+        updates.append(result["updates"])
+        metrics = result["metrics"]
+        print(f"  {row} ({family}): {result['updates']} updates in {result['seconds'] / 60:.1f} min", flush=True)
+    return {
+        "row": row,
+        "test_accuracy": metrics.get("accuracy"),
+        "minutes": total_seconds / 60,
+        "updates": updates,
+        "epochs": [u * args.batch_size / 60000 for u in updates],
+        "metrics": metrics,
+    }
+
+
+def table(results: list[dict], args) -> str:
+    lines = [
+        f"Fashion-MNIST, full test set (10,000 images); {args.minutes_per_row:g} training minutes per row, batch "
+        f"{args.batch_size}, {args.threads} thread(s)",
+        "",
+        "| row | test accuracy | training minutes | updates | epochs |",
+        "|---|---|---|---|---|",
+    ]
+    for r in results:
+        updates = " + ".join(str(u) for u in r["updates"])
+        epochs = " + ".join(f"{e:.2f}" for e in r["epochs"])
+        lines.append(f"| {r['row']} | {100 * r['test_accuracy']:.2f}% | {r['minutes']:.1f} | {updates} | {epochs} |")
+    for r in results:
+        extra = {k: v for k, v in r["metrics"].items() if "head_accuracy" in k or k == "online_accuracy"}
+        if extra:
+            lines.append(f"- {r['row']}: " + ", ".join(f"{k} {100 * v:.2f}%" for k, v in extra.items()))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = CommandParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes_per_row", type=float, default=45.0, help="training time of each row")
+    parser.add_argument("--rows", nargs="+", choices=ROWS, default=list(ROWS), help="rows to train (cnn first)")
+    parser.add_argument("--output_dir", type=Path, default=Path("runs/small-data"), help="models and results")
+    parser.add_argument("--batch_size", type=int, default=128, help="training batch")
+    parser.add_argument("--mpp_share", type=float, default=0.5, help="share of the MPP row's time spent pre-training")
+    parser.add_argument("--calibration_steps", type=int, default=15, help="updates timed before each run")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of each run (1: cores shared)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of every run")
+    args = parser.parse_args(argv)
+    if "vit-deit-distilled" in args.rows and "cnn" not in args.rows and not (args.output_dir / "cnn").is_dir():
+        parser.error("the distilled row needs the CNN teacher: add the 'cnn' row (or train it into OUTPUT_DIR/cnn)")
+    if not 0 < args.mpp_share < 1:
+        parser.error(f"--mpp_share must be in (0, 1), got {args.mpp_share}")
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    order = sorted(args.rows, key=ROWS.index)
+    results = []
+    start = time.time()
+    for row in order:
+        print(f"{row} ...", flush=True)
+        results.append(train_row(row, args, args.output_dir))
+        (args.output_dir / "results.json").write_text(json.dumps(results, indent=1))
+    print(table(results, args))
+    print(f"(wall time {(time.time() - start) / 60:.1f} min, calibration and evaluation included)")
+
+
+if __name__ == "__main__":
+    main()

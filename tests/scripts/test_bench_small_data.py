@@ -1,0 +1,60 @@
+"""scripts/benchmarks/bench_small_data.py: the rows it trains, in which order and with which flags, the table it
+prints, and what it refuses. (A run trains for minutes per row on Fashion-MNIST: the README's table, not asserted
+here.)"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from tests.utils import REPO_ROOT
+
+
+def _bench():
+    path = REPO_ROOT / "scripts" / "benchmarks" / "bench_small_data.py"
+    spec = importlib.util.spec_from_file_location("bench_small_data", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_row_is_a_train_run_of_the_issues_table():
+    bench = _bench()
+    out = Path("/runs")
+    assert bench.ROWS[0] == "cnn"  # the teacher is trained first
+    assert bench.row_runs("cnn", out) == [("vit", {"model_type": "resnet", "recipe": "deit"})]
+    assert bench.row_runs("vit-plain", out) == [("vit", {"recipe": "none"})]
+    assert bench.row_runs("vit-deit-distilled", out) == [("vit", {"recipe": "deit", "teacher": "/runs/cnn"})]
+    pre, tune = bench.row_runs("vit-mpp-then-deit", out)
+    assert pre[0] == "vit-mpp" and tune[1]["model_name_or_path"] == pre[1]["output_dir"]
+    assert bench.row_runs("transformers-vit-deit", out) == [("vit", {"model_type": "vit", "recipe": "deit"})]
+    with pytest.raises(ValueError, match="Unknown row 'mae'"):
+        bench.row_runs("mae", out)
+
+
+def test_the_table_gives_accuracy_minutes_and_the_heads(capsys):
+    bench = _bench()
+    args = type("Args", (), dict(minutes_per_row=2.0, batch_size=128, threads=1))()
+    results = [
+        dict(row="vit-deit-distilled", test_accuracy=0.8512, minutes=2.04, updates=[300], epochs=[0.64],
+             metrics={"accuracy": 0.8512, "cls_head_accuracy": 0.84, "distillation_head_accuracy": 0.85}),
+        dict(row="vit-mpp-then-deit", test_accuracy=0.8, minutes=1.9, updates=[100, 120], epochs=[0.2, 0.25],
+             metrics={"accuracy": 0.8, "online_accuracy": 0.79}),
+    ]  # fmt: skip
+    text = bench.table(results, args)
+    assert "2 training minutes per row" in text
+    assert "| vit-deit-distilled | 85.12% | 2.0 | 300 | 0.64 |" in text
+    assert "| vit-mpp-then-deit | 80.00% | 1.9 | 100 + 120 | 0.20 + 0.25 |" in text
+    assert "cls_head_accuracy 84.00%" in text and "online_accuracy 79.00%" in text
+
+
+def test_the_distilled_row_needs_its_teacher(tmp_path, capsys):
+    bench = _bench()
+    with pytest.raises(SystemExit):
+        bench.main(["--rows", "vit-deit-distilled", "--output_dir", str(tmp_path)])
+    assert "needs the CNN teacher" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.main(["--mpp_share", "1.5", "--output_dir", str(tmp_path)])
+    assert "--mpp_share must be in (0, 1)" in capsys.readouterr().err
