@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..cli_utils import CommandParser, HelpFormatter, one_of, parse_bool
+from ..data.images import labelled_image_datasets
 from ..errors import UsageError, check_exists, check_model_location
 from ..families import FAMILIES as FAMILY_RECORDS
 from ..families import Family
@@ -38,6 +39,9 @@ SCHEDULER_DESCRIPTIONS = {
     "constant": "linear warm-up then a constant rate",
 }
 MIXED_PRECISION = ("no", "fp16", "bf16")
+# Training recipes of the image classifiers (`hf_vit_plus.training.recipes`): "none" (plain training, 0.1's), "deit"
+RECIPES = ("none", "deit")
+AUTO_AUGMENTS = ("none", "randaugment", "trivialaugment")
 TEXT_FAMILIES = tuple(name for name, family in FAMILY_RECORDS.items() if family.data == "text")
 # Families that read user data (Hub, folders, files); the others train on a built-in data set (--dataset).
 USER_DATA_FAMILIES = tuple(name for name, family in FAMILY_RECORDS.items() if family.user_data)
@@ -112,7 +116,11 @@ def help_text(flag: dataclasses.Field, family: Family) -> str:
 
 def _builtin_data_help(family: Family) -> str:
     builtin = ", ".join(f"{f.id}: {f.builtin_data}" for f in FAMILY_RECORDS.values() if f.user_data)
-    return f"data set on the Hub (or a local folder `load_dataset` reads); default: the built-in data ({builtin})"
+    text = f"data set on the Hub (or a local folder `load_dataset` reads); default: the built-in data ({builtin})"
+    if family.data == "images":
+        names = one_of(repr(d.name) for d in labelled_image_datasets().values())
+        text += f"; {names} read the built-in labelled images (evaluated on their whole test split)"
+    return text
 
 
 def _datasets_help(family: Family) -> str:
@@ -199,8 +207,65 @@ class TrainingArguments:
     lr_scheduler_type: str = _option("auto", _scheduler_help, choices=SCHEDULERS)
     warmup_steps: int | None = _option(None, "updates of warm-up (overrides --warmup_ratio)")
     warmup_ratio: float = _option(0.1, "share of the updates spent warming up")
-    label_smoothing_factor: float = _option(
+    label_smoothing_factor: float | None = _option(
         0.0, "label smoothing of the training loss (set in the model's config)", OWN
+    )
+    # --- the data-efficient recipe of the image classifiers (DeiT, Touvron et al. 2021; `training/recipes.py`).
+    # None: the --recipe's value ('none': off), set from the data when the run starts.
+    recipe: str = _option(
+        "none",
+        "training recipe: 'none' (plain training, no augmentation) or 'deit' (DeiT's data-efficient recipe scaled "
+        "to the data: augmentation, Mixup/CutMix, label smoothing, stochastic depth, weight EMA; each flag below "
+        "that is not given takes the recipe's value)",
+        OWN,
+        choices=RECIPES,
+    )
+    auto_augment: str | None = _option(
+        None,
+        "automatic augmentation of each training image (torchvision.transforms.v2): 'randaugment', 'trivialaugment' "
+        "or 'none' (default: the recipe's)",
+        OWN,
+        choices=AUTO_AUGMENTS,
+    )
+    auto_augment_magnitude: int | None = _option(
+        None, "RandAugment's magnitude, torchvision's scale 0-30 (default: the recipe's)", OWN
+    )
+    random_resized_crop_scale: float | None = _option(
+        None, "random resized crop: the smallest share of the image area kept (1: no crop; default: the recipe's)", OWN
+    )
+    horizontal_flip: bool | None = _option(
+        None, "flip training images left-right half of the time (default: the recipe's, where it fits the data)", OWN
+    )
+    random_erasing_prob: float | None = _option(
+        None, "probability of erasing a random rectangle of a training image (default: the recipe's)", OWN
+    )
+    mixup_alpha: float | None = _option(
+        None, "Mixup's Beta(alpha, alpha) (0: off; default: the recipe's); the loss takes the soft targets", OWN
+    )
+    cutmix_alpha: float | None = _option(
+        None, "CutMix's Beta(alpha, alpha) (0: off; default: the recipe's); with Mixup, one of the two per batch", OWN
+    )
+    mixup_prob: float | None = _option(
+        None, "probability that a training batch is mixed (Mixup or CutMix; default: the recipe's)", OWN
+    )
+    ema_decay: float | None = _option(
+        None,
+        "keep an exponential moving average of the weights with this decay, evaluated and saved as the model (0: "
+        "none; default: the recipe's)",
+        OWN,
+    )
+    teacher: str | None = _option(
+        None,
+        "DeiT's hard-label distillation from this teacher: a folder or Hub id that AutoModelForImageClassification "
+        "opens (a timm model through TimmWrapper too); the ViT gets a distillation token",
+        OWN,
+    )
+    model_type: str | None = _option(
+        None,
+        "train a fresh transformers model of this type instead of a ViTPlus, e.g. 'resnet' (a small CNN for the "
+        "images: the inductive-bias baseline and a teacher) or 'vit' (transformers' ViTForImageClassification); "
+        "sized for the data, --config_overrides on top",
+        OWN,
     )
     mixed_precision: str | None = _option(
         None, "mixed precision; default: the accelerate config / launcher setting", choices=MIXED_PRECISION
@@ -251,6 +316,13 @@ class TrainingArguments:
                 self.dataset = family.training_defaults.get("dataset") or next(iter(family.datasets))
             if self.num_train_epochs is None and self.dataset in family.datasets:
                 self.num_train_epochs = family.datasets[self.dataset].default_epochs
+        if family is not None and "recipe" in family.flags and self.recipe in RECIPES:
+            from .recipes import static_recipe_values
+
+            # the recipe's values that need no data (the others are set when the run starts)
+            for name, value in static_recipe_values(self.recipe, family.id).items():
+                if getattr(self, name) is None:
+                    setattr(self, name, value)
         self.validate()
 
     def validate(self) -> None:
@@ -261,9 +333,14 @@ class TrainingArguments:
         self._validate_data_choice(family)
         for name, check in VALUE_CHECKS.items():
             value = getattr(self, name)
-            if value is not None or name in REQUIRED_VALUES:
+            left_to_recipe = name in RECIPE_SETS and "recipe" in family.flags and self.recipe != "none"
+            if value is not None or (name in REQUIRED_VALUES and not left_to_recipe):
                 check(f"--{name}", value)
         check_report_to(self.report_to)
+        if self.recipe not in RECIPES:
+            raise UsageError(f"--recipe must be one of {RECIPES}, got {self.recipe!r}.")
+        if self.auto_augment is not None and self.auto_augment not in AUTO_AUGMENTS:
+            raise UsageError(f"--auto_augment must be one of {AUTO_AUGMENTS}, got {self.auto_augment!r}.")
         if self.lr_scheduler_type not in SCHEDULERS:
             raise UsageError(f"--lr_scheduler_type must be one of {SCHEDULERS}, got {self.lr_scheduler_type!r}.")
         if self.mixed_precision is not None and self.mixed_precision not in MIXED_PRECISION:
@@ -429,6 +506,13 @@ VALUE_CHECKS: dict[str, Callable[[str, Any], None]] = {
     "warmup_ratio": lambda option, value: number(option, value, low=0.0, high=1.0),
     "validation_split_percentage": lambda option, value: number(option, value, 0.0, 100.0, low_open=True),
     "label_smoothing_factor": lambda option, value: number(option, value, low=0.0, high=1.0),
+    "auto_augment_magnitude": lambda option, value: integer(option, value, 0, 30),
+    "random_resized_crop_scale": lambda option, value: number(option, value, 0.0, 1.0, low_open=True, high_open=False),
+    "random_erasing_prob": lambda option, value: number(option, value, 0.0, 1.0, high_open=False),
+    "mixup_alpha": lambda option, value: number(option, value, low=0.0),
+    "cutmix_alpha": lambda option, value: number(option, value, low=0.0),
+    "mixup_prob": lambda option, value: number(option, value, 0.0, 1.0, high_open=False),
+    "ema_decay": lambda option, value: number(option, value, 0.0, 1.0),
 }
 REQUIRED_VALUES = {
     "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps", "logging_steps",
@@ -436,6 +520,8 @@ REQUIRED_VALUES = {
     "learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm", "warmup_ratio",
     "validation_split_percentage", "label_smoothing_factor",
 }  # fmt: skip
+# Required values that a family with recipes (`--recipe`) may leave unset: the recipe sets them when the run starts.
+RECIPE_SETS = {"learning_rate", "warmup_ratio", "label_smoothing_factor"}
 
 
 # --fsdp_config: transformers' keys (`TrainingArguments.fsdp_config`, an `fsdp_` prefix allowed), what each means, and
@@ -592,7 +678,7 @@ def add_training_arguments(parser: argparse.ArgumentParser, family: str) -> argp
         default = record.training_defaults.get(f.name, f.default)
         kwargs: dict[str, Any] = dict(default=default, help=help_text(f, record))
         if _base_type(f.type) is bool:
-            if default:  # `--write_card false` switches it off
+            if default or default is None:  # `--write_card false` switches it off; None: the recipe decides
                 kwargs.update(type=parse_bool, nargs="?", const=True, metavar="{true,false}")
             else:
                 kwargs.update(action="store_true")
