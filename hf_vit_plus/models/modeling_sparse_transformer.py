@@ -617,10 +617,15 @@ class SparseTransformerModel(SparseTransformerPreTrainedModel):
             # Positions count real tokens only, so a left-padded row has the same positions (and, for the fixed
             # pattern, the same blocks) as the unpadded one. A padding slot after a real token counts on from it, as
             # on the natural-order path: the (ignored) outputs at right padding do not depend on left padding.
-            slots = torch.arange(kv_length, device=device)
-            last_real = torch.cummax(torch.where(key_valid, slots, -1), dim=-1).values  # (B, Tk), -1 before any
-            counted = key_valid.long().cumsum(-1) - 1 + (slots - last_real)
-            key_positions = torch.where(last_real >= 0, counted, 0)
+            slots = torch.arange(kv_length, device=device).expand(batch_size, -1)
+            real_so_far = key_valid.long().cumsum(-1)  # (B, Tk)
+            # The last real slot at or before each slot, i.e. the real_so_far-th real slot, without cummax or a
+            # stable sort (the ONNX exporter has neither): each real slot is written at its rank (1, 2, ...), padding
+            # at the unused index 0, then read back by rank.
+            by_rank = torch.zeros(batch_size, kv_length + 1, dtype=torch.long, device=device)
+            by_rank = by_rank.scatter(1, torch.where(key_valid, real_so_far, 0), slots)
+            last_real = torch.gather(by_rank, 1, real_so_far)
+            key_positions = torch.where(real_so_far > 0, real_so_far - 1 + (slots - last_real), 0)
             # Physical slot of each logical position: the valid slots first, in order.
             key_order = torch.argsort((~key_valid).to(torch.int8), dim=-1, stable=True)
         return _AttentionContext(
