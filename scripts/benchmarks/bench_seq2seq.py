@@ -573,7 +573,7 @@ def profile_tables(args, engines, ours, tokens, summary) -> dict:
             for key in list(runners):
                 runners[key] = _TimedRunner(runners[key])
             source_ids = tokens(1, args.source_length)
-            total, setup = 0.0, 0.0
+            total, setup, step_seconds, step_calls = 0.0, 0.0, 0.0, 0
             for _ in range(args.repeats):
                 timed = [runner for runner in runners.values()]
                 for runner in timed:
@@ -583,8 +583,9 @@ def profile_tables(args, engines, ours, tokens, summary) -> dict:
                 total += time.perf_counter() - start
                 first = min(r.first_start for r in timed if r.first_start is not None)
                 setup += first - start
-            step_seconds = sum(r.seconds for r in runners.values())
-            step_calls = sum(r.calls for r in runners.values())
+                # summed over the repetitions, as `total` and `setup` are (each runner restarts its count above)
+                step_seconds += sum(r.seconds for r in timed)
+                step_calls += sum(r.calls for r in timed)
             for key in list(runners):
                 runners[key] = runners[key].runner
             new = args.new_tokens * args.repeats
