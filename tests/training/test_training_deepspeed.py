@@ -30,15 +30,11 @@ from safetensors.torch import load_file  # noqa: E402
 
 from hf_vit_plus import SparseTransformerForCausalLM  # noqa: E402
 from hf_vit_plus.errors import UsageError  # noqa: E402
-from hf_vit_plus.training.args import family_arguments  # noqa: E402
 from hf_vit_plus.training.loop import train  # noqa: E402
+from tests.training.test_training_fsdp import run_args as fsdp_run_args  # noqa: E402
 
 LOSS_RTOL = 1e-4  # the issue's target for FSDP2; measured: 0 (bitwise equal) over the 12 updates
 STEPS = 12
-FAMILY_ARGS = dict(
-    config_overrides="hidden_size=32,num_hidden_layers=2,num_attention_heads=2,intermediate_size=64,sparse_stride=8",
-    max_train_samples=96, max_eval_samples=8, block_size=32, vocab_size=300,
-)  # fmt: skip
 
 pytestmark = [
     pytest.mark.usefixtures("fresh_accelerate_state"),  # tests/conftest.py
@@ -48,21 +44,8 @@ pytestmark = [
 
 
 def run_args(output_dir: Path, **overrides):
-    values = dict(
-        output_dir=str(output_dir),
-        report_to="none",
-        write_card=False,
-        per_device_train_batch_size=4,
-        per_device_eval_batch_size=4,
-        max_steps=STEPS,
-        save_steps="none",
-        logging_steps=1,
-        learning_rate=3e-3,
-        warmup_steps=2,
-        **FAMILY_ARGS,
-    )
-    values.update(overrides)
-    return family_arguments("sparse-lm", **values)
+    """test_training_fsdp.py's run of the tiny sparse LM, for `STEPS` updates."""
+    return fsdp_run_args("sparse-lm", output_dir, **{"max_steps": STEPS, **overrides})
 
 
 @contextlib.contextmanager
