@@ -24,6 +24,12 @@ RECIPE_FLAG_HELP = {
     "300 epochs, at least 5%%)",
 }
 
+# The encoder's fields, in both ViT cards' architecture tables (the classifier's and masked patch prediction's).
+ENCODER_CARD_FIELDS = (
+    "image_size", "patch_size", "num_channels", "hidden_size", "num_hidden_layers", "num_attention_heads",
+    "intermediate_size", "hidden_act", "layer_norm_eps", "qkv_bias", "attention_type", "drop_path_rate",
+)  # fmt: skip
+
 VIT = Family(
     id="vit",
     help="the Vision Transformer, an image classifier (default data: 8x8 digits)",
@@ -38,9 +44,7 @@ VIT = Family(
         task_name="Image Classification",
         tags=("vision", "image-classification", "vit", "hf_vit_plus", "custom_code"),
         architecture=(
-            "image_size", "patch_size", "num_channels", "hidden_size", "num_hidden_layers", "num_attention_heads",
-            "intermediate_size", "hidden_act", "layer_norm_eps", "qkv_bias", "classifier_head", "attention_type",
-            "drop_path_rate", "use_distillation_token", "num_labels",
+            *ENCODER_CARD_FIELDS, "classifier_head", "use_distillation_token", "num_labels",
             # a CNN trained for comparison (train vit --model_type resnet): its own fields
             "embedding_size", "hidden_sizes", "depths", "layer_type",
         ),  # fmt: skip
@@ -88,9 +92,7 @@ VIT_MPP = Family(
         task_name="Masked Patch Prediction",
         tags=("vision", "image-feature-extraction", "vit", "masked-image-modeling", "hf_vit_plus", "custom_code"),
         architecture=(
-            "image_size", "patch_size", "num_channels", "hidden_size", "num_hidden_layers", "num_attention_heads",
-            "intermediate_size", "hidden_act", "layer_norm_eps", "qkv_bias", "attention_type", "drop_path_rate",
-            "mpp_mask_ratio", "mpp_num_bits", "mpp_value_range",
+            *ENCODER_CARD_FIELDS, "mpp_mask_ratio", "mpp_num_bits", "mpp_value_range",
         ),
     ),  # fmt: skip
     trainer="hf_vit_plus.training.families.vit:ViTMaskedPatchFamily",
