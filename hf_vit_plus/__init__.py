@@ -2,7 +2,9 @@
 first-class Hugging Face models. Importing the package registers every class with the Auto classes, and makes the
 models' `push_to_hub` (and `save_pretrained(..., push_to_hub=True)`) upload their family's model card (a hook of
 `models/hub_mixin.py`, which ships as remote code and imports nothing of the package outside `models/`), as does
-transformers' `Trainer.push_to_hub` for them, with the Trainer's evaluation results (`hub/trainer_card.py`)."""
+transformers' `Trainer.push_to_hub` for them, with the Trainer's evaluation results (`hub/trainer_card.py`), and makes
+`Trainer.evaluate()` report the loss of the self-supervised heads on batches without `labels`
+(`training/trainer_hooks.py`)."""
 
 from . import _noise  # noqa: F401  (first: it filters a log record that importing transformers emits)
 from .hub.push import push_model
@@ -31,10 +33,12 @@ from .models.modeling_vit_plus import (
     corrupt_patches,
 )
 from .registration import register_auto_classes
+from .training.trainer_hooks import install_trainer_loss_inputs
 
 register_auto_classes()
 set_push_to_hub_hook(push_model)
 install_trainer_card()
+install_trainer_loss_inputs()
 
 __version__ = "0.1.0"
 

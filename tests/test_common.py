@@ -482,12 +482,8 @@ def test_trainer_gradient_accumulation_equals_one_step_on_the_double_batch(model
         torch.testing.assert_close(accumulated[name], single[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
-def test_trainer_trains_and_evaluates_the_image_model_on_pixel_values_alone(tmp_path):
-    """A batch of images alone (no `labels`): Trainer trains on the head's own loss, accumulation included; its
-    evaluation reports `eval_loss` (nats per dim) once `label_names=["pixel_values"]` tells it that the pixels are
-    the targets (by default it looks for a `labels` column and, finding none, silently reports no loss)."""
-    from datasets import Dataset
-
+def test_trainer_trains_the_image_model_on_pixel_values_alone(tmp_path):
+    """A batch of images alone (no `labels`): Trainer trains on the head's own loss, accumulation included."""
     case = next(c for c in MODEL_CASES if c.id == "image-lm-strided-heads")
     inputs = case.inputs(batch=4)
     assert set(inputs) == {"pixel_values"}
@@ -495,11 +491,62 @@ def test_trainer_trains_and_evaluates_the_image_model_on_pixel_values_alone(tmp_
     for name in single:
         torch.testing.assert_close(accumulated[name], single[name], rtol=1e-5, atol=1e-6, msg=name)
 
-    rows = Dataset.from_dict({"pixel_values": inputs["pixel_values"].tolist()}).with_format("torch")
+
+def _self_supervised(case: ModelCase) -> bool:
+    return bool(getattr(case.head_class, "loss_inputs", ()))
+
+
+def _model_loss(case: ModelCase, inputs: dict, batch_size: int = 2) -> float:
+    """The model's loss as Trainer's evaluation averages it: the mean of the losses of batches of equal size."""
+    model = case.model()
     with torch.no_grad():
-        expected = case.model()(**inputs).loss.item()  # batches of equal size: the mean of their means
-    metrics = _trainer(case, tmp_path / "eval", label_names=["pixel_values"]).evaluate(rows)
-    assert metrics["eval_loss"] == pytest.approx(expected, rel=1e-5)
+        losses = [
+            model(**{k: v[i : i + batch_size] for k, v in inputs.items()}).loss.item()
+            for i in range(0, len(next(iter(inputs.values()))), batch_size)
+        ]
+    return sum(losses) / len(losses)
+
+
+def _evaluated_loss(case: ModelCase, inputs: dict, output_dir, **settings) -> float:
+    from datasets import Dataset
+
+    rows = Dataset.from_dict({k: v.tolist() for k, v in inputs.items()}).with_format("torch")
+    metrics = _trainer(case, output_dir, **settings).evaluate(rows)
+    assert "eval_loss" in metrics, f"no eval_loss in {sorted(metrics)}"
+    return metrics["eval_loss"]
+
+
+def test_trainer_evaluates_the_self_supervised_heads_without_labels(model_case, tmp_path):
+    """`Trainer.evaluate()` with default `TrainingArguments` on batches without `labels` reports the model's own
+    loss as `eval_loss` for the heads that compute it from their inputs (`loss_inputs`: the image model's pixels,
+    masked patch prediction's pixels and masked positions). Before `hf_vit_plus.training.trainer_hooks` it reported
+    no `eval_loss` unless `label_names` named those inputs (Trainer's default label names, `labels`, were not in the
+    batch). Batches with `labels` and explicit `label_names` are evaluated as before."""
+    if not _self_supervised(model_case):
+        pytest.skip("the head needs labels for a loss")
+    inputs = model_case.inputs(batch=4)
+    assert "labels" not in inputs and set(inputs) == set(model_case.head_class.loss_inputs)
+    expected = _model_loss(model_case, inputs)
+    assert _evaluated_loss(model_case, inputs, tmp_path / "default") == pytest.approx(expected, rel=1e-5)
+    names = list(model_case.head_class.loss_inputs)
+    named = _evaluated_loss(model_case, inputs, tmp_path / "named", label_names=names)
+    assert named == pytest.approx(expected, rel=1e-5)
+
+    labelled = model_case.inputs(batch=4, labels=True)  # some targets -100: a loss other than the inputs' own
+    assert _model_loss(model_case, labelled) != pytest.approx(expected, rel=1e-5)
+    expected = _model_loss(model_case, labelled)
+    assert _evaluated_loss(model_case, labelled, tmp_path / "labels") == pytest.approx(expected, rel=1e-5)
+
+
+def test_trainer_evaluation_of_other_models_is_unchanged(tmp_path):
+    """The hook leaves the heads that need labels alone: a classifier's batch without labels has no loss."""
+    case = next(c for c in MODEL_CASES if c.family == "vit")
+    assert not _self_supervised(case)
+    from datasets import Dataset
+
+    rows = Dataset.from_dict({k: v.tolist() for k, v in case.inputs(batch=4).items()}).with_format("torch")
+    metrics = _trainer(case, tmp_path).evaluate(rows)
+    assert "eval_loss" not in metrics and "eval_runtime" in metrics
 
 
 # ------------------------------------------------------------------------------------------ generation

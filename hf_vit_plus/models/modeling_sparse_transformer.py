@@ -759,6 +759,9 @@ class SparseTransformerForImageGeneration(SparseTransformerForCausalLM):
         **SparseTransformerPreTrainedModel.remote_code_auto_map,
         "AutoModelForCausalLM": "modeling_sparse_transformer.SparseTransformerForImageGeneration",
     }
+    # The inputs the loss is computed from when a batch has no `labels`: transformers' Trainer evaluates a batch of
+    # them as labelled (with `import hf_vit_plus`; see `hf_vit_plus.training.trainer_hooks`).
+    loss_inputs = ("pixel_values",)
 
     def __init__(self, config: SparseTransformerConfig):
         if not config.is_image_model:
@@ -835,8 +838,8 @@ class SparseTransformerForImageGeneration(SparseTransformerForCausalLM):
         labels: with `pixel_values`, targets aligned with the pixels (B, H*W*C), intensities 0..255 or -100 where
         there is no loss (default: the pixels themselves); with `input_ids`, next-token labels as for the causal LM.
         With transformers' `Trainer`, batches of `pixel_values` alone train on this loss (gradient accumulation
-        included, as with `labels`); for `evaluate` to report `eval_loss` without a `labels` column, set
-        `TrainingArguments(label_names=["pixel_values"])`."""
+        included, as with `labels`), and `evaluate` reports it as `eval_loss` once `hf_vit_plus` is imported (in
+        remote code without the package, set `TrainingArguments(label_names=["pixel_values"])`)."""
         cache = resolve_cache(cache, past_key_values)
         return_dict = config_flag(return_dict, self.config, "return_dict", default=True)
         if pixel_values is None:

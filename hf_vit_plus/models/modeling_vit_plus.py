@@ -580,6 +580,9 @@ class ViTPlusForMaskedImageModeling(ViTPlusPreTrainedModel):
     `labels` (B, N) are the colour classes to predict, -100 for patches without a loss. Without `labels` the targets
     are the mean colours of `pixel_values` at the `bool_masked_pos` patches; with neither there is no loss."""
 
+    # The inputs the loss is computed from when a batch has no `labels` (see `SparseTransformerForImageGeneration`).
+    loss_inputs = ("pixel_values", "bool_masked_pos")
+
     def __init__(self, config: ViTPlusConfig):
         super().__init__(config)
         self.vit = ViTPlusModel(config, use_mask_token=True)

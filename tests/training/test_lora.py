@@ -85,6 +85,23 @@ def test_lora_trains_through_trainer_saves_reloads_and_merges_with_the_same_logi
     torch.testing.assert_close(_logits(merged, inputs), trained, rtol=1e-4, atol=1e-5)
 
 
+def test_trainer_evaluates_an_adapted_image_model_on_pixel_values_alone(tmp_path):
+    """The image model wrapped by PEFT: `Trainer.evaluate()` on images alone reports the model's loss (the hook of
+    `hf_vit_plus.training.trainer_hooks` looks through the adapter to the base model's `loss_inputs`)."""
+    case = FAMILY_CASES["image-lm"]
+    inputs = case.inputs(batch=2)
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=list(LORA_TARGET_MODULES), lora_dropout=0.0)
+    model = get_peft_model(case.model(), config).eval()
+    with torch.no_grad():
+        expected = model(**inputs).loss.item()
+    args = TrainingArguments(
+        output_dir=str(tmp_path), per_device_eval_batch_size=2, report_to=[], use_cpu=True,
+        remove_unused_columns=False,
+    )  # fmt: skip
+    metrics = Trainer(model=model, args=args).evaluate(_Rows(inputs))
+    assert metrics["eval_loss"] == pytest.approx(expected, rel=1e-5)
+
+
 def test_the_guides_vit_target_modules_are_refused_by_peft_with_the_names_to_use():
     """`target_modules=["query", "value"]` (transformers' ViT names, as the image-classification LoRA guide writes
     them) match nothing here: PEFT refuses them. LORA_TARGET_MODULES lists what the README says to pass instead."""
@@ -156,6 +173,42 @@ def test_train_lora_saves_an_adapter_with_its_card_and_push_uploads_it(tmp_path,
     assert {"adapter_config.json", "adapter_model.safetensors", "README.md"} <= set(result["files"][0])
     assert "model.safetensors" not in result["files"][0]
     assert "library_name: peft" in result["readme"] and str(base_dir) in result["readme"]
+
+
+def test_train_lora_stopped_and_resumed_saves_the_adapter_of_the_uninterrupted_run(tmp_path):
+    """`train --lora_r` with dropout in the adapter, stopped after 4 of 12 updates and resumed from 'latest', logs
+    the same losses and saves bitwise the adapter (and new classifier) of the run that was never stopped."""
+    from safetensors.torch import load_file
+
+    from hf_vit_plus import ViTPlusConfig, ViTPlusForImageClassification
+    from hf_vit_plus.training.args import family_arguments
+    from hf_vit_plus.training.loop import train
+    from tests.utils import TINY_VIT_OVERRIDES
+
+    overrides = dict(item.split("=") for item in TINY_VIT_OVERRIDES.split(","))
+    config = ViTPlusConfig(**{k: int(v) if v.isdigit() else v for k, v in overrides.items()}, image_size=8,
+                           patch_size=2, num_channels=1, num_labels=10)  # fmt: skip
+    base_dir = tmp_path / "base"
+    ViTPlusForImageClassification(config).save_pretrained(base_dir)
+
+    def run(name: str, **settings):
+        return train(family_arguments(
+            "vit", output_dir=str(tmp_path / name), model_name_or_path=str(base_dir), lora_r=4, lora_dropout=0.1,
+            report_to="none", write_card=False, max_train_samples=96, max_eval_samples=32,
+            per_device_train_batch_size=16, save_steps="100", logging_steps=1, num_train_epochs=2.0, **settings,
+        ))  # fmt: skip
+
+    full = run("full")
+    stopped = run("split", stop_after_steps=4)
+    assert stopped.interrupted and stopped.global_step == 4
+    resumed = run("split", resume_from_checkpoint="latest")
+    assert resumed.global_step == full.global_step == 12
+    losses = [e["loss"] for e in full.log_history if "loss" in e]
+    assert len(losses) == 12 and losses == [e["loss"] for e in resumed.log_history if "loss" in e]
+    adapter, again = (load_file(tmp_path / run / "adapter_model.safetensors") for run in ("full", "split"))
+    assert adapter.keys() == again.keys() and any("lora_A" in k for k in adapter)
+    for key in adapter:
+        assert torch.equal(adapter[key], again[key]), key
 
 
 def test_adapter_card_puts_a_hub_base_model_in_the_metadata(tmp_path):
