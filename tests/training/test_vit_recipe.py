@@ -182,6 +182,21 @@ def test_distillation_from_a_cnn_trained_by_the_same_loop(tmp_path):
         train(tiny(tmp_path, "refused", teacher=str(tmp_path / "wrong"), max_steps=1))
 
 
+def test_distillation_from_a_timm_teacher(tmp_path):
+    """A timm CNN as the teacher: a `TimmWrapperForImageClassification` folder (here trained by the same loop with
+    `--model_type timm_wrapper`, timm's resnet18 with one input channel, which `AutoModelForImageClassification`
+    reopens) distils into a fresh student with the distillation token and both heads' accuracies."""
+    from transformers import AutoModelForImageClassification
+
+    teacher = train(tiny(tmp_path, "timm", model_type="timm_wrapper", config_overrides="", max_steps=2))
+    assert type(teacher.model).__name__ == "TimmWrapperForImageClassification"
+    reloaded = AutoModelForImageClassification.from_pretrained(tmp_path / "timm").eval()
+    assert type(reloaded).__name__ == "TimmWrapperForImageClassification" and reloaded.config.num_labels == 10
+    result = train(tiny(tmp_path, "student", recipe="deit", teacher=str(tmp_path / "timm"), max_steps=2))
+    assert result.model.config.use_distillation_token
+    assert {"cls_head_accuracy", "distillation_head_accuracy"} <= set(result.eval_metrics)
+
+
 def test_masked_patch_prediction_then_fine_tuning(tmp_path):
     pre = train(tiny(tmp_path, "mpp", family="vit-mpp", max_steps=4))
     assert type(pre.model).__name__ == "ViTPlusForMaskedImageModeling"
