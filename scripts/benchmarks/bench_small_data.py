@@ -22,7 +22,8 @@ machine's load moves the timing; run it on an otherwise idle machine for numbers
     python scripts/benchmarks/bench_small_data.py --minutes_per_row 2 --output_dir /tmp/small-data    # a quick look
 
 Each row runs in its own process (`hf_vit_plus.training.train` keeps Accelerate's process-wide state); every model
-folder stays in `--output_dir/ROW`, with its card, and `results.json` holds the table.
+folder stays in `--output_dir/ROW`, with its card, `results.json` holds the table and `curves.png` the training loss of
+every row against its training minutes (`--plot_only` redraws both from `results.json`).
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ def train_row(row: str, args, output_dir: Path) -> dict:
     runs = row_runs(row, output_dir)
     budget = args.minutes_per_row * 60
     shares = [args.mpp_share, 1 - args.mpp_share] if len(runs) == 2 else [1.0]
-    total_seconds, updates, metrics = 0.0, [], {}
+    total_seconds, updates, metrics, outputs, seconds = 0.0, [], {}, [], []
     for (family, flags), share in zip(runs, shares):
         output = Path(flags.pop("output_dir", output_dir / row))
         # calibration: seconds per update of this run, on the same machine, a handful of test images
@@ -114,6 +115,8 @@ def train_row(row: str, args, output_dir: Path) -> dict:
         final = dict(common_flags(args, output, steps, None), **flags)
         result = run_once(family, final, args.threads)
         total_seconds += result["seconds"]
+        seconds.append(result["seconds"])
+        outputs.append(str(output))
         updates.append(result["updates"])
         metrics = result["metrics"]
         print(f"  {row} ({family}): {result['updates']} updates in {result['seconds'] / 60:.1f} min", flush=True)
@@ -124,7 +127,48 @@ def train_row(row: str, args, output_dir: Path) -> dict:
         "updates": updates,
         "epochs": [u * args.batch_size / 60000 for u in updates],
         "metrics": metrics,
+        "outputs": outputs,
+        "seconds": seconds,
     }
+
+
+def loss_curve(result: dict, output_dir: Path) -> tuple[list[float], list[float]]:
+    """(training minutes, training loss) of a row's classifier run, from its `log_history.json`; a pre-training run
+    before it (the MPP row) shifts it by its minutes. Minutes are the run's mean time per update times the update."""
+    outputs = result.get("outputs") or [str(output_dir / result["row"])]
+    seconds = result.get("seconds") or [result["minutes"] * 60]
+    history = json.loads((Path(outputs[-1]) / "log_history.json").read_text())
+    per_update = seconds[-1] / max(1, result["updates"][-1])
+    offset = sum(seconds[:-1])
+    points = [(e["step"], e["loss"]) for e in history if "loss" in e and "step" in e]
+    return [(offset + step * per_update) / 60 for step, _ in points], [loss for _, loss in points]
+
+
+def plot_curves(results: list[dict], output_dir: Path, path: Path) -> Path:
+    """Training loss against training minutes, one line per row (a moving average over a twentieth of its points),
+    each labelled with its test accuracy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for r in results:
+        minutes, losses = loss_curve(r, output_dir)
+        window = max(1, len(losses) // 20)
+        smooth = [sum(losses[max(0, i - window + 1) : i + 1]) / len(losses[max(0, i - window + 1) : i + 1])
+                  for i in range(len(losses))]  # fmt: skip
+        ax.plot(minutes, smooth, label=f"{r['row']} ({100 * r['test_accuracy']:.2f}% test)")
+    ax.set_xlabel("training minutes")
+    ax.set_ylabel("training loss (smoothed)")
+    ax.set_yscale("log")
+    ax.set_title("Fashion-MNIST: training loss by time (mixed rows: soft-target loss, not comparable in level)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def table(results: list[dict], args) -> str:
@@ -156,7 +200,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--calibration_steps", type=int, default=15, help="updates timed before each run")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of each run (1: cores shared)")
     parser.add_argument("--seed", type=int, default=0, help="seed of every run")
+    parser.add_argument(
+        "--plot_only", action="store_true", help="train nothing: print the table and curves of OUTPUT_DIR/results.json"
+    )
     args = parser.parse_args(argv)
+    if args.plot_only:
+        results = json.loads((args.output_dir / "results.json").read_text())
+        print(table(results, args))
+        print(f"curves: {plot_curves(results, args.output_dir, args.output_dir / 'curves.png')}")
+        return
     if "vit-deit-distilled" in args.rows and "cnn" not in args.rows and not (args.output_dir / "cnn").is_dir():
         parser.error("the distilled row needs the CNN teacher: add the 'cnn' row (or train it into OUTPUT_DIR/cnn)")
     if not 0 < args.mpp_share < 1:
@@ -170,6 +222,7 @@ def main(argv: list[str] | None = None) -> None:
         results.append(train_row(row, args, args.output_dir))
         (args.output_dir / "results.json").write_text(json.dumps(results, indent=1))
     print(table(results, args))
+    print(f"curves: {plot_curves(results, args.output_dir, args.output_dir / 'curves.png')}")
     print(f"(wall time {(time.time() - start) / 60:.1f} min, calibration and evaluation included)")
 
 

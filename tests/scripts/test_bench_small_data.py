@@ -58,3 +58,29 @@ def test_the_distilled_row_needs_its_teacher(tmp_path, capsys):
     with pytest.raises(SystemExit):
         bench.main(["--mpp_share", "1.5", "--output_dir", str(tmp_path)])
     assert "--mpp_share must be in (0, 1)" in capsys.readouterr().err
+
+
+def test_plot_only_prints_the_table_and_draws_the_loss_by_minutes(tmp_path, capsys):
+    """`--plot_only` trains nothing: it reads results.json, prints the table and draws curves.png; each row's loss is
+    placed at its training minutes (updates x the run's time per update), the MPP row's after its pre-training."""
+    import json
+
+    bench = _bench()
+    for name, steps in (("vit-deit", 4), ("tuned", 2)):
+        (tmp_path / name).mkdir()
+        history = [{"step": s, "loss": 2.0 / s} for s in range(1, steps + 1)] + [{"step": steps, "eval_accuracy": 0.5}]
+        (tmp_path / name / "log_history.json").write_text(json.dumps(history))
+    results = [
+        dict(row="vit-deit", test_accuracy=0.9, minutes=2.0, updates=[4], epochs=[0.01], metrics={}),  # no outputs:
+        dict(row="vit-mpp-then-deit", test_accuracy=0.8, minutes=3.0, updates=[3, 2], epochs=[0.01, 0.01], metrics={},
+             outputs=[str(tmp_path / "pre"), str(tmp_path / "tuned")], seconds=[60.0, 120.0]),
+    ]  # fmt: skip
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    minutes, losses = bench.loss_curve(results[0], tmp_path)  # an older results.json: the row's own folder
+    assert minutes == [0.5, 1.0, 1.5, 2.0] and losses == [2.0, 1.0, 2.0 / 3, 0.5]
+    minutes, _ = bench.loss_curve(results[1], tmp_path)
+    assert minutes == [2.0, 3.0]  # 1 minute of pre-training, then 1 minute per update
+    bench.main(["--plot_only", "--output_dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "| vit-deit | 90.00% | 2.0 | 4 | 0.01 |" in out and "curves.png" in out
+    assert (tmp_path / "curves.png").stat().st_size > 10_000
