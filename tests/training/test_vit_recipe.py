@@ -76,7 +76,13 @@ def test_deit_values_are_deits_at_300_epochs_and_scaled_down_for_short_runs():
     assert scale == pytest.approx((10 / 300) ** 0.5)
     assert values["mixup_prob"] == pytest.approx(scale)
     assert values["random_erasing_prob"] == pytest.approx(0.25 * scale)
-    assert values["random_resized_crop_scale"] == pytest.approx((16 / 28) ** 2)  # the smallest crop is 16 x 16 px
+    # the smallest crop, 16 x 16 px at 300 epochs, scaled like the other regularisers (it was (16 / 28) ** 2 = 0.33
+    # here: crops that cut the sleeves and collars off Fashion-MNIST's clothes)
+    assert values["random_resized_crop_scale"] == pytest.approx(1 - (1 - (16 / 28) ** 2) * scale)
+    # DeiT's 5e-4 x 128 / 512 divided by s (it was 1.25e-4 at any length); at most 1e-3 at batch 128
+    assert values["learning_rate"] == pytest.approx(5e-4 * 128 / 512 / scale)
+    tiny = run_recipe_values("deit", RecipeContext("vit", (28, 28), 128, 100, 0.2, False))
+    assert tiny["learning_rate"] == pytest.approx(1e-3)
     assert not values["horizontal_flip"] and values["warmup_ratio"] == pytest.approx(0.05)
     assert 0.9 <= values["ema_decay"] < 0.99996
     # masked patch prediction has no classes to smooth or mix
