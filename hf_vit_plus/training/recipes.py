@@ -27,7 +27,7 @@ s = the run's share of DeiT's training, min(1, epochs / 300) ** 0.5: the regular
 step size shrinks to DeiT's as the run grows, so that a run of 300 epochs gets DeiT's values and a short run on a
 small data set is neither regularised into under-fitting nor starved of updates. The square root is a choice, not
 DeiT's; the cap of the learning rate is the small-data ViT recipe of Lee et al. (2021, "Vision Transformer for
-Small-Size Datasets": AdamW at 1e-3 for batch 128 with DeiT's augmentation). Until 0.2 the crop and the learning
+Small-Size Datasets": AdamW at 1e-3 for batch 128 with DeiT's augmentation). At first the crop and the learning
 rate were not scaled: on Fashion-MNIST (28 x 28 px, 5 to 18 epochs in 45 minutes) crops of a third of the image cut
 away the sleeves and collars that tell shirts, pullovers and coats apart, and 1.25e-4 left both the ViT and the CNN
 far below plain training (README, ViT section).

@@ -4,7 +4,7 @@ The image Sparse Transformer (`SparseTransformerForImageGeneration`) computes it
 masked patch prediction (`ViTPlusForMaskedImageModeling`) from `pixel_values` and `bool_masked_pos`. Trainer trains
 on such batches, but its evaluation computes a loss only when every one of its `label_names` is in the batch, and
 those default to the forward's parameters named like labels (`labels`): on a batch of images alone it silently
-reported no `eval_loss`. No attribute of the model is read for this, and hiding `labels` from the forward's signature
+reported no `eval_loss`. transformers reads no model attribute for this decision, and hiding `labels` from the forward's signature
 would make Trainer drop a user's `labels` column, so `install_trainer_loss_inputs()` (called by `import hf_vit_plus`)
 wraps `Trainer.prediction_step`: when `TrainingArguments.label_names` is unset, the batch lacks the default label
 names and holds every one of the model's `loss_inputs` (a class attribute of the two heads), that batch is
