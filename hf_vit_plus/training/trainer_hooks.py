@@ -1,17 +1,17 @@
 """transformers' `Trainer.evaluate()` reports the loss of the self-supervised heads on batches without `labels`.
 
 The image Sparse Transformer (`SparseTransformerForImageGeneration`) computes its loss from `pixel_values` alone, and
-masked patch prediction (`ViTPlusForMaskedImageModeling`) from `pixel_values` and `bool_masked_pos`. Trainer trains
-on such batches, but its evaluation computes a loss only when every one of its `label_names` is in the batch, and
-those default to the forward's parameters named like labels (`labels`): on a batch of images alone it silently
-reported no `eval_loss`. transformers reads no model attribute for this decision, and hiding `labels` from the forward's signature
+masked patch prediction (`ViTPlusForMaskedImageModeling`) from `pixel_values` and `bool_masked_pos`. Trainer trains on
+such batches, but its evaluation computes a loss only when every one of its `label_names` is in the batch, and those
+default to the forward's parameters named like labels (`labels`): on a batch of images alone it silently reported no
+`eval_loss`. transformers reads no model attribute for this decision, and hiding `labels` from the forward's signature
 would make Trainer drop a user's `labels` column, so `install_trainer_loss_inputs()` (called by `import hf_vit_plus`)
-wraps `Trainer.prediction_step`: when `TrainingArguments.label_names` is unset, the batch lacks the default label
-names and holds every one of the model's `loss_inputs` (a class attribute of the two heads), that batch is
-evaluated with `loss_inputs` as its label names. The loss is then the model's own (`eval_loss`), and
-`compute_metrics` receives those inputs as its `label_ids`. Batches with `labels`, explicit `label_names` and other
-models are evaluated as before. Remote code used without the package needs `label_names=["pixel_values"]` (or
-`["pixel_values", "bool_masked_pos"]`) instead.
+wraps `Trainer.prediction_step`: when `TrainingArguments.label_names` is unset, the batch lacks the default label names
+and holds every one of the model's `loss_inputs` (a class attribute of the two heads), that batch is evaluated with
+`loss_inputs` as its label names. The loss is then the model's own (`eval_loss`), and `compute_metrics` receives those
+inputs as its `label_ids`. Batches with `labels`, explicit `label_names` and other models are evaluated as before.
+Remote code used without the package needs `label_names=["pixel_values"]` (or `["pixel_values", "bool_masked_pos"]`)
+instead.
 """
 
 from __future__ import annotations
