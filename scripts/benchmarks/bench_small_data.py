@@ -162,7 +162,7 @@ def plot_curves(results: list[dict], output_dir: Path, path: Path) -> Path:
     ax.set_xlabel("training minutes")
     ax.set_ylabel("training loss (smoothed)")
     ax.set_yscale("log")
-    ax.set_title("Fashion-MNIST: training loss by time (mixed rows: soft-target loss, not comparable in level)")
+    ax.set_title("Fashion-MNIST: training loss against training time")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
