@@ -113,6 +113,18 @@ def test_the_guides_vit_target_modules_are_refused_by_peft_with_the_names_to_use
 
 
 # ------------------------------------------------------------------------------------------ hf-vit-plus train --lora_r
+def _tiny_digits_vit(folder):
+    """A fresh tiny ViT for the built-in digits (8 x 8 grey, 10 classes) saved in `folder`: a base to adapt."""
+    from hf_vit_plus import ViTPlusConfig, ViTPlusForImageClassification
+    from tests.utils import TINY_VIT_OVERRIDES
+
+    overrides = dict(item.split("=") for item in TINY_VIT_OVERRIDES.split(","))
+    config = ViTPlusConfig(**{k: int(v) if v.isdigit() else v for k, v in overrides.items()}, image_size=8,
+                           patch_size=2, num_channels=1, num_labels=10)  # fmt: skip
+    ViTPlusForImageClassification(config).save_pretrained(folder)
+    return folder
+
+
 def test_train_lora_saves_an_adapter_with_its_card_and_push_uploads_it(tmp_path, hub_server):
     """`hf-vit-plus train vit --model_name_or_path BASE --lora_r 4` trains only the adapter (and the new classifier)
     and leaves an adapter folder: adapter_model.safetensors + adapter_config.json naming BASE, no full weights, a
@@ -121,16 +133,12 @@ def test_train_lora_saves_an_adapter_with_its_card_and_push_uploads_it(tmp_path,
     without README.md)."""
     import json
 
-    from hf_vit_plus import ViTPlusConfig, ViTPlusForImageClassification
+    from hf_vit_plus import ViTPlusForImageClassification
     from hf_vit_plus.cli import main
     from hf_vit_plus.hub.card import load_card_metadata
-    from tests.utils import TINY_VIT_OVERRIDES, run_with_package
+    from tests.utils import run_with_package
 
-    overrides = dict(item.split("=") for item in TINY_VIT_OVERRIDES.split(","))
-    config = ViTPlusConfig(**{k: int(v) if v.isdigit() else v for k, v in overrides.items()}, image_size=8,
-                           patch_size=2, num_channels=1, num_labels=10)  # fmt: skip
-    base_dir, out = tmp_path / "base", tmp_path / "adapter"
-    ViTPlusForImageClassification(config).save_pretrained(base_dir)
+    base_dir, out = _tiny_digits_vit(tmp_path / "base"), tmp_path / "adapter"
     status = main(["train", "vit", "--model_name_or_path", str(base_dir), "--lora_r", "4", "--lora_target_modules",
                    "q_proj", "v_proj", "--output_dir", str(out), "--max_steps", "3", "--max_train_samples", "48",
                    "--max_eval_samples", "32", "--per_device_train_batch_size", "16", "--report_to", "none",
@@ -180,16 +188,10 @@ def test_train_lora_stopped_and_resumed_saves_the_adapter_of_the_uninterrupted_r
     the same losses and saves bitwise the adapter (and new classifier) of the run that was never stopped."""
     from safetensors.torch import load_file
 
-    from hf_vit_plus import ViTPlusConfig, ViTPlusForImageClassification
     from hf_vit_plus.training.args import family_arguments
     from hf_vit_plus.training.loop import train
-    from tests.utils import TINY_VIT_OVERRIDES
 
-    overrides = dict(item.split("=") for item in TINY_VIT_OVERRIDES.split(","))
-    config = ViTPlusConfig(**{k: int(v) if v.isdigit() else v for k, v in overrides.items()}, image_size=8,
-                           patch_size=2, num_channels=1, num_labels=10)  # fmt: skip
-    base_dir = tmp_path / "base"
-    ViTPlusForImageClassification(config).save_pretrained(base_dir)
+    base_dir = _tiny_digits_vit(tmp_path / "base")
 
     def run(name: str, **settings):
         return train(family_arguments(
