@@ -103,7 +103,7 @@ def train_row(row: str, args, output_dir: Path) -> dict:
     runs = row_runs(row, output_dir)
     budget = args.minutes_per_row * 60
     shares = [args.mpp_share, 1 - args.mpp_share] if len(runs) == 2 else [1.0]
-    total_seconds, updates, metrics, outputs, seconds = 0.0, [], {}, [], []
+    updates, metrics, outputs, seconds = [], {}, [], []
     for (family, flags), share in zip(runs, shares):
         output = Path(flags.pop("output_dir", output_dir / row))
         # calibration: seconds per update of this run, on the same machine, a handful of test images
@@ -114,7 +114,6 @@ def train_row(row: str, args, output_dir: Path) -> dict:
         steps = max(args.calibration_steps, int(budget * share / per_update))
         final = dict(common_flags(args, output, steps, None), **flags)
         result = run_once(family, final, args.threads)
-        total_seconds += result["seconds"]
         seconds.append(result["seconds"])
         outputs.append(str(output))
         updates.append(result["updates"])
@@ -123,7 +122,7 @@ def train_row(row: str, args, output_dir: Path) -> dict:
     return {
         "row": row,
         "test_accuracy": metrics.get("accuracy"),
-        "minutes": total_seconds / 60,
+        "minutes": sum(seconds) / 60,
         "updates": updates,
         "epochs": [u * args.batch_size / 60000 for u in updates],
         "metrics": metrics,
@@ -145,8 +144,8 @@ def loss_curve(result: dict, output_dir: Path) -> tuple[list[float], list[float]
 
 
 def plot_curves(results: list[dict], output_dir: Path, path: Path) -> Path:
-    """Training loss against training minutes, one line per row (a moving average over a twentieth of its points),
-    each labelled with its test accuracy."""
+    """Training loss against training minutes, one line per row (each point the mean loss of a twentieth of the run,
+    the rows' `logging_steps`), each labelled with its test accuracy."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -155,12 +154,9 @@ def plot_curves(results: list[dict], output_dir: Path, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for r in results:
         minutes, losses = loss_curve(r, output_dir)
-        window = max(1, len(losses) // 20)
-        smooth = [sum(losses[max(0, i - window + 1) : i + 1]) / len(losses[max(0, i - window + 1) : i + 1])
-                  for i in range(len(losses))]  # fmt: skip
-        ax.plot(minutes, smooth, label=f"{r['row']} ({100 * r['test_accuracy']:.2f}% test)")
+        ax.plot(minutes, losses, label=f"{r['row']} ({100 * r['test_accuracy']:.2f}% test)")
     ax.set_xlabel("training minutes")
-    ax.set_ylabel("training loss (smoothed)")
+    ax.set_ylabel("training loss (mean of each logging window)")
     ax.set_yscale("log")
     ax.set_title("Fashion-MNIST: training loss against training time")
     ax.legend(fontsize=8)
