@@ -25,13 +25,13 @@ import torch
 
 pytest.importorskip("deepspeed")
 
-from accelerate import debug_launcher  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 from hf_vit_plus import SparseTransformerForCausalLM  # noqa: E402
 from hf_vit_plus.errors import UsageError  # noqa: E402
 from hf_vit_plus.training.loop import train  # noqa: E402
 from tests.training.test_training_fsdp import run_args as fsdp_run_args  # noqa: E402
+from tests.utils import launch_processes  # noqa: E402
 
 LOSS_RTOL = 1e-4  # the target for FSDP2; measured: 0 (bitwise equal) over the 12 updates
 STEPS = 12
@@ -118,7 +118,7 @@ def _runs(root: str) -> None:
 
 
 def test_zero2_and_zero3_train_like_ddp_shard_and_save_one_model(tmp_path):
-    debug_launcher(_runs, args=(str(tmp_path),), num_processes=2)
+    launch_processes(_runs, (str(tmp_path),), tmp_path)
     reports = [json.loads((tmp_path / f"report{rank}.json").read_text()) for rank in (0, 1)]
     report = reports[0]
 

@@ -12,18 +12,18 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from accelerate import debug_launcher
 from safetensors.torch import load_file, save_file
 
 from hf_vit_plus.training.args import family_arguments
 from hf_vit_plus.training.loop import train
-from tests.utils import REPO_ROOT, TINY_VIT_OVERRIDES
+from tests.utils import REPO_ROOT, TINY_VIT_OVERRIDES, launch_processes
 
 TINY = {
     "vit": TINY_VIT_OVERRIDES,
@@ -70,7 +70,7 @@ def _train_on_each_rank(output_dir: str) -> None:
 
 
 def test_two_processes_equal_one_process_with_the_same_global_batch(tmp_path):
-    debug_launcher(_train_on_each_rank, args=(str(tmp_path / "ddp"),), num_processes=2)
+    launch_processes(_train_on_each_rank, (str(tmp_path / "ddp"),), tmp_path / "ddp")
     rank0 = load_file(tmp_path / "ddp" / "rank0.safetensors")
     rank1 = load_file(tmp_path / "ddp" / "rank1.safetensors")
     for key in rank0:  # DDP keeps the replicas identical, bit for bit
@@ -149,7 +149,7 @@ def _trainer_losses(family_name: str, output_dir: str, batch: int) -> None:
 
 @pytest.mark.parametrize("family_name", _available_families())
 def test_trainer_two_processes_match_one(tmp_path, family_name):
-    debug_launcher(_trainer_losses, args=(family_name, str(tmp_path / "ddp"), 4), num_processes=2)
+    launch_processes(_trainer_losses, (family_name, str(tmp_path / "ddp"), 4), tmp_path / "ddp")
     two = json.loads((tmp_path / "ddp" / "losses.json").read_text())
     from accelerate.state import AcceleratorState, GradientState
 
@@ -180,3 +180,41 @@ def test_accelerate_launch_command_line(tmp_path):
     assert "2 process(es), global batch 16" in output
     assert (output_dir / "model.safetensors").is_file()
     assert json.loads((output_dir / "eval_results.json").read_text())["eval_samples"] == 16
+
+
+def _attempt(markers: str) -> tuple[int, int]:
+    """(this process's rank, how many times it ran before), recorded in `markers`."""
+    rank = torch.distributed.get_rank()
+    before = len(list(Path(markers).glob(f"rank{rank}-*")))
+    (Path(markers) / f"rank{rank}-{before}").touch()
+    return rank, before
+
+
+def _killed_in_the_first_launch(markers: str, workdir: str) -> None:
+    rank, before = _attempt(markers)
+    Path(workdir).mkdir(parents=True, exist_ok=True)
+    (Path(workdir) / f"launch{before}-rank{rank}").touch()
+    if rank == 0 and before == 0:
+        os.kill(os.getpid(), signal.SIGSEGV)
+
+
+def _failing(markers: str) -> None:
+    _attempt(markers)
+    raise AssertionError("a wrong result")
+
+
+def test_a_process_killed_by_a_signal_is_launched_once_more_in_a_clean_folder(tmp_path):
+    markers, workdir = tmp_path / "markers", tmp_path / "work"
+    markers.mkdir()
+    with pytest.warns(RuntimeWarning, match="_killed_in_the_first_launch: process 0 was killed by SIGSEGV"):
+        launch_processes(_killed_in_the_first_launch, (str(markers), str(workdir)), workdir)
+    assert sorted(p.name for p in workdir.iterdir()) == ["launch1-rank0", "launch1-rank1"]  # the first's were wiped
+    assert (markers / "rank0-1").exists() and not (markers / "rank0-2").exists()
+
+
+def test_a_process_that_fails_is_not_launched_again(tmp_path):
+    from torch.multiprocessing.spawn import ProcessRaisedException
+
+    with pytest.raises(ProcessRaisedException, match="a wrong result"):
+        launch_processes(_failing, (str(tmp_path),), tmp_path)
+    assert not list(tmp_path.glob("rank*-1"))

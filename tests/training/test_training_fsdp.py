@@ -25,13 +25,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from accelerate import debug_launcher
 from safetensors.torch import load_file, save_file
 
 import hf_vit_plus
 from hf_vit_plus.training.args import family_arguments
 from hf_vit_plus.training.loop import train
-from tests.utils import REPO_ROOT, TINY_VIT_OVERRIDES
+from tests.utils import REPO_ROOT, TINY_VIT_OVERRIDES, launch_processes
 
 LOSS_RTOL = 1e-4
 WEIGHT_ATOL = 5e-5
@@ -169,7 +168,7 @@ def _look_at_a_sharded_step(family: str, output_dir: Path) -> dict:
 
 @pytest.mark.parametrize("family", list(FAMILY_ARGS))
 def test_fsdp_shards_matches_ddp_resumes_exactly_and_saves_one_model(tmp_path, family):
-    debug_launcher(_four_runs_and_a_look, args=(family, str(tmp_path)), num_processes=2)
+    launch_processes(_four_runs_and_a_look, (family, str(tmp_path)), tmp_path)
     reports = [json.loads((tmp_path / f"report{rank}.json").read_text()) for rank in (0, 1)]
     report = reports[0]
 
@@ -253,7 +252,7 @@ def _checkpointing_and_precision(root: str) -> None:
 
 
 def test_activation_checkpointing_and_mixed_precision_combine_with_sharding(tmp_path):
-    debug_launcher(_checkpointing_and_precision, args=(str(tmp_path),), num_processes=2)
+    launch_processes(_checkpointing_and_precision, (str(tmp_path),), tmp_path)
     report = json.loads((tmp_path / "report.json").read_text())
     plain = report["plain"]["losses"]
     # recomputation (the model's own, non-reentrant, inside the sharded layers) changes no number
