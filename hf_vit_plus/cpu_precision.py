@@ -19,25 +19,13 @@ modules' classes in place (parameters, buffers, hooks and names are untouched, s
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .models.compat import cpu_has_native_bf16_products as cpu_has_native_low_precision_matmul
+
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
-
-
-@functools.cache
-def cpu_has_native_low_precision_matmul() -> bool:
-    """Whether this CPU has native bf16 matrix instructions (oneDNN's own check where torch exposes it)."""
-    check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
-    if check is not None:
-        try:
-            return bool(check())
-        except RuntimeError:
-            pass
-    return torch.backends.cpu.get_cpu_capability() not in ("DEFAULT", "NO AVX", "AVX2")
 
 
 def cpu_output_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype | None:

@@ -17,12 +17,15 @@ helpers below and never look at `transformers.__version__`.
 
 And one from torch: the block-sparse CPU kernel calls torch's private flash-attention-for-CPU ops (the only CPU
 attention ops that return the log-sum-exp) only while their schemas are exactly those it was written for
-(`cpu_flash_attention_ops`); otherwise it runs the same computation on public ops.
+(`cpu_flash_attention_ops`); otherwise it runs the same computation on public ops. And what the CPU multiplies
+natively: bf16 and int8 products are slow loops on CPUs without AVX512-BF16 / AMX or VNNI / AMX
+(`cpu_has_native_bf16_products`, `cpu_has_fast_int8_products`; FastDecoding and `hf_vit_plus.cpu_precision` ask).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 
 import torch
@@ -123,6 +126,45 @@ def cpu_flash_attention_ops():
     return forward, backward
 
 
+# /proc/cpuinfo flags of native int8 dot products (VNNI, AMX). Without them `torch._int_mm` is a slow loop: on an
+# AVX2-only AMD EPYC it was 12-140x slower than the float32 product of the same shape (1 to 128 rows; the README).
+INT8_PRODUCT_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
+
+
+@functools.cache
+def _cpu_flags() -> frozenset[str] | None:
+    """The flags of /proc/cpuinfo; None where there is no such file (not Linux)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                key, _, value = line.partition(":")
+                if key.strip() == "flags":
+                    return frozenset(value.split())
+    except OSError:
+        pass
+    return None
+
+
+def cpu_has_fast_int8_products() -> bool:
+    """Whether this CPU multiplies int8 matrices natively (VNNI or AMX), so that dynamic int8 pays."""
+    flags = _cpu_flags()
+    if flags is None:
+        return torch.backends.cpu.get_cpu_capability() not in ("DEFAULT", "NO AVX", "AVX2")
+    return any(flag in flags for flag in INT8_PRODUCT_FLAGS)
+
+
+@functools.cache
+def cpu_has_native_bf16_products() -> bool:
+    """Whether this CPU's bf16 matrix products are native (oneDNN's own check), not slow reference loops."""
+    check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    if check is not None:
+        try:
+            return bool(check())
+        except RuntimeError:
+            pass
+    return torch.backends.cpu.get_cpu_capability() not in ("DEFAULT", "NO AVX", "AVX2")
+
+
 __all__ = [
     "CACHE_NAME",
     "FLASH_BACKWARD_SCHEMA",
@@ -130,7 +172,10 @@ __all__ = [
     "CACHE_NAMES",
     "cache_field",
     "cache_from_kwargs",
+    "INT8_PRODUCT_FLAGS",
     "cpu_flash_attention_ops",
+    "cpu_has_fast_int8_products",
+    "cpu_has_native_bf16_products",
     "disable_activation_checkpointing",
     "enable_activation_checkpointing",
     "mask_cache_argument",

@@ -38,7 +38,9 @@ encoder stay in float32):
   a quarter of the bytes, the memory-bound case (batch 1).
 - "int8-dynamic": int8 weights and int8 activations quantized per row at run time, integer products
   (`torch._int_mm`, VNNI on CPU): the compute-bound case (many rows).
-- "int8": weight-only for steps of at most `INT8_WEIGHT_ONLY_MAX_ROWS` rows, dynamic above (measured in the README).
+- "int8": weight-only for steps of at most `INT8_WEIGHT_ONLY_MAX_ROWS` rows, dynamic above (measured in the README),
+  where the CPU has native int8 products (VNNI, AMX); weight-only at every row count on other CPUs, where
+  `torch._int_mm` is a slow loop. Likewise "bfloat16" uses bf16 GEMMs only where they are native.
 
 Supported: greedy decoding and beam search (`do_sample=False`), `max_length` / `max_new_tokens`, `min_length` /
 `min_new_tokens`, `eos_token_id` (one or several), `pad_token_id`, `length_penalty`, `early_stopping`,
@@ -68,14 +70,15 @@ from transformers.generation import (
     NoBadWordsLogitsProcessor,
 )
 
-from .compat import cache_from_kwargs
+from .compat import cache_from_kwargs, cpu_has_fast_int8_products, cpu_has_native_bf16_products
 from .compiled_decoding import row_matmul_pass
 
 PRECISIONS = ("float32", "bfloat16", "int8", "int8-weight-only", "int8-dynamic")
 # Products of at most this many rows (batch x beams) run as vector-matrix loops that read each weight once
 # (`row_matmul_pass`); larger ones as GEMMs.
 SMALL_ROWS = 4
-# "int8" runs weight-only int8 up to this many rows per step and dynamic int8 above (see the README's measurements).
+# "int8" runs weight-only int8 up to this many rows per step and dynamic int8 above (see the README's measurements),
+# on CPUs with native int8 products; elsewhere weight-only at every row count (`cpu_has_fast_int8_products`).
 INT8_WEIGHT_ONLY_MAX_ROWS = 0
 SUPPORTED_PROCESSORS = (
     NoBadWordsLogitsProcessor,
@@ -113,6 +116,10 @@ class FastLinear(nn.Module):
         super().__init__()
         self.precision = precision
         weight = linear.weight.detach()
+        # whether this device multiplies the precision's own dtype natively (asked once, outside any traced graph)
+        self.native_products = weight.device.type != "cpu" or (
+            cpu_has_native_bf16_products() if precision == "bfloat16" else cpu_has_fast_int8_products()
+        )
         if linear.bias is not None:
             bias = linear.bias.detach() if bias is None else linear.bias.detach() + bias
         self.register_buffer("bias", None if bias is None else bias.float(), persistent=False)
@@ -128,11 +135,13 @@ class FastLinear(nn.Module):
 
     def kernel(self, rows: int) -> str:
         """The product used for `rows` input rows: "float32", "bfloat16-rows", "bfloat16", "int8-weight-only" or
-        "int8-dynamic"."""
+        "int8-dynamic". On a CPU, "bfloat16" and "int8" take the bf16 or dynamic-int8 GEMM only where the CPU has
+        native products of that kind; otherwise the weights are converted to float32 inside the product."""
         if self.precision == "bfloat16":
-            return "bfloat16-rows" if rows <= SMALL_ROWS else "bfloat16"
+            return "bfloat16-rows" if rows <= SMALL_ROWS or not self.native_products else "bfloat16"
         if self.precision == "int8":
-            return "int8-weight-only" if rows <= INT8_WEIGHT_ONLY_MAX_ROWS else "int8-dynamic"
+            weight_only = rows <= INT8_WEIGHT_ONLY_MAX_ROWS or not self.native_products
+            return "int8-weight-only" if weight_only else "int8-dynamic"
         return self.precision
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (M, K) float32 -> (M, N) float32
@@ -140,7 +149,8 @@ class FastLinear(nn.Module):
         if kernel == "float32":
             return F.linear(x, self.weight, self.bias)
         if kernel == "bfloat16-rows":
-            # Few rows: the conversion fuses into the vector-matrix loop (`row_matmul_pass`), which reads bf16 bytes.
+            # Few rows: the conversion fuses into the vector-matrix loop (`row_matmul_pass`), which reads bf16 bytes;
+            # more rows on a CPU without native bf16: float32 products of the converted weights.
             out = F.linear(x, self.weight.float())
         elif kernel == "bfloat16":
             out = F.linear(x.to(torch.bfloat16), self.weight).float()

@@ -174,6 +174,37 @@ def test_int8_weights_and_the_products(model):
     assert FastLinear(linear, "int8").nbytes() < FastLinear(linear, "float32").nbytes() / 3
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_int8_and_bf16_use_their_own_products_only_where_the_cpu_has_them(monkeypatch, model, native):
+    """Regression: "int8" ran dynamic int8 (`torch._int_mm`) at every row count, a slow loop on CPUs without VNNI
+    (12-140x slower than float32 products on the AVX2 CI CPU; the SWORD beam search took 830 s against 121 s
+    weight-only), and "bfloat16" ran bf16 GEMMs where they are reference loops too."""
+    from hf_vit_plus.models import fast_decoding
+
+    monkeypatch.setattr(fast_decoding, "cpu_has_fast_int8_products", lambda: native)
+    monkeypatch.setattr(fast_decoding, "cpu_has_native_bf16_products", lambda: native)
+    linear = model.model.decoder.layers[0].fc1
+    assert FastLinear(linear, "int8").kernel(64) == ("int8-dynamic" if native else "int8-weight-only")
+    assert FastLinear(linear, "bfloat16").kernel(64) == ("bfloat16" if native else "bfloat16-rows")
+    assert FastLinear(linear, "bfloat16").kernel(1) == "bfloat16-rows"
+    assert FastLinear(linear, "int8-dynamic").kernel(64) == "int8-dynamic"  # asked for by name: as asked
+    x = torch.randn(64, linear.in_features)
+    reference = linear(x).detach()
+    for precision in ("int8", "bfloat16"):
+        out = FastLinear(linear, precision)(x)
+        assert (out - reference).abs().max() <= 0.1 * reference.abs().max(), precision
+
+
+@pytest.mark.parametrize(
+    "flags,int8", [({"avx2", "fma"}, False), ({"avx2", "avx_vnni"}, True), ({"avx512f", "avx512_vnni"}, True)]
+)
+def test_native_int8_products_are_read_from_the_cpu_flags(monkeypatch, flags, int8):
+    from hf_vit_plus.models import compat
+
+    monkeypatch.setattr(compat, "_cpu_flags", lambda: frozenset(flags))
+    assert compat.cpu_has_fast_int8_products() is int8
+
+
 def test_changed_weights_rebuild_the_converted_decoder(batch):
     """Regression: the bf16 / int8 copies were made once per model; a model trained further (or loaded again in
     place) must not decode with stale weights. float32 steps read the model's tensors and need no rebuild."""
