@@ -116,10 +116,10 @@ class FastLinear(nn.Module):
         super().__init__()
         self.precision = precision
         weight = linear.weight.detach()
-        # whether this device multiplies the precision's own dtype natively (asked once, outside any traced graph)
-        self.native_products = weight.device.type != "cpu" or (
-            cpu_has_native_bf16_products() if precision == "bfloat16" else cpu_has_fast_int8_products()
-        )
+        # "bfloat16" and "int8" choose their product by it: whether this device multiplies bf16 / int8 natively
+        # (asked once, outside any traced graph); the other precisions name their product
+        check = {"bfloat16": cpu_has_native_bf16_products, "int8": cpu_has_fast_int8_products}.get(precision)
+        self.native_products = weight.device.type != "cpu" or check is None or check()
         if linear.bias is not None:
             bias = linear.bias.detach() if bias is None else linear.bias.detach() + bias
         self.register_buffer("bias", None if bias is None else bias.float(), persistent=False)
