@@ -40,8 +40,43 @@ from hf_vit_plus.cli_utils import CommandParser
 ROWS = ("cnn", "vit-plain", "vit-deit", "vit-deit-distilled", "vit-mpp-then-deit", "transformers-vit-deit")
 
 
-def row_runs(row: str, output_dir: Path) -> list[tuple[str, dict]]:
-    """(family, train flags) of each run of a row, in order; the last one is the classifier the row reports."""
+def row_runs(
+    row: str, output_dir: Path, vit_config_overrides: str | None = None, vit_flags: dict | None = None
+) -> list[tuple[str, dict]]:
+    """(family, train flags) of each run of a row, in order; the last one is the classifier the row reports.
+    `vit_config_overrides` (e.g. "patch_size=7") shapes every fresh ViT of the row (not the CNN, nor a model loaded
+    from the row's pre-training); `vit_flags` (e.g. {"auto_augment": "none"}) are `train` flags of the row's
+    classifier run (not the CNN's)."""
+    runs = _row_runs(row, output_dir)
+    if row == "cnn":
+        return runs
+    for _, flags in runs:
+        if vit_config_overrides and "model_name_or_path" not in flags:
+            flags["config_overrides"] = vit_config_overrides
+    if vit_flags:
+        runs[-1][1].update(vit_flags)
+    return runs
+
+
+def row_label(row: str, args) -> str:
+    """The row's name in the table, with what `--vit_config_overrides` / `--vit_flags` changed."""
+    changes = [args.vit_config_overrides] if getattr(args, "vit_config_overrides", None) else []
+    changes += [f"{k}={v}" for k, v in (getattr(args, "vit_flags", None) or {}).items()]
+    return f"{row} ({', '.join(changes)})" if changes and row != "cnn" else row
+
+
+def parse_flags(items: list[str] | None) -> dict:
+    """["auto_augment=none", ...] -> {"auto_augment": "none", ...}"""
+    flags = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--vit_flags takes KEY=VALUE items, got {item!r}")
+        flags[key] = value
+    return flags
+
+
+def _row_runs(row: str, output_dir: Path) -> list[tuple[str, dict]]:
     cnn = str(output_dir / "cnn")
     if row == "cnn":
         return [("vit", dict(model_type="resnet", recipe="deit"))]
@@ -100,7 +135,7 @@ def common_flags(args, output: Path, steps: int, eval_samples: int | None) -> di
 
 
 def train_row(row: str, args, output_dir: Path) -> dict:
-    runs = row_runs(row, output_dir)
+    runs = row_runs(row, output_dir, args.vit_config_overrides, args.vit_flags)
     budget = args.minutes_per_row * 60
     shares = [args.mpp_share, 1 - args.mpp_share] if len(runs) == 2 else [1.0]
     updates, metrics, outputs, seconds = [], {}, [], []
@@ -120,7 +155,7 @@ def train_row(row: str, args, output_dir: Path) -> dict:
         metrics = result["metrics"]
         print(f"  {row} ({family}): {result['updates']} updates in {result['seconds'] / 60:.1f} min", flush=True)
     return {
-        "row": row,
+        "row": row_label(row, args),
         "test_accuracy": metrics.get("accuracy"),
         "minutes": sum(seconds) / 60,
         "updates": updates,
@@ -197,9 +232,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads of each run (1: cores shared)")
     parser.add_argument("--seed", type=int, default=0, help="seed of every run")
     parser.add_argument(
+        "--vit_config_overrides",
+        help="config fields of every fresh ViT of the rows, e.g. 'patch_size=7' (7 x 7 patches: 16 tokens, not 49)",
+    )
+    parser.add_argument(
         "--plot_only", action="store_true", help="train nothing: print the table and curves of OUTPUT_DIR/results.json"
     )
+    parser.add_argument(
+        "--vit_flags", nargs="+", metavar="KEY=VALUE", help="train flags of the ViT rows, e.g. auto_augment=none"
+    )
     args = parser.parse_args(argv)
+    try:
+        args.vit_flags = parse_flags(args.vit_flags)
+    except ValueError as error:
+        parser.error(str(error))
     if args.plot_only:
         results = json.loads((args.output_dir / "results.json").read_text())
         print(table(results, args))

@@ -34,6 +34,35 @@ def test_every_row_is_a_train_run_of_the_issues_table():
         bench.row_runs("mae", out)
 
 
+def test_vit_config_overrides_shape_every_fresh_vit_but_not_the_cnn_or_a_loaded_encoder():
+    bench = _bench()
+    out = Path("/runs")
+    assert bench.row_runs("cnn", out, "patch_size=7") == [("vit", {"model_type": "resnet", "recipe": "deit"})]
+    assert bench.row_runs("vit-deit", out, "patch_size=7") == [
+        ("vit", {"recipe": "deit", "config_overrides": "patch_size=7"})
+    ]
+    pre, tune = bench.row_runs("vit-mpp-then-deit", out, "patch_size=7")
+    assert pre[1]["config_overrides"] == "patch_size=7"  # the pre-trained encoder is shaped once, then loaded
+    assert "config_overrides" not in tune[1]
+    assert bench.row_runs("vit-plain", out) == [("vit", {"recipe": "none"})]  # nothing given: the default shape
+
+
+def test_vit_flags_change_the_classifier_run_and_name_the_row(capsys, tmp_path):
+    bench = _bench()
+    out = Path("/runs")
+    flags = bench.parse_flags(["auto_augment=none", "mixup_alpha=0"])
+    assert flags == {"auto_augment": "none", "mixup_alpha": "0"}
+    pre, tune = bench.row_runs("vit-mpp-then-deit", out, "patch_size=7", flags)
+    assert "auto_augment" not in pre[1] and tune[1]["auto_augment"] == "none"
+    assert bench.row_runs("cnn", out, None, flags) == [("vit", {"model_type": "resnet", "recipe": "deit"})]
+    args = type("Args", (), dict(vit_config_overrides="patch_size=7", vit_flags=flags))()
+    assert bench.row_label("vit-deit", args) == "vit-deit (patch_size=7, auto_augment=none, mixup_alpha=0)"
+    assert bench.row_label("cnn", args) == "cnn"
+    with pytest.raises(SystemExit):
+        bench.main(["--vit_flags", "auto_augment", "--output_dir", str(tmp_path)])
+    assert "KEY=VALUE items, got 'auto_augment'" in capsys.readouterr().err
+
+
 def test_the_table_gives_accuracy_minutes_and_the_heads(capsys):
     bench = _bench()
     args = type("Args", (), dict(minutes_per_row=2.0, batch_size=128, threads=1))()
