@@ -186,15 +186,16 @@ def plot_curves(results: list[dict], output_dir: Path, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for r in results:
+    fig, ax = plt.subplots(figsize=(11, 4.8))
+    colours = plt.get_cmap("tab10" if len(results) <= 10 else "tab20")
+    for i, r in enumerate(results):
         minutes, losses = loss_curve(r, output_dir)
-        ax.plot(minutes, losses, label=f"{r['row']} ({100 * r['test_accuracy']:.2f}% test)")
+        ax.plot(minutes, losses, color=colours(i), label=f"{r['row']} ({100 * r['test_accuracy']:.2f}% test)")
     ax.set_xlabel("training minutes")
     ax.set_ylabel("training loss (mean of each logging window)")
     ax.set_yscale("log")
     ax.set_title("Fashion-MNIST: training loss against training time")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the plot: the lines stay visible
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
