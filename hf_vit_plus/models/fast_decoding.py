@@ -54,6 +54,7 @@ This module ships with the checkpoints (remote code): it imports only torch, tra
 from __future__ import annotations
 
 import contextlib
+import warnings
 import weakref
 
 import torch
@@ -74,6 +75,15 @@ from .compat import cache_from_kwargs, cpu_has_fast_int8_products, cpu_has_nativ
 from .compiled_decoding import row_matmul_pass
 
 PRECISIONS = ("float32", "bfloat16", "int8", "int8-weight-only", "int8-dynamic")
+# int8 where the CPU has no native int8 products (measured 2026-11-26 on an AVX2-only AMD EPYC, opus-mt sizes,
+# 2 threads, greedy batch 1: 25.4 tokens/s in int8 against 82.7 in float32; the 58,000 x 512 output projection of one
+# row 21.7 ms in compiled weight-only int8 against 5.9 ms in float32; dynamic int8, `torch._int_mm`, 12-140x slower)
+SLOW_INT8_WARNING = (
+    "FastDecoding(precision={precision!r}) decodes more slowly than precision='float32' on this CPU: it has no native "
+    "int8 products (VNNI or AMX), so the int8 weights are converted inside every product (on an AVX2-only CPU, greedy "
+    "decoding at opus-mt sizes ran at 25 tokens/s in int8 against 83 in float32). Use precision='float32' for speed "
+    "here; int8 still holds the weights in a quarter of the memory."
+)
 # Products of at most this many rows (batch x beams) run as vector-matrix loops that read each weight once
 # (`row_matmul_pass`); larger ones as GEMMs.
 SMALL_ROWS = 4
@@ -578,6 +588,7 @@ class FastDecoding:
         self.options = options
         self.skip_guards = skip_guards
         self._models: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._warned = False
 
     def __repr__(self) -> str:
         return f"FastDecoding(precision={self.precision!r}, backend={self.backend!r})"
@@ -587,10 +598,19 @@ class FastDecoding:
         changed since."""
         state = self._models.get(model)
         if state is None or not state.current(model):
+            self._warn_if_slower_than_float32(model)
             options = self.options if self.options is not None else compile_options(model.device)
             state = _ModelDecoding(model, self.precision, self.backend, options, self.skip_guards)
             self._models[model] = state
         return state
+
+    def _warn_if_slower_than_float32(self, model: nn.Module) -> None:
+        """int8 on a CPU without native int8 products (VNNI / AMX) decodes more slowly than float32: say so, once."""
+        if self._warned or not self.precision.startswith("int8") or model.device.type != "cpu":
+            return
+        if not cpu_has_fast_int8_products():
+            self._warned = True
+            warnings.warn(SLOW_INT8_WARNING.format(precision=self.precision), UserWarning, stacklevel=4)
 
     @torch.no_grad()
     def __call__(
