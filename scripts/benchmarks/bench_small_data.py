@@ -28,6 +28,7 @@ every row against its training minutes (`--plot_only` redraws both from `results
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -66,13 +67,17 @@ def row_label(row: str, args) -> str:
 
 
 def parse_flags(items: list[str] | None) -> dict:
-    """["auto_augment=none", ...] -> {"auto_augment": "none", ...}"""
+    """["auto_augment=none", "mixup_alpha=0", ...] -> {"auto_augment": "none", "mixup_alpha": 0, ...}: numbers and
+    booleans as Python values (`family_arguments` takes typed values, as the command line gives them)."""
     flags = {}
     for item in items or []:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ValueError(f"--vit_flags takes KEY=VALUE items, got {item!r}")
-        flags[key] = value
+        try:
+            flags[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            flags[key] = value
     return flags
 
 

@@ -50,13 +50,19 @@ def test_vit_config_overrides_shape_every_fresh_vit_but_not_the_cnn_or_a_loaded_
 def test_vit_flags_change_the_classifier_run_and_name_the_row(capsys, tmp_path):
     bench = _bench()
     out = Path("/runs")
-    flags = bench.parse_flags(["auto_augment=none", "mixup_alpha=0"])
-    assert flags == {"auto_augment": "none", "mixup_alpha": "0"}
+    flags = bench.parse_flags(["auto_augment=none", "mixup_alpha=0", "random_erasing_prob=0.5"])
+    assert flags == {"auto_augment": "none", "mixup_alpha": 0, "random_erasing_prob": 0.5}  # typed, as the CLI's
+    from hf_vit_plus.training.args import family_arguments
+
+    typed = family_arguments("vit", output_dir=str(tmp_path), **flags)  # refuses '0.5' (a string) for a number
+    assert typed.random_erasing_prob == 0.5 and typed.auto_augment == "none"
     pre, tune = bench.row_runs("vit-mpp-then-deit", out, "patch_size=7", flags)
     assert "auto_augment" not in pre[1] and tune[1]["auto_augment"] == "none"
     assert bench.row_runs("cnn", out, None, flags) == [("vit", {"model_type": "resnet", "recipe": "deit"})]
     args = type("Args", (), dict(vit_config_overrides="patch_size=7", vit_flags=flags))()
-    assert bench.row_label("vit-deit", args) == "vit-deit (patch_size=7, auto_augment=none, mixup_alpha=0)"
+    assert bench.row_label("vit-deit", args) == (
+        "vit-deit (patch_size=7, auto_augment=none, mixup_alpha=0, random_erasing_prob=0.5)"
+    )
     assert bench.row_label("cnn", args) == "cnn"
     with pytest.raises(SystemExit):
         bench.main(["--vit_flags", "auto_augment", "--output_dir", str(tmp_path)])
