@@ -80,9 +80,10 @@ PRECISIONS = ("float32", "bfloat16", "int8", "int8-weight-only", "int8-dynamic")
 # row 21.7 ms in compiled weight-only int8 against 5.9 ms in float32; dynamic int8, `torch._int_mm`, 12-140x slower)
 SLOW_INT8_WARNING = (
     "FastDecoding(precision={precision!r}) decodes more slowly than precision='float32' on this CPU: it has no native "
-    "int8 products (VNNI or AMX), so the int8 weights are converted inside every product (on an AVX2-only CPU, greedy "
-    "decoding at opus-mt sizes ran at 25 tokens/s in int8 against 83 in float32). Use precision='float32' for speed "
-    "here; int8 still holds the weights in a quarter of the memory."
+    "int8 products (VNNI or AMX), so weight-only int8 converts the weights inside every product and dynamic int8 "
+    "(torch._int_mm) runs a slow loop (on an AVX2-only CPU, greedy decoding at opus-mt sizes ran at 25 tokens/s in "
+    "int8 against 83 in float32). Use precision='float32' for speed here; int8 still holds the weights in a quarter "
+    "of the memory."
 )
 # Products of at most this many rows (batch x beams) run as vector-matrix loops that read each weight once
 # (`row_matmul_pass`); larger ones as GEMMs.
