@@ -29,7 +29,8 @@ logger = logging.getLogger(__name__)
 
 CTRANSLATE2_QUANTIZATIONS = ("int8", "int8_float32", "bfloat16")  # = hf_vit_plus.export's (not imported: torch)
 TRANSLATION_ENGINES = ("generate", "fast", "ctranslate2")
-FAST_PRECISIONS = ("float32", "bfloat16", "int8", "int8-weight-only", "int8-dynamic")
+# = hf_vit_plus.models.fast_decoding.PRECISIONS (not imported: torch; a test keeps them equal)
+FAST_PRECISIONS = ("float32", "bfloat16", "int8", "int8-weight-only", "int8-dynamic", "int8-fbgemm")
 CTRANSLATE2_COMPUTE_TYPES = ("default", "float32", "int8", "int8_float32", "bfloat16", "int8_bfloat16")
 TRANSLATE_DESCRIPTION = (
     "Translate TEXT (or the lines of standard input) with a saved seq2seq checkpoint, on one of three engines: "
@@ -119,8 +120,12 @@ def export_checkpoint(checkpoint: str, output_dir: str | Path) -> list[Path]:
         heads = ", ".join(f.head_class.__name__ for f in FAMILIES.values() if f.export is not None)
         raise UsageError(
             f"CHECKPOINT {checkpoint!r} is a {family.head_class.__name__} ({family.id}), which has no ONNX layout; "
-            f"`export onnx` exports {heads}" + (" (fine-tune it first: `hf-vit-plus train vit --model_name_or_path`)."
-                                                if family.id == "vit-mpp" else ".")
+            f"`export onnx` exports {heads}"
+            + (
+                " (fine-tune it first: `hf-vit-plus train vit --model_name_or_path`)."
+                if family.id == "vit-mpp"
+                else "."
+            )
         )
     if family is None:
         exported = sorted({f.model_type for f in FAMILIES.values() if f.export is not None})

@@ -38,9 +38,15 @@ encoder stay in float32):
   a quarter of the bytes, the memory-bound case (batch 1).
 - "int8-dynamic": int8 weights and int8 activations quantized per row at run time, integer products
   (`torch._int_mm`, VNNI on CPU): the compute-bound case (many rows).
-- "int8": weight-only for steps of at most `INT8_WEIGHT_ONLY_MAX_ROWS` rows, dynamic above (measured in the README),
-  where the CPU has native int8 products (VNNI, AMX); weight-only at every row count on other CPUs, where
-  `torch._int_mm` is a slow loop. Likewise "bfloat16" uses bf16 GEMMs only where they are native.
+- "int8-fbgemm": int8 weights (per-row scales) and activations quantized at run time, each row mapped onto [0, 1]
+  and quantized to 7 bits, by FBGEMM's dynamic int8 linear (`torch.ops.quantized.linear_dynamic`, x86 builds of
+  torch), called from the compiled step as the custom op `hf_vit_plus::int8_fbgemm_linear`: int8 products that pay
+  on AVX2 CPUs without VNNI (4-5x faster than float32 for the output projection at batch 1). FBGEMM packs a copy of
+  the int8 weights at the first call.
+- "int8": on CPUs with native int8 products (VNNI, AMX) weight-only for steps of at most `INT8_WEIGHT_ONLY_MAX_ROWS`
+  rows and dynamic above (measured in the README); on other CPUs "int8-fbgemm" (where `torch._int_mm` is a slow loop
+  and the weight-only loop slower than float32), or weight-only where torch has no FBGEMM. Likewise "bfloat16" uses
+  bf16 GEMMs only where they are native.
 
 Supported: greedy decoding and beam search (`do_sample=False`), `max_length` / `max_new_tokens`, `min_length` /
 `min_new_tokens`, `eos_token_id` (one or several), `pad_token_id`, `length_penalty`, `early_stopping`,
@@ -54,6 +60,7 @@ This module ships with the checkpoints (remote code): it imports only torch, tra
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
 import weakref
 
@@ -74,16 +81,17 @@ from transformers.generation import (
 from .compat import cache_from_kwargs, cpu_has_fast_int8_products, cpu_has_native_bf16_products
 from .compiled_decoding import row_matmul_pass
 
-PRECISIONS = ("float32", "bfloat16", "int8", "int8-weight-only", "int8-dynamic")
-# int8 where the CPU has no native int8 products (measured 2026-11-26 on an AVX2-only AMD EPYC, opus-mt sizes,
-# 2 threads, greedy batch 1: 25.4 tokens/s in int8 against 82.7 in float32; the 58,000 x 512 output projection of one
-# row 21.7 ms in compiled weight-only int8 against 5.9 ms in float32; dynamic int8, `torch._int_mm`, 12-140x slower)
+PRECISIONS = ("float32", "bfloat16", "int8", "int8-weight-only", "int8-dynamic", "int8-fbgemm")
+# int8 products that do not pay on a CPU without native int8 products (measured 2026-11-26 on an AVX2-only AMD EPYC,
+# opus-mt sizes, 2 threads, greedy batch 1: 25.4 tokens/s in weight-only int8 against 82.7 in float32; the 58,000 x
+# 512 output projection of one row 21.7 ms in compiled weight-only int8 against 5.9 ms in float32; dynamic int8,
+# `torch._int_mm`, 12-140x slower). "int8" takes FBGEMM's int8 linear there, where torch has it.
 SLOW_INT8_WARNING = (
     "FastDecoding(precision={precision!r}) decodes more slowly than precision='float32' on this CPU: it has no native "
     "int8 products (VNNI or AMX), so weight-only int8 converts the weights inside every product and dynamic int8 "
     "(torch._int_mm) runs a slow loop (on an AVX2-only CPU, greedy decoding at opus-mt sizes ran at 25 tokens/s in "
-    "int8 against 83 in float32). Use precision='float32' for speed here; int8 still holds the weights in a quarter "
-    "of the memory."
+    "weight-only int8 against 83 in float32). Use precision='int8' (FBGEMM's int8 linear on such CPUs, where torch "
+    "has it: {fbgemm}) or precision='float32' for speed here."
 )
 # Products of at most this many rows (batch x beams) run as vector-matrix loops that read each weight once
 # (`row_matmul_pass`); larger ones as GEMMs.
@@ -110,6 +118,73 @@ _UNSUPPORTED_OUTPUTS = (
 _NEG_INF = float("-inf")
 
 
+@functools.cache
+def fbgemm_int8_available() -> bool:
+    """Whether this torch has FBGEMM's dynamic int8 linear (x86 builds): int8 products that pay on CPUs without VNNI
+    (AVX2 `vpmaddubsw`), where `torch._int_mm` is a slow loop."""
+    quantized = getattr(torch.ops, "quantized", None)
+    return (
+        "fbgemm" in torch.backends.quantized.supported_engines
+        and hasattr(quantized, "linear_dynamic")
+        and hasattr(quantized, "linear_prepack")
+        and hasattr(torch, "_make_per_channel_quantized_tensor")
+    )
+
+
+# FBGEMM's packed weights of each int8 tensor seen by the op below: id(weight) -> (weakref to it, its version, packed).
+# The entry goes with its tensor; a tensor changed in place is packed again.
+_FBGEMM_PACKED: dict[int, tuple] = {}
+FBGEMM_OP = "hf_vit_plus::int8_fbgemm_linear"
+
+
+def _fbgemm_packed(weight: torch.Tensor, scale: torch.Tensor):
+    key = id(weight)
+    entry = _FBGEMM_PACKED.get(key)
+    if entry is not None and entry[0]() is weight and entry[1] == weight._version:
+        return entry[2]
+    previous = torch.backends.quantized.engine
+    try:
+        with warnings.catch_warnings():  # torch's quantized tensors warn that they will move out of torch
+            warnings.simplefilter("ignore")
+            torch.backends.quantized.engine = "fbgemm"
+            zero_points = torch.zeros(weight.shape[0], dtype=torch.long)
+            quantized = torch._make_per_channel_quantized_tensor(weight, scale.double(), zero_points, 0)
+            packed = torch.ops.quantized.linear_prepack(quantized, None)
+    finally:
+        torch.backends.quantized.engine = previous
+    _FBGEMM_PACKED[key] = (weakref.ref(weight, lambda _ref: _FBGEMM_PACKED.pop(key, None)), weight._version, packed)
+    return packed
+
+
+_LIBRARIES: list = []  # the op's registration lives as long as its Library object
+
+
+def _int8_fbgemm_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return torch.ops.quantized.linear_dynamic(x.contiguous(), _fbgemm_packed(weight, scale), True)
+
+
+def _int8_fbgemm_linear_fake(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape[0], weight.shape[0])
+
+
+def fbgemm_int8_linear_op():
+    """The op `hf_vit_plus::int8_fbgemm_linear(x, weight, scale)`: `x @ (weight * scale[:, None])^T` by FBGEMM's
+    dynamic int8 linear (activations quantized per tensor to 7 bits, asymmetric; int8 weights with one scale per
+    output row), its packed weights made at the first call with each weight tensor and kept with it. Opaque to
+    Dynamo, torch.export and AOTInductor (which calls it through the dispatcher), so that the compiled step runs
+    FBGEMM's kernel. A plain `torch.library` CPU kernel (`torch.library.custom_op` adds about 40 us per call, more
+    than FBGEMM's own product of a 512 x 512 matrix). Defined once per process (a second copy of this file, e.g.
+    remote code, reuses it)."""
+    namespace = torch.ops.hf_vit_plus
+    if not hasattr(namespace, "int8_fbgemm_linear"):
+        library = torch.library.Library("hf_vit_plus", "FRAGMENT")
+        library.define("int8_fbgemm_linear(Tensor x, Tensor weight, Tensor scale) -> Tensor")
+        library.impl("int8_fbgemm_linear", _int8_fbgemm_linear, "CPU")
+        torch.library.register_fake(FBGEMM_OP, _int8_fbgemm_linear_fake, lib=library)
+        _LIBRARIES.append(library)
+    return namespace.int8_fbgemm_linear.default
+
+
 def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric per-row int8: (int8 weight, float32 scale per row) with weight ~ q * scale[:, None]."""
     weight = weight.detach().float()
@@ -131,6 +206,13 @@ class FastLinear(nn.Module):
         # (asked once, outside any traced graph); the other precisions name their product
         check = {"bfloat16": cpu_has_native_bf16_products, "int8": cpu_has_fast_int8_products}.get(precision)
         self.native_products = weight.device.type != "cpu" or check is None or check()
+        self.fbgemm = weight.device.type == "cpu" and fbgemm_int8_available()
+        if precision == "int8-fbgemm" and not self.fbgemm:
+            raise ValueError(
+                f"precision='int8-fbgemm' needs FBGEMM's int8 linear on a CPU tensor: this is a {weight.device.type} "
+                f"tensor and this torch has FBGEMM: {fbgemm_int8_available()} (torch.backends.quantized."
+                "supported_engines). Use 'int8', which picks the int8 product this device has."
+            )
         if linear.bias is not None:
             bias = linear.bias.detach() if bias is None else linear.bias.detach() + bias
         self.register_buffer("bias", None if bias is None else bias.float(), persistent=False)
@@ -143,16 +225,24 @@ class FastLinear(nn.Module):
             q, scale = quantize_rows(weight)
             self.register_buffer("weight", q, persistent=False)
             self.scale = scale
+        # the int8 weights' row sums, for FBGEMM's products of rows mapped onto [0, 1] (see `forward`)
+        row_sums = (self.weight.float() * self.scale[:, None]).sum(dim=1) if self.fbgemm_kernel_used() else None
+        self.register_buffer("row_sums", row_sums, persistent=False)
+
+    def fbgemm_kernel_used(self) -> bool:
+        return self.precision == "int8-fbgemm" or (self.precision == "int8" and self.kernel(1) == "int8-fbgemm")
 
     def kernel(self, rows: int) -> str:
-        """The product used for `rows` input rows: "float32", "bfloat16-rows", "bfloat16", "int8-weight-only" or
-        "int8-dynamic". On a CPU, "bfloat16" and "int8" take the bf16 or dynamic-int8 GEMM only where the CPU has
-        native products of that kind; otherwise the weights are converted to float32 inside the product."""
+        """The product used for `rows` input rows: "float32", "bfloat16-rows", "bfloat16", "int8-weight-only",
+        "int8-dynamic" or "int8-fbgemm". On a CPU, "bfloat16" and "int8" take the bf16 or dynamic-int8 GEMM only
+        where the CPU has native products of that kind; otherwise bf16 weights are converted to float32 inside the
+        product, and "int8" takes FBGEMM's int8 linear (AVX2), or weight-only int8 where torch has no FBGEMM."""
         if self.precision == "bfloat16":
             return "bfloat16-rows" if rows <= SMALL_ROWS or not self.native_products else "bfloat16"
         if self.precision == "int8":
-            weight_only = rows <= INT8_WEIGHT_ONLY_MAX_ROWS or not self.native_products
-            return "int8-weight-only" if weight_only else "int8-dynamic"
+            if not self.native_products:
+                return "int8-fbgemm" if self.fbgemm else "int8-weight-only"
+            return "int8-weight-only" if rows <= INT8_WEIGHT_ONLY_MAX_ROWS else "int8-dynamic"
         return self.precision
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (M, K) float32 -> (M, N) float32
@@ -165,6 +255,18 @@ class FastLinear(nn.Module):
             out = F.linear(x, self.weight.float())
         elif kernel == "bfloat16":
             out = F.linear(x.to(torch.bfloat16), self.weight).float()
+        elif kernel == "int8-fbgemm":
+            # FBGEMM quantizes the activations per tensor, over their range (with 0). One row: that is per row.
+            # More rows: each is first mapped onto [0, 1] (x = lo + r * u), so that every row gets the whole range
+            # and its products do not depend on the other rows of the batch, then mapped back: x W^T = r * (u W^T)
+            # + lo * (row sums of W). (Not for one row: the two element-wise kernels cost about 20 us per product.)
+            if x.shape[0] == 1:
+                out = fbgemm_int8_linear_op()(x, self.weight, self.scale)
+            else:
+                lo = x.amin(dim=1, keepdim=True)
+                spread = (x.amax(dim=1, keepdim=True) - lo).clamp(min=1e-12)
+                mapped = fbgemm_int8_linear_op()((x - lo) / spread, self.weight, self.scale)
+                out = mapped * spread + lo * self.row_sums
         elif kernel == "int8-weight-only":
             out = F.linear(x, self.weight.float()) * self.scale
         else:  # int8-dynamic: symmetric per-row activations, int32 accumulation
@@ -175,7 +277,20 @@ class FastLinear(nn.Module):
 
     def nbytes(self) -> int:
         """Bytes read per step (weight, scales, bias)."""
-        return sum(t.numel() * t.element_size() for t in (self.weight, self.scale, self.bias) if t is not None)
+        tensors = (self.weight, self.scale, self.bias, self.row_sums)
+        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+def _stacked(*linears: nn.Linear) -> nn.Linear:
+    """One linear layer whose outputs are those of `linears` side by side (a missing bias counts as zeros)."""
+    weight = torch.cat([linear.weight.detach() for linear in linears])
+    stacked = nn.Linear(weight.shape[1], weight.shape[0], bias=any(lin.bias is not None for lin in linears))
+    stacked = stacked.to(device=weight.device, dtype=weight.dtype).requires_grad_(False)
+    stacked.weight.copy_(weight)
+    if stacked.bias is not None:
+        biases = [lin.bias.detach() if lin.bias is not None else weight.new_zeros(lin.out_features) for lin in linears]
+        stacked.bias.copy_(torch.cat(biases))
+    return stacked
 
 
 class FastDecoderLayer(nn.Module):
@@ -186,9 +301,16 @@ class FastDecoderLayer(nn.Module):
         self.normalize_before = layer.normalize_before
         self.num_heads = layer.self_attn.num_heads
         self.scaling = layer.self_attn.scaling
-        self.q_proj = FastLinear(layer.self_attn.q_proj, precision)
-        self.k_proj = FastLinear(layer.self_attn.k_proj, precision)
-        self.v_proj = FastLinear(layer.self_attn.v_proj, precision)
+        attention = layer.self_attn
+        # converted weights (not float32's, which are the model's own tensors): the query, key and value projections
+        # as one product (the same per-row int8 / bf16 weights, one call instead of three)
+        self.qkv_proj = None
+        if precision != "float32":
+            self.qkv_proj = FastLinear(_stacked(attention.q_proj, attention.k_proj, attention.v_proj), precision)
+        else:
+            self.q_proj = FastLinear(attention.q_proj, precision)
+            self.k_proj = FastLinear(attention.k_proj, precision)
+            self.v_proj = FastLinear(attention.v_proj, precision)
         self.o_proj = FastLinear(layer.self_attn.o_proj, precision)
         self.cross_q_proj = FastLinear(layer.encoder_attn.q_proj, precision)
         self.cross_o_proj = FastLinear(layer.encoder_attn.o_proj, precision)
@@ -206,14 +328,17 @@ class FastDecoderLayer(nn.Module):
         in slot r) or (R, L) the slot that holds each position of row r (beam search)."""
         rows, length, dim = keys.shape
         heads = self.num_heads
-        key, value = self.k_proj(hidden), self.v_proj(hidden)  # (R, D)
+        if self.qkv_proj is not None:
+            query, key, value = self.qkv_proj(hidden).split(dim, dim=1)  # (R, D) each
+        else:
+            query, key, value = self.q_proj(hidden), self.k_proj(hidden), self.v_proj(hidden)
         keys.index_copy_(1, position.view(1), key.unsqueeze(1))
         values.index_copy_(1, position.view(1), value.unsqueeze(1))
         if history is not None:
             slots = history * length + torch.arange(length, device=history.device)  # (R, L)
             keys = keys.reshape(rows * length, dim)[slots]  # (R, L, D)
             values = values.reshape(rows * length, dim)[slots]
-        query = self.q_proj(hidden).view(rows, 1, heads, dim // heads)
+        query = query.reshape(rows, 1, heads, dim // heads)
         scores = (query * keys.view(rows, length, heads, dim // heads)).sum(-1) * self.scaling  # (R, L, H)
         future = torch.arange(length, device=keys.device) > position  # (L,)
         scores = scores.masked_fill(future.view(1, length, 1), _NEG_INF)
@@ -609,9 +734,12 @@ class FastDecoding:
         """int8 on a CPU without native int8 products (VNNI / AMX) decodes more slowly than float32: say so, once."""
         if self._warned or not self.precision.startswith("int8") or model.device.type != "cpu":
             return
+        if self.precision == "int8-fbgemm" or (self.precision == "int8" and fbgemm_int8_available()):
+            return
         if not cpu_has_fast_int8_products():
             self._warned = True
-            warnings.warn(SLOW_INT8_WARNING.format(precision=self.precision), UserWarning, stacklevel=4)
+            message = SLOW_INT8_WARNING.format(precision=self.precision, fbgemm=fbgemm_int8_available())
+            warnings.warn(message, UserWarning, stacklevel=4)
 
     @torch.no_grad()
     def __call__(

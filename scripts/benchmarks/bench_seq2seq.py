@@ -35,14 +35,15 @@ on-disk cache: a second run compiles faster; `TORCHINDUCTOR_FORCE_DISABLE_CACHES
 (GEMV), attention over the caches, the output projection (each compiled alone by AOTInductor on the step's shapes
 and timed), the rest of the compiled step (norms, embeddings, logits processing, greedy / beam bookkeeping), the
 encoder and `generate`'s set-up per token, and the Python loop and call overhead; with the bytes each part reads per
-token and the rate achieved.
+token and the rate achieved, and the floor: the step's bytes at the rate of a plain read of 256 MB (`torch.sum`).
 
 `--quality MODEL_DIR` measures instead what the faster engines cost in quality, on a translation model trained by
 `scripts/train_translation.py` (SWORD English -> Spanish): its held-out test verses (the training script's split) are
 decoded greedily and with the paper's beam search (4 beams, length penalty 0.6, source length + 50 new tokens) by
-`generate` in float32 (the reference), FastDecoding in each precision and CTranslate2 (our export, float32 and int8),
-with sacreBLEU's BLEU and chrF, the share of verses decoded exactly as the reference, and the token agreement (tokens
-equal at the same position, over the longer of the two outputs).
+`generate` in float32 (the reference), FastDecoding in each precision (`--quality_precisions`) and CTranslate2 (our
+export, `--quality_ctranslate2`: float32 and int8), with sacreBLEU's BLEU and chrF, the share of verses decoded
+exactly as the reference, and the token agreement (tokens equal at the same position, over the longer of the two
+outputs).
 
     python scripts/benchmarks/bench_seq2seq.py                       # small sizes, one thread, every engine
     python scripts/benchmarks/bench_seq2seq.py --preset opus-mt      # opus-mt sizes, two threads
@@ -131,6 +132,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quality", type=Path, default=None, help="a SWORD translation model: BLEU/chrF per engine")
     p.add_argument("--quality_batch", type=int, default=32, help="verses decoded together by --quality")
     p.add_argument("--quality_limit", type=int, default=None, help="decode only the first N test verses")
+    p.add_argument(
+        "--quality_precisions",
+        default="float32,bfloat16,int8,int8-weight-only",
+        help="FastDecoding precisions measured by --quality (comma-separated)",
+    )
+    p.add_argument(
+        "--quality_ctranslate2",
+        default="float32,int8",
+        help="CTranslate2 compute types of our export measured by --quality (comma-separated; '' for none)",
+    )
     p.add_argument("--quick", action="store_true", help="short defaults: 1 repeat, 8 + 8 tokens, batch 1 2, beam 1 2")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
     args = p.parse_args(argv)
@@ -458,8 +469,8 @@ def report(args, rates, first_calls, agreement) -> dict[str, dict[str, dict]]:
 
 # ------------------------------------------------------------------------------------------------ the profile
 class _Projections(nn.Module):
-    """Every projection of the decoder layers (self-attention Q/K/V/O, cross-attention Q/O, the feed-forward
-    network), as the step computes them on (rows, d_model) states."""
+    """Every projection of the decoder layers (self-attention Q/K/V, as one product in the converted precisions, and
+    O, cross-attention Q/O, the feed-forward network), as the step computes them on (rows, d_model) states."""
 
     def __init__(self, decoder):
         super().__init__()
@@ -468,7 +479,8 @@ class _Projections(nn.Module):
     def forward(self, hidden):
         out = hidden.new_zeros(())
         for layer in self.layers:
-            for projection in (layer.q_proj, layer.k_proj, layer.v_proj, layer.o_proj, layer.cross_q_proj):
+            inputs = (layer.qkv_proj,) if layer.qkv_proj is not None else (layer.q_proj, layer.k_proj, layer.v_proj)
+            for projection in (*inputs, layer.o_proj, layer.cross_q_proj):
                 out = out + projection(hidden).sum()
             out = out + layer.cross_o_proj(hidden).sum()
             out = out + layer.fc2(layer.activation_fn(layer.fc1(hidden))).sum()
@@ -545,6 +557,7 @@ def profile_tables(args, engines, ours, tokens, summary) -> dict:
     from hf_vit_plus.models.fast_decoding import aoti_compile
 
     tables = {}
+    read_rate = memory_read_rate()
     for name in [name for name in FAST if name in engines]:
         _, fast = engines[name]
         state = fast.decoding_state(ours)
@@ -616,11 +629,35 @@ def profile_tables(args, engines, ours, tokens, summary) -> dict:
                 f"| {'the compiled step (one graph)':<72} | {step_ms:>8.3f} | {step_ms / token_ms:>6.1%} | "
                 f"{step_mb / 1e6:>8.2f} | {step_mb / step_ms / 1e6:>6.1f} |"
             )
-            tables[f"{name}: {label}"] = {"token_ms": token_ms, "step_ms": step_ms, "parts": ms, "bytes": nbytes}
+            floor_ms = step_mb / read_rate * 1e3
+            floor = "floor: the step's bytes at a plain read's rate (torch.sum of 256 MB)"
+            print(
+                f"| {floor:<72} "
+                f"| {floor_ms:>8.3f} | {floor_ms / token_ms:>6.1%} | {step_mb / 1e6:>8.2f} | {read_rate / 1e9:>6.1f} |"
+            )
+            tables[f"{name}: {label}"] = {
+                "token_ms": token_ms,
+                "step_ms": step_ms,
+                "parts": ms,
+                "bytes": nbytes,
+                "read_rate_gbs": read_rate / 1e9,
+                "floor_ms": floor_ms,
+            }
     return tables
 
 
+def memory_read_rate(megabytes: int = 256) -> float:
+    """Bytes per second of a plain read of `megabytes` of float32 (`torch.sum`, this process's threads): about the
+    most a memory-bound step can stream here, so the step's bytes at this rate are its floor."""
+    data = torch.ones(megabytes * 2**20 // 4)
+    return data.numel() * 4 / (_best_ms(torch.sum, data, rounds=3, calls=5) / 1e3)
+
+
 # ------------------------------------------------------------------------------------------------ the quality
+def _names(text: str) -> list[str]:
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
 def _token_agreement(outputs: list[list[int]], references: list[list[int]]) -> float:
     equal = total = 0
     for out, ref in zip(outputs, references):
@@ -657,10 +694,11 @@ def quality(args) -> dict:
     special = set(tokenizer.all_special_ids)
     workdir = tempfile.TemporaryDirectory(prefix="bench_seq2seq_quality_")
     engines = {"generate float32": ("generate", None)}
-    for precision in ("float32", "bfloat16", "int8", "int8-weight-only"):
+    for precision in _names(args.quality_precisions):
         engines[f"fast {precision}"] = ("fast", FastDecoding(precision=precision, backend=args.fast_backend))
-    folder = export_ctranslate2(model, Path(workdir.name) / "ct2", tokenizer=tokenizer)
-    for compute_type in ("float32", "int8"):
+    compute_types = _names(args.quality_ctranslate2)
+    folder = export_ctranslate2(model, Path(workdir.name) / "ct2", tokenizer=tokenizer) if compute_types else None
+    for compute_type in compute_types:
         generator = CTranslate2Generator(folder, compute_type=compute_type, intra_threads=args.threads)
         engines[f"ctranslate2 {compute_type}"] = ("ctranslate2", generator)
     metric = load_translation_metric()

@@ -15,7 +15,13 @@ from transformers import GenerationConfig
 
 from hf_vit_plus import Seq2SeqTransformerConfig, Seq2SeqTransformerForConditionalGeneration
 from hf_vit_plus.generation import decompose_row_matmuls
-from hf_vit_plus.models.fast_decoding import FastDecoding, FastLinear, quantize_rows
+from hf_vit_plus.models.fast_decoding import (
+    FastDecoding,
+    FastLinear,
+    fbgemm_int8_available,
+    fbgemm_int8_linear_op,
+    quantize_rows,
+)
 from tests.models.test_seq2seq_modeling import BOS, EOS, PAD, VOCAB, tiny_config
 
 
@@ -146,7 +152,13 @@ def test_the_torch_compile_backend_gives_the_tokens_of_generate(model, batch):
     _assert_same(model, batch, fast, **SETTINGS["beam"])
 
 
-@pytest.mark.parametrize("precision", ["bfloat16", "int8", "int8-weight-only", "int8-dynamic"])
+needs_fbgemm = pytest.mark.skipif(not fbgemm_int8_available(), reason="this torch has no FBGEMM (x86 builds have it)")
+
+
+@pytest.mark.parametrize(
+    "precision",
+    ["bfloat16", "int8", "int8-weight-only", "int8-dynamic", pytest.param("int8-fbgemm", marks=needs_fbgemm)],
+)
 def test_reduced_precisions_decode_close_to_float32(model, batch, precision):
     """bf16 and int8 weights are not float32's: they must decode the task nearly as well (the README measures them
     on real translation); here at least 80% of float32's tokens, greedy and beam."""
@@ -167,7 +179,9 @@ def test_int8_weights_and_the_products(model):
     torch.testing.assert_close(q.float() * scale[:, None], linear.weight, atol=scale.max().item(), rtol=0)
     x = torch.randn(3, linear.in_features)
     reference = linear(x).detach()
-    for precision, tolerance in (("float32", 1e-6), ("bfloat16", 0.05), ("int8-weight-only", 0.05), ("int8", 0.1)):
+    checks = [("float32", 1e-6), ("bfloat16", 0.05), ("int8-weight-only", 0.05), ("int8", 0.1)]
+    checks += [("int8-fbgemm", 0.1)] if fbgemm_int8_available() else []
+    for precision, tolerance in checks:
         out = FastLinear(linear, precision)(x)
         assert (out - reference).abs().max() <= tolerance * reference.abs().max(), precision
     assert FastLinear(linear, "float32").weight.data_ptr() == linear.weight.data_ptr()  # no copy in float32
@@ -178,13 +192,17 @@ def test_int8_weights_and_the_products(model):
 def test_int8_and_bf16_use_their_own_products_only_where_the_cpu_has_them(monkeypatch, model, native):
     """Regression: "int8" ran dynamic int8 (`torch._int_mm`) at every row count, a slow loop on CPUs without VNNI
     (12-140x slower than float32 products on the AVX2 CI CPU; the SWORD beam search took 830 s against 121 s
-    weight-only), and "bfloat16" ran bf16 GEMMs where they are reference loops too."""
+    weight-only), and "bfloat16" ran bf16 GEMMs where they are reference loops too. Then, on those CPUs, "int8" ran
+    the weight-only loop at every row count, slower than float32 too (25 against 83 tokens/s at opus-mt sizes): it
+    now takes FBGEMM's int8 linear there (weight-only only where torch has no FBGEMM)."""
     from hf_vit_plus.models import fast_decoding
 
     monkeypatch.setattr(fast_decoding, "cpu_has_fast_int8_products", lambda: native)
     monkeypatch.setattr(fast_decoding, "cpu_has_native_bf16_products", lambda: native)
     linear = model.model.decoder.layers[0].fc1
-    assert FastLinear(linear, "int8").kernel(64) == ("int8-dynamic" if native else "int8-weight-only")
+    without_native = "int8-fbgemm" if fbgemm_int8_available() else "int8-weight-only"
+    for rows in (1, 64):
+        assert FastLinear(linear, "int8").kernel(rows) == ("int8-dynamic" if native else without_native)
     assert FastLinear(linear, "bfloat16").kernel(64) == ("bfloat16" if native else "bfloat16-rows")
     assert FastLinear(linear, "bfloat16").kernel(1) == "bfloat16-rows"
     assert FastLinear(linear, "int8-dynamic").kernel(64) == "int8-dynamic"  # asked for by name: as asked
@@ -193,6 +211,8 @@ def test_int8_and_bf16_use_their_own_products_only_where_the_cpu_has_them(monkey
     for precision in ("int8", "bfloat16"):
         out = FastLinear(linear, precision)(x)
         assert (out - reference).abs().max() <= 0.1 * reference.abs().max(), precision
+    monkeypatch.setattr(fast_decoding, "fbgemm_int8_available", lambda: False)
+    assert FastLinear(linear, "int8").kernel(1) == ("int8-dynamic" if native else "int8-weight-only")
 
 
 @pytest.mark.parametrize("native", [True, False])
@@ -205,6 +225,7 @@ def test_int8_says_when_it_is_slower_than_float32_on_this_cpu(monkeypatch, model
     from hf_vit_plus.models import fast_decoding
 
     monkeypatch.setattr(fast_decoding, "cpu_has_fast_int8_products", lambda: native)
+    monkeypatch.setattr(fast_decoding, "fbgemm_int8_available", lambda: False)  # "int8" weight-only without native
     settings = dict(num_beams=1, max_new_tokens=3)
     for precision in ("int8", "int8-weight-only", "float32"):
         fast = FastDecoding(precision=precision, backend="eager")
@@ -217,6 +238,75 @@ def test_int8_says_when_it_is_slower_than_float32_on_this_cpu(monkeypatch, model
         assert len(slow) == expected, (precision, [str(w.message) for w in caught])
         if slow:
             assert f"precision={precision!r}" in str(slow[0].message) and "VNNI or AMX" in str(slow[0].message)
+    if fbgemm_int8_available():  # "int8" takes FBGEMM's products on CPUs without native ones: the fast int8, silent
+        monkeypatch.setattr(fast_decoding, "fbgemm_int8_available", lambda: True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UserWarning)
+            _generate(model, batch, custom_generate=FastDecoding(precision="int8", backend="eager"), **settings)
+
+
+@needs_fbgemm
+def test_fbgemm_int8_products_are_per_row_and_close_to_float32(model):
+    """The "int8-fbgemm" product maps each row onto [0, 1] before FBGEMM quantizes the activations per tensor: a
+    row's product is the same whatever else is in a batch of several rows (bit for bit), close to its product alone
+    (FBGEMM's own per-tensor range, which for one row is per row) and close to float32, also for rows far from
+    zero-centred."""
+    linear = model.model.decoder.layers[0].fc1
+    fast = FastLinear(linear, "int8-fbgemm")
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(6, linear.in_features, generator=gen) * torch.tensor([[0.01], [1], [100], [1], [1], [3]])
+    x[3] += 5.0  # all positive
+    x[4] = x[4].abs().neg()  # all negative
+    out = fast(x)
+    for row in range(x.shape[0]):
+        other = (row + 1) % x.shape[0]
+        assert torch.equal(fast(x[[row, other]])[:1], out[row : row + 1]), row
+        reference = linear(x[row : row + 1]).detach()
+        for product in (out[row : row + 1], fast(x[row : row + 1])):
+            error = (product - reference).norm() / reference.norm()
+            assert error < 0.05, (row, error)
+    assert fast.kernel(1) == fast.kernel(64) == "int8-fbgemm"
+    assert fbgemm_int8_linear_op() is fbgemm_int8_linear_op()  # defined once per process
+
+
+@needs_fbgemm
+def test_fbgemm_int8_runs_inside_the_compiled_step_and_packs_each_weight_once(model, batch):
+    """The AOTInductor-compiled step calls FBGEMM through the custom op: it decodes as the uncompiled step does, packs
+    each weight once (not per token), and its packed weights go with the decoder. No warning: it is the fast int8."""
+    import gc
+    import warnings
+
+    from hf_vit_plus.models import fast_decoding
+
+    settings = dict(num_beams=1, max_new_tokens=8, min_new_tokens=8)
+    eager = _generate(model, batch, custom_generate=FastDecoding(precision="int8-fbgemm", backend="eager"), **settings)
+    gc.collect()
+    before = len(fast_decoding._FBGEMM_PACKED)
+    fast = FastDecoding(precision="int8-fbgemm")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        out = _generate(model, batch, custom_generate=fast, **settings)
+    products = len(model.model.decoder.layers) * 6 + 1  # Q/K/V stacked, O, cross Q and O, FFN; the output projection
+    assert len(fast_decoding._FBGEMM_PACKED) == before + products
+    out = _generate(model, batch, custom_generate=fast, **settings)
+    assert len(fast_decoding._FBGEMM_PACKED) == before + products
+    assert (out == eager).float().mean() > 0.95
+    reference = _generate(model, batch, **settings)
+    assert (out == reference).float().mean() > 0.8
+    del fast
+    gc.collect()
+    # torch 2.14's torch.export / AOTInductor keeps the exported graph module, which holds the step's tensors, alive
+    # after the decoder is gone (measured: the decoder is freed, the graph module survives gc); 2.15 frees it
+    if torch.__version__ >= (2, 15):
+        assert len(fast_decoding._FBGEMM_PACKED) == before
+
+
+def test_int8_fbgemm_is_refused_where_torch_has_no_fbgemm(monkeypatch, model):
+    from hf_vit_plus.models import fast_decoding
+
+    monkeypatch.setattr(fast_decoding, "fbgemm_int8_available", lambda: False)
+    with pytest.raises(ValueError, match="int8-fbgemm.*FBGEMM"):
+        FastLinear(model.model.decoder.layers[0].fc1, "int8-fbgemm")
 
 
 @pytest.mark.parametrize(
@@ -319,3 +409,12 @@ def test_a_few_row_products_become_loops_reading_stored_inputs():
     assert targets.count(torch.ops.aten.addmm.default) == 1  # the 6-row product stays a GEMM
     for out, reference in zip(module(*inputs), expected):
         torch.testing.assert_close(out, reference, rtol=1e-5, atol=1e-5)
+
+
+def test_the_translate_command_offers_every_precision():
+    """Regression: `hf-vit-plus translate --precision` keeps its own list (the CLI does not import torch to parse
+    its arguments); it lacked "int8-fbgemm" when FastDecoding gained it."""
+    from hf_vit_plus import export_cli
+    from hf_vit_plus.models import fast_decoding
+
+    assert export_cli.FAST_PRECISIONS == fast_decoding.PRECISIONS

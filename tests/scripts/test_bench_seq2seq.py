@@ -58,3 +58,13 @@ def test_presets():
     args = bench.parse_args(["--preset", "opus-mt", "--threads", "1", "--layers", "2"])
     assert (args.threads, args.layers, args.d_model) == (1, 2, 512)
     assert bench.parse_args([]).d_model == 256
+
+
+def test_profile_helpers():
+    """The profile's floor (a plain read's rate) and the --quality engine lists."""
+    bench = _bench()
+    rate = bench.memory_read_rate(megabytes=8)
+    assert 1e8 < rate < 1e13  # bytes per second: between 0.1 GB/s and 10 TB/s
+    assert bench._names("float32, int8,,") == ["float32", "int8"] and bench._names("") == []
+    args = bench.parse_args(["--quality", "x", "--quality_precisions", "int8", "--quality_ctranslate2", ""])
+    assert bench._names(args.quality_precisions) == ["int8"] and bench._names(args.quality_ctranslate2) == []
