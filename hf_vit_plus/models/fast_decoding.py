@@ -38,11 +38,11 @@ encoder stay in float32):
   a quarter of the bytes, the memory-bound case (batch 1).
 - "int8-dynamic": int8 weights and int8 activations quantized per row at run time, integer products
   (`torch._int_mm`, VNNI on CPU): the compute-bound case (many rows).
-- "int8-fbgemm": int8 weights (per-row scales) and activations quantized at run time, each row mapped onto [0, 1]
-  and quantized to 7 bits, by FBGEMM's dynamic int8 linear (`torch.ops.quantized.linear_dynamic`, x86 builds of
-  torch), called from the compiled step as the custom op `hf_vit_plus::int8_fbgemm_linear`: int8 products that pay
-  on AVX2 CPUs without VNNI (4-5x faster than float32 for the output projection at batch 1). FBGEMM packs a copy of
-  the int8 weights at the first call.
+- "int8-fbgemm": int8 weights (per-row scales) and activations quantized at run time to 7 bits, each row over its
+  own range (several rows are first mapped onto [0, 1]: a row's result does not depend on the batch), by FBGEMM's
+  dynamic int8 linear (`torch.ops.quantized.linear_dynamic`, x86 builds of torch), called from the compiled step as
+  the op `hf_vit_plus::int8_fbgemm_linear`: int8 products that pay on AVX2 CPUs without VNNI (the opus-mt output
+  projection of one row: 4x faster than compiled float32). FBGEMM packs a copy of the int8 weights at the first call.
 - "int8": on CPUs with native int8 products (VNNI, AMX) weight-only for steps of at most `INT8_WEIGHT_ONLY_MAX_ROWS`
   rows and dynamic above (measured in the README); on other CPUs "int8-fbgemm" (where `torch._int_mm` is a slow loop
   and the weight-only loop slower than float32), or weight-only where torch has no FBGEMM. Likewise "bfloat16" uses
