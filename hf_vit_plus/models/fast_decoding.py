@@ -90,8 +90,7 @@ SLOW_INT8_WARNING = (
     "FastDecoding(precision={precision!r}) decodes more slowly than precision='float32' on this CPU: it has no native "
     "int8 products (VNNI or AMX), so weight-only int8 converts the weights inside every product and dynamic int8 "
     "(torch._int_mm) runs a slow loop (on an AVX2-only CPU, greedy decoding at opus-mt sizes ran at 25 tokens/s in "
-    "weight-only int8 against 83 in float32). Use precision='int8' (FBGEMM's int8 linear on such CPUs, where torch "
-    "has it: {fbgemm}) or precision='float32' for speed here."
+    "weight-only int8 against 83 in float32). For speed here use {advice}."
 )
 # Products of at most this many rows (batch x beams) run as vector-matrix loops that read each weight once
 # (`row_matmul_pass`); larger ones as GEMMs.
@@ -225,12 +224,11 @@ class FastLinear(nn.Module):
             q, scale = quantize_rows(weight)
             self.register_buffer("weight", q, persistent=False)
             self.scale = scale
-        # the int8 weights' row sums, for FBGEMM's products of rows mapped onto [0, 1] (see `forward`)
-        row_sums = (self.weight.float() * self.scale[:, None]).sum(dim=1) if self.fbgemm_kernel_used() else None
+        # the int8 weights' row sums, for FBGEMM's products of rows mapped onto [0, 1] (see `forward`); "int8" takes
+        # FBGEMM's product at every row count or at none
+        fbgemm = self.kernel(1) == "int8-fbgemm"
+        row_sums = (self.weight.float() * self.scale[:, None]).sum(dim=1) if fbgemm else None
         self.register_buffer("row_sums", row_sums, persistent=False)
-
-    def fbgemm_kernel_used(self) -> bool:
-        return self.precision == "int8-fbgemm" or (self.precision == "int8" and self.kernel(1) == "int8-fbgemm")
 
     def kernel(self, rows: int) -> str:
         """The product used for `rows` input rows: "float32", "bfloat16-rows", "bfloat16", "int8-weight-only",
@@ -724,21 +722,25 @@ class FastDecoding:
         changed since."""
         state = self._models.get(model)
         if state is None or not state.current(model):
-            self._warn_if_slower_than_float32(model)
             options = self.options if self.options is not None else compile_options(model.device)
             state = _ModelDecoding(model, self.precision, self.backend, options, self.skip_guards)
             self._models[model] = state
+            self._warn_if_slower_than_float32(state.decoder)
         return state
 
-    def _warn_if_slower_than_float32(self, model: nn.Module) -> None:
-        """int8 on a CPU without native int8 products (VNNI / AMX) decodes more slowly than float32: say so, once."""
-        if self._warned or not self.precision.startswith("int8") or model.device.type != "cpu":
+    def _warn_if_slower_than_float32(self, decoder: FastDecoder) -> None:
+        """On a CPU without native int8 products (VNNI / AMX), weight-only and dynamic int8 decode more slowly than
+        float32: say so, once. Read from the product the decoder's layers really use (FBGEMM's is the fast one)."""
+        if self._warned or decoder.lm_head.weight.device.type != "cpu" or cpu_has_fast_int8_products():
             return
-        if self.precision == "int8-fbgemm" or (self.precision == "int8" and fbgemm_int8_available()):
-            return
-        if not cpu_has_fast_int8_products():
+        if decoder.lm_head.kernel(1) in ("int8-weight-only", "int8-dynamic"):
             self._warned = True
-            message = SLOW_INT8_WARNING.format(precision=self.precision, fbgemm=fbgemm_int8_available())
+            advice = (
+                "precision='int8', which takes FBGEMM's int8 products on such CPUs, or precision='float32'"
+                if fbgemm_int8_available()
+                else "precision='float32' (this torch has no FBGEMM int8 linear)"
+            )
+            message = SLOW_INT8_WARNING.format(precision=self.precision, advice=advice)
             warnings.warn(message, UserWarning, stacklevel=4)
 
     @torch.no_grad()
