@@ -67,6 +67,7 @@ from transformers import CompileConfig, MarianConfig, MarianMTModel
 
 from hf_vit_plus.cli_utils import CommandParser
 from hf_vit_plus.conversion import seq2seq_from_marian
+from hf_vit_plus.models.fast_decoding import PRECISIONS
 
 FAST = {
     "ours-fast": "float32",
@@ -107,6 +108,11 @@ PRESETS = {
 }
 
 
+def _names(text: str) -> list[str]:
+    """A comma-separated option as a list of names ('' -> [])."""
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", choices=sorted(PRESETS), default="small", help="model sizes and threads (small)")
@@ -145,10 +151,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="short defaults: 1 repeat, 8 + 8 tokens, batch 1 2, beam 1 2")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
     args = p.parse_args(argv)
-    args.engines = [name.strip() for name in args.engines.split(",") if name.strip()]
+    args.engines = _names(args.engines)
     unknown = [name for name in args.engines if name not in ENGINES]
     if unknown or "marian" not in args.engines:
         p.error(f"--engines: unknown {unknown} or no 'marian' (the reference); choose from {', '.join(ENGINES)}")
+    args.quality_precisions = _names(args.quality_precisions)
+    args.quality_ctranslate2 = _names(args.quality_ctranslate2)
+    unknown = [name for name in args.quality_precisions if name not in PRECISIONS]
+    if unknown:
+        p.error(f"--quality_precisions: unknown {unknown}; choose from {', '.join(PRECISIONS)}")
     for name, value in PRESETS[args.preset].items():
         if getattr(args, name) is None:
             setattr(args, name, value)
@@ -654,10 +665,6 @@ def memory_read_rate(megabytes: int = 256) -> float:
 
 
 # ------------------------------------------------------------------------------------------------ the quality
-def _names(text: str) -> list[str]:
-    return [name.strip() for name in text.split(",") if name.strip()]
-
-
 def _token_agreement(outputs: list[list[int]], references: list[list[int]]) -> float:
     equal = total = 0
     for out, ref in zip(outputs, references):
@@ -694,9 +701,9 @@ def quality(args) -> dict:
     special = set(tokenizer.all_special_ids)
     workdir = tempfile.TemporaryDirectory(prefix="bench_seq2seq_quality_")
     engines = {"generate float32": ("generate", None)}
-    for precision in _names(args.quality_precisions):
+    for precision in args.quality_precisions:
         engines[f"fast {precision}"] = ("fast", FastDecoding(precision=precision, backend=args.fast_backend))
-    compute_types = _names(args.quality_ctranslate2)
+    compute_types = args.quality_ctranslate2
     folder = export_ctranslate2(model, Path(workdir.name) / "ct2", tokenizer=tokenizer) if compute_types else None
     for compute_type in compute_types:
         generator = CTranslate2Generator(folder, compute_type=compute_type, intra_threads=args.threads)

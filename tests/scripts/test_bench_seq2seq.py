@@ -67,4 +67,7 @@ def test_profile_helpers():
     assert 1e8 < rate < 1e13  # bytes per second: between 0.1 GB/s and 10 TB/s
     assert bench._names("float32, int8,,") == ["float32", "int8"] and bench._names("") == []
     args = bench.parse_args(["--quality", "x", "--quality_precisions", "int8", "--quality_ctranslate2", ""])
-    assert bench._names(args.quality_precisions) == ["int8"] and bench._names(args.quality_ctranslate2) == []
+    assert args.quality_precisions == ["int8"] and args.quality_ctranslate2 == []
+    assert bench.parse_args([]).quality_ctranslate2 == ["float32", "int8"]
+    with pytest.raises(SystemExit):  # an unknown precision is refused before any model is loaded
+        bench.parse_args(["--quality", "x", "--quality_precisions", "int9"])
