@@ -31,7 +31,12 @@ source and output length (both are dynamic in the compiled code): about 10-30 s 
 Precisions (the decoder's linear layers and the output projection; embeddings, layer norms, attention and the
 encoder stay in float32):
 
-- "float32": the model's own weights (no copy), the tokens of eager decoding (tested).
+- "float32": the model's own weights (no copy), the tokens of eager decoding (tested). Greedy steps of at most
+  `SMALL_ROWS` rows choose each token through `OutputScreen`: a pass over float16 copies of the output projection
+  (FBGEMM, half of float32's bytes, most of a one-row step's), an error bound on every logit, and the few candidates
+  it leaves recomputed in float32, so that the token is float32's by proof, not by approximation; a token the bound
+  cannot prove (counted in `FastDecoding.screen_fallbacks`) is chosen from all float32 logits. `screened_greedy=False`
+  computes all logits in float32.
 - "bfloat16": weights in bfloat16; a one-row product reads them and accumulates in float32, larger products run in
   bfloat16 (native on CPUs with AVX512_BF16 or AMX). Not the tokens of float32: see the README's quality table.
 - "int8-weight-only": int8 weights with one float32 scale per output row (symmetric), converted inside the product:
@@ -130,6 +135,36 @@ def fbgemm_int8_available() -> bool:
     )
 
 
+# The output screen's bound on a float32 sum of K products, relative to the sum of the products' magnitudes: 4 K
+# units of float32 rounding (the classic bound is K units; FBGEMM and our own sums may add in another order).
+def _sum_rounding(k: int) -> float:
+    return 4.0 * k * 2.0**-24
+
+
+@functools.cache
+def fbgemm_fp16_available() -> bool:
+    """Whether this torch has FBGEMM's linear with float16 weights and float32 activations (x86 builds), and it
+    computes what `OutputScreen`'s bound assumes (checked once, on a small product): weights rounded as
+    `Tensor.half()` rounds them, float32 activations unrounded, float32 sums."""
+    quantized = getattr(torch.ops, "quantized", None)
+    names = ("linear_prepack_fp16", "linear_dynamic_fp16", "linear_unpack_fp16")
+    if "fbgemm" not in torch.backends.quantized.supported_engines or not all(hasattr(quantized, n) for n in names):
+        return False
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(40, 96, generator=gen) * 0.05
+    x = torch.randn(3, 96, generator=gen) * 3.0
+    packed = _fbgemm_fp16_pack(weight)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        unpacked = torch.ops.quantized.linear_unpack_fp16(packed)[0]
+        out = torch.ops.quantized.linear_dynamic_fp16(x, packed)
+    if not torch.equal(unpacked, weight.half().float()):
+        return False
+    exact = x.double() @ unpacked.double().t()
+    bound = _sum_rounding(96) * (x.double().abs() @ unpacked.double().abs().t())
+    return bool(((out.double() - exact).abs() <= bound).all())
+
+
 # FBGEMM's packed weights of each int8 tensor seen by the op below: id(weight) -> (weakref to it, its version, packed).
 # The entry goes with its tensor; a tensor changed in place is packed again.
 _FBGEMM_PACKED: dict[int, tuple] = {}
@@ -155,7 +190,51 @@ def _fbgemm_packed(weight: torch.Tensor, scale: torch.Tensor):
     return packed
 
 
-_LIBRARIES: list = []  # the op's registration lives as long as its Library object
+def _fbgemm_fp16_pack(weight: torch.Tensor):
+    previous = torch.backends.quantized.engine
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.backends.quantized.engine = "fbgemm"
+            return torch.ops.quantized.linear_prepack_fp16(weight.detach().float().contiguous(), None)
+    finally:
+        torch.backends.quantized.engine = previous
+
+
+# FBGEMM's float16 copies of the float32 weights seen by the op below, kept like `_FBGEMM_PACKED`'s
+_FBGEMM_FP16_PACKED: dict[int, tuple] = {}
+FBGEMM_FP16_OP = "hf_vit_plus::fp16_fbgemm_linear"
+
+
+def _fbgemm_fp16_packed(weight: torch.Tensor, owner: torch.Tensor):
+    key = id(owner)
+    entry = _FBGEMM_FP16_PACKED.get(key)
+    if entry is not None and entry[0]() is owner and entry[1]() is weight and entry[2] == weight._version:
+        return entry[3]
+    packed = _fbgemm_fp16_pack(weight)
+    drop = weakref.ref(owner, lambda _ref: _FBGEMM_FP16_PACKED.pop(key, None))
+    _FBGEMM_FP16_PACKED[key] = (drop, weakref.ref(weight), weight._version, packed)
+    return packed
+
+
+def _fp16_fbgemm_linear(x: torch.Tensor, weight: torch.Tensor, owner: torch.Tensor) -> torch.Tensor:
+    return torch.ops.quantized.linear_dynamic_fp16(x.contiguous(), _fbgemm_fp16_packed(weight, owner))
+
+
+_LIBRARIES: list = []  # the ops' registrations live as long as their Library objects
+
+
+def _define_op(name: str, schema: str, kernel, fake):
+    """The op `hf_vit_plus::<name>` with a plain `torch.library` CPU kernel and a fake kernel for export, defined
+    once per process (a second copy of this file, e.g. remote code, reuses it)."""
+    namespace = torch.ops.hf_vit_plus
+    if not hasattr(namespace, name):
+        library = torch.library.Library("hf_vit_plus", "FRAGMENT")
+        library.define(schema)
+        library.impl(name, kernel, "CPU")
+        torch.library.register_fake(f"hf_vit_plus::{name}", fake, lib=library)
+        _LIBRARIES.append(library)
+    return getattr(namespace, name).default
 
 
 def _int8_fbgemm_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -174,14 +253,21 @@ def fbgemm_int8_linear_op():
     FBGEMM's kernel. A plain `torch.library` CPU kernel (`torch.library.custom_op` adds about 40 us per call, more
     than FBGEMM's own product of a 512 x 512 matrix). Defined once per process (a second copy of this file, e.g.
     remote code, reuses it)."""
-    namespace = torch.ops.hf_vit_plus
-    if not hasattr(namespace, "int8_fbgemm_linear"):
-        library = torch.library.Library("hf_vit_plus", "FRAGMENT")
-        library.define("int8_fbgemm_linear(Tensor x, Tensor weight, Tensor scale) -> Tensor")
-        library.impl("int8_fbgemm_linear", _int8_fbgemm_linear, "CPU")
-        torch.library.register_fake(FBGEMM_OP, _int8_fbgemm_linear_fake, lib=library)
-        _LIBRARIES.append(library)
-    return namespace.int8_fbgemm_linear.default
+    schema = "int8_fbgemm_linear(Tensor x, Tensor weight, Tensor scale) -> Tensor"
+    return _define_op("int8_fbgemm_linear", schema, _int8_fbgemm_linear, _int8_fbgemm_linear_fake)
+
+
+def fbgemm_fp16_linear_op():
+    """The op `hf_vit_plus::fp16_fbgemm_linear(x, weight, owner)`: `x @ half(weight)^T` by FBGEMM's linear with
+    float16 weights (half the bytes of float32) and float32 activations and sums. Its float16 copy of the float32
+    `weight` is made at the first call and kept as long as the tensor `owner` lives (repacked if `weight` is changed
+    in place or replaced). What `OutputScreen` reads."""
+    return _define_op(
+        "fp16_fbgemm_linear",
+        "fp16_fbgemm_linear(Tensor x, Tensor weight, Tensor owner) -> Tensor",
+        _fp16_fbgemm_linear,
+        lambda x, weight, owner: x.new_empty(x.shape[0], weight.shape[0]),
+    )
 
 
 def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -291,6 +377,93 @@ def _stacked(*linears: nn.Linear) -> nn.Linear:
     return stacked
 
 
+# Tokens of the exact float32 recomputation per row in `OutputScreen`
+SCREEN_CANDIDATES = 16
+
+
+def _rounded_up(values: torch.Tensor) -> torch.Tensor:
+    """float64 -> the float32 values at least as large."""
+    out = values.float()
+    return torch.where(out.double() < values, torch.nextafter(out, torch.full_like(out, float("inf"))), out)
+
+
+class OutputScreen(nn.Module):
+    """Greedy decoding's float32 choice for half the output projection's bytes: the token of largest float32 score,
+    proven from a float16 pass.
+
+    A one-row step reads every output-projection weight once: in float32 that is most of the step's bytes (119 MB of
+    209 MB per token at opus-mt sizes, memory-bound). The screen reads float16 copies of those weights instead
+    (FBGEMM's linear, float32 activations and sums) and bounds each logit's error: with x the row's last hidden
+    state, h_j the float16 weights of token j and w_j its float32 ones,
+
+        |x.w_j + b_j - approx_j| <= |x| (|w_j - h_j| + r |h_j|) + r' |b_j|
+
+    (Cauchy-Schwarz for the weights' rounding, plus generous bounds r, r' for float32 sums and additions). The logits
+    processors (masks and forced tokens) act on the approximate scores as on the exact ones. The `candidates` tokens of
+    largest upper bound are recomputed exactly in float32 from the float32 weights; if even the next upper bound is
+    below the best lower bound, no other token can be the largest, and the choice among the candidates (largest
+    exact score, smallest id among equals, as `argmax`) is float32's. Otherwise the step says so (`certain` False) and
+    the caller takes the choice from all float32 logits (`FastDecoder.greedy_choice`). The bound is about a thousand
+    times smaller than the logits' usual gaps, so that fallback is rare (counted by `FastDecoding`)."""
+
+    def __init__(self, head: FastLinear, candidates: int = SCREEN_CANDIDATES):
+        super().__init__()
+        self.register_buffer("weight", head.weight, persistent=False)  # the model's float32 tensor (no copy)
+        self.register_buffer("bias", head.bias, persistent=False)
+        self.candidates = max(1, min(candidates, head.weight.shape[0] - 1))
+        self.register_buffer("slack", torch.empty(head.weight.shape[0]), persistent=False)
+        self.register_buffer("bias_slack", torch.zeros(head.weight.shape[0]), persistent=False)
+        self.versions = None
+        self.refresh()
+
+    def _sources(self) -> tuple:
+        return tuple(t._version for t in (self.weight, self.bias) if t is not None)
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        """Recompute the error bounds if the weights changed in place since (the float16 copy follows by itself)."""
+        if self.versions == self._sources():
+            return
+        weight = self.weight.double()
+        half = self.weight.half().double()
+        rounding = _sum_rounding(weight.shape[1]) + 2.0**-16
+        slack = ((weight - half).norm(dim=1) + rounding * half.norm(dim=1)) * (1 + 2.0**-10)
+        self.slack.copy_(_rounded_up(slack))
+        if self.bias is not None:
+            self.bias_slack.copy_(_rounded_up(2.0**-16 * self.bias.double().abs()))
+        self.versions = self._sources()
+
+    def nbytes(self, rows: int = 1) -> int:
+        """Bytes read per step of `rows` rows: the float16 weights, the bias and bounds, the candidates' weights."""
+        vocab, width = self.weight.shape
+        vectors = 2 + (self.bias is not None)
+        return vocab * width * 2 + vocab * 4 * vectors + rows * self.candidates * width * 4
+
+    def approximate(self, hidden):
+        """hidden: (R, D) -> the float16 pass's logits (R, V) and the bound of each one's error (R, V)."""
+        approx = fbgemm_fp16_linear_op()(hidden, self.weight, self.slack)
+        if self.bias is not None:
+            approx = approx + self.bias
+        return approx, hidden.norm(dim=1, keepdim=True) * (1 + 2.0**-10) * self.slack + self.bias_slack
+
+    def forward(self, hidden, cur_len, controls):
+        """hidden: (R, D) the rows' last hidden states -> the float32 greedy token of each row (R,), and whether the
+        screen proved it for every row (0-d bool)."""
+        vocab = self.weight.shape[0]
+        approx, error = self.approximate(hidden)
+        scores = FastDecoder.process(approx, cur_len, controls)
+        floor = (scores - error).amax(dim=1)  # (R,) the best proven lower bound
+        top = (scores + error).topk(self.candidates + 1, dim=1)
+        certain = (top.values[:, -1] < floor).all()
+        ids = top.indices[:, :-1]  # (R, k)
+        exact = (hidden.unsqueeze(1) * self.weight[ids]).sum(-1)  # (R, k)
+        if self.bias is not None:
+            exact = exact + self.bias[ids]
+        exact = FastDecoder.process(exact, cur_len, controls, ids)
+        best = exact.amax(dim=1, keepdim=True)
+        return torch.where(exact == best, ids, vocab).amin(dim=1), certain
+
+
 class FastDecoderLayer(nn.Module):
     """One decoder layer of `Seq2SeqTransformerLayer` on (rows, d_model) states, with projections as `FastLinear`."""
 
@@ -385,7 +558,7 @@ class FastDecoder(nn.Module):
     """The decoder of a `Seq2SeqTransformerForConditionalGeneration` as one-token steps: `logits`, and the greedy
     and beam-search steps that `FastDecoding` compiles."""
 
-    def __init__(self, model: nn.Module, precision: str = "float32"):
+    def __init__(self, model: nn.Module, precision: str = "float32", screen: bool = False):
         super().__init__()
         if precision not in PRECISIONS:
             raise ValueError(f"Unknown precision {precision!r}: expected one of {', '.join(map(repr, PRECISIONS))}.")
@@ -398,6 +571,9 @@ class FastDecoder(nn.Module):
         self.layer_norm = decoder.layer_norm
         bias = getattr(model, "final_logits_bias", None)
         self.lm_head = FastLinear(model.get_output_embeddings(), precision, bias=None if bias is None else bias[0])
+        # float32 greedy steps of few rows choose their tokens through `OutputScreen` where FBGEMM's float16 linear is
+        screened = screen and precision == "float32" and self.lm_head.weight.device.type == "cpu"
+        self.screen = OutputScreen(self.lm_head) if screened and fbgemm_fp16_available() else None
         self.num_layers = len(self.layers)
         self.d_model = self.embed_positions.shape[1]
 
@@ -406,22 +582,29 @@ class FastDecoder(nn.Module):
         (rows, length, d_model)."""
         return [torch.zeros(rows, length, self.d_model, device=device) for _ in range(2 * self.num_layers)]
 
-    def logits(self, tokens, position, cache, cross, source_bias, history=None):
-        """tokens: (R,) the token at `position` (a 0-d tensor) of every row -> (R, V) float32 logits."""
+    def hidden(self, tokens, position, cache, cross, source_bias, history=None):
+        """tokens: (R,) the token at `position` (a 0-d tensor) of every row -> (R, D) the last hidden states."""
         positions = self.embed_positions.index_select(0, position.view(1))  # (1, D)
         hidden = self.embed_tokens(tokens) * self.embed_scale + positions  # (R, D)
         for i, layer in enumerate(self.layers):
             hidden = layer(hidden, position, cache[2 * i], cache[2 * i + 1], cross[i], source_bias, history)
         if self.layer_norm is not None:
             hidden = self.layer_norm(hidden)
-        return self.lm_head(hidden)
+        return hidden
+
+    def logits(self, tokens, position, cache, cross, source_bias, history=None):
+        """tokens: (R,) the token at `position` (a 0-d tensor) of every row -> (R, V) float32 logits."""
+        return self.lm_head(self.hidden(tokens, position, cache, cross, source_bias, history))
 
     @staticmethod
-    def process(scores, cur_len, controls):
+    def process(scores, cur_len, controls, ids=None):
         """transformers' logits processors of `SUPPORTED_PROCESSORS`, in `generate`'s order, with the lengths as
         tensors. controls: bad-token bias (V,), eos mask (V,), forced-bos mask (V,), forced-eos mask (V,), and
-        (min_length, max_length, has_forced_bos, has_forced_eos) as an int64 (4,) tensor."""
+        (min_length, max_length, has_forced_bos, has_forced_eos) as an int64 (4,) tensor. ids: None (scores are
+        (R, V)) or (R, k) the tokens of the k scores of each row."""
         bad_bias, eos_mask, bos_forced, eos_forced, lengths = controls
+        if ids is not None:
+            bad_bias, eos_mask, bos_forced, eos_forced = (t[ids] for t in (bad_bias, eos_mask, bos_forced, eos_forced))
         scores = scores + bad_bias
         scores = torch.where(eos_mask & (cur_len < lengths[0]), _NEG_INF, scores)
         forced = torch.where(bos_forced, 0.0, _NEG_INF)
@@ -429,12 +612,25 @@ class FastDecoder(nn.Module):
         forced = torch.where(eos_forced, 0.0, _NEG_INF)
         return torch.where((cur_len == lengths[1] - 1) & (lengths[3] > 0), forced, scores)
 
-    def greedy_step(self, tokens, position, cache, cross, source_bias, unfinished, pad, controls):
+    def greedy_step(self, tokens, position, cache, cross, source_bias, unfinished, pad, controls, screened=False):
         """One greedy token per row (transformers' `_sample` without sampling): returns the next tokens (R,), the
-        rows still unfinished (R,) int64 and whether any is (0-d bool)."""
-        logits = self.logits(tokens, position, cache, cross, source_bias)
+        rows still unfinished (R,) int64 and whether any is (0-d bool). screened: choose the tokens through
+        `self.screen`, and also return whether it proved them (0-d bool) and the hidden states (R, D), from which
+        `greedy_choice` takes the choice from all logits where it did not."""
+        hidden = self.hidden(tokens, position, cache, cross, source_bias)
+        if not screened:
+            return self.greedy_choice(hidden, position, unfinished, pad, controls)
+        next_tokens, certain = self.screen(hidden, position + 1, controls)
+        return (*self._advance(next_tokens, position + 1, unfinished, pad, controls), certain, hidden)
+
+    def greedy_choice(self, hidden, position, unfinished, pad, controls):
+        """`greedy_step`'s choice from the hidden states (R, D), through all float32 logits."""
         cur_len = position + 1  # the decoder start token is position 0
-        next_tokens = self.process(logits, cur_len, controls).argmax(dim=-1)
+        next_tokens = self.process(self.lm_head(hidden), cur_len, controls).argmax(dim=-1)
+        return self._advance(next_tokens, cur_len, unfinished, pad, controls)
+
+    @staticmethod
+    def _advance(next_tokens, cur_len, unfinished, pad, controls):
         eos_mask, lengths = controls[1], controls[4]
         next_tokens = next_tokens * unfinished + pad * (1 - unfinished)
         done = eos_mask[next_tokens] | (cur_len + 1 >= lengths[1])
@@ -661,10 +857,10 @@ class _ModelDecoding:
     """What `FastDecoding` keeps per model: the converted decoder, its compiled steps, and the versions of the model's
     tensors it was built from (a change, e.g. by training, rebuilds it)."""
 
-    def __init__(self, model: nn.Module, precision: str, backend: str, options: dict, skip_guards: bool):
+    def __init__(self, model: nn.Module, precision: str, backend: str, options: dict, skip_guards: bool, screen: bool):
         self.precision = precision
         self.versions = self._versions(model)
-        self.decoder = FastDecoder(model, precision).eval()
+        self.decoder = FastDecoder(model, precision, screen=screen).eval()
         self.steps = _Steps(self.decoder, backend, options, skip_guards)
 
     def _versions(self, model: nn.Module) -> tuple:
@@ -676,7 +872,11 @@ class _ModelDecoding:
         return tuple((id(t), t._version) for t in tensors)
 
     def current(self, model: nn.Module) -> bool:
-        return self.versions == self._versions(model)
+        if self.versions != self._versions(model):
+            return False
+        if self.decoder.screen is not None:  # float32 weights changed in place: the screen's bounds follow
+            self.decoder.screen.refresh()
+        return True
 
 
 BACKENDS = ("aoti", "compile", "eager")
@@ -690,7 +890,12 @@ class FastDecoding:
     (no compilation, for checks). shape_multiple: source and cache lengths are rounded up to a multiple of it (the
     padding is masked out); with backend "compile", which compiles a step per length, so that nearby lengths share
     one. options: inductor options (default `compile_options(device)`). skip_guards: with backend "compile", skip
-    Dynamo's guards between tokens (`torch.compiler.set_stance(skip_guard_eval_unsafe=True)`)."""
+    Dynamo's guards between tokens (`torch.compiler.set_stance(skip_guard_eval_unsafe=True)`). screened_greedy: in
+    float32, greedy steps of at most `SMALL_ROWS` rows choose each token through `OutputScreen` (a float16 pass over
+    the output projection, the candidates recomputed in float32, float32's token proven by an error bound), where
+    torch has FBGEMM's float16 linear; False computes all logits in float32. The same tokens either way;
+    `screen_fallbacks` counts the tokens the screen could not prove (chosen from all float32 logits instead), of
+    `screened_tokens`."""
 
     def __init__(
         self,
@@ -699,6 +904,7 @@ class FastDecoding:
         shape_multiple: int = 1,
         options: dict | None = None,
         skip_guards: bool = True,
+        screened_greedy: bool = True,
     ):
         if precision not in PRECISIONS:
             raise ValueError(f"Unknown precision {precision!r}: expected one of {', '.join(map(repr, PRECISIONS))}.")
@@ -711,6 +917,9 @@ class FastDecoding:
         self.shape_multiple = shape_multiple
         self.options = options
         self.skip_guards = skip_guards
+        self.screened_greedy = screened_greedy
+        self.screened_tokens = 0
+        self.screen_fallbacks = 0
         self._models: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._warned = False
 
@@ -723,7 +932,9 @@ class FastDecoding:
         state = self._models.get(model)
         if state is None or not state.current(model):
             options = self.options if self.options is not None else compile_options(model.device)
-            state = _ModelDecoding(model, self.precision, self.backend, options, self.skip_guards)
+            state = _ModelDecoding(
+                model, self.precision, self.backend, options, self.skip_guards, self.screened_greedy
+            )
             self._models[model] = state
             self._warn_if_slower_than_float32(state.decoder)
         return state
@@ -794,15 +1005,25 @@ class FastDecoding:
         unfinished = torch.ones(rows, dtype=torch.long, device=device)
         positions = [torch.tensor(p, device=device) for p in range(min(settings.max_length - 1, length))]
         args = (input_ids[:, 0], positions[0], cache, cross, source_bias, unfinished, pad, controls)
-        step = state.steps.get("greedy_step", args)
-        tokens, unfinished, more = step(*args)
+        screened = state.decoder.screen is not None and rows <= SMALL_ROWS
+        compiled = state.steps.get("greedy_step", args, screened=screened)
+
+        def step(tokens, position, unfinished):
+            out = compiled(tokens, position, cache, cross, source_bias, unfinished, pad, controls)
+            if not screened:
+                return out
+            self.screened_tokens += 1
+            if out[3]:
+                return out[:3]
+            self.screen_fallbacks += 1  # not proven: the choice from all float32 logits
+            return state.decoder.greedy_choice(out[4], position, unfinished, pad, controls)
+
+        tokens, unfinished, more = step(input_ids[:, 0], positions[0], unfinished)
         generated = [tokens]
         if more:
             with state.steps.loop_context():
                 for position in positions[1:]:
-                    tokens, unfinished, more = step(
-                        tokens, position, cache, cross, source_bias, unfinished, pad, controls
-                    )
+                    tokens, unfinished, more = step(tokens, position, unfinished)
                     generated.append(tokens)
                     if not more:
                         break

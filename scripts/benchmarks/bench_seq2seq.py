@@ -15,7 +15,9 @@ own converter (`ctranslate2.converters.TransformersConverter`) run on the same s
   as ours-compiled; ours-int8-eager (not in the default set): the same, eager;
 - ours-fast, ours-fast-bf16, ours-fast-int8, ours-fast-int8-wo: `generate(custom_generate=FastDecoding(precision))`
   (`hf_vit_plus.models.fast_decoding`): each token one AOTInductor-compiled graph (decoder, output projection,
-  greedy / beam bookkeeping), in float32, bfloat16, int8 (dynamic: int8 products) or int8 weight-only;
+  greedy / beam bookkeeping), in float32, bfloat16, int8 (dynamic: int8 products) or int8 weight-only; in float32,
+  greedy steps of few rows choose through the output screen (a float16 pass, float32's token proven by a bound);
+  ours-fast-full: float32 without the screen (all logits in float32);
 - ct2-fp32, ct2-int8: CTranslate2 `Translator(compute_type="float32" / "int8")` of the Marian folder;
 - ct2-export, ct2-export-int8: CTranslate2 running our export, through `CTranslate2Generator` (generate's
   arguments and output layout), float32 / int8.
@@ -67,10 +69,11 @@ from transformers import CompileConfig, MarianConfig, MarianMTModel
 
 from hf_vit_plus.cli_utils import CommandParser
 from hf_vit_plus.conversion import seq2seq_from_marian
-from hf_vit_plus.models.fast_decoding import PRECISIONS
+from hf_vit_plus.models.fast_decoding import PRECISIONS, SMALL_ROWS
 
 FAST = {
     "ours-fast": "float32",
+    "ours-fast-full": "float32",
     "ours-fast-bf16": "bfloat16",
     "ours-fast-int8": "int8",
     "ours-fast-int8-wo": "int8-weight-only",
@@ -92,6 +95,7 @@ DEFAULT_ENGINES = (
     "ours-compiled",
     "ours-int8",
     "ours-fast",
+    "ours-fast-full",
     "ours-fast-bf16",
     "ours-fast-int8",
     "ct2-fp32",
@@ -294,7 +298,8 @@ def build_engines(args: argparse.Namespace, workdir: Path) -> tuple[dict, dict, 
             engines[name] = quantize_int8(model) if "int8" in name else model
     for name, precision in FAST.items():
         if name in args.engines:
-            engines[name] = (ours, FastDecoding(precision=precision, backend=args.fast_backend))
+            fast = FastDecoding(precision, args.fast_backend, screened_greedy=name != "ours-fast-full")
+            engines[name] = (ours, fast)
     if any(name in ("ct2-fp32", "ct2-int8") for name in args.engines):
         marian.save_pretrained(workdir / "marian")
         engines.update(build_ctranslate2(workdir / "marian", workdir, args))
@@ -425,6 +430,14 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, dict]]:
                 rate = training_rate(trainable[name], optimizers[name], source, target, args.device)
                 rates[label][name].append(rate)
     summary = report(args, rates, first_calls, agreement)
+    for name in [name for name in FAST if name in engines]:
+        fast = engines[name][1]
+        if fast.screened_tokens:
+            print(
+                f"{name}: {fast.screened_tokens} greedy steps chose through the output screen, "
+                f"{fast.screen_fallbacks} of them from all float32 logits (not proven by the screen)"
+            )
+            summary.setdefault("screen", {})[name] = (fast.screened_tokens, fast.screen_fallbacks)
     if args.profile:
         summary["profile"] = profile_tables(args, engines, ours, tokens, summary)
     workdir.cleanup()
@@ -534,6 +547,20 @@ class _OutputProjection(nn.Module):
         return self.lm_head(hidden)
 
 
+class _ScreenedChoice(nn.Module):
+    """The float32 greedy choice through `OutputScreen` (its float16 pass, bounds, candidates and choice)."""
+
+    def __init__(self, decoder):
+        super().__init__()
+        self.screen = decoder.screen
+        vocab = decoder.lm_head.weight.shape[0]
+        off = torch.zeros(vocab, dtype=torch.bool)
+        self.controls = (torch.zeros(vocab), off, off, off, torch.tensor([0, 1 << 20, 0, 0, 0]))
+
+    def forward(self, hidden):
+        return self.screen(hidden, torch.tensor(3), self.controls)[0]
+
+
 class _TimedRunner:
     """A compiled step that records the time of its calls and when the first began."""
 
@@ -583,13 +610,15 @@ def profile_tables(args, engines, ours, tokens, summary) -> dict:
             cross = torch.randn(args.layers, 2, 1, source, dim)
             bias = torch.zeros(1, source)
             position = torch.tensor(length // 2)
+            screened = beams == 1 and decoder.screen is not None and rows <= SMALL_ROWS
+            head = "output projection" + (" (float16 screen, choice)" if screened else "")
             parts = {
                 "decoder projections (GEMV)": (_Projections(decoder), (hidden,)),
                 "attention (self + cross)": (
                     _Attention(args.heads, args.layers),
                     (hidden, position, cache, cross, bias),
                 ),
-                "output projection": (_OutputProjection(decoder), (hidden,)),
+                head: ((_ScreenedChoice if screened else _OutputProjection)(decoder), (hidden,)),
             }
             ms = {part: _best_ms(aoti_compile(module, inputs), *inputs) for part, (module, inputs) in parts.items()}
             # The step itself and the rest, timed inside real generate calls.
@@ -624,7 +653,7 @@ def profile_tables(args, engines, ours, tokens, summary) -> dict:
                 "decoder projections (GEMV)": weights,
                 "attention (self + cross)": 4
                 * (2 * args.layers * rows * length * dim + 2 * args.layers * source * dim),
-                "output projection": decoder.lm_head.nbytes(),
+                head: decoder.screen.nbytes(rows) if screened else decoder.lm_head.nbytes(),
             }
             token_ms = total / new * 1e3
             print(f"\nprofile: {name}, {label}: {token_ms:.3f} ms per token ({1e3 / token_ms:.0f} tok/s)")

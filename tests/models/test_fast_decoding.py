@@ -16,8 +16,12 @@ from transformers import GenerationConfig
 from hf_vit_plus import Seq2SeqTransformerConfig, Seq2SeqTransformerForConditionalGeneration
 from hf_vit_plus.generation import decompose_row_matmuls
 from hf_vit_plus.models.fast_decoding import (
+    SMALL_ROWS,
+    FastDecoder,
     FastDecoding,
     FastLinear,
+    OutputScreen,
+    fbgemm_fp16_available,
     fbgemm_int8_available,
     fbgemm_int8_linear_op,
     quantize_rows,
@@ -130,19 +134,23 @@ def test_marian_options_and_pre_norm(marian_like, batch):
 
 
 def test_the_compiled_steps_give_the_tokens_of_generate_at_every_length(model, batch):
-    """AOTInductor compiles one greedy step and one beam step (rows 8 and 8 x 3); both then serve other source and
-    output lengths without compiling again."""
+    """AOTInductor compiles one greedy step (2 rows: through the output screen, where FBGEMM has float16 products)
+    and one beam step (8 x 3 rows); both then serve other source and output lengths without compiling again. (The
+    greedy step of many rows is compiled in the FBGEMM int8 test below and in the torch.compile test.)"""
     fast = FastDecoding()
-    _assert_same(model, batch, fast, **SETTINGS["greedy"])
+    src, mask = batch
+    pair = (src[:2], mask[:2])
+    _assert_same(model, pair, fast, **SETTINGS["greedy"])
     _assert_same(model, batch, fast, num_beams=3, max_new_tokens=12, length_penalty=0.6)
     steps = fast.decoding_state(model).steps.runners
     assert len(steps) == 2
-    src, mask = batch
     for cut, new_tokens in ((5, 4), (8, 20)):
+        _assert_same(model, (pair[0][:, :cut], pair[1][:, :cut]), fast, num_beams=1, max_new_tokens=new_tokens)
         shorter = (src[:, :cut], mask[:, :cut])
-        _assert_same(model, shorter, fast, num_beams=1, max_new_tokens=new_tokens)
         _assert_same(model, shorter, fast, num_beams=3, max_new_tokens=new_tokens, length_penalty=0.6)
     assert len(fast.decoding_state(model).steps.runners) == 2
+    if fbgemm_fp16_available():
+        assert fast.screened_tokens > 0 and fast.screen_fallbacks == 0
 
 
 @pytest.mark.slow
@@ -333,6 +341,115 @@ def test_changed_weights_rebuild_the_converted_decoder(batch):
     assert fast8.decoding_state(model) is not state8 and not torch.equal(before, after)
     assert fast32.decoding_state(model) is state32
     _assert_same(model, batch, fast32, **settings)
+
+
+needs_fbgemm_fp16 = pytest.mark.skipif(
+    not fbgemm_fp16_available(), reason="this torch has no FBGEMM float16 linear (x86 builds have it)"
+)
+GREEDY = [name for name, settings in SETTINGS.items() if settings["num_beams"] == 1]
+
+
+@needs_fbgemm_fp16
+@pytest.mark.parametrize("settings", [SETTINGS[name] for name in GREEDY], ids=GREEDY)
+def test_float32_greedy_steps_of_few_rows_choose_through_the_output_screen(model, marian_like, batch, settings):
+    """float32 greedy steps of at most SMALL_ROWS rows take each token from the float16 screen of the output
+    projection, proven by its bound: eager's tokens, with the logits processors (masks, forced tokens) and an output
+    bias, and none left to the fallback on a trained model. Steps of more rows compute all logits."""
+    for trained in (model, marian_like):
+        fast = FastDecoding(backend="eager")
+        for rows in (1, SMALL_ROWS):
+            _assert_same(trained, (batch[0][:rows], batch[1][:rows]), fast, **settings)
+        assert fast.screened_tokens > 0 and fast.screen_fallbacks == 0
+        screened = fast.screened_tokens
+        _assert_same(trained, batch, fast, **settings)  # 8 rows
+        assert fast.screened_tokens == screened
+        unscreened = FastDecoding(backend="eager", screened_greedy=False)
+        _assert_same(trained, (batch[0][:1], batch[1][:1]), unscreened, **settings)
+        assert unscreened.screened_tokens == 0 and unscreened.decoding_state(trained).decoder.screen is None
+
+
+@needs_fbgemm_fp16
+@pytest.mark.parametrize("fixture", ["model", "marian_like"])
+def test_the_output_screen_bounds_every_logit(request, fixture):
+    """The screen's bound holds for every logit (against float64 products of the float32 weights), for rows of very
+    different scales and offsets, and is tight enough to separate tokens: below a hundredth of the logits' range."""
+    trained = request.getfixturevalue(fixture)
+    screen = FastDecoder(trained, screen=True).screen
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(5, screen.weight.shape[1], generator=gen) * torch.tensor([[0.01], [1], [40], [1], [3]])
+    hidden[3] += 20.0
+    approx, error = screen.approximate(hidden)
+    exact = hidden.double() @ screen.weight.double().t()
+    if screen.bias is not None:
+        exact = exact + screen.bias.double()
+    assert ((approx.double() - exact).abs() <= error.double()).all()
+    spread = exact.amax(dim=1) - exact.amin(dim=1)
+    ratio = error.amax(dim=1).double() / spread
+    assert (ratio < 1e-2).all(), ratio
+
+
+@needs_fbgemm_fp16
+def test_the_screen_breaks_ties_as_argmax_and_leaves_the_unproven_to_all_logits():
+    """Two tokens with the same weights tie exactly: the smaller id wins, as in `argmax`, also when the logits
+    processors mask one of them; a third token closer to them than float16's rounding is told apart by the exact
+    recomputation of the candidates. With fewer candidates than such tokens, nothing is claimed proven."""
+    gen = torch.Generator().manual_seed(0)
+    linear = torch.nn.Linear(32, 50, bias=False)
+    with torch.no_grad():
+        linear.weight.normal_(generator=gen)
+        linear.weight[9] = linear.weight[30] = 3 * linear.weight[4]
+        linear.weight[41] = linear.weight[9] + 1e-6  # closer than float16's rounding: the screen cannot tell
+    screen = OutputScreen(FastLinear(linear, "float32"))
+    hidden = linear.weight[4].detach().clone().view(1, 32)
+    off = torch.zeros(50, dtype=torch.bool)
+
+    def controls(bad=()):
+        bias = torch.zeros(50)
+        bias[list(bad)] = float("-inf")
+        return (bias, off, off, off, torch.tensor([0, 100, 0, 0, 0]))
+
+    def reference(bad=()):
+        return FastDecoder.process(linear(hidden), torch.tensor(3), controls(bad)).argmax(dim=-1)
+
+    for bad, token in (((41,), 9), ((9, 41), 30), ((9, 30), 41), ((), None)):
+        choice, certain = screen(hidden, torch.tensor(3), controls(bad))
+        assert int(choice) == int(reference(bad)) and bool(certain), bad
+        assert token is None or int(choice) == token
+    _, certain = OutputScreen(FastLinear(linear, "float32"), candidates=2)(hidden, torch.tensor(3), controls())
+    assert not bool(certain)  # 9, 30 and 41 within the bound, two candidates
+
+
+@needs_fbgemm_fp16
+def test_tokens_the_screen_cannot_prove_come_from_all_float32_logits(model, batch):
+    """With bounds too wide to prove anything, every token is taken from all float32 logits, and is still eager's."""
+    fast = FastDecoding(backend="eager")
+    fast.decoding_state(model).decoder.screen.slack.fill_(1e3)
+    _assert_same(model, (batch[0][:2], batch[1][:2]), fast, **SETTINGS["greedy"])
+    assert fast.screen_fallbacks == fast.screened_tokens > 0
+    fast.screened_tokens = fast.screen_fallbacks = 0  # a forced token is proven whatever the bounds
+    _assert_same(model, (batch[0][:2], batch[1][:2]), fast, **SETTINGS["greedy, two eos ids, forced bos"])
+    assert fast.screen_fallbacks == fast.screened_tokens - 1
+
+
+@needs_fbgemm_fp16
+def test_the_screen_follows_float32_weights_changed_in_place(batch):
+    """float32 steps read the model's tensors and are not rebuilt when training changes them in place; the screen's
+    float16 copy and bounds follow them."""
+    torch.manual_seed(4)
+    model = Seq2SeqTransformerForConditionalGeneration(_config(add_final_logits_bias=True)).eval()
+    fast = FastDecoding(backend="eager")
+    pair, settings = (batch[0][:2], batch[1][:2]), dict(num_beams=1, max_new_tokens=6)
+    _assert_same(model, pair, fast, **settings)
+    state = fast.decoding_state(model)
+    before = state.decoder.screen.slack.clone()
+    _train(model, steps=20)
+    with torch.no_grad():
+        model.final_logits_bias.normal_(std=0.5)
+    _assert_same(model, pair, fast, **settings)
+    assert fast.decoding_state(model) is state and not torch.equal(state.decoder.screen.slack, before)
+    fresh = OutputScreen(state.decoder.lm_head)
+    assert torch.equal(state.decoder.screen.slack, fresh.slack)
+    assert torch.equal(state.decoder.screen.bias_slack, fresh.bias_slack)
 
 
 @pytest.mark.parametrize(

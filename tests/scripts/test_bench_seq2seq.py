@@ -25,7 +25,7 @@ def test_quick_run_prints_the_tables(capsys):
     argv = [
         "--quick",
         "--engines",
-        "marian,ours,ours-fast,ours-fast-int8,ct2-fp32,ct2-export",
+        "marian,ours,ours-fast,ours-fast-full,ours-fast-int8,ct2-fp32,ct2-export",
         "--fast_backend",
         "eager",
         "--vocab_size",
@@ -44,11 +44,18 @@ def test_quick_run_prints_the_tables(capsys):
     assert "| generate greedy, batch 1" in out and "| generate beam 2, batch 2" in out
     assert "compilation: first call of each shape" in out
     for label in ("generate greedy, batch 1", "generate beam 2, batch 2"):
-        assert set(summary[label]) == {"marian", "ours", "ours-fast", "ours-fast-int8", "ct2-fp32", "ct2-export"}
+        engines = {"marian", "ours", "ours-fast", "ours-fast-full", "ours-fast-int8", "ct2-fp32", "ct2-export"}
+        assert set(summary[label]) == engines
     # the same weights in every float32 engine: the greedy tokens agree
     agreement = summary["agreement"]
     assert agreement["marian"]["ours"] == agreement["marian"]["ours-fast"] == 1.0
-    assert agreement["ours-fast"]["ct2-export"] == 1.0
+    assert agreement["ours-fast"]["ct2-export"] == agreement["ours-fast"]["ours-fast-full"] == 1.0
+    # float32 greedy at batch 1 chose through the output screen, where torch has FBGEMM's float16 linear
+    from hf_vit_plus.models.fast_decoding import fbgemm_fp16_available
+
+    if fbgemm_fp16_available():
+        assert "greedy steps chose through the output screen" in out
+        assert summary["screen"]["ours-fast"][0] > 0 and "ours-fast-full" not in summary["screen"]
 
 
 def test_presets():
