@@ -207,13 +207,16 @@ FBGEMM_FP16_OP = "hf_vit_plus::fp16_fbgemm_linear"
 
 
 def _fbgemm_fp16_packed(weight: torch.Tensor, owner: torch.Tensor):
+    # The weight is recognised by its data, shape and version counter, not by its Python object: a compiled step may
+    # pass another tensor object on the same data (e.g. tied embeddings: the parameter instead of its detached view).
     key = id(owner)
+    source = (weight.data_ptr(), tuple(weight.shape), tuple(weight.stride()), weight._version)
     entry = _FBGEMM_FP16_PACKED.get(key)
-    if entry is not None and entry[0]() is owner and entry[1]() is weight and entry[2] == weight._version:
-        return entry[3]
+    if entry is not None and entry[0]() is owner and entry[1] == source:
+        return entry[2]
     packed = _fbgemm_fp16_pack(weight)
     drop = weakref.ref(owner, lambda _ref: _FBGEMM_FP16_PACKED.pop(key, None))
-    _FBGEMM_FP16_PACKED[key] = (drop, weakref.ref(weight), weight._version, packed)
+    _FBGEMM_FP16_PACKED[key] = (drop, source, packed)
     return packed
 
 

@@ -554,11 +554,14 @@ class _ScreenedChoice(nn.Module):
         super().__init__()
         self.screen = decoder.screen
         vocab = decoder.lm_head.weight.shape[0]
-        off = torch.zeros(vocab, dtype=torch.bool)
-        self.controls = (torch.zeros(vocab), off, off, off, torch.tensor([0, 1 << 20, 0, 0, 0]))
+        self.register_buffer("bad_bias", torch.zeros(vocab))
+        self.register_buffer("off", torch.zeros(vocab, dtype=torch.bool))
+        self.register_buffer("lengths", torch.tensor([0, 1 << 20, 0, 0, 0]))
+        self.register_buffer("cur_len", torch.tensor(3))
 
     def forward(self, hidden):
-        return self.screen(hidden, torch.tensor(3), self.controls)[0]
+        controls = (self.bad_bias, self.off, self.off, self.off, self.lengths)
+        return self.screen(hidden, self.cur_len, controls)[0]
 
 
 class _TimedRunner:
