@@ -35,8 +35,8 @@ encoder stay in float32):
   `SMALL_ROWS` rows choose each token through `OutputScreen`: a pass over float16 copies of the output projection
   (FBGEMM, half of float32's bytes, most of a one-row step's), an error bound on every logit, and the few candidates
   it leaves recomputed in float32, so that the token is float32's by proof, not by approximation; a token the bound
-  cannot prove (counted in `FastDecoding.screen_fallbacks`) is chosen from all float32 logits. `screened_greedy=False`
-  computes all logits in float32.
+  cannot prove (its step counted in `FastDecoding.screen_fallbacks`) is chosen from all float32 logits.
+  `screened_greedy=False` computes all logits in float32.
 - "bfloat16": weights in bfloat16; a one-row product reads them and accumulates in float32, larger products run in
   bfloat16 (native on CPUs with AVX512_BF16 or AMX). Not the tokens of float32: see the README's quality table.
 - "int8-weight-only": int8 weights with one float32 scale per output row (symmetric), converted inside the product:
@@ -154,8 +154,7 @@ def fbgemm_fp16_available() -> bool:
     weight = torch.randn(40, 96, generator=gen) * 0.05
     x = torch.randn(3, 96, generator=gen) * 3.0
     packed = _fbgemm_fp16_pack(weight)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with _fbgemm_engine():
         unpacked = torch.ops.quantized.linear_unpack_fp16(packed)[0]
         out = torch.ops.quantized.linear_dynamic_fp16(x, packed)
     if not torch.equal(unpacked, weight.half().float()):
@@ -168,56 +167,58 @@ def fbgemm_fp16_available() -> bool:
 # FBGEMM's packed weights of each int8 tensor seen by the op below: id(weight) -> (weakref to it, its version, packed).
 # The entry goes with its tensor; a tensor changed in place is packed again.
 _FBGEMM_PACKED: dict[int, tuple] = {}
-FBGEMM_OP = "hf_vit_plus::int8_fbgemm_linear"
 
 
-def _fbgemm_packed(weight: torch.Tensor, scale: torch.Tensor):
-    key = id(weight)
-    entry = _FBGEMM_PACKED.get(key)
-    if entry is not None and entry[0]() is weight and entry[1] == weight._version:
-        return entry[2]
-    previous = torch.backends.quantized.engine
-    try:
-        with warnings.catch_warnings():  # torch's quantized tensors warn that they will move out of torch
-            warnings.simplefilter("ignore")
-            torch.backends.quantized.engine = "fbgemm"
-            zero_points = torch.zeros(weight.shape[0], dtype=torch.long)
-            quantized = torch._make_per_channel_quantized_tensor(weight, scale.double(), zero_points, 0)
-            packed = torch.ops.quantized.linear_prepack(quantized, None)
-    finally:
-        torch.backends.quantized.engine = previous
-    _FBGEMM_PACKED[key] = (weakref.ref(weight, lambda _ref: _FBGEMM_PACKED.pop(key, None)), weight._version, packed)
-    return packed
-
-
-def _fbgemm_fp16_pack(weight: torch.Tensor):
+@contextlib.contextmanager
+def _fbgemm_engine():
+    """torch's quantized ops on FBGEMM, their warnings silenced (torch's quantized tensors warn that they will move
+    out of torch)."""
     previous = torch.backends.quantized.engine
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             torch.backends.quantized.engine = "fbgemm"
-            return torch.ops.quantized.linear_prepack_fp16(weight.detach().float().contiguous(), None)
+            yield
     finally:
         torch.backends.quantized.engine = previous
 
 
+def _cached_pack(cache: dict, owner: torch.Tensor, source, pack):
+    """The packed weights in `cache` under `owner` if they were made from `source` (what identifies the weights'
+    data and version), else `pack()`, kept there until `owner` is freed."""
+    key = id(owner)
+    entry = cache.get(key)
+    if entry is not None and entry[0]() is owner and entry[1] == source:
+        return entry[2]
+    packed = pack()
+    cache[key] = (weakref.ref(owner, lambda _ref: cache.pop(key, None)), source, packed)
+    return packed
+
+
+def _fbgemm_packed(weight: torch.Tensor, scale: torch.Tensor):
+    def pack():
+        with _fbgemm_engine():
+            zero_points = torch.zeros(weight.shape[0], dtype=torch.long)
+            quantized = torch._make_per_channel_quantized_tensor(weight, scale.double(), zero_points, 0)
+            return torch.ops.quantized.linear_prepack(quantized, None)
+
+    return _cached_pack(_FBGEMM_PACKED, weight, weight._version, pack)
+
+
+def _fbgemm_fp16_pack(weight: torch.Tensor):
+    with _fbgemm_engine():
+        return torch.ops.quantized.linear_prepack_fp16(weight.detach().float().contiguous(), None)
+
+
 # FBGEMM's float16 copies of the float32 weights seen by the op below, kept like `_FBGEMM_PACKED`'s
 _FBGEMM_FP16_PACKED: dict[int, tuple] = {}
-FBGEMM_FP16_OP = "hf_vit_plus::fp16_fbgemm_linear"
 
 
 def _fbgemm_fp16_packed(weight: torch.Tensor, owner: torch.Tensor):
     # The weight is recognised by its data, shape and version counter, not by its Python object: a compiled step may
     # pass another tensor object on the same data (e.g. tied embeddings: the parameter instead of its detached view).
-    key = id(owner)
     source = (weight.data_ptr(), tuple(weight.shape), tuple(weight.stride()), weight._version)
-    entry = _FBGEMM_FP16_PACKED.get(key)
-    if entry is not None and entry[0]() is owner and entry[1] == source:
-        return entry[2]
-    packed = _fbgemm_fp16_pack(weight)
-    drop = weakref.ref(owner, lambda _ref: _FBGEMM_FP16_PACKED.pop(key, None))
-    _FBGEMM_FP16_PACKED[key] = (drop, source, packed)
-    return packed
+    return _cached_pack(_FBGEMM_FP16_PACKED, owner, source, lambda: _fbgemm_fp16_pack(weight))
 
 
 def _fp16_fbgemm_linear(x: torch.Tensor, weight: torch.Tensor, owner: torch.Tensor) -> torch.Tensor:
@@ -897,8 +898,8 @@ class FastDecoding:
     float32, greedy steps of at most `SMALL_ROWS` rows choose each token through `OutputScreen` (a float16 pass over
     the output projection, the candidates recomputed in float32, float32's token proven by an error bound), where
     torch has FBGEMM's float16 linear; False computes all logits in float32. The same tokens either way;
-    `screen_fallbacks` counts the tokens the screen could not prove (chosen from all float32 logits instead), of
-    `screened_tokens`."""
+    `screened_steps` counts the greedy steps that went through the screen, `screen_fallbacks` those of them where it
+    could not prove every row's token (chosen from all float32 logits instead)."""
 
     def __init__(
         self,
@@ -921,7 +922,7 @@ class FastDecoding:
         self.options = options
         self.skip_guards = skip_guards
         self.screened_greedy = screened_greedy
-        self.screened_tokens = 0
+        self.screened_steps = 0
         self.screen_fallbacks = 0
         self._models: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._warned = False
@@ -1015,7 +1016,7 @@ class FastDecoding:
             out = compiled(tokens, position, cache, cross, source_bias, unfinished, pad, controls)
             if not screened:
                 return out
-            self.screened_tokens += 1
+            self.screened_steps += 1
             if out[3]:
                 return out[:3]
             self.screen_fallbacks += 1  # not proven: the choice from all float32 logits

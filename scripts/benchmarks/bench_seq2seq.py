@@ -432,12 +432,12 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, dict]]:
     summary = report(args, rates, first_calls, agreement)
     for name in [name for name in FAST if name in engines]:
         fast = engines[name][1]
-        if fast.screened_tokens:
+        if fast.screened_steps:
             print(
-                f"{name}: {fast.screened_tokens} greedy steps chose through the output screen, "
+                f"{name}: {fast.screened_steps} greedy steps chose through the output screen, "
                 f"{fast.screen_fallbacks} of them from all float32 logits (not proven by the screen)"
             )
-            summary.setdefault("screen", {})[name] = (fast.screened_tokens, fast.screen_fallbacks)
+            summary.setdefault("screen", {})[name] = (fast.screened_steps, fast.screen_fallbacks)
     if args.profile:
         summary["profile"] = profile_tables(args, engines, ours, tokens, summary)
     workdir.cleanup()

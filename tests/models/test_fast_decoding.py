@@ -151,7 +151,7 @@ def test_the_compiled_steps_give_the_tokens_of_generate_at_every_length(model, b
         _assert_same(model, shorter, fast, num_beams=3, max_new_tokens=new_tokens, length_penalty=0.6)
     assert len(fast.decoding_state(model).steps.runners) == 2
     if fbgemm_fp16_available():
-        assert fast.screened_tokens > 0 and fast.screen_fallbacks == 0
+        assert fast.screened_steps > 0 and fast.screen_fallbacks == 0
 
 
 @pytest.mark.slow
@@ -360,13 +360,13 @@ def test_float32_greedy_steps_of_few_rows_choose_through_the_output_screen(model
         fast = FastDecoding(backend="eager")
         for rows in (1, SMALL_ROWS):
             _assert_same(trained, (batch[0][:rows], batch[1][:rows]), fast, **settings)
-        assert fast.screened_tokens > 0 and fast.screen_fallbacks == 0
-        screened = fast.screened_tokens
+        assert fast.screened_steps > 0 and fast.screen_fallbacks == 0
+        screened = fast.screened_steps
         _assert_same(trained, batch, fast, **settings)  # 8 rows
-        assert fast.screened_tokens == screened
+        assert fast.screened_steps == screened
         unscreened = FastDecoding(backend="eager", screened_greedy=False)
         _assert_same(trained, (batch[0][:1], batch[1][:1]), unscreened, **settings)
-        assert unscreened.screened_tokens == 0 and unscreened.decoding_state(trained).decoder.screen is None
+        assert unscreened.screened_steps == 0 and unscreened.decoding_state(trained).decoder.screen is None
 
 
 @needs_fbgemm_fp16
@@ -426,10 +426,10 @@ def test_tokens_the_screen_cannot_prove_come_from_all_float32_logits(model, batc
     fast = FastDecoding(backend="eager")
     fast.decoding_state(model).decoder.screen.slack.fill_(1e3)
     _assert_same(model, (batch[0][:2], batch[1][:2]), fast, **SETTINGS["greedy"])
-    assert fast.screen_fallbacks == fast.screened_tokens > 0
-    fast.screened_tokens = fast.screen_fallbacks = 0  # a forced token is proven whatever the bounds
+    assert fast.screen_fallbacks == fast.screened_steps > 0
+    fast.screened_steps = fast.screen_fallbacks = 0  # a forced token is proven whatever the bounds
     _assert_same(model, (batch[0][:2], batch[1][:2]), fast, **SETTINGS["greedy, two eos ids, forced bos"])
-    assert fast.screen_fallbacks == fast.screened_tokens - 1
+    assert fast.screen_fallbacks == fast.screened_steps - 1
 
 
 @needs_fbgemm_fp16
