@@ -407,8 +407,9 @@ class OutputScreen(nn.Module):
     largest upper bound are recomputed exactly in float32 from the float32 weights; if even the next upper bound is
     below the best lower bound, no other token can be the largest, and the choice among the candidates (largest
     exact score, smallest id among equals, as `argmax`) is float32's. Otherwise the step says so (`certain` False) and
-    the caller takes the choice from all float32 logits (`FastDecoder.greedy_choice`). The bound is about a thousand
-    times smaller than the logits' usual gaps, so that fallback is rare (counted by `FastDecoding`)."""
+    the caller takes the choice from all float32 logits (`FastDecoder.greedy_choice`). Measured: the bound is at most
+    two thousandths of a row's logit range (the tests), and 0.004 where the best logit is 0.48 above the 17th (the
+    benchmark's random opus-mt weights), so that fallback is rare (counted by `FastDecoding`; none in 9,580 steps)."""
 
     def __init__(self, head: FastLinear, candidates: int = SCREEN_CANDIDATES):
         super().__init__()
