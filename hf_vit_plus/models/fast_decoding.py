@@ -46,8 +46,9 @@ encoder stay in float32):
 - "int8-fbgemm": int8 weights (per-row scales) and activations quantized at run time to 7 bits, each row over its
   own range (several rows are first mapped onto [0, 1]: a row's result does not depend on the batch), by FBGEMM's
   dynamic int8 linear (`torch.ops.quantized.linear_dynamic`, x86 builds of torch), called from the compiled step as
-  the op `hf_vit_plus::int8_fbgemm_linear`: int8 products that pay on AVX2 CPUs without VNNI (the opus-mt output
-  projection of one row: 4x faster than compiled float32). FBGEMM packs a copy of the int8 weights at the first call.
+  a custom op (`fbgemm_int8_linear_op`: a C++ kernel built once per torch install where a compiler is at hand, else a
+  Python one): int8 products that pay on AVX2 CPUs without VNNI (the opus-mt output projection of one row: 4x faster
+  than compiled float32). FBGEMM packs a copy of the int8 weights at the first call.
 - "int8": on CPUs with native int8 products (VNNI, AMX) weight-only for steps of at most `INT8_WEIGHT_ONLY_MAX_ROWS`
   rows and dynamic above (measured in the README); on other CPUs "int8-fbgemm" (where `torch._int_mm` is a slow loop
   and the weight-only loop slower than float32), or weight-only where torch has no FBGEMM. Likewise "bfloat16" uses
@@ -183,7 +184,11 @@ def _fbgemm_engine():
         torch.backends.quantized.engine = previous
 
 
-def _cached_pack(cache: dict, owner: torch.Tensor, source, pack):
+# How many packs the Python kernels made, per kind (`fbgemm_pack_counts`)
+_PACKS_MADE = {"int8": 0, "fp16": 0}
+
+
+def _cached_pack(cache: dict, owner: torch.Tensor, source, pack, kind: str):
     """The packed weights in `cache` under `owner` if they were made from `source` (what identifies the weights'
     data and version), else `pack()`, kept there until `owner` is freed."""
     key = id(owner)
@@ -191,6 +196,7 @@ def _cached_pack(cache: dict, owner: torch.Tensor, source, pack):
     if entry is not None and entry[0]() is owner and entry[1] == source:
         return entry[2]
     packed = pack()
+    _PACKS_MADE[kind] += 1
     cache[key] = (weakref.ref(owner, lambda _ref: cache.pop(key, None)), source, packed)
     return packed
 
@@ -202,7 +208,7 @@ def _fbgemm_packed(weight: torch.Tensor, scale: torch.Tensor):
             quantized = torch._make_per_channel_quantized_tensor(weight, scale.double(), zero_points, 0)
             return torch.ops.quantized.linear_prepack(quantized, None)
 
-    return _cached_pack(_FBGEMM_PACKED, weight, weight._version, pack)
+    return _cached_pack(_FBGEMM_PACKED, weight, (weight._version, scale._version), pack, "int8")
 
 
 def _fbgemm_fp16_pack(weight: torch.Tensor):
@@ -218,7 +224,7 @@ def _fbgemm_fp16_packed(weight: torch.Tensor, owner: torch.Tensor):
     # The weight is recognised by its data, shape and version counter, not by its Python object: a compiled step may
     # pass another tensor object on the same data (e.g. tied embeddings: the parameter instead of its detached view).
     source = (weight.data_ptr(), tuple(weight.shape), tuple(weight.stride()), weight._version)
-    return _cached_pack(_FBGEMM_FP16_PACKED, owner, source, lambda: _fbgemm_fp16_pack(weight))
+    return _cached_pack(_FBGEMM_FP16_PACKED, owner, source, lambda: _fbgemm_fp16_pack(weight), "fp16")
 
 
 def _fp16_fbgemm_linear(x: torch.Tensor, weight: torch.Tensor, owner: torch.Tensor) -> torch.Tensor:
@@ -250,28 +256,267 @@ def _int8_fbgemm_linear_fake(x: torch.Tensor, weight: torch.Tensor, scale: torch
 
 
 def fbgemm_int8_linear_op():
-    """The op `hf_vit_plus::int8_fbgemm_linear(x, weight, scale)`: `x @ (weight * scale[:, None])^T` by FBGEMM's
-    dynamic int8 linear (activations quantized per tensor to 7 bits, asymmetric; int8 weights with one scale per
-    output row), its packed weights made at the first call with each weight tensor and kept with it. Opaque to
-    Dynamo, torch.export and AOTInductor (which calls it through the dispatcher), so that the compiled step runs
-    FBGEMM's kernel. A plain `torch.library` CPU kernel (`torch.library.custom_op` adds about 40 us per call, more
-    than FBGEMM's own product of a 512 x 512 matrix). Defined once per process (a second copy of this file, e.g.
-    remote code, reuses it)."""
+    """The op `x @ (weight * scale[:, None])^T` (x, weight, scale) by FBGEMM's dynamic int8 linear (activations
+    quantized per tensor to 7 bits, asymmetric; int8 weights with one scale per output row), its packed weights made
+    at the first call with each weight tensor and kept as long as it lives (packed again if it is changed in place).
+    Opaque to Dynamo, torch.export and AOTInductor (which calls it through the dispatcher), so that the compiled step
+    runs FBGEMM's kernel. Where a C++ compiler is at hand this is `hf_vit_plus_cpp::int8_fbgemm_linear`, a C++ kernel
+    built once per torch install (`cpp_fbgemm_ops`): no Python per call, about 30 us less per product (as much as
+    FBGEMM's own product of a 512 x 512 matrix at one row). Otherwise `hf_vit_plus::int8_fbgemm_linear`, a plain
+    `torch.library` Python kernel (`torch.library.custom_op` adds another 40 us per call). The same products, bit for
+    bit. Defined once per process (a second copy of this file, e.g. remote code, reuses it)."""
+    if cpp_fbgemm_ops():
+        return torch.ops.hf_vit_plus_cpp.int8_fbgemm_linear.default
+    return python_int8_fbgemm_linear_op()
+
+
+def python_int8_fbgemm_linear_op():
+    """`fbgemm_int8_linear_op`'s Python kernel, `hf_vit_plus::int8_fbgemm_linear`."""
     schema = "int8_fbgemm_linear(Tensor x, Tensor weight, Tensor scale) -> Tensor"
     return _define_op("int8_fbgemm_linear", schema, _int8_fbgemm_linear, _int8_fbgemm_linear_fake)
 
 
 def fbgemm_fp16_linear_op():
-    """The op `hf_vit_plus::fp16_fbgemm_linear(x, weight, owner)`: `x @ half(weight)^T` by FBGEMM's linear with
-    float16 weights (half the bytes of float32) and float32 activations and sums. Its float16 copy of the float32
-    `weight` is made at the first call and kept as long as the tensor `owner` lives (repacked if `weight` is changed
-    in place or replaced). What `OutputScreen` reads."""
+    """The op `x @ half(weight)^T` (x, weight, owner) by FBGEMM's linear with float16 weights (half the bytes of
+    float32) and float32 activations and sums. Its float16 copy of the float32 `weight` is made at the first call and
+    kept as long as the tensor `owner` lives (packed again if `weight` is changed in place or replaced): recognised by
+    its data, shape, strides and version counter, not by its tensor object. What `OutputScreen` reads. The C++ kernel
+    `hf_vit_plus_cpp::fp16_fbgemm_linear` where it could be built (`cpp_fbgemm_ops`), else the Python kernel
+    `hf_vit_plus::fp16_fbgemm_linear`."""
+    if cpp_fbgemm_ops():
+        return torch.ops.hf_vit_plus_cpp.fp16_fbgemm_linear.default
+    return python_fp16_fbgemm_linear_op()
+
+
+def python_fp16_fbgemm_linear_op():
+    """`fbgemm_fp16_linear_op`'s Python kernel, `hf_vit_plus::fp16_fbgemm_linear`."""
     return _define_op(
         "fp16_fbgemm_linear",
         "fp16_fbgemm_linear(Tensor x, Tensor weight, Tensor owner) -> Tensor",
         _fp16_fbgemm_linear,
-        lambda x, weight, owner: x.new_empty(x.shape[0], weight.shape[0]),
+        _fp16_fbgemm_linear_fake,
     )
+
+
+def _fp16_fbgemm_linear_fake(x: torch.Tensor, weight: torch.Tensor, owner: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape[0], weight.shape[0])
+
+
+# The C++ kernels of the two ops (`cpp_fbgemm_ops`): each keeps FBGEMM's packed weights in its own table, under the
+# tensor that owns them (a weak reference: an entry whose owner was freed is dropped at the next pack), and calls
+# FBGEMM's ops through the dispatcher (boxed: no header of torch's quantized classes needed). `fbgemm_pack_counts`
+# reads the tables' counts.
+CPP_FBGEMM_SOURCE = r"""
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+namespace {
+
+struct Packed {
+  c10::weak_intrusive_ptr<c10::TensorImpl> owner;
+  std::vector<int64_t> source;  // what the packed weights were made from
+  c10::IValue packed;
+};
+
+struct PackTable {
+  std::mutex mutex;
+  std::unordered_map<const c10::TensorImpl*, Packed> entries;
+  int64_t made = 0;
+
+  template <typename Pack>
+  c10::IValue get(const at::Tensor& owner, std::vector<int64_t> source, Pack pack) {
+    const c10::TensorImpl* key = owner.unsafeGetTensorImpl();
+    std::lock_guard<std::mutex> lock(mutex);
+    auto found = entries.find(key);
+    if (found != entries.end() && found->second.source == source) {
+      auto alive = found->second.owner.lock();
+      if (alive.get() == key) return found->second.packed;
+    }
+    prune();
+    c10::IValue packed = pack();
+    entries.erase(key);
+    entries.emplace(key, Packed{c10::weak_intrusive_ptr<c10::TensorImpl>(owner.getIntrusivePtr()), source, packed});
+    made += 1;
+    return packed;
+  }
+
+  void prune() {
+    for (auto it = entries.begin(); it != entries.end();) it = it->second.owner.expired() ? entries.erase(it) : ++it;
+  }
+
+  std::vector<int64_t> counts() {
+    std::lock_guard<std::mutex> lock(mutex);
+    prune();
+    return {made, static_cast<int64_t>(entries.size())};
+  }
+};
+
+PackTable int8_table, fp16_table;
+
+struct Silent : c10::WarningHandler {
+  void process(const c10::Warning&) override {}
+};
+
+struct FbgemmEngine {  // torch's quantized ops on FBGEMM while packing, their warnings silenced (as in Python)
+  Silent silent;
+  c10::WarningUtils::WarningHandlerGuard guard{&silent};
+  at::QEngine previous;
+  FbgemmEngine() : previous(at::globalContext().qEngine()) { at::globalContext().setQEngine(at::QEngine::FBGEMM); }
+  ~FbgemmEngine() { at::globalContext().setQEngine(previous); }
+};
+
+c10::IValue call(const char* name, std::vector<c10::IValue> stack) {
+  auto op = c10::Dispatcher::singleton().findSchemaOrThrow(name, "");
+  op.callBoxed(stack);
+  return stack[0];
+}
+
+at::Tensor int8_fbgemm_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scale) {
+  TORCH_CHECK(weight.scalar_type() == at::kChar && weight.dim() == 2, "int8_fbgemm_linear: weight must be 2-D int8");
+  static auto linear = c10::Dispatcher::singleton().findSchemaOrThrow("quantized::linear_dynamic", "");
+  c10::IValue packed = int8_table.get(weight, {weight._version(), scale._version()}, [&] {
+    FbgemmEngine engine;
+    auto zero_points = at::zeros({weight.size(0)}, at::kLong);
+    auto quantized = at::_make_per_channel_quantized_tensor(weight, scale.to(at::kDouble), zero_points, 0);
+    return call("quantized::linear_prepack", {quantized, c10::IValue()});
+  });
+  std::vector<c10::IValue> stack{x.contiguous(), packed, true};
+  linear.callBoxed(stack);
+  return stack[0].toTensor();
+}
+
+at::Tensor fp16_fbgemm_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& owner) {
+  static auto linear = c10::Dispatcher::singleton().findSchemaOrThrow("quantized::linear_dynamic_fp16", "");
+  std::vector<int64_t> source{reinterpret_cast<int64_t>(weight.data_ptr()), weight._version()};
+  for (auto size : weight.sizes()) source.push_back(size);
+  for (auto stride : weight.strides()) source.push_back(stride);
+  c10::IValue packed = fp16_table.get(owner, source, [&] {
+    FbgemmEngine engine;
+    return call("quantized::linear_prepack_fp16", {weight.detach().to(at::kFloat).contiguous(), c10::IValue()});
+  });
+  std::vector<c10::IValue> stack{x.contiguous(), packed};
+  linear.callBoxed(stack);
+  return stack[0].toTensor();
+}
+
+std::vector<int64_t> pack_counts() {
+  auto int8 = int8_table.counts();
+  auto fp16 = fp16_table.counts();
+  return {int8[0], int8[1], fp16[0], fp16[1]};
+}
+
+}  // namespace
+
+TORCH_LIBRARY(hf_vit_plus_cpp, m) {
+  m.def("int8_fbgemm_linear(Tensor x, Tensor weight, Tensor scale) -> Tensor");
+  m.def("fp16_fbgemm_linear(Tensor x, Tensor weight, Tensor owner) -> Tensor");
+  m.def("pack_counts() -> int[]", pack_counts);
+}
+
+TORCH_LIBRARY_IMPL(hf_vit_plus_cpp, CPU, m) {
+  m.impl("int8_fbgemm_linear", int8_fbgemm_linear);
+  m.impl("fp16_fbgemm_linear", fp16_fbgemm_linear);
+}
+"""
+# HF_VIT_PLUS_CPP_KERNELS=0 keeps the Python kernels; HF_VIT_PLUS_KERNEL_CACHE is where the C++ ones are built.
+CPP_KERNELS_ENV = "HF_VIT_PLUS_CPP_KERNELS"
+KERNEL_CACHE_ENV = "HF_VIT_PLUS_KERNEL_CACHE"
+
+
+def _cpp_kernels_loaded() -> bool:
+    return hasattr(torch.ops.hf_vit_plus_cpp, "int8_fbgemm_linear")
+
+
+@functools.cache
+def cpp_fbgemm_ops() -> bool:
+    """Whether the FBGEMM ops run their C++ kernels (`CPP_FBGEMM_SOURCE`): built at the first call in a process
+    (about 30 s with 2 cores, then kept under ~/.cache/hf_vit_plus/kernels, one build per source, torch and Python)
+    by torch's own `torch.utils.cpp_extension.load` (a C++ compiler and ninja), loaded into torch's op registry. False,
+    with a warning saying why, where they cannot be built (the Python kernels then run: the same products, slower
+    per call); False without a warning where `HF_VIT_PLUS_CPP_KERNELS=0` or torch has no FBGEMM."""
+    import os
+
+    if _cpp_kernels_loaded():  # e.g. by another copy of this file (remote code)
+        _register_cpp_fakes()
+        return True
+    if os.environ.get(CPP_KERNELS_ENV, "1") == "0" or not (fbgemm_int8_available() and fbgemm_fp16_available()):
+        return False
+    try:
+        _build_cpp_kernels()
+    except Exception as error:  # no compiler, no ninja, headers that do not build: the Python kernels still work
+        warnings.warn(
+            f"hf_vit_plus: the C++ kernels of the FBGEMM products could not be built ({type(error).__name__}: "
+            f"{str(error).strip().splitlines()[-1] if str(error).strip() else error!r}); the Python kernels run "
+            f"instead (the same products, about 30 us more per call). Set {CPP_KERNELS_ENV}=0 to silence this.",
+            stacklevel=2,
+        )
+        return False
+    _register_cpp_fakes()
+    return _cpp_kernels_loaded()
+
+
+def _build_cpp_kernels() -> None:
+    import hashlib
+    import logging
+    import os
+    import sys
+    from pathlib import Path
+
+    quiet = logging.getLogger("torch.utils.cpp_extension")  # its import logs "No CUDA runtime is found" on CPU
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        from torch.utils import cpp_extension
+    finally:
+        quiet.setLevel(level)
+    if not cpp_extension.is_ninja_available():
+        raise RuntimeError("ninja is not installed (pip install ninja)")
+    # One build per source, torch build and Python: a .so built against another torch must never be loaded.
+    key = "\n".join((CPP_FBGEMM_SOURCE, torch.__version__, str(Path(torch.__file__).parent), sys.version))
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    root = os.environ.get(KERNEL_CACHE_ENV) or Path.home() / ".cache" / "hf_vit_plus" / "kernels"
+    folder = Path(root) / digest
+    folder.mkdir(parents=True, exist_ok=True)
+    source = folder / "fbgemm_ops.cpp"
+    if not source.exists() or source.read_text() != CPP_FBGEMM_SOURCE:
+        partial = folder / f"fbgemm_ops.cpp.{os.getpid()}.tmp"
+        partial.write_text(CPP_FBGEMM_SOURCE)
+        partial.replace(source)
+    logging.getLogger(__name__).info("hf_vit_plus: building the C++ FBGEMM kernels in %s (once)", folder)
+    cpp_extension.load(
+        name=f"hf_vit_plus_fbgemm_{digest}",
+        sources=[str(source)],
+        build_directory=str(folder),
+        extra_cflags=["-O2"],
+        is_python_module=False,
+        verbose=False,
+    )
+
+
+def _register_cpp_fakes() -> None:
+    """The C++ ops' fake kernels (shapes for torch.export), registered once per process."""
+    from torch._library.simple_registry import singleton
+
+    fakes = {"int8_fbgemm_linear": _int8_fbgemm_linear_fake, "fp16_fbgemm_linear": _fp16_fbgemm_linear_fake}
+    for name, fake in fakes.items():
+        if singleton.find(f"hf_vit_plus_cpp::{name}").fake_impl.kernel is None:
+            torch.library.register_fake(f"hf_vit_plus_cpp::{name}", fake)
+
+
+def fbgemm_pack_counts() -> dict[str, int]:
+    """FBGEMM's packed weights of the kernels in use: how many packs this process made ("int8_made", "fp16_made")
+    and how many it holds now ("int8_live", "fp16_live")."""
+    if cpp_fbgemm_ops():
+        int8_made, int8_live, fp16_made, fp16_live = torch.ops.hf_vit_plus_cpp.pack_counts()
+    else:
+        int8_made, fp16_made = _PACKS_MADE["int8"], _PACKS_MADE["fp16"]
+        int8_live, fp16_live = len(_FBGEMM_PACKED), len(_FBGEMM_FP16_PACKED)
+    return dict(int8_made=int8_made, int8_live=int8_live, fp16_made=fp16_made, fp16_live=fp16_live)
 
 
 def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

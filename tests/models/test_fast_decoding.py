@@ -25,6 +25,9 @@ from hf_vit_plus.models.fast_decoding import (
     fbgemm_fp16_linear_op,
     fbgemm_int8_available,
     fbgemm_int8_linear_op,
+    fbgemm_pack_counts,
+    python_fp16_fbgemm_linear_op,
+    python_int8_fbgemm_linear_op,
     quantize_rows,
 )
 from tests.models.test_seq2seq_modeling import BOS, EOS, PAD, VOCAB, tiny_config
@@ -278,27 +281,41 @@ def test_fbgemm_int8_products_are_per_row_and_close_to_float32(model):
     assert fbgemm_int8_linear_op() is fbgemm_int8_linear_op()  # defined once per process
 
 
+@pytest.fixture(params=["cpp", "python"])
+def kernels(request, monkeypatch):
+    """The FBGEMM ops' kernels under test: the C++ ones (`cpp_fbgemm_ops`, skipped where they cannot be built) or
+    the Python ones."""
+    from hf_vit_plus.models import fast_decoding
+
+    if request.param == "cpp" and not fast_decoding.cpp_fbgemm_ops():
+        pytest.skip("the C++ kernels could not be built here (a C++ compiler and ninja are needed)")
+    if request.param == "python":
+        monkeypatch.setattr(fast_decoding, "cpp_fbgemm_ops", lambda: False)
+    return request.param
+
+
 @needs_fbgemm
-def test_fbgemm_int8_runs_inside_the_compiled_step_and_packs_each_weight_once(model, batch):
-    """The AOTInductor-compiled step calls FBGEMM through the custom op: it decodes as the uncompiled step does, packs
-    each weight once (not per token), and its packed weights go with the decoder. No warning: it is the fast int8."""
+def test_fbgemm_int8_runs_inside_the_compiled_step_and_packs_each_weight_once(model, batch, kernels):
+    """The AOTInductor-compiled step calls FBGEMM through the custom op (C++ or Python kernel): it decodes as the
+    uncompiled step does, packs each weight once (not per token), and its packed weights go with the decoder. No
+    warning: it is the fast int8."""
     import gc
     import warnings
-
-    from hf_vit_plus.models import fast_decoding
 
     settings = dict(num_beams=1, max_new_tokens=8, min_new_tokens=8)
     eager = _generate(model, batch, custom_generate=FastDecoding(precision="int8-fbgemm", backend="eager"), **settings)
     gc.collect()
-    before = len(fast_decoding._FBGEMM_PACKED)
+    before = fbgemm_pack_counts()
     fast = FastDecoding(precision="int8-fbgemm")
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         out = _generate(model, batch, custom_generate=fast, **settings)
     products = len(model.model.decoder.layers) * 6 + 1  # Q/K/V stacked, O, cross Q and O, FFN; the output projection
-    assert len(fast_decoding._FBGEMM_PACKED) == before + products
+    after = fbgemm_pack_counts()
+    assert after["int8_live"] == before["int8_live"] + products
+    assert after["int8_made"] == before["int8_made"] + products
     out = _generate(model, batch, custom_generate=fast, **settings)
-    assert len(fast_decoding._FBGEMM_PACKED) == before + products
+    assert fbgemm_pack_counts() == after
     assert (out == eager).float().mean() > 0.95
     reference = _generate(model, batch, **settings)
     assert (out == reference).float().mean() > 0.8
@@ -307,7 +324,57 @@ def test_fbgemm_int8_runs_inside_the_compiled_step_and_packs_each_weight_once(mo
     # torch 2.14's torch.export / AOTInductor keeps the exported graph module, which holds the step's tensors, alive
     # after the decoder is gone (measured: the decoder is freed, the graph module survives gc); 2.15 frees it
     if torch.__version__ >= (2, 15):
-        assert len(fast_decoding._FBGEMM_PACKED) == before
+        assert fbgemm_pack_counts()["int8_live"] == before["int8_live"]
+
+
+@needs_fbgemm
+def test_the_cpp_kernels_compute_the_python_kernels_products_bit_for_bit(kernels):
+    """The C++ kernels of the FBGEMM ops (built once per torch install) call the same FBGEMM products as the Python
+    kernels: equal outputs, bit for bit, for one row and several, square and wide and tall weights; a weight changed
+    in place is packed again."""
+    if kernels == "python":
+        pytest.skip("compares the C++ kernels with the Python ones")
+    int8, fp16 = fbgemm_int8_linear_op(), fbgemm_fp16_linear_op()
+    assert int8 is not python_int8_fbgemm_linear_op() and fp16 is not python_fp16_fbgemm_linear_op()
+    gen = torch.Generator().manual_seed(0)
+    for out_features, in_features, rows in [(64, 64, 1), (300, 96, 3), (40, 520, 1), (40, 520, 7)]:
+        weight = torch.randn(out_features, in_features, generator=gen) * 0.05
+        q, scale = quantize_rows(weight)
+        owner = torch.zeros(out_features)
+        x = torch.randn(rows, in_features, generator=gen) * 2.0
+        assert torch.equal(int8(x, q, scale), python_int8_fbgemm_linear_op()(x, q, scale))
+        assert torch.equal(fp16(x, weight, owner), python_fp16_fbgemm_linear_op()(x, weight, owner))
+        first = int8(x, q, scale)
+        q.neg_()
+        assert torch.equal(int8(x, q, scale), -first)
+
+
+def test_the_python_kernels_run_where_the_cpp_ones_cannot_be_built(monkeypatch):
+    """No compiler (or a build that fails): one warning saying why and how to silence it, the Python kernels run;
+    HF_VIT_PLUS_CPP_KERNELS=0: the Python kernels, silently."""
+    import warnings
+
+    from hf_vit_plus.models import fast_decoding
+
+    def fail():
+        raise RuntimeError("ninja is not installed (pip install ninja)")
+
+    monkeypatch.setattr(fast_decoding, "_cpp_kernels_loaded", lambda: False)
+    monkeypatch.setattr(fast_decoding, "_build_cpp_kernels", fail)
+    monkeypatch.setattr(fast_decoding, "fbgemm_int8_available", lambda: True)
+    monkeypatch.setattr(fast_decoding, "fbgemm_fp16_available", lambda: True)
+    fast_decoding.cpp_fbgemm_ops.cache_clear()
+    try:
+        with pytest.warns(UserWarning, match="could not be built.*ninja is not installed.*HF_VIT_PLUS_CPP_KERNELS=0"):
+            assert fast_decoding.cpp_fbgemm_ops() is False
+        assert fbgemm_int8_linear_op() is python_int8_fbgemm_linear_op()
+        fast_decoding.cpp_fbgemm_ops.cache_clear()
+        monkeypatch.setenv("HF_VIT_PLUS_CPP_KERNELS", "0")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert fast_decoding.cpp_fbgemm_ops() is False
+    finally:
+        fast_decoding.cpp_fbgemm_ops.cache_clear()
 
 
 def test_int8_fbgemm_is_refused_where_torch_has_no_fbgemm(monkeypatch, model):
@@ -454,25 +521,22 @@ def test_the_screen_follows_float32_weights_changed_in_place(batch):
 
 
 @needs_fbgemm_fp16
-def test_the_float16_copy_is_made_once_whatever_tensor_object_carries_the_weight(monkeypatch):
+def test_the_float16_copy_is_made_once_whatever_tensor_object_carries_the_weight(kernels):
     """Regression: the float16 copy was recognised by the weight's Python object, and a compiled step of a model with
     tied embeddings passes another object on the same data than a second compiled graph does: each call after the
     other's packed 58,000 x 512 weights again (found in the benchmark's profile). Now the data, shape and version
-    counter recognise it; a change in place still packs again."""
-    from hf_vit_plus.models import fast_decoding
-
-    packs = []
-    original = fast_decoding._fbgemm_fp16_pack
-    monkeypatch.setattr(fast_decoding, "_fbgemm_fp16_pack", lambda weight: packs.append(1) or original(weight))
+    counter recognise it (in both kernels); a change in place still packs again."""
     gen = torch.Generator().manual_seed(0)
     weight, owner, x = torch.randn(30, 16, generator=gen), torch.zeros(30), torch.randn(2, 16, generator=gen)
     op = fbgemm_fp16_linear_op()
+    made = fbgemm_pack_counts()["fp16_made"]
     first = op(x, weight, owner)
     for carrier in (weight.detach(), weight, weight.detach()):
         assert torch.equal(op(x, carrier, owner), first)
-    assert len(packs) == 1
+    assert fbgemm_pack_counts()["fp16_made"] == made + 1
     weight.mul_(2.0)
-    assert torch.equal(op(x, weight.detach(), owner), 2 * first) and len(packs) == 2
+    assert torch.equal(op(x, weight.detach(), owner), 2 * first)
+    assert fbgemm_pack_counts()["fp16_made"] == made + 2
 
 
 @pytest.mark.parametrize(
