@@ -142,14 +142,18 @@ def _sum_rounding(k: int) -> float:
     return 4.0 * k * 2.0**-24
 
 
+def _has_fbgemm_fp16_ops() -> bool:
+    quantized = getattr(torch.ops, "quantized", None)
+    names = ("linear_prepack_fp16", "linear_dynamic_fp16", "linear_unpack_fp16")
+    return "fbgemm" in torch.backends.quantized.supported_engines and all(hasattr(quantized, n) for n in names)
+
+
 @functools.cache
 def fbgemm_fp16_available() -> bool:
     """Whether this torch has FBGEMM's linear with float16 weights and float32 activations (x86 builds), and it
     computes what `OutputScreen`'s bound assumes (checked once, on a small product): weights rounded as
     `Tensor.half()` rounds them, float32 activations unrounded, float32 sums."""
-    quantized = getattr(torch.ops, "quantized", None)
-    names = ("linear_prepack_fp16", "linear_dynamic_fp16", "linear_unpack_fp16")
-    if "fbgemm" not in torch.backends.quantized.supported_engines or not all(hasattr(quantized, n) for n in names):
+    if not _has_fbgemm_fp16_ops():
         return False
     gen = torch.Generator().manual_seed(0)
     weight = torch.randn(40, 96, generator=gen) * 0.05
@@ -444,7 +448,8 @@ def cpp_fbgemm_ops() -> bool:
     if _cpp_kernels_loaded():  # e.g. by another copy of this file (remote code)
         _register_cpp_fakes()
         return True
-    if os.environ.get(CPP_KERNELS_ENV, "1") == "0" or not (fbgemm_int8_available() and fbgemm_fp16_available()):
+    # (no tensor work here: the first call may come while torch.export traces the step with fake tensors)
+    if os.environ.get(CPP_KERNELS_ENV, "1") == "0" or not (fbgemm_int8_available() and _has_fbgemm_fp16_ops()):
         return False
     try:
         _build_cpp_kernels()
@@ -562,6 +567,8 @@ class FastLinear(nn.Module):
         # the int8 weights' row sums, for FBGEMM's products of rows mapped onto [0, 1] (see `forward`); "int8" takes
         # FBGEMM's product at every row count or at none
         fbgemm = self.kernel(1) == "int8-fbgemm"
+        if fbgemm:
+            cpp_fbgemm_ops()  # the C++ kernels' one build, here rather than inside the step's export
         row_sums = (self.weight.float() * self.scale[:, None]).sum(dim=1) if fbgemm else None
         self.register_buffer("row_sums", row_sums, persistent=False)
 
@@ -665,6 +672,7 @@ class OutputScreen(nn.Module):
         self.register_buffer("bias_slack", torch.zeros(head.weight.shape[0]), persistent=False)
         self.versions = None
         self.refresh()
+        cpp_fbgemm_ops()  # the C++ kernels' one build, here rather than inside the step's export
 
     def _sources(self) -> tuple:
         return tuple(t._version for t in (self.weight, self.bias) if t is not None)

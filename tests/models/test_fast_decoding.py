@@ -349,6 +349,30 @@ def test_the_cpp_kernels_compute_the_python_kernels_products_bit_for_bit(kernels
         assert torch.equal(int8(x, q, scale), -first)
 
 
+@needs_fbgemm
+def test_choosing_the_kernels_does_no_tensor_work_while_the_step_is_traced(kernels, monkeypatch):
+    """Regression: the choice between the C++ and Python kernels ran FBGEMM's float16 self-test, whose tensors are fake
+    when the first call comes inside torch.export's tracing (an int8-only decoder): it must only ask what torch has."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from hf_vit_plus.models import fast_decoding
+
+    if kernels == "python":
+        pytest.skip("the choice of the C++ kernels")
+    loaded = fast_decoding._cpp_kernels_loaded
+    calls = []  # the first check says "not loaded yet", as in a fresh process: the choice is made again
+    monkeypatch.setattr(fast_decoding, "_cpp_kernels_loaded", lambda: (calls.append(1) or len(calls) > 1) and loaded())
+    fast_decoding.cpp_fbgemm_ops.cache_clear()
+    fast_decoding.fbgemm_fp16_available.cache_clear()
+    try:
+        with FakeTensorMode():
+            assert fast_decoding.cpp_fbgemm_ops() is True
+    finally:
+        fast_decoding.cpp_fbgemm_ops.cache_clear()
+        fast_decoding.fbgemm_fp16_available.cache_clear()
+    assert fast_decoding.fbgemm_fp16_available()
+
+
 def test_the_python_kernels_run_where_the_cpp_ones_cannot_be_built(monkeypatch):
     """No compiler (or a build that fails): one warning saying why and how to silence it, the Python kernels run;
     HF_VIT_PLUS_CPP_KERNELS=0: the Python kernels, silently."""
