@@ -255,7 +255,8 @@ def _int8_fbgemm_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tens
     return torch.ops.quantized.linear_dynamic(x.contiguous(), _fbgemm_packed(weight, scale), True)
 
 
-def _int8_fbgemm_linear_fake(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+def _fbgemm_linear_fake(x: torch.Tensor, weight: torch.Tensor, _other: torch.Tensor) -> torch.Tensor:
+    """Every FBGEMM op's output for export: (rows of x, rows of weight)."""
     return x.new_empty(x.shape[0], weight.shape[0])
 
 
@@ -277,7 +278,7 @@ def fbgemm_int8_linear_op():
 def python_int8_fbgemm_linear_op():
     """`fbgemm_int8_linear_op`'s Python kernel, `hf_vit_plus::int8_fbgemm_linear`."""
     schema = "int8_fbgemm_linear(Tensor x, Tensor weight, Tensor scale) -> Tensor"
-    return _define_op("int8_fbgemm_linear", schema, _int8_fbgemm_linear, _int8_fbgemm_linear_fake)
+    return _define_op("int8_fbgemm_linear", schema, _int8_fbgemm_linear, _fbgemm_linear_fake)
 
 
 def fbgemm_fp16_linear_op():
@@ -298,12 +299,8 @@ def python_fp16_fbgemm_linear_op():
         "fp16_fbgemm_linear",
         "fp16_fbgemm_linear(Tensor x, Tensor weight, Tensor owner) -> Tensor",
         _fp16_fbgemm_linear,
-        _fp16_fbgemm_linear_fake,
+        _fbgemm_linear_fake,
     )
-
-
-def _fp16_fbgemm_linear_fake(x: torch.Tensor, weight: torch.Tensor, owner: torch.Tensor) -> torch.Tensor:
-    return x.new_empty(x.shape[0], weight.shape[0])
 
 
 # The C++ kernels of the two ops (`cpp_fbgemm_ops`): each keeps FBGEMM's packed weights in its own table, under the
@@ -507,10 +504,9 @@ def _register_cpp_fakes() -> None:
     """The C++ ops' fake kernels (shapes for torch.export), registered once per process."""
     from torch._library.simple_registry import singleton
 
-    fakes = {"int8_fbgemm_linear": _int8_fbgemm_linear_fake, "fp16_fbgemm_linear": _fp16_fbgemm_linear_fake}
-    for name, fake in fakes.items():
+    for name in ("int8_fbgemm_linear", "fp16_fbgemm_linear"):
         if singleton.find(f"hf_vit_plus_cpp::{name}").fake_impl.kernel is None:
-            torch.library.register_fake(f"hf_vit_plus_cpp::{name}", fake)
+            torch.library.register_fake(f"hf_vit_plus_cpp::{name}", _fbgemm_linear_fake)
 
 
 def fbgemm_pack_counts() -> dict[str, int]:
