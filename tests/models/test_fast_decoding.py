@@ -287,11 +287,20 @@ def kernels(request, monkeypatch):
     the Python ones."""
     from hf_vit_plus.models import fast_decoding
 
-    if request.param == "cpp" and not fast_decoding.cpp_fbgemm_ops():
-        pytest.skip("the C++ kernels could not be built here (a C++ compiler and ninja are needed)")
-    if request.param == "python":
+    if request.param == "cpp":
+        request.getfixturevalue("cpp_kernels")
+    else:
         monkeypatch.setattr(fast_decoding, "cpp_fbgemm_ops", lambda: False)
     return request.param
+
+
+@pytest.fixture
+def cpp_kernels():
+    """The C++ kernels of the FBGEMM ops (skipped where they cannot be built)."""
+    from hf_vit_plus.models import fast_decoding
+
+    if not fast_decoding.cpp_fbgemm_ops():
+        pytest.skip("the C++ kernels could not be built here (a C++ compiler and ninja are needed)")
 
 
 @needs_fbgemm
@@ -328,12 +337,10 @@ def test_fbgemm_int8_runs_inside_the_compiled_step_and_packs_each_weight_once(mo
 
 
 @needs_fbgemm
-def test_the_cpp_kernels_compute_the_python_kernels_products_bit_for_bit(kernels):
+def test_the_cpp_kernels_compute_the_python_kernels_products_bit_for_bit(cpp_kernels):
     """The C++ kernels of the FBGEMM ops (built once per torch install) call the same FBGEMM products as the Python
     kernels: equal outputs, bit for bit, for one row and several, square and wide and tall weights; a weight changed
     in place is packed again."""
-    if kernels == "python":
-        pytest.skip("compares the C++ kernels with the Python ones")
     int8, fp16 = fbgemm_int8_linear_op(), fbgemm_fp16_linear_op()
     assert int8 is not python_int8_fbgemm_linear_op() and fp16 is not python_fp16_fbgemm_linear_op()
     gen = torch.Generator().manual_seed(0)
@@ -350,15 +357,13 @@ def test_the_cpp_kernels_compute_the_python_kernels_products_bit_for_bit(kernels
 
 
 @needs_fbgemm
-def test_choosing_the_kernels_does_no_tensor_work_while_the_step_is_traced(kernels, monkeypatch):
+def test_choosing_the_kernels_does_no_tensor_work_while_the_step_is_traced(cpp_kernels, monkeypatch):
     """Regression: the choice between the C++ and Python kernels ran FBGEMM's float16 self-test, whose tensors are fake
     when the first call comes inside torch.export's tracing (an int8-only decoder): it must only ask what torch has."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from hf_vit_plus.models import fast_decoding
 
-    if kernels == "python":
-        pytest.skip("the choice of the C++ kernels")
     loaded = fast_decoding._cpp_kernels_loaded
     calls = []  # the first check says "not loaded yet", as in a fresh process: the choice is made again
     monkeypatch.setattr(fast_decoding, "_cpp_kernels_loaded", lambda: (calls.append(1) or len(calls) > 1) and loaded())
