@@ -442,24 +442,35 @@ class ArrayImages(torch.utils.data.Dataset):
         return self.images.shape[0]
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        pixels = self.images[index]  # (C, H, W) uint8
+        return self.__getitems__([index])[0]
+
+    def __getitems__(self, indices: list[int]) -> list[dict[str, torch.Tensor]]:
+        """The examples of a batch, augmented and normalised all at once (torch's DataLoader fetches a batch's
+        indices through this method when a data set has it)."""
+        index = torch.as_tensor(indices, dtype=torch.long)
+        pixels = self.images[index]  # (B, C, H, W) uint8
         if self.augment is not None or self.erase is not None:
-            pixel_values = augmented_pixels(pixels[None], self.augment, self.erase, self.mean, self.std)[0]
+            pixel_values = augmented_pixels(pixels, self.augment, self.erase, self.mean, self.std)
         else:
             pixel_values = (pixels.float() / 255.0 - self.mean) / self.std
-        example = {"pixel_values": pixel_values}
-        if self.labels is not None:
-            example["labels"] = self.labels[index]
-        return example
+        labels = self.labels[index] if self.labels is not None else None
+        examples = []
+        for position, values in enumerate(pixel_values):
+            example = {"pixel_values": values}
+            if labels is not None:
+                example["labels"] = labels[position]
+            examples.append(example)
+        return examples
 
 
 def augmented_pixels(pixels: torch.Tensor, augment, erase, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
-    """uint8 images (B, C, H, W): each augmented on its own, normalised, then randomly erased."""
+    """uint8 images (B, C, H, W): augmented (`ImageAugmentation`), normalised, then randomly erased
+    (`BatchErasing`), the whole batch at once."""
     if augment is not None:
-        pixels = torch.stack([augment(image) for image in pixels])
+        pixels = augment(pixels)
     pixel_values = (pixels.float() / 255.0 - mean) / std
     if erase is not None:
-        pixel_values = torch.stack([erase(image) for image in pixel_values])
+        pixel_values = erase(pixel_values)
     return pixel_values
 
 
