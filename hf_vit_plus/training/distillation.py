@@ -86,13 +86,21 @@ class Teacher:
     def __init__(self, model: torch.nn.Module, student: PixelFormat, teacher: PixelFormat):
         self.model = model.eval().requires_grad_(False)
         self.student, self.teacher = student, teacher
+        # a convolutional teacher runs in channels-last layout: oneDNN's convolutions without layout conversions
+        # (transformers' small ResNet on a batch of 128 Fashion-MNIST images: 64 ms against 96 ms on one thread)
+        self.channels_last = any(isinstance(module, torch.nn.Conv2d) for module in model.modules())
+        if self.channels_last:
+            self.model.to(memory_format=torch.channels_last)
 
     @torch.no_grad()
     def labels(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """The teacher's predicted class (B,) of each image."""
         inputs = convert_pixels(pixel_values, self.student, self.teacher)
         dtype = next(self.model.parameters()).dtype
-        return self.model(pixel_values=inputs.to(dtype)).logits.argmax(-1)
+        inputs = inputs.to(dtype)
+        if self.channels_last:
+            inputs = inputs.contiguous(memory_format=torch.channels_last)
+        return self.model(pixel_values=inputs).logits.argmax(-1)
 
 
 def load_teacher(location: str, student_processor, student_config, class_names: list[str], device) -> Teacher:

@@ -262,3 +262,23 @@ def test_a_run_with_the_ema_resumes_to_the_same_average(tmp_path):
         torch.testing.assert_close(got[name], expected[name], rtol=0, atol=0, msg=name)
     assert resumed.eval_metrics["accuracy"] == full.eval_metrics["accuracy"]
     assert "online_accuracy" in resumed.eval_metrics
+
+
+def test_a_convolutional_teacher_runs_channels_last_with_the_same_labels():
+    """The teacher's CNN runs in channels-last layout (faster oneDNN convolutions); its labels are the model's own
+    argmax on the converted pixels, whatever the layout."""
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    from hf_vit_plus.training.distillation import Teacher
+
+    torch.manual_seed(0)
+    config = ResNetConfig(num_channels=1, embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], num_labels=10)
+    model = ResNetForImageClassification(config).eval()
+    images = torch.randn(32, 1, 28, 28)
+    with torch.no_grad():
+        expected = model(pixel_values=images).logits.argmax(-1)
+    grey = PixelFormat(channels=1, mean=(0.5,), std=(0.5,))
+    teacher = Teacher(model, grey, grey)
+    assert teacher.channels_last
+    assert model.resnet.embedder.embedder.convolution.weight.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(teacher.labels(images), expected)
