@@ -8,6 +8,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.utils import REPO_ROOT
 
@@ -119,3 +120,15 @@ def test_plot_only_prints_the_table_and_draws_the_loss_by_minutes(tmp_path, caps
     out = capsys.readouterr().out
     assert "| vit-deit | 90.00% | 2.0 | 4 | 0.01 |" in out and "curves.png" in out
     assert (tmp_path / "curves.png").stat().st_size > 10_000
+
+
+def test_time_augmentation_prints_the_per_batch_table(capsys):
+    bench = _bench()
+    threads = torch.get_num_threads()
+    bench.main(["--time_augmentation", "--batch_size", "8"])
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "ms per batch" not in line]
+    assert len(rows) == 3 and "batched" in rows[1]
+    assert rows[1].endswith("| 1.0 |")  # the batched row is the unit of the ratios
+    assert all(float(row.split("|")[2]) > 0 for row in rows)
+    assert torch.get_num_threads() == threads  # timed on one thread, the caller's setting restored
