@@ -100,7 +100,7 @@ class ImageAugmentation:
     def __call__(self, pixels: torch.Tensor) -> torch.Tensor:
         if pixels.dtype != torch.uint8 or pixels.dim() != 4:
             raise TypeError(f"expected uint8 images (B, C, H, W), got {pixels.dtype} of shape {tuple(pixels.shape)}")
-        if self.crop_scale < 1.0 or self.horizontal_flip or tuple(pixels.shape[-2:]) != self.image_size:
+        if self.crop_scale < 1.0 or self.horizontal_flip:
             boxes = self.crop_boxes(pixels.shape[0], pixels.shape[-2:]) if self.crop_scale < 1.0 else None
             flips = torch.rand(pixels.shape[0]) < 0.5 if self.horizontal_flip else None
             pixels = resized_crops(pixels, boxes, self.image_size, flips)
