@@ -21,16 +21,6 @@ import torch
 from torchvision.transforms import v2
 
 
-def augments_images(args) -> bool:
-    """Whether `args` (resolved TrainingArguments) change the training images one by one."""
-    return (
-        (args.auto_augment or "none") != "none"
-        or (args.random_resized_crop_scale or 1.0) < 1.0
-        or bool(args.horizontal_flip)
-        or bool(args.random_erasing_prob)
-    )
-
-
 def mixes_batches(args) -> bool:
     """Whether `args` mix training batches (Mixup or CutMix)."""
     return bool(args.mixup_prob) and bool(args.mixup_alpha or args.cutmix_alpha)
@@ -235,7 +225,6 @@ __all__ = [
     "BatchErasing",
     "BatchMixer",
     "ImageAugmentation",
-    "augments_images",
     "erasing",
     "image_augmentation",
     "interpolation_matrix",

@@ -24,7 +24,7 @@ from ...data.loading import check_labels, label_names
 from ...errors import UsageError, load_config
 from ...models.configuration_vit_plus import ViTPlusConfig
 from ...models.image_processing_vit_plus import ViTPlusImageProcessor
-from ..augment import BatchMixer, augments_images, erasing, image_augmentation, mixes_batches, soft_cross_entropy
+from ..augment import BatchMixer, erasing, image_augmentation, mixes_batches, soft_cross_entropy
 from ..recipes import RecipeContext, recipe_drop_path_rate, resolve_recipe, updates_per_epoch
 from .base import TrainingData, TrainingFamily, builtin_data, limit_samples, load_user_data, select_columns
 
@@ -237,7 +237,7 @@ class ViTFamily(TrainingFamily):
         channels = model_channels(model.config, processor)
         size = processor_size(processor)
         mean, std = _processor_stats(processor, channels)
-        augment = image_augmentation(args, size) if augments_images(args) else None
+        augment = image_augmentation(args, size)
         erase = erasing(args)
         keys = self.example_keys(data)
         if isinstance(data.raw["train"].features["image"], Array2D):  # built-in arrays at the model's size
