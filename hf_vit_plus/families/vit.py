@@ -10,12 +10,13 @@ from .record import CardSpec, Family
 
 # The flags of the data-efficient recipe (DeiT, Touvron et al. 2021): `--recipe deit` sets them from the data
 RECIPE_FLAGS = (
-    "recipe", "auto_augment", "auto_augment_magnitude", "random_resized_crop_scale", "horizontal_flip",
-    "random_erasing_prob", "mixup_alpha", "cutmix_alpha", "mixup_prob", "ema_decay",
+    "recipe", "auto_augment", "auto_augment_magnitude", "auto_augment_prob", "random_resized_crop_scale",
+    "horizontal_flip", "random_erasing_prob", "mixup_alpha", "cutmix_alpha", "mixup_prob", "ema_decay",
 )  # fmt: skip
 # Masked patch prediction learns no classes: no Mixup/CutMix, random erasing, label smoothing or teacher
 MPP_RECIPE_FLAGS = (
-    "recipe", "auto_augment", "auto_augment_magnitude", "random_resized_crop_scale", "horizontal_flip", "ema_decay",
+    "recipe", "auto_augment", "auto_augment_magnitude", "auto_augment_prob", "random_resized_crop_scale",
+    "horizontal_flip", "ema_decay",
 )  # fmt: skip
 RECIPE_FLAG_HELP = {
     "learning_rate": "peak learning rate (default: the --recipe's: 2e-3 with none; deit: 5e-4 x global batch / 512)",

@@ -230,6 +230,9 @@ class TrainingArguments:
     auto_augment_magnitude: int | None = _option(
         None, "RandAugment's magnitude, torchvision's scale 0-30 (default: the recipe's)", OWN
     )
+    auto_augment_prob: float | None = _option(
+        None, "share of the training images that get the automatic augmentation (default: the recipe's)", OWN
+    )
     random_resized_crop_scale: float | None = _option(
         None, "random resized crop: the smallest share of the image area kept (1: no crop; default: the recipe's)", OWN
     )
@@ -512,6 +515,7 @@ VALUE_CHECKS: dict[str, Callable[[str, Any], None]] = {
     "mixup_alpha": lambda option, value: number(option, value, low=0.0),
     "cutmix_alpha": lambda option, value: number(option, value, low=0.0),
     "mixup_prob": lambda option, value: number(option, value, 0.0, 1.0, high_open=False),
+    "auto_augment_prob": lambda option, value: number(option, value, 0.0, 1.0, high_open=False),
     "ema_decay": lambda option, value: number(option, value, 0.0, 1.0),
 }
 REQUIRED_VALUES = {

@@ -34,6 +34,7 @@ def image_augmentation(args, image_size: tuple[int, int]) -> ImageAugmentation |
         horizontal_flip=bool(args.horizontal_flip),
         auto_augment=args.auto_augment or "none",
         auto_augment_magnitude=args.auto_augment_magnitude,
+        auto_augment_prob=1.0 if args.auto_augment_prob is None else args.auto_augment_prob,
     )
     return augmentation if augmentation.active else None
 
@@ -53,7 +54,8 @@ _ATTEMPTS = 10  # torchvision's tries at a box that fits, for both
 class ImageAugmentation:
     """Random resized crop (area share in (`crop_scale`, 1), aspect ratio in (3/4, 4/3), torchvision's sampling and
     its fallback to the whole image) and horizontal flip (probability 0.5) of a batch of uint8 images (B, C, H, W),
-    back to `image_size`, then RandAugment (2 operations, `auto_augment_magnitude`) or TrivialAugment image by image.
+    back to `image_size`, then RandAugment (2 operations, `auto_augment_magnitude`) or TrivialAugment image by image,
+    on each image with probability `auto_augment_prob` (the others skip it, and its cost).
 
     The crop and flip are exact batched equivalents of `v2.functional.resized_crop(..., antialias=True)` and
     `hflip` on each image (a crop is never larger than the image, so resizing it is plain bilinear interpolation
@@ -69,9 +71,13 @@ class ImageAugmentation:
         horizontal_flip: bool = False,
         auto_augment: str = "none",
         auto_augment_magnitude: int = 9,
+        auto_augment_prob: float = 1.0,
     ):
         if not 0.0 < crop_scale <= 1.0:
             raise ValueError(f"crop_scale must be in (0, 1], got {crop_scale!r}")
+        if not 0.0 <= auto_augment_prob <= 1.0:
+            raise ValueError(f"auto_augment_prob must be in [0, 1], got {auto_augment_prob!r}")
+        self.auto_augment_prob = float(auto_augment_prob)
         self.image_size = (int(image_size[0]), int(image_size[1]))
         self.crop_scale, self.horizontal_flip = float(crop_scale), bool(horizontal_flip)
         if auto_augment == "randaugment":
@@ -82,6 +88,8 @@ class ImageAugmentation:
             self.auto = None
         else:
             raise ValueError(f"auto_augment must be 'none', 'randaugment' or 'trivialaugment', got {auto_augment!r}")
+        if self.auto_augment_prob == 0.0:
+            self.auto = None
 
     @property
     def active(self) -> bool:
@@ -94,7 +102,12 @@ class ImageAugmentation:
             boxes = self.crop_boxes(pixels.shape[0], pixels.shape[-2:]) if self.crop_scale < 1.0 else None
             flips = torch.rand(pixels.shape[0]) < 0.5 if self.horizontal_flip else None
             pixels = resized_crops(pixels, boxes, self.image_size, flips)
-        if self.auto is not None:
+        if self.auto is not None and self.auto_augment_prob < 1.0:
+            chosen = (torch.rand(pixels.shape[0]) < self.auto_augment_prob).nonzero()[:, 0]
+            pixels = pixels.clone()
+            if len(chosen):
+                pixels[chosen] = torch.stack([self.auto(pixels[i]) for i in chosen.tolist()])
+        elif self.auto is not None:
             pixels = torch.stack([self.auto(image) for image in pixels])
         return pixels
 

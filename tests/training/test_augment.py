@@ -94,6 +94,33 @@ def test_bad_crop_scales_are_named(bad):
         ImageAugmentation((28, 28), crop_scale=bad)
 
 
+def test_the_automatic_augmentation_takes_a_share_of_the_images():
+    """`auto_augment_prob` (the recipe's t on short runs): RandAugment on that share of the images, the others as they
+    came (and at no cost); 1 augments every image, 0 none."""
+    images = torch.randint(0, 256, (400, 1, 12, 12), dtype=torch.uint8)
+    before, calls = images.clone(), []
+
+    def mark(image):  # a stand-in for RandAugment that leaves a visible mark
+        calls.append(1)
+        return 255 - image
+
+    torch.manual_seed(0)
+    some = ImageAugmentation((12, 12), auto_augment="randaugment", auto_augment_prob=0.25)
+    some.auto = mark
+    out = some(images)
+    changed = (out != images).flatten(1).any(1)
+    assert torch.equal(out[changed], 255 - images[changed]) and torch.equal(out[~changed], images[~changed])
+    assert len(calls) == int(changed.sum()) and 0.18 < changed.float().mean() < 0.32  # 100 of 400 expected
+    assert torch.equal(images, before)  # the input batch itself is untouched
+    every = ImageAugmentation((12, 12), auto_augment="randaugment", auto_augment_prob=1.0)
+    every.auto = mark
+    assert torch.equal(every(images), 255 - images)
+    none = ImageAugmentation((12, 12), auto_augment="randaugment", auto_augment_prob=0.0)
+    assert not none.active and torch.equal(none(images), images)
+    with pytest.raises(ValueError, match="auto_augment_prob must be in \\[0, 1\\], got 1.5"):
+        ImageAugmentation((12, 12), auto_augment="randaugment", auto_augment_prob=1.5)
+
+
 def test_augmentation_takes_uint8_batches():
     with pytest.raises(TypeError, match=r"expected uint8 images \(B, C, H, W\), got torch.float32"):
         ImageAugmentation((8, 8), horizontal_flip=True)(torch.zeros(2, 1, 8, 8))

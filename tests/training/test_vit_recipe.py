@@ -21,6 +21,7 @@ from hf_vit_plus.training.loop import train
 from hf_vit_plus.training.recipes import (
     RecipeContext,
     budget_scale,
+    budget_share,
     recipe_drop_path_rate,
     resolve_recipe,
     run_recipe_values,
@@ -70,19 +71,28 @@ def test_deit_values_are_deits_at_300_epochs_and_scaled_down_for_short_runs():
     assert values["ema_decay"] == pytest.approx(0.99996, abs=1e-6)
     assert recipe_drop_path_rate("deit", 12, 300) == pytest.approx(0.1)
 
+    assert values["auto_augment_prob"] == pytest.approx(1.0)
+
     short = RecipeContext("vit", (28, 28), global_batch=128, total_steps=4690, epochs=10, mirror_symmetric=False)
     values = run_recipe_values("deit", short)
-    scale = budget_scale(10)
-    assert scale == pytest.approx((10 / 300) ** 0.5)
-    assert values["mixup_prob"] == pytest.approx(scale)
+    share, scale = budget_share(10), budget_scale(10)
+    assert share == pytest.approx(10 / 300) and scale == pytest.approx((10 / 300) ** 0.5)
+    # DeiT's strongest regularisers grow with t (they were s: RandAugment on every image and a batch in five mixed
+    # at 14 epochs cost the Fashion-MNIST ViT a point), the mild ones with s
+    assert values["mixup_prob"] == pytest.approx(share) and values["auto_augment_prob"] == pytest.approx(share)
+    assert values["auto_augment_magnitude"] == round(27 * scale)
     assert values["random_erasing_prob"] == pytest.approx(0.25 * scale)
     # the smallest crop, 16 x 16 px at 300 epochs, scaled like the other regularisers (it was (16 / 28) ** 2 = 0.33
     # here: crops that cut the sleeves and collars off Fashion-MNIST's clothes)
     assert values["random_resized_crop_scale"] == pytest.approx(1 - (1 - (16 / 28) ** 2) * scale)
-    # DeiT's 5e-4 x 128 / 512 divided by s (it was 1.25e-4 at any length); at most 1e-3 at batch 128
-    assert values["learning_rate"] == pytest.approx(5e-4 * 128 / 512 / scale)
+    # DeiT's 5e-4 x 128 / 512 divided by t, at most plain training's 2e-3 at batch 128 (it was / s: 3.8e-4 at 32
+    # epochs, where 2e-3 trained the best ViT)
+    assert values["learning_rate"] == pytest.approx(2e-3)
+    month = run_recipe_values("deit", RecipeContext("vit", (28, 28), 128, 15_000, 32, False))
+    assert month["learning_rate"] == pytest.approx(5e-4 * 128 / 512 * 300 / 32)
+    assert month["mixup_prob"] == pytest.approx(32 / 300) and month["auto_augment_prob"] == pytest.approx(32 / 300)
     tiny = run_recipe_values("deit", RecipeContext("vit", (28, 28), 128, 100, 0.2, False))
-    assert tiny["learning_rate"] == pytest.approx(1e-3)
+    assert tiny["learning_rate"] == pytest.approx(2e-3)
     assert not values["horizontal_flip"] and values["warmup_ratio"] == pytest.approx(0.05)
     assert 0.9 <= values["ema_decay"] < 0.99996
     # masked patch prediction has no classes to smooth or mix
@@ -110,6 +120,7 @@ def test_explicit_flags_win_over_the_recipe(tmp_path):
         ("auto_augment", "autoaugment", "--auto_augment"),
         ("ema_decay", 1.5, "--ema_decay"),
         ("mixup_prob", -0.1, "--mixup_prob"),
+        ("auto_augment_prob", 1.5, "--auto_augment_prob"),
         ("random_resized_crop_scale", 0.0, "--random_resized_crop_scale"),
     ],
 )
