@@ -18,6 +18,7 @@ from hf_vit_plus.training.augment import BatchMixer, image_augmentation, soft_cr
 from hf_vit_plus.training.distillation import PixelFormat, convert_pixels
 from hf_vit_plus.training.ema import ModelEma
 from hf_vit_plus.training.loop import train
+from hf_vit_plus.training.outputs import card_hyperparameters
 from hf_vit_plus.training.recipes import (
     RecipeContext,
     budget_scale,
@@ -111,6 +112,21 @@ def test_explicit_flags_win_over_the_recipe(tmp_path):
     assert resolved.warmup_ratio == pytest.approx(0.05) and resolved.random_erasing_prob > 0
     result = train(tiny(tmp_path, "explicit", recipe="deit", ema_decay=0.0, max_steps=2))
     assert not any(key.startswith("online_") for key in result.eval_metrics)  # no EMA: one set of metrics
+
+
+def test_the_card_records_the_recipe_the_run_resolved(tmp_path):
+    """The card's hyperparameter table shows what `--recipe deit` decided for the run (it showed only the optimiser's
+    values, and --num_train_epochs' default where --max_steps decided the length); a family without the image
+    recipe shows none of it."""
+    train(tiny(tmp_path, "card", recipe="deit", mixup_alpha=0.0, write_card=True, max_steps=2))
+    card = (tmp_path / "card" / "README.md").read_text()
+    for row in ("| recipe | deit |", "| auto_augment | randaugment |", "| mixup_alpha | 0 |", "| max_steps | 2 |"):
+        assert row in card, row
+    for name in ("auto_augment_prob", "random_resized_crop_scale", "random_erasing_prob", "mixup_prob", "ema_decay"):
+        assert f"| {name} | " in card, name
+    assert "num_train_epochs" not in card and "| teacher |" not in card
+    seq2seq = card_hyperparameters(family_arguments("seq2seq", output_dir="unused", max_steps=3))
+    assert "recipe" not in seq2seq and "ema_decay" not in seq2seq and seq2seq["max_steps"] == 3
 
 
 @pytest.mark.parametrize(
