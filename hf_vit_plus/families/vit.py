@@ -19,7 +19,8 @@ MPP_RECIPE_FLAGS = (
     "horizontal_flip", "ema_decay",
 )  # fmt: skip
 RECIPE_FLAG_HELP = {
-    "learning_rate": "peak learning rate (default: the --recipe's: 2e-3 with none; deit: 5e-4 x global batch / 512)",
+    "learning_rate": "peak learning rate (default: the --recipe's: 2e-3 with none; deit: 5e-4 x global batch / 512 "
+    "/ the run's share of DeiT's 300 epochs, at most 16x)",
     "weight_decay": "AdamW weight decay of the matrices, tensors of rank < 2 not decayed (default: 0.05)",
     "warmup_ratio": "share of the updates spent warming up (default: the --recipe's: 0.1 with none; deit: 5 of "
     "300 epochs, at least 5%%)",

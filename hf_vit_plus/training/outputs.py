@@ -40,7 +40,8 @@ CARD_FIELDS = (
     "mixed_precision",
     "seed",
 )
-# The image recipe's settings (`--recipe` and what it decided, `training.recipes`), shown when the family has them.
+# The image recipe's settings (`--recipe` and what it decided, `training.recipes`), shown when the family has them
+# (not --teacher: a local path says nothing on the Hub; the card's distillation paragraph names the method).
 CARD_RECIPE_FIELDS = (
     "recipe",
     "auto_augment",
@@ -53,7 +54,6 @@ CARD_RECIPE_FIELDS = (
     "cutmix_alpha",
     "mixup_prob",
     "ema_decay",
-    "teacher",
 )
 
 
