@@ -14,6 +14,7 @@ from pathlib import Path
 from accelerate import Accelerator
 
 from ..errors import StepFailedError, UsageError
+from ..families.vit import RECIPE_FLAGS
 from ..models.compat import disable_activation_checkpointing
 from .args import TrainingArguments
 from .families import TrainingData, TrainingFamily
@@ -39,21 +40,6 @@ CARD_FIELDS = (
     "label_smoothing_factor",
     "mixed_precision",
     "seed",
-)
-# The image recipe's settings (`--recipe` and what it decided, `training.recipes`), shown when the family has them
-# (not --teacher: a local path says nothing on the Hub; the card's distillation paragraph names the method).
-CARD_RECIPE_FIELDS = (
-    "recipe",
-    "auto_augment",
-    "auto_augment_magnitude",
-    "auto_augment_prob",
-    "random_resized_crop_scale",
-    "horizontal_flip",
-    "random_erasing_prob",
-    "mixup_alpha",
-    "cutmix_alpha",
-    "mixup_prob",
-    "ema_decay",
 )
 
 
@@ -147,14 +133,14 @@ def write_card_and_figures(
 
 
 def card_hyperparameters(args: TrainingArguments) -> dict:
-    """The hyperparameters shown in the model card (`CARD_FIELDS`; the recipe's, `CARD_RECIPE_FIELDS`, where the run
-    resolved them). The epochs are left out when --max_steps decided the length."""
+    """The hyperparameters shown in the model card (`CARD_FIELDS`; the image recipe's flags, `RECIPE_FLAGS`, where the
+    run resolved them). The epochs are left out when --max_steps decided the length."""
     values = {k: getattr(args, k) for k in CARD_FIELDS if getattr(args, k) is not None}
     values["scheduler"] = values.pop("lr_scheduler_type")
     if values.get("max_steps"):
         values.pop("num_train_epochs", None)
     if getattr(args, "auto_augment", None) is not None:  # the run resolved its recipe (image families)
-        values.update({k: getattr(args, k) for k in CARD_RECIPE_FIELDS if getattr(args, k, None) is not None})
+        values.update({k: getattr(args, k) for k in RECIPE_FLAGS if getattr(args, k, None) is not None})
     return values
 
 
