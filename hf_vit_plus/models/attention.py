@@ -25,23 +25,35 @@ from .attention_reference import eager_attention_forward, sparse_padding_mask
 # The Sparse Transformer kernels of `sparse_attention.py`: the dense masked reference (returns the weights), the
 # exact O(n sqrt(n)) CPU kernel and flex_attention (trains on GPU).
 SPARSE_KERNEL_NAMES = ("sparse_dense", "sparse_block", "sparse_flex")
+# Up to this many keys, dense attention on the CPU runs the reference (matmul-softmax-matmul) instead of sdpa: sdpa's
+# CPU kernel (flash attention, blocked for long sequences) trains a ViT's 17 tokens (Fashion-MNIST, 7 x 7 patches)
+# 2.5-4.3x slower (forward + backward of a layer at batch 128, 2 threads: 3.5-5.7 ms against 1.3-1.4 ms), 1.1x at
+# 97-129 keys, and wins from about 150 (scripts/benchmarks/bench_vit.py --attention_lengths prints the table).
+SHORT_CPU_SEQUENCE = 128
 
 
 def select_attention_kernel(
-    requested: str | None, pattern, device_type: str, output_attentions: bool, query_length: int | None = None
+    requested: str | None,
+    pattern,
+    device_type: str,
+    output_attentions: bool,
+    query_length: int | None = None,
+    key_length: int | None = None,
 ) -> str:
     """The name of the kernel an attention layer runs (look it up with `ALL_ATTENTION_FUNCTIONS.get_interface`).
 
     requested: `config._attn_implementation` (None: the eager reference); pattern: the layer's `SparsePattern`, or
     None for dense attention; device_type: of the inputs ("cpu", "cuda", ...); output_attentions: whether the
-    caller wants the attention probabilities, which only the reference kernels return; query_length: the number of
-    queries per row, when known.
+    caller wants the attention probabilities, which only the reference kernels return; query_length / key_length:
+    the number of queries / keys per row, when known.
 
     - dense attention: "eager" when the probabilities are asked for; "sdpa" when a sparse kernel is requested
       (those need a pattern); "eager" instead of "sdpa" for one query per row (a decoding step) traced by
       torch.compile on CPU: inductor fuses the reference's matmul-softmax-matmul, while sdpa's CPU kernel, made for
       long queries, stays an opaque call that costs several times more for one query (about 15% of a compiled beam
-      search step at 64 rows); otherwise the requested kernel.
+      search step at 64 rows); "eager" instead of "sdpa" on the CPU for several queries over at most
+      `SHORT_CPU_SEQUENCE` keys (a small image's tokens), where sdpa's CPU kernel is up to 4x slower; otherwise the
+      requested kernel.
     - sparse attention: "sparse_dense" (the masked reference) when the probabilities are asked for; the requested
       sparse kernel; otherwise the fast one for the device: "sparse_flex" on CUDA (flex_attention trains there),
       "sparse_block" elsewhere (forward and backward on CPU).
@@ -50,8 +62,12 @@ def select_attention_kernel(
         if output_attentions or requested is None:
             return "eager"
         kernel = "sdpa" if requested in SPARSE_KERNEL_NAMES else requested
-        if kernel == "sdpa" and query_length == 1 and device_type == "cpu" and torch.compiler.is_compiling():
-            return "eager"
+        if kernel == "sdpa" and device_type == "cpu":
+            if query_length == 1 and torch.compiler.is_compiling():
+                return "eager"
+            if query_length is not None and query_length > 1 and key_length is not None:
+                if key_length <= SHORT_CPU_SEQUENCE:
+                    return "eager"
         return kernel
     if output_attentions:
         return "sparse_dense"
@@ -78,6 +94,7 @@ for _name, _shim in SPARSE_KERNEL_SHIMS.items():
 
 
 __all__ = [
+    "SHORT_CPU_SEQUENCE",
     "SPARSE_KERNEL_NAMES",
     "SPARSE_KERNEL_SHIMS",
     "eager_attention_forward",

@@ -229,7 +229,12 @@ class ViTPlusAttention(nn.Module):
         value = split_heads(self.v_proj(hidden_states), self.num_heads)  # (B, H, T, Dh)
 
         implementation = select_attention_kernel(
-            self.config._attn_implementation, self.sparse_pattern, query.device.type, output_attentions
+            self.config._attn_implementation,
+            self.sparse_pattern,
+            query.device.type,
+            output_attentions,
+            query_length=seq_len,
+            key_length=seq_len,
         )
         attention_fn = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
         dropout = self.attention_dropout if self.training else 0.0

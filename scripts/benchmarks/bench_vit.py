@@ -3,6 +3,12 @@
     python scripts/benchmarks/bench_vit.py                       # ViT-B/16 at 224, batch 1/8/32, fp32, bf16, int8
     python scripts/benchmarks/bench_vit.py --preset tiny-patch16-224 --batch_sizes 1 8 --repeats 5
     python scripts/benchmarks/bench_vit.py --precisions fp32 int8-dynamic --batch_sizes 8   # the int8 target
+    python scripts/benchmarks/bench_vit.py --attention_lengths 17 33 65 129 197 --threads 2   # CPU kernel choice
+
+`--attention_lengths` times one attention layer's forward + backward (training) on the CPU at each sequence length,
+torch's sdpa against the reference kernel (matmul-softmax-matmul, `eager_attention_forward`), interleaved, with the
+batch sized so that every length sees about `--attention_tokens` tokens: the measurement behind
+`hf_vit_plus.models.attention.SHORT_CPU_SEQUENCE` (sdpa's CPU kernel is skipped up to that many keys).
 
 For each (precision, batch) the three models run round-robin, `--repeats` times each, after warm-up; the table
 gives the median images/s, our ratio to each peer, and the achieved GFLOP/s as a share of a measured GEMM peak
@@ -194,6 +200,47 @@ def _cpu_name() -> str:
     return platform.machine()
 
 
+def attention_length_table(lengths, heads: int, head_dim: int, tokens: int, repeats: int) -> list[str]:
+    """sdpa against the reference kernel, forward + backward of one layer, at each sequence length (markdown rows)."""
+    import torch.nn.functional as F
+
+    from hf_vit_plus.models.attention import SHORT_CPU_SEQUENCE, eager_attention_forward
+
+    class Layer(torch.nn.Module):  # what the kernels read of the calling layer
+        training, is_causal = True, False
+
+    lines = [
+        f"One attention layer, forward + backward, fp32 CPU, {heads} heads of {head_dim}, about {tokens} tokens a "
+        f"batch, {torch.get_num_threads()} thread(s) (SHORT_CPU_SEQUENCE = {SHORT_CPU_SEQUENCE})",
+        "",
+        "| keys | batch | sdpa ms | reference ms | sdpa / reference | kernel run for sdpa |",
+        "|---|---|---|---|---|---|",
+    ]
+    for length in lengths:
+        batch = max(1, tokens // length)
+        q, k, v = (torch.randn(batch, heads, length, head_dim, requires_grad=True) for _ in range(3))
+        grad = torch.randn(batch, length, heads, head_dim)
+
+        def sdpa(q=q, k=k, v=v, grad=grad):
+            F.scaled_dot_product_attention(q, k, v).transpose(1, 2).backward(grad)
+
+        def reference(q=q, k=k, v=v, grad=grad):
+            eager_attention_forward(Layer(), q, k, v, None)[0].backward(grad)
+
+        times = {sdpa: [], reference: []}
+        for fn in (sdpa, reference, sdpa, reference):  # warm-up
+            fn()
+        for _ in range(repeats):
+            for fn in times:
+                start = time.perf_counter()
+                fn()
+                times[fn].append(time.perf_counter() - start)
+        a, b = (1e3 * statistics.median(times[fn]) for fn in (sdpa, reference))
+        chosen = "reference" if length <= SHORT_CPU_SEQUENCE else "sdpa"
+        lines.append(f"| {length} | {batch} | {a:.2f} | {b:.2f} | {a / b:.2f} | {chosen} |")
+    return lines
+
+
 def main() -> None:
     parser = CommandParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default="base-patch16-224", help="ViTPlusConfig preset measured")
@@ -213,9 +260,25 @@ def main() -> None:
         action="store_true",
         help="measure our model without the cpu_precision opt-in (standard layers, like the peers)",
     )
+    parser.add_argument(
+        "--attention_lengths",
+        type=int,
+        nargs="+",
+        default=None,
+        help="time one attention layer's training step at these sequence lengths (sdpa vs reference) and nothing else",
+    )
+    parser.add_argument("--attention_heads", type=int, default=4, help="heads of --attention_lengths' layer")
+    parser.add_argument("--attention_head_dim", type=int, default=24, help="head size of --attention_lengths' layer")
+    parser.add_argument("--attention_tokens", type=int, default=128 * 17, help="tokens a batch (--attention_lengths)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.attention_lengths:
+        lines = attention_length_table(
+            args.attention_lengths, args.attention_heads, args.attention_head_dim, args.attention_tokens, args.repeats
+        )
+        print("\n".join(lines))
+        return
     run(args)
 
 

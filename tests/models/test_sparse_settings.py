@@ -148,6 +148,25 @@ def test_select_attention_kernel(requested, sparse, device, output_attentions, e
     assert select_attention_kernel(requested, pattern, device, output_attentions) == expected
 
 
+@pytest.mark.parametrize(
+    ("requested", "device", "queries", "keys", "expected"),
+    [
+        ("sdpa", "cpu", 17, 17, "eager"),  # a Fashion-MNIST ViT's tokens: sdpa's CPU kernel is 2.6-4x slower there
+        ("sdpa", "cpu", 128, 128, "eager"),
+        ("sdpa", "cpu", 129, 129, "sdpa"),
+        ("sdpa", "cpu", 197, 197, "sdpa"),  # ViT-B/16 at 224
+        ("sdpa", "cuda", 17, 17, "sdpa"),
+        ("sdpa", "cpu", 1, 17, "sdpa"),  # a decoding step outside torch.compile: unchanged
+        ("sdpa", "cpu", 17, None, "sdpa"),  # lengths unknown: the requested kernel
+        ("flex_attention", "cpu", 17, 17, "flex_attention"),
+        ("sparse_block", "cpu", 17, 17, "eager"),  # a dense layer of a model asked for a sparse kernel
+    ],
+)
+def test_short_cpu_sequences_take_the_reference_kernel(requested, device, queries, keys, expected):
+    assert select_attention_kernel(requested, None, device, False, query_length=queries, key_length=keys) == expected
+    assert select_attention_kernel(requested, SparsePattern("strided", 4), "cpu", False, queries, keys) != "eager"
+
+
 def test_the_block_kernel_uses_the_cpu_flash_ops_only_for_cpu_tensors(monkeypatch):
     """The private flash ops have only a CPU kernel: other devices take the public path (meta tensors stand in)."""
     from hf_vit_plus.models import sparse_attention as sa

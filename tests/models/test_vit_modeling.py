@@ -177,13 +177,45 @@ def test_determinism_and_batching_equivalence():
     torch.testing.assert_close(singles, first, atol=1e-5, rtol=0)
 
 
-def test_eager_equals_sdpa():
-    eager = tiny_model("eager")
+def _count_sdpa_calls(monkeypatch) -> list:
+    calls, real = [], torch.nn.functional.scaled_dot_product_attention
+
+    def counting(*args, **kwargs):
+        calls.append(args[0].shape)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", counting)
+    return calls
+
+
+# (image size, patch size): 17 tokens (up to SHORT_CPU_SEQUENCE keys the CPU runs the reference even when sdpa is
+# asked for) and 145 tokens (sdpa's kernel runs)
+@pytest.mark.parametrize(("size", "patch", "sdpa_runs"), [(32, 8, False), (48, 4, True)])
+def test_eager_equals_sdpa(monkeypatch, size, patch, sdpa_runs):
+    eager = tiny_model("eager", image_size=size, patch_size=patch)
     sdpa = copy.deepcopy(eager)
     sdpa.set_attn_implementation("sdpa")
-    x = pixels()
+    x = pixels(size=size)
+    calls = _count_sdpa_calls(monkeypatch)
     with torch.no_grad():
         torch.testing.assert_close(sdpa(x).logits, eager(x).logits, atol=1e-5, rtol=0)
+    assert len(calls) == (2 if sdpa_runs else 0)  # one call a block, where sdpa's kernel runs
+
+
+def test_short_sequences_train_with_the_reference_kernel_on_cpu(monkeypatch):
+    """sdpa's CPU kernel trains a small image's tokens several times slower than the reference
+    (bench_vit.py --attention_lengths): a ViT asked for sdpa trains 17 tokens without calling it, with the same
+    gradients as the eager model."""
+    eager = tiny_model("eager").train()
+    sdpa = copy.deepcopy(eager)
+    sdpa.set_attn_implementation("sdpa")
+    calls = _count_sdpa_calls(monkeypatch)
+    x, labels = pixels(4), torch.tensor([0, 1, 2, 3])
+    for model in (eager, sdpa):
+        model(x, labels=labels).loss.backward()
+    assert calls == []
+    for (name, a), b in zip(eager.named_parameters(), sdpa.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, atol=1e-6, rtol=0, msg=name)
 
 
 def test_flex_attention_inference_matches_eager():
