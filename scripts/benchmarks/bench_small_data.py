@@ -13,10 +13,11 @@ Rows, in the order they are trained (the CNN first: it is the teacher of the dis
 - `transformers-vit-deit`: transformers' `ViTForImageClassification` of the same shape (`--model_type vit`) with
   the recipe.
 
-Equal time, not equal updates: each run is first timed for `--calibration_steps` updates, and then trained for as
-many updates as fit `--minutes_per_row` (the schedule, the recipe's scaling and the EMA's horizon follow that
-length). "minutes" in the table is the measured training time of the final run(s), evaluation excluded. The
-machine's load moves the timing; run it on an otherwise idle machine for numbers to compare.
+Equal time, not equal updates: each run is first timed for `--calibration_steps` updates (twice: the second probe
+has the full run's recipe, `calibrated_steps`), and then trained for as many updates as fit `--minutes_per_row`
+(the schedule, the recipe's scaling and the EMA's horizon follow that length). "minutes" in the table is the
+measured training time of the final run(s), evaluation excluded. The machine's load moves the timing; run it on an
+otherwise idle machine for numbers to compare.
 
     python scripts/benchmarks/bench_small_data.py --minutes_per_row 45 --output_dir runs/small-data   # the issue's
     python scripts/benchmarks/bench_small_data.py --minutes_per_row 2 --output_dir /tmp/small-data    # a quick look
@@ -144,6 +145,24 @@ def common_flags(args, output: Path, steps: int, eval_samples: int | None) -> di
     )
 
 
+def calibrated_steps(family: str, flags: dict, args, output_dir: Path, seconds: float) -> int:
+    """The updates of `family`'s run with `flags` that fit `seconds` on this machine, from two short timed runs of
+    `--calibration_steps` updates (a handful of test images). The first is a run of that length; the second is the
+    first's estimate of the full run, stopped after as many updates (`--stop_after_steps`), so that the recipe scales
+    its augmentation to the full run's length as in the final run: RandAugment, image by image, on t = epochs / 300 of
+    the images (0.1% in the first probe, 27% in an 82-epoch run; timing only the first, an earlier version trained
+    16-25% past the budget)."""
+    steps = args.calibration_steps
+    for horizon in (None, "full"):
+        probe = dict(common_flags(args, output_dir / ".calibration", steps, 64), **flags, write_card=False)
+        if horizon:
+            probe.update(stop_after_steps=args.calibration_steps)
+        timed = run_once(family, probe, args.threads)
+        per_update = timed["seconds"] / max(1, timed["updates"])
+        steps = max(args.calibration_steps, int(seconds / per_update))
+    return steps
+
+
 def train_row(row: str, args, output_dir: Path) -> dict:
     runs = row_runs(row, output_dir, args.vit_config_overrides, args.vit_flags)
     budget = args.minutes_per_row * 60
@@ -151,12 +170,7 @@ def train_row(row: str, args, output_dir: Path) -> dict:
     updates, metrics, outputs, seconds = [], {}, [], []
     for (family, flags), share in zip(runs, shares):
         output = Path(flags.pop("output_dir", output_dir / row))
-        # calibration: seconds per update of this run, on the same machine, a handful of test images
-        probe = dict(common_flags(args, output_dir / ".calibration", args.calibration_steps, 64), **flags)
-        probe.update(write_card=False)
-        timed = run_once(family, probe, args.threads)
-        per_update = timed["seconds"] / max(1, timed["updates"])
-        steps = max(args.calibration_steps, int(budget * share / per_update))
+        steps = calibrated_steps(family, flags, args, output_dir, budget * share)
         final = dict(common_flags(args, output, steps, None), **flags)
         result = run_once(family, final, args.threads)
         seconds.append(result["seconds"])

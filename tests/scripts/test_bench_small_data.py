@@ -132,3 +132,32 @@ def test_time_augmentation_prints_the_per_batch_table(capsys):
     assert rows[1].endswith("| 1.0 |")  # the batched row is the unit of the ratios
     assert all(float(row.split("|")[2]) > 0 for row in rows)
     assert torch.get_num_threads() == threads  # timed on one thread, the caller's setting restored
+
+
+def test_the_calibration_times_the_full_runs_recipe(monkeypatch, tmp_path):
+    """The recipe scales RandAugment's share of the images with the run's length, so a short probe alone times a
+    cheaper run than the final one: the second probe is the estimated full run, stopped after the calibration's
+    updates, and its time per update sets the final run's length."""
+    bench = _bench()
+    calls = []
+
+    def fake_run_once(family, flags, threads):
+        calls.append(dict(flags))
+        if flags["max_steps"] == 10 and "stop_after_steps" not in flags:
+            return {"seconds": 10 * 0.05, "updates": 10}  # the short probe: cheap augmentation
+        if flags.get("stop_after_steps"):
+            return {"seconds": 10 * 0.08, "updates": 10}  # the full run's recipe, stopped early
+        return {"seconds": flags["max_steps"] * 0.08, "updates": flags["max_steps"], "metrics": {"accuracy": 0.9}}
+
+    monkeypatch.setattr(bench, "run_once", fake_run_once)
+    args = type(
+        "Args", (), dict(minutes_per_row=1.0, calibration_steps=10, batch_size=128, threads=1, seed=0,
+                         vit_config_overrides=None, vit_flags=None, mpp_share=0.5)
+    )()  # fmt: skip
+    result = bench.train_row("vit-deit", args, tmp_path)
+    first, second, final = calls
+    assert first["max_steps"] == 10 and "stop_after_steps" not in first
+    assert second["max_steps"] == 1200 and second["stop_after_steps"] == 10  # the first's estimate
+    assert final["max_steps"] == 750 and "stop_after_steps" not in final  # 60 s at the full run's 0.08 s an update
+    assert second["recipe"] == final["recipe"] == "deit"
+    assert result["minutes"] == pytest.approx(1.0)
