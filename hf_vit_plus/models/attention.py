@@ -65,9 +65,8 @@ def select_attention_kernel(
         if kernel == "sdpa" and device_type == "cpu":
             if query_length == 1 and torch.compiler.is_compiling():
                 return "eager"
-            if query_length is not None and query_length > 1 and key_length is not None:
-                if key_length <= SHORT_CPU_SEQUENCE:
-                    return "eager"
+            if (query_length or 0) > 1 and key_length is not None and key_length <= SHORT_CPU_SEQUENCE:
+                return "eager"
         return kernel
     if output_attentions:
         return "sparse_dense"

@@ -153,9 +153,9 @@ def calibrated_steps(family: str, flags: dict, args, output_dir: Path, seconds: 
     the images (0.1% in the first probe, 27% in an 82-epoch run: timing only the first, a 45-minute row trained 62;
     with the second, 48.3)."""
     steps = args.calibration_steps
-    for horizon in (None, "full"):
+    for full_run in (False, True):
         probe = dict(common_flags(args, output_dir / ".calibration", steps, 64), **flags, write_card=False)
-        if horizon:
+        if full_run:  # `steps` is now the first probe's estimate of the run
             probe.update(stop_after_steps=args.calibration_steps)
         timed = run_once(family, probe, args.threads)
         per_update = timed["seconds"] / max(1, timed["updates"])
