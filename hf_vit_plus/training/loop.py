@@ -55,6 +55,7 @@ from .checkpoints import (
 from .ema import ModelEma
 from .families import TrainingData, TrainingFamily, get_family
 from .outputs import check_push_target, prefixed_metrics, save_final
+from .recipes import recipe_mixed_precision
 from .sharding import (
     CHECKPOINT_LAYOUTS,
     DEEPSPEED_STATE_REFUSAL,
@@ -164,6 +165,7 @@ def train(args: TrainingArguments, family: TrainingFamily | None = None) -> Trai
     family = family or get_family(args.family)
     with user_errors():  # before the first update, a bad value is the user's: the tracker, data, config, sizes
         check_push_target(args)  # the final push's target, before hours of training (as transformers' Trainer)
+        args = with_recipe_precision(args)
         accelerator = create_accelerator(args)
         args = with_fsdp_checkpointing(args)
         for line in describe(accelerator, args.per_device_train_batch_size, args.gradient_accumulation_steps,
@@ -196,6 +198,19 @@ def user_errors() -> Iterator[None]:
         raise
     except ValueError as error:
         raise UsageError(str(error)) from error
+
+
+def with_recipe_precision(args: TrainingArguments) -> TrainingArguments:
+    """`args` with --recipe's mixed precision (`recipes.recipe_mixed_precision`: "deit" takes bf16 autocast where the
+    device multiplies bf16 natively) when neither --mixed_precision nor the launcher (ACCELERATE_MIXED_PRECISION, as
+    `accelerate launch` sets it from its config) chose one."""
+    if args.mixed_precision is not None or os.environ.get("ACCELERATE_MIXED_PRECISION"):
+        return args
+    on_cpu = args.use_cpu or not torch.accelerator.is_available()
+    device = "cpu" if on_cpu else torch.accelerator.current_accelerator().type
+    request = parallelism_request(args.fsdp, args.fsdp_options)
+    value = recipe_mixed_precision(args.recipe, device, sharded=bool(request.fsdp or request.deepspeed_from))
+    return dataclasses.replace(args, mixed_precision=value) if value else args
 
 
 def create_accelerator(args: TrainingArguments) -> Accelerator:

@@ -22,10 +22,13 @@ otherwise idle machine for numbers to compare.
     python scripts/benchmarks/bench_small_data.py --minutes_per_row 45 --output_dir runs/small-data   # the issue's
     python scripts/benchmarks/bench_small_data.py --minutes_per_row 2 --output_dir /tmp/small-data    # a quick look
     python scripts/benchmarks/bench_small_data.py --time_augmentation   # the recipe's augmentation per batch, timed
+    python scripts/benchmarks/bench_small_data.py --time_precision --threads 2   # fp32 against bf16 autocast
 
 `--time_augmentation` trains nothing: it times the recipe's augmentation of a batch of Fashion-MNIST-sized images on
 one thread, torchvision's transforms image by image (as release 0.2 ran them) against the batched `ImageAugmentation`
-and `BatchErasing`, and prints the table.
+and `BatchErasing`, and prints the table. `--time_precision` trains nothing either: it times a training update of
+the ViT (and two wider ones) in fp32 and under bf16 autocast, which `--recipe deit` takes where the CPU multiplies
+bf16 natively.
 
 Each row runs in its own process (`hf_vit_plus.training.train` keeps Accelerate's process-wide state); every model
 folder stays in `--output_dir/ROW`, with its card, `results.json` holds the table and `curves.png` the training loss of
@@ -281,6 +284,70 @@ def _augmentation_table(batch: int, repeats: int, size: int) -> str:
     return "\n".join(lines)
 
 
+# (name, config fields over the built-in Fashion-MNIST ViT) of the shapes `--time_precision` measures
+PRECISION_SHAPES = (
+    ("width 96 (the built-in shape, 456k parameters)", {}),
+    ("width 128, MLP 256 (805k)", dict(hidden_size=128, intermediate_size=256)),
+    ("width 192, MLP 384 (1.8M)", dict(hidden_size=192, intermediate_size=384)),
+)
+
+
+def precision_timing(batch: int = 128, repeats: int = 20, threads: int | None = None) -> str:
+    """A table: milliseconds per training update (forward, backward, AdamW step; random pixels) of the built-in
+    Fashion-MNIST ViT and wider ones, fp32 against bf16 autocast (what `--recipe deit` trains in where the CPU's bf16
+    products are native, `recipes.recipe_mixed_precision`), side by side on this machine's CPU."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or before)
+    try:
+        return _precision_table(batch, repeats)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _precision_table(batch: int, repeats: int) -> str:
+    import torch
+
+    from hf_vit_plus import ViTPlusConfig, ViTPlusForImageClassification
+    from hf_vit_plus.models.compat import cpu_has_native_bf16_products
+    from hf_vit_plus.training.families.vit import FASHION_VIT_CONFIG
+
+    torch.manual_seed(0)
+    pixels, labels = torch.randn(batch, 1, 28, 28), torch.randint(0, 10, (batch,))
+
+    def per_update(model, dtype) -> float:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+        def step():
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16"):
+                loss = model(pixel_values=pixels, labels=labels).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+        for _ in range(3):
+            step()
+        start = time.perf_counter()
+        for _ in range(repeats):
+            step()
+        return (time.perf_counter() - start) / repeats * 1000
+
+    lines = [
+        f"Training update of a batch of {batch} Fashion-MNIST-sized images, {torch.get_num_threads()} thread(s), "
+        f"mean of {repeats}; CPU capability {torch.backends.cpu.get_cpu_capability()}, native bf16 products: "
+        f"{cpu_has_native_bf16_products()}",
+        "",
+        "| ViT (7 x 7 patches, 6 blocks) | fp32 ms | bf16 autocast ms | fp32 / bf16 |",
+        "|---|---|---|---|",
+    ]
+    for name, fields in PRECISION_SHAPES:
+        config = ViTPlusConfig(**{**FASHION_VIT_CONFIG, **fields}, num_labels=10)
+        fp32, bf16 = (per_update(ViTPlusForImageClassification(config), dtype) for dtype in ("fp32", "bf16"))
+        lines.append(f"| {name} | {fp32:.1f} | {bf16:.1f} | {fp32 / bf16:.2f} |")
+    return "\n".join(lines)
+
+
 def table(results: list[dict], args) -> str:
     lines = [
         f"Fashion-MNIST, full test set (10,000 images); {args.minutes_per_row:g} training minutes per row, batch "
@@ -323,9 +390,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--time_augmentation", action="store_true", help="train nothing: time the augmentation of a batch and exit"
     )
+    parser.add_argument(
+        "--time_precision",
+        action="store_true",
+        help="train nothing: time a training update of the ViT in fp32 and bf16 autocast (--threads) and exit",
+    )
     args = parser.parse_args(argv)
     if args.time_augmentation:
         print(augmentation_timing(args.batch_size))
+        return
+    if args.time_precision:
+        print(precision_timing(args.batch_size, threads=args.threads))
         return
     try:
         args.vit_flags = parse_flags(args.vit_flags)

@@ -134,6 +134,19 @@ def test_time_augmentation_prints_the_per_batch_table(capsys):
     assert torch.get_num_threads() == threads  # timed on one thread, the caller's setting restored
 
 
+def test_time_precision_prints_fp32_against_bf16_per_update(capsys):
+    bench = _bench()
+    threads = torch.get_num_threads()
+    bench.main(["--time_precision", "--batch_size", "4", "--threads", "1"])
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| width")]
+    assert len(rows) == 3 and "native bf16 products:" in out
+    for row in rows:
+        fp32, bf16, ratio = (float(cell) for cell in row.split("|")[2:5])
+        assert fp32 > 0 and bf16 > 0 and ratio == pytest.approx(fp32 / bf16, abs=0.01)
+    assert torch.get_num_threads() == threads  # the caller's setting restored
+
+
 def test_the_calibration_times_the_full_runs_recipe(monkeypatch, tmp_path):
     """The recipe scales RandAugment's share of the images with the run's length, so a short probe alone times a
     cheaper run than the final one: the second probe is the estimated full run, stopped after the calibration's
