@@ -203,8 +203,12 @@ def user_errors() -> Iterator[None]:
 def with_recipe_precision(args: TrainingArguments) -> TrainingArguments:
     """`args` with --recipe's mixed precision (`recipes.recipe_mixed_precision`: "deit" takes bf16 autocast where the
     device multiplies bf16 natively) when neither --mixed_precision nor the launcher (ACCELERATE_MIXED_PRECISION, as
-    `accelerate launch` sets it from its config) chose one."""
-    if args.mixed_precision is not None or os.environ.get("ACCELERATE_MIXED_PRECISION"):
+    `accelerate launch` sets it from its config) chose one, nor an earlier run of this process: Accelerate's state is
+    process-wide and refuses another precision once set, so a second `train()` in one Python process keeps the
+    first's."""
+    from accelerate.state import is_initialized
+
+    if args.mixed_precision is not None or os.environ.get("ACCELERATE_MIXED_PRECISION") or is_initialized():
         return args
     on_cpu = args.use_cpu or not torch.accelerator.is_available()
     device = "cpu" if on_cpu else torch.accelerator.current_accelerator().type

@@ -244,6 +244,18 @@ def test_deit_recipe_trains_with_stochastic_depth_and_saves_the_ema_it_evaluated
     assert losses and all(torch.isfinite(torch.tensor(losses)))
 
 
+def test_a_second_run_in_one_process_keeps_the_first_runs_precision(tmp_path, monkeypatch):
+    """Accelerate's state is process-wide and refuses another precision once set: a `--recipe deit` run after a
+    plain one in the same Python process (a teacher, then its student) stopped with "AcceleratorState has already
+    been initialized" where the recipe chose bf16; it now trains in the first run's precision."""
+    from hf_vit_plus.models import compat
+
+    monkeypatch.setattr(compat, "cpu_has_native_bf16_products", lambda: True)
+    train(tiny(tmp_path, "first", max_steps=1, use_cpu=True))  # --recipe none: Accelerate's default, fp32
+    result = train(tiny(tmp_path, "second", recipe="deit", max_steps=1, use_cpu=True))
+    assert result.global_step == 1
+
+
 def test_distillation_from_a_cnn_trained_by_the_same_loop(tmp_path):
     teacher = train(tiny(tmp_path, "cnn", model_type="resnet", config_overrides="", max_steps=3))
     assert type(teacher.model).__name__ == "ResNetForImageClassification"
