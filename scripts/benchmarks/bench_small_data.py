@@ -234,14 +234,29 @@ def augmentation_timing(batch: int = 128, repeats: int = 20, size: int = 28) -> 
     """A table: milliseconds per batch of `batch` grey `size` x `size` uint8 images on one thread, for the recipe's
     crop (scale 0.83, its value at 18 epochs), flip and erasing (0.06), image by image with torchvision against
     batched, and RandAugment (2 operations, magnitude 6) image by image, as it still runs."""
+    return _on_threads(1, _augmentation_table, batch, repeats, size)
+
+
+def _on_threads(threads: int | None, function, *args):
+    """`function(*args)` on `threads` torch threads (None: the caller's), the caller's setting restored after."""
     import torch
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or before)
     try:
-        return _augmentation_table(batch, repeats, size)
+        return function(*args)
     finally:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(before)
+
+
+def _mean_ms(step, repeats: int, warmup: int = 1) -> float:
+    """Milliseconds per call of `step`, the mean of `repeats` calls after `warmup` untimed ones."""
+    for _ in range(warmup):
+        step()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        step()
+    return (time.perf_counter() - start) / repeats * 1000
 
 
 def _augmentation_table(batch: int, repeats: int, size: int) -> str:
@@ -265,17 +280,10 @@ def _augmentation_table(batch: int, repeats: int, size: int) -> str:
     def whole_batch():
         return batched_erase(batched(pixels).float())
 
-    def timed(step) -> float:
-        step()
-        start = time.perf_counter()
-        for _ in range(repeats):
-            step()
-        return (time.perf_counter() - start) / repeats * 1000
-
     rows = [
-        ("crop + flip + erasing, torchvision image by image (0.2)", timed(per_image)),
-        ("crop + flip + erasing, batched (`ImageAugmentation`, `BatchErasing`)", timed(whole_batch)),
-        ("RandAugment (2 ops, magnitude 6), image by image", timed(lambda: list(map(randaugment, pixels)))),
+        ("crop + flip + erasing, torchvision image by image (0.2)", _mean_ms(per_image, repeats)),
+        ("crop + flip + erasing, batched (`ImageAugmentation`, `BatchErasing`)", _mean_ms(whole_batch, repeats)),
+        ("RandAugment (2 ops, magnitude 6), image by image", _mean_ms(lambda: [*map(randaugment, pixels)], repeats)),
     ]
     lines = [f"Augmentation of a batch of {batch} uint8 {size} x {size} images, one thread, mean of {repeats}", "",
              "| step | ms per batch | x batched |", "|---|---|---|"]  # fmt: skip
@@ -296,14 +304,7 @@ def precision_timing(batch: int = 128, repeats: int = 20, threads: int | None = 
     """A table: milliseconds per training update (forward, backward, AdamW step; random pixels) of the built-in
     Fashion-MNIST ViT and wider ones, fp32 against bf16 autocast (what `--recipe deit` trains in where the CPU's bf16
     products are native, `recipes.recipe_mixed_precision`), side by side on this machine's CPU."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads or before)
-    try:
-        return _precision_table(batch, repeats)
-    finally:
-        torch.set_num_threads(before)
+    return _on_threads(threads, _precision_table, batch, repeats)
 
 
 def _precision_table(batch: int, repeats: int) -> str:
@@ -326,12 +327,7 @@ def _precision_table(batch: int, repeats: int) -> str:
             optimizer.step()
             optimizer.zero_grad()
 
-        for _ in range(3):
-            step()
-        start = time.perf_counter()
-        for _ in range(repeats):
-            step()
-        return (time.perf_counter() - start) / repeats * 1000
+        return _mean_ms(step, repeats, warmup=3)
 
     lines = [
         f"Training update of a batch of {batch} Fashion-MNIST-sized images, {torch.get_num_threads()} thread(s), "
