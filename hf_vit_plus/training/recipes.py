@@ -152,7 +152,7 @@ def recipe_mixed_precision(recipe: str, device_type: str, sharded: bool) -> str 
     """The --mixed_precision of `recipe` on a `device_type` ("cpu", "cuda", ...) device, or None to leave it to
     Accelerate. DeiT trains under automatic mixed precision (fp16 autocast in its training engine); "deit" takes bf16
     autocast (no loss scaling) where the device multiplies bf16 natively: on a 2-core AVX512-BF16 CPU a training
-    update of the Fashion-MNIST ViT takes 49 ms against 68 in fp32, of a width-128 one 65 against 116
+    update of the Fashion-MNIST ViT takes 53-58 ms against 71-79 in fp32, of a width-128 one 69-75 against 104-108
     (`bench_small_data.py --time_precision`). On CPUs without native bf16 products (AVX2) they are slow reference
     loops (`cpu_precision`): fp32 there. Runs sharded by FSDP or DeepSpeed keep their own precision settings (None)."""
     if recipe != "deit" or sharded:

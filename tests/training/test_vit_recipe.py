@@ -131,7 +131,7 @@ def test_the_card_records_the_recipe_the_run_resolved(tmp_path):
 
 def test_deit_trains_under_bf16_autocast_where_bf16_products_are_native(monkeypatch):
     """DeiT trains under automatic mixed precision; "deit" takes bf16 where the device multiplies it natively (it ran
-    fp32 everywhere: 1.4-1.9x slower updates on an AVX512-BF16 CPU), fp32 where bf16 products are reference loops
+    fp32 everywhere: 1.3-1.8x slower updates on an AVX512-BF16 CPU), fp32 where bf16 products are reference loops
     (AVX2), and leaves sharded runs and other recipes to Accelerate."""
     from hf_vit_plus.models import compat
 
