@@ -200,6 +200,11 @@ def user_errors() -> Iterator[None]:
         raise UsageError(str(error)) from error
 
 
+def trains_on_cpu(args: TrainingArguments) -> bool:
+    """Whether the run trains on the CPU: --use_cpu, or no accelerator device here."""
+    return args.use_cpu or not torch.accelerator.is_available()
+
+
 def with_recipe_precision(args: TrainingArguments) -> TrainingArguments:
     """`args` with --recipe's mixed precision (`recipes.recipe_mixed_precision`: "deit" takes bf16 autocast where the
     device multiplies bf16 natively) when neither --mixed_precision nor the launcher (ACCELERATE_MIXED_PRECISION, as
@@ -210,8 +215,7 @@ def with_recipe_precision(args: TrainingArguments) -> TrainingArguments:
 
     if args.mixed_precision is not None or os.environ.get("ACCELERATE_MIXED_PRECISION") or is_initialized():
         return args
-    on_cpu = args.use_cpu or not torch.accelerator.is_available()
-    device = "cpu" if on_cpu else torch.accelerator.current_accelerator().type
+    device = "cpu" if trains_on_cpu(args) else torch.accelerator.current_accelerator().type
     request = parallelism_request(args.fsdp, args.fsdp_options)
     value = recipe_mixed_precision(args.recipe, device, sharded=bool(request.fsdp or request.deepspeed_from))
     return dataclasses.replace(args, mixed_precision=value) if value else args
@@ -223,7 +227,7 @@ def create_accelerator(args: TrainingArguments) -> Accelerator:
     output_dir = Path(args.output_dir)
     # Without an accelerator device, say so: then `accelerate launch --multi_gpu` / torchrun processes join one gloo
     # group on CPU instead of each training alone.
-    on_cpu = args.use_cpu or not torch.accelerator.is_available()
+    on_cpu = trains_on_cpu(args)
     request = parallelism_request(args.fsdp, args.fsdp_options)
     refuse_before_start(request, on_cpu)
     plugin = fsdp_plugin(request)

@@ -46,8 +46,6 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 # Every setting a recipe decides (the `TrainingArguments` fields, None when unset), and "none"'s value of each: plain
 # training as in release 0.1 (the learning rate, warm-up and smoothing the ViT family always had).
 RECIPE_NONE = dict(
@@ -162,6 +160,8 @@ def recipe_mixed_precision(recipe: str, device_type: str, sharded: bool) -> str 
 
         return "bf16" if cpu_has_native_bf16_products() else "no"
     if device_type == "cuda":
+        import torch  # this module holds values only: torch where a device is asked about
+
         return "bf16" if torch.cuda.is_bf16_supported() else "no"
     return None
 
