@@ -274,6 +274,11 @@ class TrainingArguments:
         None, "mixed precision; default: the accelerate config / launcher setting", choices=MIXED_PRECISION
     )
     activation_checkpointing: bool = _option(False, "recompute block activations in the backward pass (less memory)")
+    torch_compile: bool = _option(
+        False,
+        "compile the model's forward and backward with torch.compile (inductor; on the CPU too, with a C++ compiler), "
+        "as transformers' --torch_compile: the first updates wait for the compilation, the rest run faster",
+    )
     use_cpu: bool = _option(False, "train on the CPU even when an accelerator is present")
     fsdp: bool = _option(
         False,

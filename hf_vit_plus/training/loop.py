@@ -323,6 +323,12 @@ def prepare_run(
     total_steps = args.max_steps or math.ceil(args.num_train_epochs * updates_per_epoch)
     scheduler = family.create_scheduler(optimizer, args, total_steps, model.config)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    if args.torch_compile:
+        # In place (`nn.Module.compile`: the module's call is compiled, the module stays itself), after Accelerate's
+        # wrapping (its autocast is traced in): the saved model, the training states and the EMA keep the model's
+        # own parameter names. (`torch.compile(model)` returns a wrapper whose names start with `_orig_mod.`, and
+        # Accelerate's `unwrap_model` keeps it: a model saved that way loads as untrained weights.)
+        model.compile()
     ema = None
     if getattr(args, "ema_decay", None):
         if accelerator.is_fsdp2 or is_zero3(accelerator):
@@ -411,6 +417,8 @@ def announce(run: Run) -> None:
         f"train / {len(run.eval_dataloader.dataset)} eval examples, {world} process(es), global batch "
         f"{args.per_device_train_batch_size * world * args.gradient_accumulation_steps}, {run.total_steps} updates."
     )
+    if args.torch_compile:
+        accelerator.print("torch.compile: the first update compiles the model (tens of seconds on a CPU).")
 
 
 def run_epochs(run: Run, progress: Progress) -> None:

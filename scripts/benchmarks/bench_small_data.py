@@ -13,8 +13,9 @@ Rows, in the order they are trained (the CNN first: it is the teacher of the dis
 - `transformers-vit-deit`: transformers' `ViTForImageClassification` of the same shape (`--model_type vit`) with
   the recipe.
 
-Equal time, not equal updates: each run is first timed for `--calibration_steps` updates (twice: the second probe
-has the full run's recipe, `calibrated_steps`), and then trained for as many updates as fit `--minutes_per_row`
+Equal time, not equal updates: each run is first timed for `--calibration_steps` updates (three times: the last two
+have the full run's recipe and 1 and 3 times the updates, which separates an update's time from a compilation's,
+`calibrated_steps`), and then trained for as many updates as fit `--minutes_per_row`
 (the schedule, the recipe's scaling and the EMA's horizon follow that length). "minutes" in the table is the
 measured training time of the final run(s), evaluation excluded. The machine's load moves the timing; run it on an
 otherwise idle machine for numbers to compare.
@@ -149,21 +150,29 @@ def common_flags(args, output: Path, steps: int, eval_samples: int | None) -> di
 
 
 def calibrated_steps(family: str, flags: dict, args, output_dir: Path, seconds: float) -> int:
-    """The updates of `family`'s run with `flags` that fit `seconds` on this machine, from two short timed runs of
-    `--calibration_steps` updates (a handful of test images). The first is a run of that length; the second is the
-    first's estimate of the full run, stopped after as many updates (`--stop_after_steps`), so that the recipe scales
-    its augmentation to the full run's length as in the final run: RandAugment, image by image, on t = epochs / 300 of
-    the images (0.1% in the first probe, 27% in an 82-epoch run: timing only the first, a 45-minute row trained 62;
-    with the second, 48.3)."""
+    """The updates of `family`'s run with `flags` that fit `seconds` on this machine, from three short timed runs (a
+    handful of test images). The first is a run of `--calibration_steps` updates; the next two are the first's
+    estimate of the full run, stopped after `--calibration_steps` and after three times as many
+    (`--stop_after_steps`), so that the recipe scales its augmentation to the full run's length as in the final run:
+    RandAugment, image by image, on t = epochs / 300 of the images (0.1% in the first probe, 27% in an 82-epoch run:
+    timing only the first, a 45-minute row trained 62; with the second, 48.3). A line through the last two separates
+    the time of an update from the time every run spends once (`--torch_compile`'s compilation: 20-25 s), which a
+    probe's mean time per update would count 150 times over."""
     steps = args.calibration_steps
-    for full_run in (False, True):
+    probe = dict(common_flags(args, output_dir / ".calibration", steps, 64), **flags, write_card=False)
+    timed = run_once(family, probe, args.threads)
+    steps = max(steps, int(seconds / (timed["seconds"] / max(1, timed["updates"]))))
+    points = []
+    for stop in (args.calibration_steps, 3 * args.calibration_steps):  # the estimated full run, stopped early
         probe = dict(common_flags(args, output_dir / ".calibration", steps, 64), **flags, write_card=False)
-        if full_run:  # `steps` is now the first probe's estimate of the run
-            probe.update(stop_after_steps=args.calibration_steps)
-        timed = run_once(family, probe, args.threads)
-        per_update = timed["seconds"] / max(1, timed["updates"])
-        steps = max(args.calibration_steps, int(seconds / per_update))
-    return steps
+        timed = run_once(family, dict(probe, stop_after_steps=stop), args.threads)
+        points.append((timed["updates"], timed["seconds"]))
+    (short, short_seconds), (long, long_seconds) = points
+    per_update = (long_seconds - short_seconds) / max(1, long - short)
+    if per_update <= 0:  # the machine's load moved more than the extra updates took: the longer probe's mean
+        per_update = long_seconds / max(1, long)
+    once = min(max(0.0, short_seconds - short * per_update), seconds / 2)
+    return max(args.calibration_steps, int((seconds - once) / per_update))
 
 
 def train_row(row: str, args, output_dir: Path) -> dict:

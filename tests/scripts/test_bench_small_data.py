@@ -149,8 +149,8 @@ def test_time_precision_prints_fp32_against_bf16_per_update(capsys):
 
 def test_the_calibration_times_the_full_runs_recipe(monkeypatch, tmp_path):
     """The recipe scales RandAugment's share of the images with the run's length, so a short probe alone times a
-    cheaper run than the final one: the second probe is the estimated full run, stopped after the calibration's
-    updates, and its time per update sets the final run's length."""
+    cheaper run than the final one: the next two probes are the estimated full run, stopped after the calibration's
+    updates and after three times as many, and their time per update sets the final run's length."""
     bench = _bench()
     calls = []
 
@@ -158,19 +158,39 @@ def test_the_calibration_times_the_full_runs_recipe(monkeypatch, tmp_path):
         calls.append(dict(flags))
         if flags["max_steps"] == 10 and "stop_after_steps" not in flags:
             return {"seconds": 10 * 0.05, "updates": 10}  # the short probe: cheap augmentation
-        if flags.get("stop_after_steps"):
-            return {"seconds": 10 * 0.08, "updates": 10}  # the full run's recipe, stopped early
+        if flags.get("stop_after_steps"):  # the full run's recipe, stopped early
+            return {"seconds": flags["stop_after_steps"] * 0.08, "updates": flags["stop_after_steps"]}
         return {"seconds": flags["max_steps"] * 0.08, "updates": flags["max_steps"], "metrics": {"accuracy": 0.9}}
 
     monkeypatch.setattr(bench, "run_once", fake_run_once)
-    args = type(
-        "Args", (), dict(minutes_per_row=1.0, calibration_steps=10, batch_size=128, threads=1, seed=0,
-                         vit_config_overrides=None, vit_flags=None, mpp_share=0.5)
-    )()  # fmt: skip
-    result = bench.train_row("vit-deit", args, tmp_path)
-    first, second, final = calls
+    result = bench.train_row("vit-deit", _calibration_args(), tmp_path)
+    first, second, third, final = calls
     assert first["max_steps"] == 10 and "stop_after_steps" not in first
-    assert second["max_steps"] == 1200 and second["stop_after_steps"] == 10  # the first's estimate
+    assert second["max_steps"] == third["max_steps"] == 1200  # the first's estimate
+    assert (second["stop_after_steps"], third["stop_after_steps"]) == (10, 30)
     assert final["max_steps"] == 750 and "stop_after_steps" not in final  # 60 s at the full run's 0.08 s an update
     assert second["recipe"] == final["recipe"] == "deit"
     assert result["minutes"] == pytest.approx(1.0)
+
+
+def test_the_calibration_counts_a_compilation_once(monkeypatch, tmp_path):
+    """A run that first compiles (--torch_compile: 20-25 s before the first update) costs that once, not once per
+    update: the probes' mean time per update (0.08 + 20 / 10 s) would fit 29 updates in a minute; the line through
+    the two probes of the full run fits (60 - 20) / 0.08 = 500."""
+    bench = _bench()
+    calls = []
+
+    def fake_run_once(family, flags, threads):
+        calls.append(dict(flags))
+        updates = flags.get("stop_after_steps") or flags["max_steps"]
+        return {"seconds": 20.0 + updates * 0.08, "updates": updates, "metrics": {"accuracy": 0.9}}
+
+    monkeypatch.setattr(bench, "run_once", fake_run_once)
+    bench.train_row("vit-deit", _calibration_args(vit_flags={"torch_compile": True}), tmp_path)
+    assert calls[-1]["max_steps"] == 500 and calls[-1]["torch_compile"] is True
+
+
+def _calibration_args(**changes):
+    fields = dict(minutes_per_row=1.0, calibration_steps=10, batch_size=128, threads=1, seed=0,
+                  vit_config_overrides=None, vit_flags=None, mpp_share=0.5)  # fmt: skip
+    return type("Args", (), {**fields, **changes})()
