@@ -108,8 +108,9 @@ def test_adamw_is_fused_on_plain_parameters_and_updates_as_the_per_tensor_loop(t
     args = tiny_vit(tmp_path, learning_rate=1e-2)
     fused = get_family("vit").create_optimizer(model, args)
     assert fused.defaults["fused"] is True
-    loop = torch.optim.AdamW(weight_decay_groups(reference, args.weight_decay), lr=args.learning_rate,
-                             betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon, foreach=False)  # fmt: skip
+    betas, eps = (args.adam_beta1, args.adam_beta2), args.adam_epsilon
+    groups = weight_decay_groups(reference, args.weight_decay)
+    loop = torch.optim.AdamW(groups, lr=args.learning_rate, betas=betas, eps=eps, foreach=False)
     pixels, labels = torch.randn(4, 1, 8, 8), torch.tensor([0, 1, 2, 0])
     for _ in range(3):
         for net, optimizer in ((model, fused), (reference, loop)):
