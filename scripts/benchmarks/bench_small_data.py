@@ -24,6 +24,8 @@ otherwise idle machine for numbers to compare.
     python scripts/benchmarks/bench_small_data.py --minutes_per_row 2 --output_dir /tmp/small-data    # a quick look
     python scripts/benchmarks/bench_small_data.py --time_augmentation   # the recipe's augmentation per batch, timed
     python scripts/benchmarks/bench_small_data.py --time_precision --threads 2   # fp32 against bf16 autocast
+    python scripts/benchmarks/bench_small_data.py --rows vit-deit --threads 2 --vit_flags torch_compile=True \
+        --vit_config_overrides patch_size=4,hidden_size=128,intermediate_size=256   # a row of the README, compiled
 
 `--time_augmentation` trains nothing: it times the recipe's augmentation of a batch of Fashion-MNIST-sized images on
 one thread, torchvision's transforms image by image (as release 0.2 ran them) against the batched `ImageAugmentation`
