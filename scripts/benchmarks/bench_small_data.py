@@ -28,10 +28,10 @@ otherwise idle machine for numbers to compare.
         --vit_config_overrides patch_size=4,hidden_size=128,intermediate_size=256   # a row of the README, compiled
 
 `--time_augmentation` trains nothing: it times the recipe's augmentation of a batch of Fashion-MNIST-sized images on
-one thread, torchvision's transforms image by image (as release 0.2 ran them) against the batched `ImageAugmentation`
-and `BatchErasing`, and prints the table. `--time_precision` trains nothing either: it times a training update of
-the ViT (and two wider ones) in fp32 and under bf16 autocast, which `--recipe deit` takes where the CPU multiplies
-bf16 natively.
+one thread, torchvision's transforms image by image (as release 0.2 ran them) against the batched `ImageAugmentation`,
+`BatchErasing` and `BatchAutoAugment`, and prints the table. `--time_precision` trains nothing either: it times a
+training update of the ViT (and two wider ones) in fp32 and under bf16 autocast, which `--recipe deit` takes where
+the CPU multiplies bf16 natively.
 
 Each row runs in its own process (`hf_vit_plus.training.train` keeps Accelerate's process-wide state); every model
 folder stays in `--output_dir/ROW`, with its card, `results.json` holds the table and `curves.png` the training loss of
@@ -156,7 +156,7 @@ def calibrated_steps(family: str, flags: dict, args, output_dir: Path, seconds: 
     handful of test images). The first is a run of `--calibration_steps` updates; the next two are the first's
     estimate of the full run, stopped after `--calibration_steps` and after three times as many
     (`--stop_after_steps`), so that the recipe scales its augmentation to the full run's length as in the final run:
-    RandAugment, image by image, on t = epochs / 300 of the images (0.1% in the first probe, 27% in an 82-epoch run:
+    RandAugment on t = epochs / 300 of the images (0.1% in the first probe, 27% in an 82-epoch run:
     timing only the first, a 45-minute row trained 62; with the second, 48.3). A line through the last two separates
     the time of an update from the time every run spends once (`--torch_compile`'s compilation: 20-25 s), which a
     probe's mean time per update would count 150 times over."""
@@ -244,7 +244,8 @@ def plot_curves(results: list[dict], output_dir: Path, path: Path) -> Path:
 def augmentation_timing(batch: int = 128, repeats: int = 20, size: int = 28) -> str:
     """A table: milliseconds per batch of `batch` grey `size` x `size` uint8 images on one thread, for the recipe's
     crop (scale 0.83, its value at 18 epochs), flip and erasing (0.06), image by image with torchvision against
-    batched, and RandAugment (2 operations, magnitude 6) image by image, as it still runs."""
+    batched, and RandAugment (2 operations, magnitude 6) image by image against batched (`BatchAutoAugment`), on
+    every image and on the share of them that the recipe gives a 90-epoch run."""
     return _on_threads(1, _augmentation_table, batch, repeats, size)
 
 
@@ -274,7 +275,7 @@ def _augmentation_table(batch: int, repeats: int, size: int) -> str:
     import torch
     from torchvision.transforms import v2
 
-    from hf_vit_plus.training.augment import BatchErasing, ImageAugmentation
+    from hf_vit_plus.training.augment import BatchAutoAugment, BatchErasing, ImageAugmentation
 
     torch.manual_seed(0)
     pixels = torch.randint(0, 256, (batch, 1, size, size), dtype=torch.uint8)
@@ -283,6 +284,7 @@ def _augmentation_table(batch: int, repeats: int, size: int) -> str:
     erase = v2.RandomErasing(p=0.06, value=0.0)
     batched, batched_erase = ImageAugmentation((size, size), crop_scale=0.83, horizontal_flip=True), BatchErasing(0.06)
     randaugment = v2.RandAugment(num_ops=2, magnitude=6)
+    batched_randaugment = BatchAutoAugment(randaugment)
 
     def per_image():
         images = torch.stack([crop_flip(image) for image in pixels]).float()
@@ -294,8 +296,15 @@ def _augmentation_table(batch: int, repeats: int, size: int) -> str:
     rows = [
         ("crop + flip + erasing, torchvision image by image (0.2)", _mean_ms(per_image, repeats)),
         ("crop + flip + erasing, batched (`ImageAugmentation`, `BatchErasing`)", _mean_ms(whole_batch, repeats)),
-        ("RandAugment (2 ops, magnitude 6), image by image", _mean_ms(lambda: [*map(randaugment, pixels)], repeats)),
-    ]
+        ("RandAugment (2 ops, magnitude 6), torchvision image by image (0.2)",
+         _mean_ms(lambda: [*map(randaugment, pixels)], repeats)),
+        ("RandAugment (2 ops, magnitude 6), batched (`BatchAutoAugment`)",
+         _mean_ms(lambda: batched_randaugment(pixels), repeats)),
+        (f"the same, on {round(0.3 * batch)} of the images (the recipe's t at 90 epochs)",
+         _mean_ms(lambda: batched_randaugment(pixels[: round(0.3 * batch)]), repeats)),
+        (f"the same, torchvision image by image on {round(0.3 * batch)} of the images",
+         _mean_ms(lambda: [*map(randaugment, pixels[: round(0.3 * batch)])], repeats)),
+    ]  # fmt: skip
     lines = [f"Augmentation of a batch of {batch} uint8 {size} x {size} images, one thread, mean of {repeats}", "",
              "| step | ms per batch | x batched |", "|---|---|---|"]  # fmt: skip
     for name, ms in rows:

@@ -11,7 +11,7 @@ from datasets import Array2D, ClassLabel, Dataset, Features
 from torchvision.transforms import RandomResizedCrop, v2
 from torchvision.transforms.v2 import functional as F
 
-from hf_vit_plus.training.augment import BatchErasing, ImageAugmentation, resized_crops
+from hf_vit_plus.training.augment import BatchAutoAugment, BatchErasing, ImageAugmentation, resized_crops
 from hf_vit_plus.training.families import vit as vit_family
 
 
@@ -100,9 +100,9 @@ def test_the_automatic_augmentation_takes_a_share_of_the_images():
     images = torch.randint(0, 256, (400, 1, 12, 12), dtype=torch.uint8)
     before, calls = images.clone(), []
 
-    def mark(image):  # a stand-in for RandAugment that leaves a visible mark
-        calls.append(1)
-        return 255 - image
+    def mark(batch):  # a stand-in for RandAugment that leaves a visible mark
+        calls.append(batch.shape[0])
+        return 255 - batch
 
     torch.manual_seed(0)
     some = ImageAugmentation((12, 12), auto_augment="randaugment", auto_augment_prob=0.25)
@@ -110,7 +110,7 @@ def test_the_automatic_augmentation_takes_a_share_of_the_images():
     out = some(images)
     changed = (out != images).flatten(1).any(1)
     assert torch.equal(out[changed], 255 - images[changed]) and torch.equal(out[~changed], images[~changed])
-    assert len(calls) == int(changed.sum()) and 0.18 < changed.float().mean() < 0.32  # 100 of 400 expected
+    assert calls == [int(changed.sum())] and 0.18 < changed.float().mean() < 0.32  # 100 of 400, in one call
     assert torch.equal(images, before)  # the input batch itself is untouched
     every = ImageAugmentation((12, 12), auto_augment="randaugment", auto_augment_prob=1.0)
     every.auto = mark
@@ -119,6 +119,86 @@ def test_the_automatic_augmentation_takes_a_share_of_the_images():
     assert not none.active and torch.equal(none(images), images)
     with pytest.raises(ValueError, match="auto_augment_prob must be in \\[0, 1\\], got 1.5"):
         ImageAugmentation((12, 12), auto_augment="randaugment", auto_augment_prob=1.5)
+
+
+AUTO_AUGMENTS = {
+    "randaugment-0": lambda: v2.RandAugment(num_ops=2, magnitude=0),
+    "randaugment-9": lambda: v2.RandAugment(num_ops=2, magnitude=9),
+    "randaugment-27": lambda: v2.RandAugment(num_ops=2, magnitude=27),
+    "randaugment-3-ops": lambda: v2.RandAugment(num_ops=3, magnitude=30),
+    "trivialaugment": lambda: v2.TrivialAugmentWide(),
+}
+
+
+@pytest.mark.parametrize("shape", [(300, 1, 28, 28), (60, 3, 20, 30)])
+@pytest.mark.parametrize("name", list(AUTO_AUGMENTS))
+def test_batched_auto_augment_is_torchvisions_image_by_image(shape, name):
+    """The same seed, the same images as torchvision's transform called on each image in turn (every operation and
+    both signs occur in a batch this size), and the generator left where torchvision leaves it."""
+    pixels = torch.randint(0, 256, shape, dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    transform = AUTO_AUGMENTS[name]()
+    torch.manual_seed(1)
+    expected = torch.stack([transform(image) for image in pixels])
+    after_expected = torch.rand(4)
+    torch.manual_seed(1)
+    batched = BatchAutoAugment(transform)
+    got = batched(pixels)
+    assert batched.batched and torch.equal(got, expected)
+    assert torch.equal(torch.rand(4), after_expected)
+    assert not torch.equal(got, pixels)
+
+
+def test_batched_auto_augment_runs_each_drawn_operation_once(monkeypatch):
+    transform = v2.RandAugment(num_ops=2, magnitude=9)
+    calls = []
+    apply = transform._apply_image_or_video_transform
+
+    def counting(images, name, magnitude, **kwargs):
+        calls.append(images.shape[0])
+        return apply(images, name, magnitude, **kwargs)
+
+    monkeypatch.setattr(transform, "_apply_image_or_video_transform", counting)
+    torch.manual_seed(0)
+    pixels = torch.randint(0, 256, (128, 1, 28, 28), dtype=torch.uint8)
+    BatchAutoAugment(transform)(pixels)
+    # 2 slots of at most 22 groups each (14 operations, 9 with either sign, Identity not run): 256 calls image by image
+    assert len(calls) <= 44 and 128 * 2 * 13 / 14 * 0.8 < sum(calls) <= 256
+
+
+def test_batched_auto_augment_without_torchvisions_internals_runs_image_by_image(monkeypatch):
+    with monkeypatch.context() as patch:  # a torchvision that renamed what `BatchAutoAugment` reads
+        patch.delattr(v2.RandAugment, "_AUGMENTATION_SPACE")
+        assert not BatchAutoAugment(v2.RandAugment()).batched
+    pixels = torch.randint(0, 256, (20, 1, 12, 12), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    transform = v2.RandAugment(num_ops=2, magnitude=9)
+    image_by_image = BatchAutoAugment(transform)
+    image_by_image.batched = False
+    torch.manual_seed(3)
+    expected = torch.stack([transform(image) for image in pixels])
+    torch.manual_seed(3)
+    assert torch.equal(image_by_image(pixels), expected)
+    with pytest.raises(TypeError, match="expected v2.RandAugment or v2.TrivialAugmentWide, got AutoAugment"):
+        BatchAutoAugment(v2.AutoAugment())
+
+
+def test_the_recipe_augmentation_is_the_image_by_image_one_for_the_same_seed():
+    """Crop, flip and RandAugment on a share of the images: the batch that the image-by-image RandAugment of the
+    chosen images gave (the rows measured before it was batched train on the same images)."""
+    pixels = torch.randint(0, 256, (128, 1, 28, 28), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    augmentation = ImageAugmentation(
+        (28, 28), crop_scale=0.8, horizontal_flip=True, auto_augment="randaugment", auto_augment_magnitude=12,
+        auto_augment_prob=0.3,
+    )  # fmt: skip
+    torch.manual_seed(5)
+    got = augmentation(pixels)
+    torch.manual_seed(5)
+    boxes = augmentation.crop_boxes(128, (28, 28))
+    flips = torch.rand(128) < 0.5
+    expected = resized_crops(pixels, boxes, (28, 28), flips)
+    chosen = (torch.rand(128) < 0.3).nonzero()[:, 0]
+    randaugment = v2.RandAugment(num_ops=2, magnitude=12)
+    expected[chosen] = torch.stack([randaugment(expected[i]) for i in chosen.tolist()])
+    assert 20 < len(chosen) < 60 and torch.equal(got, expected)
 
 
 def test_augmentation_takes_uint8_batches():
