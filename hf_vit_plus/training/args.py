@@ -298,6 +298,11 @@ class TrainingArguments:
     stop_after_steps: int | None = _option(
         None, "stop after this many updates and save the state, to resume later (time-limited jobs)"
     )
+    max_train_minutes: float | None = _option(
+        None, "a time budget: the run ends at its last update or after this many minutes of training, whichever comes "
+        "first, and the learning-rate schedule follows the clock where the updates fall behind it (so a run cut "
+        "short still anneals); the values set from the run's length (recipe, warm-up) stay those of its updates"
+    )
     report_to: str = _option("tensorboard", "tracker(s) of accelerate's log_with: tensorboard, wandb, ..., all, none")
     project_name: str | None = _option(None, "project name given to the trackers (default: hf_vit_plus-FAMILY)")
     # --- LoRA (PEFT): train an adapter of --model_name_or_path instead of every weight (hf_vit_plus.training.lora)
@@ -522,6 +527,7 @@ VALUE_CHECKS: dict[str, Callable[[str, Any], None]] = {
     "mixup_prob": lambda option, value: number(option, value, 0.0, 1.0, high_open=False),
     "auto_augment_prob": lambda option, value: number(option, value, 0.0, 1.0, high_open=False),
     "ema_decay": lambda option, value: number(option, value, 0.0, 1.0),
+    "max_train_minutes": lambda option, value: number(option, value, low=0.0, low_open=True),
 }
 REQUIRED_VALUES = {
     "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps", "logging_steps",

@@ -42,6 +42,7 @@ from tqdm.auto import tqdm
 from ..errors import UsageError
 from ..models.compat import enable_activation_checkpointing
 from .args import TrainingArguments
+from .budget import TrainingClock, follow_the_clock
 from .checkpoints import (
     PROCESSOR_DIR,
     STATE_FORMAT,
@@ -116,6 +117,7 @@ class Run:
     num_epochs: int
     extras: dict = field(default_factory=dict)  # what the family's loss needs besides the model (a teacher)
     ema: ModelEma | None = None  # the average of the weights (--ema_decay): evaluated and saved as the model
+    clock: TrainingClock = field(default_factory=TrainingClock)  # training seconds; --max_train_minutes's budget
 
     @property
     def output_dir(self) -> Path:
@@ -322,6 +324,9 @@ def prepare_run(
     updates_per_epoch = math.ceil(len(train_dataloader) / args.gradient_accumulation_steps)
     total_steps = args.max_steps or math.ceil(args.num_train_epochs * updates_per_epoch)
     scheduler = family.create_scheduler(optimizer, args, total_steps, model.config)
+    clock = TrainingClock(args.max_train_minutes)
+    if args.max_train_minutes:
+        scheduler = follow_the_clock(scheduler, total_steps, clock)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     if args.torch_compile:
         # In place (`nn.Module.compile`: the module's call is compiled, the module stays itself), after Accelerate's
@@ -351,6 +356,7 @@ def prepare_run(
         num_epochs=math.ceil(total_steps / updates_per_epoch),
         extras=family.extras(args, model, accelerator),
         ema=ema,
+        clock=clock,
     )
 
 
@@ -394,6 +400,7 @@ def restore_progress(run: Run, resume: ResumePoint | None) -> Progress:
     progress.global_step = resume.state["global_step"]
     progress.start_epoch, progress.skip_batches = resume.state["epoch"], resume.state["batches_in_epoch"]
     progress.log_history = list(resume.state.get("log_history", []))
+    run.clock.elapsed = float(resume.state.get("train_seconds", 0.0))  # a time budget counts the earlier sessions too
     run.accelerator.print(
         f"Resumed from {resume.path} at update {progress.global_step} (epoch {progress.start_epoch}, batch "
         f"{progress.skip_batches})."
@@ -419,12 +426,21 @@ def announce(run: Run) -> None:
     )
     if args.torch_compile:
         accelerator.print("torch.compile: the first update compiles the model (tens of seconds on a CPU).")
+    if run.clock.budget is not None:
+        left = (run.clock.budget - run.clock.elapsed) / 60
+        accelerator.print(
+            f"Time budget: {args.max_train_minutes:g} min of training ({left:.1f} left): the run ends at its last "
+            "update or when they are spent, the learning-rate schedule following the clock where the updates fall "
+            "behind it."
+        )
 
 
 def run_epochs(run: Run, progress: Progress) -> None:
-    """Train until `total_steps` updates, --stop_after_steps or SIGTERM; sets `progress.stop_reason`."""
-    if progress.global_step >= run.total_steps:  # resumed from the final training state
+    """Train until `total_steps` updates, the time budget, --stop_after_steps or SIGTERM; sets
+    `progress.stop_reason`."""
+    if progress.global_step >= run.total_steps or run.clock.spent:  # resumed from the final training state
         progress.stop_reason = "finished"
+    run.clock.start()
     hidden = not run.accelerator.is_local_main_process
     with tqdm(total=run.total_steps, initial=progress.global_step, disable=hidden) as bar:
         for epoch in range(progress.start_epoch, run.num_epochs):
@@ -485,7 +501,9 @@ def after_update(run: Run, progress: Progress, epoch: int, batches_in_epoch: int
     """What follows an optimiser update, as the arguments ask: log the loss, evaluate, decide whether to stop, save
     the training state."""
     accelerator, args, step = run.accelerator, run.args, progress.global_step
-    if step % args.logging_steps == 0 or step == run.total_steps:
+    run.clock.tick(accelerator)
+    last = step >= run.total_steps or run.clock.spent
+    if step % args.logging_steps == 0 or last:
         mean_loss = progress.loss.mean_and_reset(accelerator)
         entry = {"step": step, "epoch": round(epoch + batches_in_epoch / len(run.train_dataloader), 4)}
         entry.update(loss=mean_loss, learning_rate=run.scheduler.get_last_lr()[0])
@@ -495,7 +513,7 @@ def after_update(run: Run, progress: Progress, epoch: int, batches_in_epoch: int
         progress.eval_metrics = evaluate_run(run)
         _log(accelerator, progress.log_history, {"step": step, **prefixed_metrics(progress.eval_metrics)}, "eval")
         run.model.train()
-    if step >= run.total_steps:
+    if last:
         progress.stop_reason = "finished"
     elif args.stop_after_steps and step >= args.stop_after_steps:
         progress.stop_reason = "stop_after_steps"
@@ -537,6 +555,7 @@ def save_training_state(run: Run, progress: Progress, epoch: int, batches_in_epo
         "gradient_accumulation_steps": run.args.gradient_accumulation_steps,
         "seed": run.args.seed,
         "log_history": progress.log_history,
+        "train_seconds": run.clock.elapsed,
         "args": run.args.to_dict(),
     }
     progress.last_checkpoint = save_checkpoint(
@@ -572,6 +591,11 @@ def finish(run: Run, progress: Progress, train_seconds: float) -> TrainResult:
         trained=trained,
     )  # fmt: skip
     run.accelerator.end_training()
+    if run.clock.spent and progress.global_step < run.total_steps:  # the time budget ended it
+        run.accelerator.print(
+            f"The time budget ({run.args.max_train_minutes:g} min) ended the run after update "
+            f"{progress.global_step} of the {run.total_steps} foreseen."
+        )
     run.accelerator.print(f"Final evaluation: {json.dumps(progress.eval_metrics)}; model saved in {run.output_dir}.")
     if run.data.baselines:
         run.accelerator.print(f"Baselines on the same split: {json.dumps(run.data.baselines)}.")

@@ -34,6 +34,7 @@ CARD_FIELDS = (
     "max_grad_norm",
     "num_train_epochs",
     "max_steps",
+    "max_train_minutes",
     "lr_scheduler_type",
     "warmup_steps",
     "warmup_ratio",

@@ -92,6 +92,30 @@ def test_two_processes_equal_one_process_with_the_same_global_batch(tmp_path):
     assert ddp["losses"][-1] < ddp["losses"][0]
 
 
+def _budgeted_on_each_rank(output_dir: str) -> None:
+    """A one-minute budget where the processes' own clocks disagree (the main process's reads 10 s more each time,
+    the other's 100 s): each stops where the main process's clock says, with its learning rates."""
+    from accelerate import PartialState
+
+    from hf_vit_plus.training import budget
+
+    rank = torch.distributed.get_rank()  # the launcher's group; Accelerate's state is made by the run
+    reads = iter(range(0, 10**6, 10 if rank == 0 else 100))
+    budget.now = lambda: float(next(reads))
+    result = train(vit_args(Path(output_dir), batch=8, max_steps=18, max_train_minutes=1.0))
+    assert PartialState().process_index == rank
+    rates = [e["learning_rate"] for e in result.log_history if "loss" in e]
+    (Path(output_dir) / f"rank{rank}.json").write_text(json.dumps({"step": result.global_step, "rates": rates}))
+
+
+def test_a_time_budget_stops_every_process_at_the_main_process_update(tmp_path):
+    launch_processes(_budgeted_on_each_rank, (str(tmp_path / "ddp"),), tmp_path / "ddp")
+    rank0, rank1 = (json.loads((tmp_path / "ddp" / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert rank0["step"] == rank1["step"] == 6  # 60 s at 10 s an update, on the main process's clock
+    assert rank0["rates"] == rank1["rates"] and len(rank0["rates"]) == 6
+    assert (tmp_path / "ddp" / "model.safetensors").is_file()
+
+
 # ---------------------------------------------------------------------------------------------------- Trainer
 def _available_families() -> list[str]:
     import importlib.util
