@@ -128,7 +128,7 @@ def test_time_augmentation_prints_the_per_batch_table(capsys):
     bench.main(["--time_augmentation", "--batch_size", "8"])
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("| ") and "ms per batch" not in line]
-    assert len(rows) == 3 and "batched" in rows[1]
+    assert len(rows) == 6 and "batched" in rows[1] and "BatchAutoAugment" in rows[3]
     assert rows[1].endswith("| 1.0 |")  # the batched row is the unit of the ratios
     assert all(float(row.split("|")[2]) > 0 for row in rows)
     assert torch.get_num_threads() == threads  # timed on one thread, the caller's setting restored
