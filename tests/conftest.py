@@ -260,6 +260,8 @@ MODEL_CASES = [
     ModelCase("vit-local", "vit", {"attention_type": "local"}),
     # DeiT's distillation token and head (the model's logits: the mean of the two heads)
     ModelCase("vit-distilled", "vit", {"use_distillation_token": True}),
+    # the paper's hybrid (sec. 3.1): a convolutional stem of two stride-2 layers brings 32 px to the 8 x 8 patch grid
+    ModelCase("vit-hybrid", "vit", {"conv_stem_layers": 2, "conv_stem_channels": 8}),
     # masked patch prediction (sec. 4.6), its own head on the same encoder
     ModelCase("vit-mpp", "vit-mpp"),
     ModelCase("seq2seq-dense", "seq2seq"),

@@ -387,6 +387,7 @@ def _encoder_and_inputs(case: ModelCase):
         "vit-strided",
         "vit-fixed",
         "vit-distilled",
+        "vit-hybrid",
         "vit-mpp",
         "seq2seq-dense",
         "seq2seq-strided",

@@ -46,7 +46,8 @@ VIT = Family(
         task_name="Image Classification",
         tags=("vision", "image-classification", "vit", "hf_vit_plus", "custom_code"),
         architecture=(
-            *ENCODER_CARD_FIELDS, "classifier_head", "use_distillation_token", "num_labels",
+            *ENCODER_CARD_FIELDS, "conv_stem_layers", "conv_stem_channels", "classifier_head",
+            "use_distillation_token", "num_labels",
             # a CNN trained for comparison (train vit --model_type resnet): its own fields
             "embedding_size", "hidden_sizes", "depths", "layer_type",
         ),  # fmt: skip

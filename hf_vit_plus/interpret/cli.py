@@ -160,6 +160,11 @@ def _filters(args: argparse.Namespace) -> list[Path]:
     model, _ = load_checkpoint(args.checkpoint, args.trust_remote_code)
     with user_input():
         parts = vit_embedding_parts(model)
+        if parts.stem is not None:
+            raise ValueError(
+                f"{args.checkpoint} is a hybrid ViT (conv_stem_layers={model.config.conv_stem_layers}): its patch "
+                "projection is a 1 x 1 conv of the convolutional stem's features, not filters of pixels to show."
+            )
     pca = patch_embedding_components(parts.projection.weight, args.num_components)
     ratios = ", ".join(f"{100 * r:.1f}" for r in pca.explained_variance_ratio[:8].tolist())
     print(f"{pca.components.shape[0]} components; explained variance (%) of the first ones: {ratios}")

@@ -28,6 +28,9 @@ class VitEmbeddingParts:
     patch_size: int
     grid_size: tuple[int, int]
     num_prefix_tokens: int
+    # the hybrid's convolutional stem (config.conv_stem_layers), None for a linear patch embedding: then the
+    # projection is a 1 x 1 conv of the stem's features, not filters of pixels
+    stem: nn.Module | None = None
 
 
 def _describe(model: nn.Module) -> str:
@@ -50,7 +53,9 @@ def vit_embedding_parts(model: nn.Module) -> VitEmbeddingParts:
         patch = getattr(getattr(embeddings, "patch_embeddings", None), "projection", None)
         positions = getattr(embeddings, "position_embeddings", None)
         if isinstance(patch, nn.Conv2d) and torch.is_tensor(positions) and positions.dim() == 3:
-            patch_size = patch.kernel_size[0]
+            stem = getattr(embeddings.patch_embeddings, "stem", None)
+            config_patch = getattr(getattr(model, "config", None), "patch_size", None)
+            patch_size = config_patch if stem is not None and isinstance(config_patch, int) else patch.kernel_size[0]
             tokens = positions.shape[1]
             image_size = getattr(getattr(model, "config", None), "image_size", None)
             if isinstance(image_size, int):
@@ -64,7 +69,7 @@ def vit_embedding_parts(model: nn.Module) -> VitEmbeddingParts:
                 raise ValueError(
                     f"{_describe(model)} has {tokens} position embeddings, fewer than its {grid[0]}x{grid[1]} patches."
                 )
-            return VitEmbeddingParts(patch, positions.detach(), patch_size, grid, prefix)
+            return VitEmbeddingParts(patch, positions.detach(), patch_size, grid, prefix, stem)
     raise ValueError(
         f"{_describe(model)} is not a Vision Transformer: it has no patch projection "
         "(`embeddings.patch_embeddings.projection`) and learned `position_embeddings`. The patch-embedding, "

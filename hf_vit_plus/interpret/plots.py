@@ -360,8 +360,10 @@ def write_vit_figures(
     similarity = position_embedding_similarity(parts.position_embeddings, parts.grid_size, prefix)
     paths.append(plot_position_similarity(similarity, output_dir / "position_embedding_similarity.png"))
 
-    pca = patch_embedding_components(parts.projection.weight, num_components)
-    if parts.projection.weight.shape[1] in (1, 3):
+    if parts.stem is not None:
+        logger.info("Skipping the patch-filter figure: a hybrid ViT's projection reads its stem, not pixels.")
+    elif parts.projection.weight.shape[1] in (1, 3):
+        pca = patch_embedding_components(parts.projection.weight, num_components)
         paths.append(
             plot_patch_components(
                 pca.components, output_dir / "patch_embedding_components.png", pca.explained_variance_ratio

@@ -89,7 +89,16 @@ FIELD_CHECKS = {
     "mpp_mask_ratio": _check_mpp_mask_ratio,
     "mpp_num_bits": lambda name, value: check_int(name, value, minimum=1, maximum=MPP_MAX_BITS),
     "mpp_value_range": _check_value_range,
+    "conv_stem_layers": check_non_negative_int,
+    "conv_stem_channels": check_positive_int,
 }
+
+
+def conv_stem_grid(size: int, layers: int) -> int:
+    """The side of the feature map after `layers` 3 x 3 convolutions of stride 2 and padding 1: ceil(size / 2) each."""
+    for _ in range(layers):
+        size = (size - 1) // 2 + 1
+    return size
 
 
 class ViTPlusConfig(HubConfigMixin, PretrainedConfig):
@@ -139,6 +148,14 @@ class ViTPlusConfig(HubConfigMixin, PretrainedConfig):
             3 bits give 512 classes for RGB; a grey image has 2**3 = 8 intensity bins at the same depth.
         mpp_value_range: [low, high] of the pixel values the model receives, split into the colour bins (the image
             processor's default normalisation, mean 0.5 and std 0.5, maps 0..255 to [-1, 1]).
+        conv_stem_layers: the paper's hybrid architecture (sec. 3.1: the patch embedding applied to a CNN's feature
+            map, with patches of 1 x 1 on it), with the convolutional stem of Xiao et al. 2021 ("Early Convolutions
+            Help Transformers See Better"): this many 3 x 3 convolutions of stride 2 (each with BatchNorm and ReLU,
+            the channels doubling from `conv_stem_channels`), then a 1 x 1 projection to `hidden_size`. The stem must
+            bring the image to the patch grid (image_size / patch_size per side: e.g. 3 layers for 28 x 28 images in
+            7 x 7 patches, 4 for 224 in 16 x 16), so each token still stands for a P x P patch, now seen through
+            overlapping receptive fields. 0 (the default) is the paper's linear embedding of raw patches.
+        conv_stem_channels: the channels of the stem's first convolution (doubled by each next one).
     """
 
     model_type = "vit_plus"
@@ -181,6 +198,8 @@ class ViTPlusConfig(HubConfigMixin, PretrainedConfig):
         mpp_mask_ratio: float = 0.5,
         mpp_num_bits: int = 3,
         mpp_value_range: tuple[float, float] | list[float] = (-1.0, 1.0),
+        conv_stem_layers: int = 0,
+        conv_stem_channels: int = 32,
         **kwargs,
     ):
         check_fields(locals(), FIELD_CHECKS)
@@ -217,6 +236,8 @@ class ViTPlusConfig(HubConfigMixin, PretrainedConfig):
         self.mpp_mask_ratio = mpp_mask_ratio
         self.mpp_num_bits = mpp_num_bits
         self.mpp_value_range = [float(v) for v in mpp_value_range]  # a list, as config.json gives it back
+        self.conv_stem_layers = conv_stem_layers
+        self.conv_stem_channels = conv_stem_channels
         super().__init__(**kwargs)
         self.validate_vit_plus()
 
@@ -229,6 +250,17 @@ class ViTPlusConfig(HubConfigMixin, PretrainedConfig):
             "image_size", self.image_size, "patch_size", self.patch_size,
             why=": the paper splits the image into non-overlapping patches",
         )  # fmt: skip
+        if self.conv_stem_layers:
+            grid = self.image_size // self.patch_size
+            reached = conv_stem_grid(self.image_size, self.conv_stem_layers)
+            if reached != grid:
+                fits = [n for n in range(1, 9) if conv_stem_grid(self.image_size, n) == grid]
+                hint = f"conv_stem_layers={fits[0]} does" if fits else "no number of layers does: change patch_size"
+                raise ValueError(
+                    f"`conv_stem_layers`={self.conv_stem_layers} brings the {self.image_size} x {self.image_size} "
+                    f"image to a {reached} x {reached} feature map, but image_size={self.image_size} in "
+                    f"patch_size={self.patch_size} patches is a {grid} x {grid} grid ({hint})."
+                )
         pattern_from_config(self)  # the sparse-attention fields
         if self.mpp_num_bits * self.num_channels > 24:
             raise ValueError(
@@ -293,4 +325,4 @@ def _is_positive_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
-__all__ = ["POSITION_INTERPOLATIONS", "ViTPlusConfig", "VIT_PLUS_SIZES"]
+__all__ = ["POSITION_INTERPOLATIONS", "conv_stem_grid", "ViTPlusConfig", "VIT_PLUS_SIZES"]

@@ -26,7 +26,7 @@ from transformers.modeling_outputs import ImageClassifierOutput, ModelOutput
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .attention import eager_attention_forward, select_attention_kernel
-from .configuration_vit_plus import ViTPlusConfig
+from .configuration_vit_plus import ViTPlusConfig, conv_stem_grid
 from .hub_mixin import HubMixin
 from .input_checks import IGNORE_INDEX, tracing
 from .layers import FeedForward, config_flag, rgb_to_grey, split_heads
@@ -90,7 +90,11 @@ class DropPath(nn.Module):
 
 
 class ViTPlusPatchEmbeddings(nn.Module):
-    """Split the image into P x P patches and project each to D dims: a conv with kernel = stride = P."""
+    """Split the image into P x P patches and project each to D dims: a conv with kernel = stride = P (eq. 1).
+
+    With `config.conv_stem_layers` (the paper's hybrid, sec. 3.1, with Xiao et al. 2021's convolutional stem): 3 x 3
+    convolutions of stride 2 with BatchNorm and ReLU bring the image to the patch grid, and `projection` is a 1 x 1
+    conv on that feature map ("patches of spatial size 1 x 1")."""
 
     def __init__(self, config: ViTPlusConfig):
         super().__init__()
@@ -98,9 +102,31 @@ class ViTPlusPatchEmbeddings(nn.Module):
         self.patch_size = config.patch_size
         self.num_channels = config.num_channels
         self.num_patches = config.num_patches
-        self.projection = nn.Conv2d(
-            config.num_channels, config.hidden_size, kernel_size=config.patch_size, stride=config.patch_size
-        )
+        self.stem_layers = getattr(config, "conv_stem_layers", 0)
+        if self.stem_layers:
+            layers: list[nn.Module] = []
+            channels_in = config.num_channels
+            for i in range(self.stem_layers):
+                channels = config.conv_stem_channels * 2**i
+                layers += [
+                    nn.Conv2d(channels_in, channels, kernel_size=3, stride=2, padding=1, bias=False),
+                    nn.BatchNorm2d(channels),
+                    nn.ReLU(inplace=True),
+                ]
+                channels_in = channels
+            self.stem = nn.Sequential(*layers)
+            self.projection = nn.Conv2d(channels_in, config.hidden_size, kernel_size=1)
+        else:
+            self.stem = None
+            self.projection = nn.Conv2d(
+                config.num_channels, config.hidden_size, kernel_size=config.patch_size, stride=config.patch_size
+            )
+
+    def grid(self, height: int, width: int) -> tuple[int, int]:
+        """The (rows, columns) of tokens an image of height x width gives."""
+        if self.stem is None:
+            return height // self.patch_size, width // self.patch_size
+        return conv_stem_grid(height, self.stem_layers), conv_stem_grid(width, self.stem_layers)
 
     def forward(self, pixel_values: torch.Tensor, interpolate_pos_encoding: bool = False) -> torch.Tensor:
         _, channels, height, width = pixel_values.shape
@@ -127,6 +153,8 @@ class ViTPlusPatchEmbeddings(nn.Module):
                 " Resize the image (the image processor does), or pass interpolate_pos_encoding=True to resample "
                 "the position embeddings."
             )
+        if self.stem is not None:
+            pixel_values = self.stem(pixel_values)
         return self.projection(pixel_values).flatten(2).transpose(1, 2)  # (B, N, D)
 
 
@@ -156,7 +184,7 @@ class ViTPlusEmbeddings(nn.Module):
     def interpolate_pos_encoding(self, height: int, width: int) -> torch.Tensor:
         """Position embeddings for a (height x width) image: the patch grid resampled in 2-D (sec. 3.2), with
         the config's `position_interpolation`."""
-        new_grid = (height // self.patch_size, width // self.patch_size)
+        new_grid = self.patch_embeddings.grid(height, width)
         return resample_patch_position_embeddings(
             self.position_embeddings,
             old_grid=(self.grid_size, self.grid_size),
@@ -315,6 +343,12 @@ class ViTPlusPreTrainedModel(HubMixin, PreTrainedModel):
         elif isinstance(module, nn.LayerNorm):
             init.ones_(module.weight)
             init.zeros_(module.bias)
+        elif isinstance(module, nn.BatchNorm2d):  # the hybrid's convolutional stem
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+            init.zeros_(module.running_mean)
+            init.ones_(module.running_var)
+            init.zeros_(module.num_batches_tracked)
         elif isinstance(module, ViTPlusEmbeddings):
             init.trunc_normal_(module.position_embeddings, mean=0.0, std=std)
             init.trunc_normal_(module.cls_token, mean=0.0, std=std)
@@ -589,6 +623,12 @@ class ViTPlusForMaskedImageModeling(ViTPlusPreTrainedModel):
     loss_inputs = ("pixel_values", "bool_masked_pos")
 
     def __init__(self, config: ViTPlusConfig):
+        if getattr(config, "conv_stem_layers", 0):
+            raise ValueError(
+                f"Masked patch prediction needs the linear patch embedding (conv_stem_layers=0), got "
+                f"conv_stem_layers={config.conv_stem_layers}: the stem's overlapping receptive fields let the tokens "
+                "around a masked patch see its pixels, so its colour would be copied, not predicted."
+            )
         super().__init__(config)
         self.vit = ViTPlusModel(config, use_mask_token=True)
         self.mpp_head = nn.Linear(config.hidden_size, config.mpp_num_classes)

@@ -62,7 +62,7 @@ def exported(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("case_id", ["vit-dense", "vit-fixed", "vit-distilled"])
+@pytest.mark.parametrize("case_id", ["vit-dense", "vit-fixed", "vit-distilled", "vit-hybrid"])
 def test_vit_logits_match(exported, case_id):
     model, folder = exported(case_id)
     pixel_values = CASES[case_id].inputs(batch=5)["pixel_values"]  # traced at batch 2
