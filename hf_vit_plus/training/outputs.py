@@ -121,7 +121,7 @@ def write_card_and_figures(
         output_dir,
         family=family.name,
         model_config=model.config,
-        training_args=card_hyperparameters(args),
+        training_args=card_hyperparameters(args, log_history),
         eval_results=prefixed_metrics(eval_metrics) | baseline_results(data),
         dataset_name=data.name,
         dataset_config=args.dataset_config_name,
@@ -133,13 +133,21 @@ def write_card_and_figures(
     return figures + [Path(card)]
 
 
-def card_hyperparameters(args: TrainingArguments) -> dict:
+def card_hyperparameters(args: TrainingArguments, log_history: list[dict] | None = None) -> dict:
     """The hyperparameters shown in the model card (`CARD_FIELDS`; the image recipe's flags, `RECIPE_FLAGS`, where the
-    run resolved them). The epochs are left out when --max_steps decided the length."""
+    run resolved them). The epochs are left out when --max_steps decided the length. Under --max_train_minutes the
+    updates and epochs the run made (`log_history`'s last) stand beside those foreseen: the budget may end it first."""
     values = {k: getattr(args, k) for k in CARD_FIELDS if getattr(args, k) is not None}
     values["scheduler"] = values.pop("lr_scheduler_type")
     if values.get("max_steps"):
         values.pop("num_train_epochs", None)
+    if values.get("max_train_minutes") and log_history:
+        steps = [entry["step"] for entry in log_history if "step" in entry]
+        epochs = [entry["epoch"] for entry in log_history if "epoch" in entry]
+        if steps:
+            values["updates_made"] = max(steps)
+        if epochs:
+            values["epochs_made"] = round(max(epochs), 2)
     if getattr(args, "auto_augment", None) is not None:  # the run resolved its recipe (image families)
         values.update({k: getattr(args, k) for k in RECIPE_FLAGS if getattr(args, k, None) is not None})
     return values

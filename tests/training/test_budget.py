@@ -54,12 +54,14 @@ def test_a_run_ends_when_its_budget_is_spent_and_anneals_on_the_clock(tmp_path, 
     reached its last update."""
     reference = train(tiny_vit(tmp_path, "reference", **COMMON))  # the same schedule, step by step
     assert reference.global_step == 18
-    budgeted = train(tiny_vit(tmp_path, "budgeted", max_train_minutes=1.0, **COMMON))
+    budgeted = train(tiny_vit(tmp_path, "budgeted", max_train_minutes=1.0, write_card=True, **COMMON))
     assert budgeted.global_step == 6 and budgeted.total_steps == 18 and budgeted.stop_reason == "finished"
     by_update = dict(zip(range(1, 19), _rates(reference)))
     assert _rates(budgeted) == [by_update[max(k, 3 * (k - 1))] for k in range(1, 7)]  # updates 1, 3, 6, 9, 12, 15
     assert budgeted.log_history[-1]["step"] == 6 and "eval_accuracy" in budgeted.log_history[-1]
     assert (tmp_path / "budgeted" / "model.safetensors").is_file()
+    card = (tmp_path / "budgeted" / "README.md").read_text()  # the updates made beside those foreseen
+    assert "| updates_made | 6 |" in card and "| epochs_made | 2 |" in card and "| max_train_minutes | 1 |" in card
 
 
 def test_a_budgeted_run_resumes_with_its_clock(tmp_path, monkeypatch):
