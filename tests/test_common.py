@@ -478,6 +478,11 @@ def test_trainer_gradient_accumulation_equals_one_step_on_the_double_batch(model
     image model's labels leave micro-batches with different counts of labelled pixels: before the fix its loss
     ignored Trainer's `num_items_in_batch` (a mean per micro-batch, not divided by the accumulation steps), so
     accumulation doubled the gradient."""
+    if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model_case.model().modules()):
+        pytest.skip(
+            "BatchNorm (the hybrid's stem) normalises each micro-batch by its own statistics, as in any CNN "
+            "(transformers' ResNet too): two micro-batches of 2 are not one batch of 4 by design"
+        )
     accumulated, single = _accumulated_and_single_step(model_case, model_case.inputs(batch=4, labels=True), tmp_path)
     for name in single:
         torch.testing.assert_close(accumulated[name], single[name], rtol=1e-5, atol=1e-6, msg=name)

@@ -27,6 +27,9 @@ class CardSpec:
     tags: tuple[str, ...]  # the card's Hub tags, before those a caller adds
     architecture: tuple[str, ...]  # config fields in the card's architecture table; "num_labels" is read from id2label
     aliases: tuple[str, ...] = ()  # other names the card functions accept for the family (release 0.1's)
+    # (field, condition): an architecture field shown only where the condition field is set (true, non-zero), e.g. a
+    # part's settings only where the model has the part
+    architecture_when: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, eq=False)

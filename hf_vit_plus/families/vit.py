@@ -51,6 +51,8 @@ VIT = Family(
             # a CNN trained for comparison (train vit --model_type resnet): its own fields
             "embedding_size", "hidden_sizes", "depths", "layer_type",
         ),  # fmt: skip
+        # the hybrid's stem (sec. 3.1), in the table only where the model has one
+        architecture_when=(("conv_stem_layers", "conv_stem_layers"), ("conv_stem_channels", "conv_stem_layers")),
     ),
     trainer="hf_vit_plus.training.families.vit:ViTFamily",
     data="images",

@@ -360,7 +360,8 @@ def _render_card(
     values = {k: v for k, v in config.items() if k != "num_labels"}
     if config.get("id2label"):  # the class count is that of the labels (a config dict has no num_labels)
         values["num_labels"] = len(config["id2label"])
-    arch = [(k, _cell(values[k])) for k in spec.architecture if values.get(k) is not None]
+    hidden = {field for field, condition in spec.architecture_when if not values.get(condition)}
+    arch = [(k, _cell(values[k])) for k in spec.architecture if values.get(k) is not None and k not in hidden]
     # a built-in data set's own citation (`hf_vit_plus.data.images`), for the templates that cite their data
     citation = next((d.citation for d in IMAGE_DATASETS.values() if dataset_name in (d.card_name, d.name)), "")
     return ModelCard.from_template(

@@ -132,3 +132,17 @@ def test_a_saved_hybrid_loads_with_its_batchnorm_statistics(tmp_path):
     torch.testing.assert_close(loaded_stem[1].running_mean, stem[1].running_mean)
     pixels = torch.randn(2, 1, 28, 28)
     torch.testing.assert_close(loaded(pixel_values=pixels).logits, model(pixel_values=pixels).logits)
+
+
+def test_the_card_shows_the_stem_only_where_the_model_has_one(tmp_path):
+    from hf_vit_plus.hub import write_model_card
+
+    cards = {}
+    for name, layers in (("hybrid", 3), ("plain", 0)):
+        (tmp_path / name).mkdir()
+        config = ViTPlusConfig(**{**HYBRID, "conv_stem_layers": layers})
+        path = write_model_card(tmp_path / name, family="vit", model_config=config, training_args={"seed": 0},
+                                eval_results={"accuracy": 0.9}, dataset_name="fashion-mnist")  # fmt: skip
+        cards[name] = path.read_text()
+    assert "| conv_stem_layers | 3 |" in cards["hybrid"] and "| conv_stem_channels | 8 |" in cards["hybrid"]
+    assert "conv_stem" not in cards["plain"] and "| patch_size | 7 |" in cards["plain"]
