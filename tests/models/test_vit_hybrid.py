@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from hf_vit_plus import ViTPlusConfig, ViTPlusForImageClassification, ViTPlusForMaskedImageModeling
+from hf_vit_plus.conversion.vit import state_dict_from_timm
 from hf_vit_plus.models.configuration_vit_plus import conv_stem_grid
 
 HYBRID = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, image_size=28,
@@ -39,25 +40,38 @@ def test_the_stem_brings_the_image_to_the_patch_grid_and_the_default_has_none():
 
 def test_the_hybrid_matches_timm_hybrid_embed_on_copied_weights():
     """The reference: timm's VisionTransformer whose patch embedding is its `HybridEmbed` (a CNN backbone, then a
-    1 x 1 projection of its feature map), with the same stem as backbone; trained BatchNorm statistics included."""
+    1 x 1 projection of its feature map), with the same stem as backbone; its weights, trained BatchNorm statistics
+    included, copied by the project's timm converter (`state_dict_from_timm`) and the stem's keys."""
     timm_vit = pytest.importorskip("timm.models.vision_transformer")
     from timm.models.vision_transformer_hybrid import HybridEmbed
 
-    ours = hybrid(seed=3)
-    ours.train()
-    with torch.no_grad():  # move the BatchNorm statistics away from their initial values
-        ours(pixel_values=torch.randn(16, 1, 28, 28) * 2 + 1)
-    ours.eval()
+    ours = hybrid()
     backbone = nn.Sequential()
     for i, module in enumerate(ours.vit.embeddings.patch_embeddings.stem):
         backbone.add_module(str(i), type(module)(**_constructor_args(module)))
+    torch.manual_seed(3)
     reference = timm_vit.VisionTransformer(
         img_size=28, patch_size=1, in_chans=1, num_classes=4, embed_dim=32, depth=2, num_heads=4, mlp_ratio=2.0,
         embed_layer=partial(HybridEmbed, backbone=backbone),
-    ).eval()  # fmt: skip
-    reference.load_state_dict(_timm_state(ours.state_dict(), num_layers=2), strict=True)
+    )  # fmt: skip
+    nn.init.normal_(reference.head.weight, std=0.5)  # timm starts its head at zero: the logits would all agree
+    with torch.no_grad():  # move the BatchNorm statistics away from their initial values
+        reference.train()(torch.randn(16, 1, 28, 28) * 2 + 1)
+    reference.eval()
+    timm_state = reference.state_dict()
+    state = state_dict_from_timm(timm_state, num_layers=2)
+    prefix = "patch_embed.backbone."
+    state.update({
+        "vit.embeddings.patch_embeddings.stem." + key[len(prefix):]: value
+        for key, value in timm_state.items()
+        if key.startswith(prefix)
+    })  # fmt: skip
+    ours.load_state_dict(state, strict=True)
+    ours.eval()
     pixels = torch.randn(3, 1, 28, 28)
-    torch.testing.assert_close(ours(pixel_values=pixels).logits, reference(pixels), atol=1e-5, rtol=1e-4)
+    expected = reference(pixels)
+    assert expected.std() > 0.1
+    torch.testing.assert_close(ours(pixel_values=pixels).logits, expected, atol=1e-5, rtol=1e-4)
 
 
 def _constructor_args(module: nn.Module) -> dict:
@@ -67,31 +81,6 @@ def _constructor_args(module: nn.Module) -> dict:
     if isinstance(module, nn.BatchNorm2d):
         return dict(num_features=module.num_features)
     return {}
-
-
-def _timm_state(ours: dict[str, torch.Tensor], num_layers: int) -> dict[str, torch.Tensor]:
-    """Our weights under timm's names (the inverse of hf_vit_plus.conversion's rename), the stem as the backbone."""
-    state = {
-        "cls_token": ours["vit.embeddings.cls_token"],
-        "pos_embed": ours["vit.embeddings.position_embeddings"],
-        "patch_embed.proj.weight": ours["vit.embeddings.patch_embeddings.projection.weight"],
-        "patch_embed.proj.bias": ours["vit.embeddings.patch_embeddings.projection.bias"],
-        "norm.weight": ours["vit.layernorm.weight"],
-        "norm.bias": ours["vit.layernorm.bias"],
-        "head.weight": ours["classifier.weight"],
-        "head.bias": ours["classifier.bias"],
-    }
-    for i in range(num_layers):
-        src, dst = f"vit.layers.{i}.", f"blocks.{i}."
-        for param in ("weight", "bias"):
-            state[f"{dst}attn.qkv.{param}"] = torch.cat([ours[f"{src}attention.{p}_proj.{param}"] for p in "qkv"])
-            for timm_name, our_name in (("attn.proj", "attention.o_proj"), ("norm1", "layernorm_before"),
-                                        ("norm2", "layernorm_after"), ("mlp.fc1", "mlp.fc1"), ("mlp.fc2", "mlp.fc2")):
-                state[f"{dst}{timm_name}.{param}"] = ours[f"{src}{our_name}.{param}"]
-    for key, value in ours.items():
-        if ".stem." in key:
-            state["patch_embed.backbone." + key.split(".stem.", 1)[1]] = value
-    return state
 
 
 def test_interpolated_positions_follow_the_stem_grid():
