@@ -11,16 +11,17 @@ export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM := false
 PYTEST_ARGS ?= -n 2 --dist loadfile --durations=15
 
-.PHONY: demo test test-oldest test-slow test-deepspeed lint format bench clean venv venv-test env
+.PHONY: demo test test-oldest test-slow test-deepspeed lint format bench bench-import clean venv venv-test env
 
 # The oldest releases the package supports (pyproject's lower bounds), in an environment of their own.
 OLDEST_VENV ?= .venv-oldest
 OLDEST_CONSTRAINTS := .ci/constraints-oldest.txt
 
+# The demo trains (the [train] extra: TensorBoard, the digits, the card's figures); the tests need every extra.
 $(VENV)/.stamp-base: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e .
+	$(PIP) install -q -e ".[train]"
 	touch $@
 
 $(VENV)/.stamp-test: pyproject.toml
@@ -81,6 +82,10 @@ format: $(VENV)/.stamp-test
 
 bench: $(VENV)/.stamp-test
 	$(PY) scripts/benchmarks/bench_vit.py
+
+# `import hf_vit_plus` and `hf-vit-plus --help` against transformers (medians of fresh processes; results/)
+bench-import: $(VENV)/.stamp-test
+	$(PY) scripts/benchmarks/bench_import.py
 
 clean:
 	rm -rf $(VENV) $(OLDEST_VENV) .cache outputs .pytest_cache

@@ -1,54 +1,54 @@
-"""hf_vit_plus: the Vision Transformer, the encoder-decoder Transformer and the Sparse Transformer as
-first-class Hugging Face models. Importing the package registers every class with the Auto classes, and makes the
-models' `push_to_hub` (and `save_pretrained(..., push_to_hub=True)`) upload their family's model card (a hook of
-`models/hub_mixin.py`, which ships as remote code and imports nothing of the package outside `models/`), as does
-transformers' `Trainer.push_to_hub` for them, with the Trainer's evaluation results (`hub/trainer_card.py`), and makes
-`Trainer.evaluate()` report the loss of the self-supervised heads on batches without `labels`
-(`training/trainer_hooks.py`)."""
+"""hf_vit_plus: the Vision Transformer, the encoder-decoder Transformer and the Sparse Transformer as first-class
+Hugging Face models.
 
-from . import _noise  # noqa: F401  (first: it filters a log record that importing transformers emits)
-from .hub.push import push_model
-from .hub.trainer_card import install_trainer_card
-from .models.configuration_seq2seq_transformer import Seq2SeqTransformerConfig
-from .models.configuration_sparse_transformer import SparseTransformerConfig
-from .models.configuration_vit_plus import ViTPlusConfig
-from .models.hub_mixin import set_push_to_hub_hook
-from .models.image_processing_vit_plus import ViTPlusImageProcessor
-from .models.modeling_seq2seq_transformer import (
-    Seq2SeqTransformerForConditionalGeneration,
-    Seq2SeqTransformerModel,
-    Seq2SeqTransformerPreTrainedModel,
-)
-from .models.modeling_sparse_transformer import (
-    SparseTransformerForCausalLM,
-    SparseTransformerForImageGeneration,
-    SparseTransformerModel,
-    SparseTransformerPreTrainedModel,
-)
-from .models.modeling_vit_plus import (
-    ViTPlusForImageClassification,
-    ViTPlusForMaskedImageModeling,
-    ViTPlusModel,
-    ViTPlusPreTrainedModel,
-    corrupt_patches,
-)
-from .registration import register_auto_classes
-from .training.trainer_hooks import install_trainer_loss_inputs
+Importing the package registers the three families with transformers' Auto classes and loads nothing else: the model
+classes (which registering needs) are imported, while training, data, export, fast decoding, interpretability and Hub
+code are imported on first use. Every public name below is read from its module when it is first asked for
+(`from hf_vit_plus import X`), as transformers' own lazy module does. What else the import changes, and how to switch
+it off, is listed in `hf_vit_plus.integrations`.
+"""
 
-register_auto_classes()
-set_push_to_hub_hook(push_model)
-install_trainer_card()
-install_trainer_loss_inputs()
+from __future__ import annotations
 
-__version__ = "0.1.0"
+import os
+from typing import TYPE_CHECKING
+
+from ._lazy import lazy_attributes
+
+__version__ = "0.3.0"
+
+# public name -> the module (relative to this package) that defines it
+_LAZY_NAMES = {
+    "ViTPlusConfig": ".models.configuration_vit_plus",
+    "ViTPlusForImageClassification": ".models.modeling_vit_plus",
+    "ViTPlusForMaskedImageModeling": ".models.modeling_vit_plus",
+    "ViTPlusImageProcessor": ".models.image_processing_vit_plus",
+    "ViTPlusModel": ".models.modeling_vit_plus",
+    "ViTPlusPreTrainedModel": ".models.modeling_vit_plus",
+    "corrupt_patches": ".models.modeling_vit_plus",
+    "Seq2SeqTransformerConfig": ".models.configuration_seq2seq_transformer",
+    "Seq2SeqTransformerForConditionalGeneration": ".models.modeling_seq2seq_transformer",
+    "Seq2SeqTransformerModel": ".models.modeling_seq2seq_transformer",
+    "Seq2SeqTransformerPreTrainedModel": ".models.modeling_seq2seq_transformer",
+    "SparseTransformerConfig": ".models.configuration_sparse_transformer",
+    "SparseTransformerForCausalLM": ".models.modeling_sparse_transformer",
+    "SparseTransformerForImageGeneration": ".models.modeling_sparse_transformer",
+    "SparseTransformerModel": ".models.modeling_sparse_transformer",
+    "SparseTransformerPreTrainedModel": ".models.modeling_sparse_transformer",
+    "register_auto_classes": ".registration",
+    "disable_trainer_integration": ".integrations",
+    "enable_trainer_integration": ".integrations",
+}
 
 __all__ = [
+    "__version__",
     "ViTPlusConfig",
     "ViTPlusForImageClassification",
     "ViTPlusForMaskedImageModeling",
     "ViTPlusImageProcessor",
     "ViTPlusModel",
     "ViTPlusPreTrainedModel",
+    "corrupt_patches",
     "Seq2SeqTransformerConfig",
     "Seq2SeqTransformerForConditionalGeneration",
     "Seq2SeqTransformerModel",
@@ -58,6 +58,45 @@ __all__ = [
     "SparseTransformerForImageGeneration",
     "SparseTransformerModel",
     "SparseTransformerPreTrainedModel",
-    "corrupt_patches",
     "register_auto_classes",
+    "disable_trainer_integration",
+    "enable_trainer_integration",
 ]
+
+if TYPE_CHECKING:
+    from .integrations import disable_trainer_integration, enable_trainer_integration
+    from .models.configuration_seq2seq_transformer import Seq2SeqTransformerConfig
+    from .models.configuration_sparse_transformer import SparseTransformerConfig
+    from .models.configuration_vit_plus import ViTPlusConfig
+    from .models.image_processing_vit_plus import ViTPlusImageProcessor
+    from .models.modeling_seq2seq_transformer import (
+        Seq2SeqTransformerForConditionalGeneration,
+        Seq2SeqTransformerModel,
+        Seq2SeqTransformerPreTrainedModel,
+    )
+    from .models.modeling_sparse_transformer import (
+        SparseTransformerForCausalLM,
+        SparseTransformerForImageGeneration,
+        SparseTransformerModel,
+        SparseTransformerPreTrainedModel,
+    )
+    from .models.modeling_vit_plus import (
+        ViTPlusForImageClassification,
+        ViTPlusForMaskedImageModeling,
+        ViTPlusModel,
+        ViTPlusPreTrainedModel,
+        corrupt_patches,
+    )
+    from .registration import register_auto_classes
+
+
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY_NAMES)
+
+
+# The `hf-vit-plus` command's launcher (`_hf_vit_plus_cli`) sets this for its own import of the package, so that
+# `hf-vit-plus --help` answers without importing torch; the command registers the classes once it runs
+# (`hf_vit_plus.cli.main`). The variable is removed here, so processes started later register as usual.
+if os.environ.pop("_HF_VIT_PLUS_DEFER_REGISTRATION", None) != "1":
+    from .integrations import integrate
+
+    integrate()

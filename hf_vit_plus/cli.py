@@ -18,12 +18,19 @@ import argparse
 import sys
 
 from hf_vit_plus import __version__, env_cli, export_cli, sample_cli
-from hf_vit_plus.cli_utils import CommandParser, HelpFormatter, one_line, unrecognized_arguments
+from hf_vit_plus.cli_utils import (
+    CommandParser,
+    HelpFormatter,
+    command_logging,
+    one_line,
+    unrecognized_arguments,
+)
 from hf_vit_plus.conversion import cli as conversion_cli
 from hf_vit_plus.errors import StepFailedError, UsageError
 from hf_vit_plus.hub import cli as hub_cli
 from hf_vit_plus.interpret import cli as interpret_cli
 from hf_vit_plus.training import cli as training_cli
+from hf_vit_plus.utils.extras import MissingExtraError
 
 # the modules that define `add_parser(subparsers)`, in the order they are listed by --help
 COMMAND_MODULES = [conversion_cli, interpret_cli, training_cli, hub_cli, export_cli, sample_cli, env_cli]
@@ -52,11 +59,17 @@ def main(argv: list[str] | None = None) -> int:
     if extras:  # named after the sub-command that was given them, not the top-level parser
         parser.exit(2, f"{args.command_prog}: error: {unrecognized_arguments(extras, args.command_flags)}\n")
     try:
-        result = args.func(args)
+        with command_logging(args):
+            # What `import hf_vit_plus` does, unless the launcher left it to the command (`_hf_vit_plus_cli`): the
+            # usage and argparse's own errors come before torch is imported.
+            from hf_vit_plus.integrations import integrate
+
+            integrate()
+            result = args.func(args)
     except UsageError as error:
         print(f"{args.command_prog}: error: {one_line(error)}", file=sys.stderr)
         return 2
-    except StepFailedError as error:
+    except (StepFailedError, MissingExtraError) as error:
         print(f"{args.command_prog}: error: {one_line(error)}", file=sys.stderr)
         return 1
     return int(result or 0)

@@ -7,9 +7,13 @@ The sub-command modules (`conversion/cli.py`, `training/cli.py`, `export_cli.py`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import math
+from collections.abc import Iterator
 from pathlib import Path
+
+from .errors import UsageError
 
 
 class CommandParser(argparse.ArgumentParser):
@@ -23,11 +27,35 @@ class CommandParser(argparse.ArgumentParser):
 
     def __init__(self, *args, allow_abbrev: bool = False, **kwargs):
         super().__init__(*args, allow_abbrev=allow_abbrev, **kwargs)
+        self._pending: list = []
+        add_logging_arguments(self)
+
+    def add_arguments_later(self, builder) -> None:
+        """Call `builder(self)` to add arguments only when this parser parses or prints its help: for arguments whose
+        choices or help need a heavy import (torch), so that building the whole command line stays cheap.
+
+        Args:
+            builder: a function of the parser that adds its arguments.
+        """
+        self._pending.append(builder)
+
+    def _build_pending(self) -> None:
+        while self._pending:
+            self._pending.pop(0)(self)
+
+    def format_usage(self) -> str:
+        self._build_pending()
+        return super().format_usage()
+
+    def format_help(self) -> str:
+        self._build_pending()
+        return super().format_help()
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {one_line(message)}\n")
 
     def parse_known_args(self, args=None, namespace=None):
+        self._build_pending()
         namespace, extras = super().parse_known_args(args, namespace)
         if getattr(namespace, "command_prog", None) is None:  # a sub-command's parser has set it first
             namespace.command_prog = self.prog
@@ -40,6 +68,83 @@ class CommandParser(argparse.ArgumentParser):
             message = unrecognized_arguments(extras, namespace.command_flags)
             self.exit(2, f"{namespace.command_prog}: error: {message}\n")
         return namespace
+
+
+# --log_level's values: transformers' `TrainingArguments.log_level` ("passive": leave transformers' own level alone)
+LOG_LEVEL_CHOICES = ("debug", "info", "warning", "error", "critical", "passive")
+
+
+def add_logging_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--log_level`, `-q` and `-v` on `parser`: every parser of the command line has them, so they go before or
+    after the sub-command. They default to `argparse.SUPPRESS`, so a sub-command's parser never overwrites what the
+    top-level parser read (`configure_logging` reads them with `getattr`)."""
+    parser.add_argument(
+        "--log_level",
+        choices=LOG_LEVEL_CHOICES,
+        default=argparse.SUPPRESS,
+        help="level of hf_vit_plus's and transformers' logs (default: hf_vit_plus at info, transformers' own level)",
+    )
+    quiet_help = "warnings and errors only, no progress bars"
+    parser.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help=quiet_help)
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="debug logs (transformers' info logs)"
+    )
+
+
+@contextlib.contextmanager
+def command_logging(args: argparse.Namespace) -> Iterator[None]:
+    """The log levels and progress bars that `--log_level`, `-q` and `-v` ask for (see `add_logging_arguments`), for
+    the time the command runs; the settings before it are back afterwards (`hf_vit_plus.cli.main` may be called from
+    Python).
+
+    By default the command shows the package's INFO lines (what a run is doing) and leaves transformers at its own
+    level. It also hides torch's deprecation notice about torchao's enums, which torch logs when transformers imports
+    torchao and which says nothing about the command (the library itself filters no log).
+    """
+    import logging
+
+    level = getattr(args, "log_level", None)
+    quiet, verbose = getattr(args, "quiet", False), getattr(args, "verbose", False)
+    if sum(bool(option) for option in (level, quiet, verbose)) > 1:
+        raise UsageError("Give one of --log_level, -q and -v.")
+    pytree = logging.getLogger("torch.utils._pytree")
+    pytree.addFilter(_drop_torchao_enum_notice)
+    from transformers.utils import logging as transformers_logging
+
+    from .utils import logging as package_logging
+
+    package = logging.getLogger(package_logging.ROOT_LOGGER)
+    before = (package.level, transformers_logging.get_verbosity(), transformers_logging.is_progress_bar_enabled())
+    try:
+        _set_levels(level, quiet, verbose)
+        yield
+    finally:
+        package.setLevel(before[0])
+        transformers_logging.set_verbosity(before[1])
+        (transformers_logging.enable_progress_bar if before[2] else transformers_logging.disable_progress_bar)()
+        pytree.removeFilter(_drop_torchao_enum_notice)
+
+
+def _set_levels(level: str | None, quiet: bool, verbose: bool) -> None:
+    from transformers.utils import logging as transformers_logging
+
+    from .utils import logging as package_logging
+
+    if quiet:
+        package_logging.set_verbosity_warning()
+        package_logging.disable_progress_bar()
+    elif verbose:
+        package_logging.set_verbosity_debug()
+        transformers_logging.set_verbosity_info()
+    elif level in (None, "passive"):
+        package_logging.set_verbosity_info()
+    else:
+        package_logging.set_verbosity(level)
+        transformers_logging.set_verbosity(package_logging.LOG_LEVELS[level])
+
+
+def _drop_torchao_enum_notice(record) -> bool:
+    return "register_constant() on Enum subclasses is deprecated" not in record.getMessage()
 
 
 def visible_flags(parser: argparse.ArgumentParser) -> list[str]:

@@ -39,6 +39,7 @@ Models quantized with `hf_vit_plus.quantization` are refused: export the float m
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import warnings
 from contextlib import contextmanager
@@ -48,6 +49,8 @@ import torch
 from torch import nn
 
 from .families import FAMILIES, family_of_model
+from .utils.extras import require
+from .utils.logging import tqdm
 
 logger = logging.getLogger(__name__)
 
@@ -62,17 +65,7 @@ _EXAMPLE_BATCH, _EXAMPLE_SOURCE, _EXAMPLE_PAST, _EXAMPLE_NEW = 2, 5, 3, 2
 
 
 def _require_onnx_exporter() -> None:
-    missing = []
-    for name in ("onnx", "onnxscript"):
-        try:
-            __import__(name)
-        except ImportError:
-            missing.append(name)
-    if missing:
-        raise ImportError(
-            f"ONNX export needs {' and '.join(missing)}: `pip install onnx onnxscript` (or "
-            "`pip install hf_vit_plus[inference]`)."
-        )
+    require("export", "ONNX export", ("onnx", "onnxscript"))
 
 
 def _graph_layout(model: nn.Module) -> str:
@@ -134,6 +127,9 @@ def _export(module: nn.Module, args: tuple, path: Path, input_names, output_name
     program.save(str(path))
     onnx.checker.check_model(str(path))
     logger.info("wrote %s", path)
+    bar = _EXPORT_BAR.get()
+    if bar is not None:
+        bar.update(1)
     return path
 
 
@@ -326,6 +322,14 @@ def _export_causal_lm(model: nn.Module, output_dir: Path) -> list[Path]:
 # The graph layouts a family's record can name (`Family.export`): an image classifier, an encoder-decoder with its
 # cross-attention and self-attention caches, a causal LM with its cache.
 EXPORTERS = {"image-classifier": _export_vit, "encoder-decoder": _export_seq2seq, "causal-lm": _export_causal_lm}
+# the graphs each layout writes (the progress bar's total)
+GRAPH_FILES = {
+    "image-classifier": (VIT_FILE,),
+    "encoder-decoder": (ENCODER_FILE, DECODER_FILE),
+    "causal-lm": (LM_FILE,),
+}
+# the bar of the export under way, which `_export` advances
+_EXPORT_BAR: contextvars.ContextVar = contextvars.ContextVar("hf_vit_plus_export_bar", default=None)
 
 
 # ---------------------------------------------------------------------------------------------------- API
@@ -346,8 +350,13 @@ def export_onnx(model: nn.Module, output_dir: str | Path) -> list[Path]:
     _require_onnx_exporter()
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    with torch.no_grad(), _export_mode(model):
-        paths = EXPORTERS[layout](model, output_dir)
+    graphs = len(GRAPH_FILES[layout])
+    with torch.no_grad(), _export_mode(model), tqdm(total=graphs, desc="exporting to ONNX", unit="graph") as bar:
+        token = _EXPORT_BAR.set(bar)  # `_export` counts the graphs written
+        try:
+            paths = EXPORTERS[layout](model, output_dir)
+        finally:
+            _EXPORT_BAR.reset(token)
     model.config.save_pretrained(output_dir)
     if model.can_generate() and getattr(model, "generation_config", None) is not None:
         model.generation_config.save_pretrained(output_dir)
@@ -507,10 +516,9 @@ def export_ctranslate2(
 
     Sparse-encoder checkpoints are refused: CTranslate2 has no sparse attention. Files of the same names in
     `output_dir` are replaced; other files are left alone. Returns `output_dir`."""
-    try:
-        import ctranslate2
-    except ImportError as error:
-        raise ImportError("CTranslate2 export needs ctranslate2: `pip install ctranslate2`.") from error
+    require("export", "CTranslate2 export", ("ctranslate2",))
+    import ctranslate2
+
     if quantization is not None and quantization not in CTRANSLATE2_QUANTIZATIONS:
         raise ValueError(
             f"Unknown CTranslate2 quantization {quantization!r}: expected None (float32) or one of "
@@ -627,19 +635,21 @@ class Translator:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
         outputs = []
-        for start in range(0, len(texts), batch_size):
-            batch = self.tokenizer(texts[start : start + batch_size], return_tensors="pt", padding=True)
-            ids = self.generate(batch["input_ids"], batch["attention_mask"], **generate_kwargs)
-            outputs += [text.strip() for text in self.tokenizer.batch_decode(ids, skip_special_tokens=True)]
+        # a bar where there is more than one batch (a file of texts); switched off with disable_progress_bar()
+        with tqdm(total=len(texts), desc="translating", unit="text", disable=len(texts) <= batch_size) as bar:
+            for start in range(0, len(texts), batch_size):
+                batch = self.tokenizer(texts[start : start + batch_size], return_tensors="pt", padding=True)
+                ids = self.generate(batch["input_ids"], batch["attention_mask"], **generate_kwargs)
+                outputs += [text.strip() for text in self.tokenizer.batch_decode(ids, skip_special_tokens=True)]
+                bar.update(len(batch["input_ids"]))
         return outputs
 
 
 # ------------------------------------------------------------------------------------------- onnxruntime
 def _session(path: Path, threads: int | None):
-    try:
-        import onnxruntime
-    except ImportError as error:
-        raise ImportError("Running the exported graphs needs onnxruntime: `pip install onnxruntime`.") from error
+    require("export", "Running the exported graphs", ("onnxruntime",))
+    import onnxruntime
+
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist: export the model with export_onnx first.")
     options = onnxruntime.SessionOptions()

@@ -24,6 +24,7 @@ from pathlib import Path
 from .cli_utils import HelpFormatter, checked_number, positive_int
 from .errors import UsageError, check_model_location, load_config
 from .families import FAMILIES, family_of_config
+from .utils.extras import require
 
 logger = logging.getLogger(__name__)
 
@@ -133,14 +134,7 @@ def export_checkpoint(checkpoint: str, output_dir: str | Path) -> list[Path]:
             f"CHECKPOINT {checkpoint!r} is a {config.model_type!r} model; `export onnx` exports the hf_vit_plus "
             f"families: {', '.join(exported)}."
         )
-    for name in ("onnx", "onnxscript"):
-        try:
-            __import__(name)
-        except ImportError:
-            raise UsageError(
-                f"ONNX export needs the {name!r} package: `pip install onnx onnxscript` "
-                "(or `pip install hf_vit_plus[inference]`)."
-            ) from None
+    require("export", "ONNX export", ("onnx", "onnxscript"))
     import transformers
 
     from . import export
@@ -182,10 +176,7 @@ def export_ctranslate2_checkpoint(checkpoint: str, output_dir: str | Path, quant
             f"{config.encoder_attention_type!r}): CTranslate2 has no sparse attention, so it cannot run this model. "
             "Serve it with `hf-vit-plus translate --engine fast` instead."
         )
-    try:
-        import ctranslate2  # noqa: F401
-    except ImportError:
-        raise UsageError("CTranslate2 export needs the 'ctranslate2' package: `pip install ctranslate2`.") from None
+    require("export", "CTranslate2 export", ("ctranslate2",))
     from transformers import AutoTokenizer
 
     from . import export

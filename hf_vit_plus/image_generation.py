@@ -28,9 +28,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from transformers.generation import BaseStreamer
 
 from .data.images import IMAGE_DATASETS, load_image_arrays
 from .models.config_checks import check_positive_int
+from .utils.logging import tqdm
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +94,23 @@ def _eval_mode(model) -> Iterator[None]:
         model.train(was_training)
 
 
+class _TokenCounter(BaseStreamer):
+    """A `generate` streamer that advances a progress bar by one per decoding step (generate hands it the prompt
+    first, then each step's tokens)."""
+
+    def __init__(self, bar):
+        self.bar, self.prompt = bar, True
+
+    def put(self, value) -> None:
+        if self.prompt:
+            self.prompt = False
+            return
+        self.bar.update(1)
+
+    def end(self) -> None:
+        self.prompt = True
+
+
 def _draw(
     model,
     prompts: torch.Tensor,
@@ -118,7 +137,11 @@ def _draw(
         options["cache_implementation"] = cache_implementation
     batch_size = min(batch_size, prompts.shape[0])
     images = []
-    with _eval_mode(model), _seeded(seed, model.device):
+    batches = math.ceil(prompts.shape[0] / batch_size)
+    bar = tqdm(total=batches * new_tokens, desc=f"drawing {prompts.shape[0]} image(s)", unit="token")
+    if not bar.disable:  # the bar counts the tokens `generate` hands its streamer
+        options["streamer"] = _TokenCounter(bar)
+    with bar, _eval_mode(model), _seeded(seed, model.device):
         for start in range(0, prompts.shape[0], batch_size):
             batch = prompts[start : start + batch_size]
             count = batch.shape[0]

@@ -1,4 +1,4 @@
-"""int8 inference for every family with torchao (`pip install torchao`, or the `inference` extra).
+"""int8 inference for every family with torchao (`pip install "hf_vit_plus[fast]"`).
 
     from hf_vit_plus.quantization import quantize
 
@@ -38,18 +38,17 @@ import logging
 
 from torch import nn
 
+from .utils.extras import require
+
 logger = logging.getLogger(__name__)
 
 SCHEMES = ("int8-dynamic", "int8-weight-only")
 
 
 def _torchao_config(scheme: str):
-    try:
-        from torchao.quantization import Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig
-    except ImportError as error:
-        raise ImportError(
-            "int8 quantization needs torchao: `pip install torchao` (or `pip install hf_vit_plus[inference]`)."
-        ) from error
+    require("fast", "int8 quantization", ("torchao",))
+    from torchao.quantization import Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig
+
     if scheme == "int8-dynamic":
         return Int8DynamicActivationInt8WeightConfig()
     return Int8WeightOnlyConfig()

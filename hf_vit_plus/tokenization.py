@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import PreTrainedTokenizerFast
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +60,9 @@ def train_bpe_tokenizer(
     """
     if isinstance(texts, str):
         raise TypeError(f"texts must be an iterable of strings, not one string: {texts[:50]!r}")
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     min_size = len(SPECIAL_TOKENS) + len(alphabet)
     if not isinstance(vocab_size, int) or isinstance(vocab_size, bool):

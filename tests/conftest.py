@@ -26,6 +26,17 @@ class _DeprecationNotices(logging.Handler):
             self.messages.append(f"{record.name}: {message}")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def package_logs_reach_caplog():
+    """hf_vit_plus's root logger has its own handler and does not propagate (hf_vit_plus.utils.logging), as
+    transformers' does: let its records through to the root logger, where pytest's `caplog` listens."""
+    from hf_vit_plus.utils import logging as package_logging
+
+    package_logging.enable_propagation()
+    yield
+    package_logging.disable_propagation()
+
+
 @pytest.fixture(autouse=True)
 def no_deprecation_notices():
     """Fails the test when transformers, accelerate, huggingface_hub, datasets or torch logs a deprecation notice."""

@@ -27,6 +27,11 @@ def test_the_record_names_things_that_exist(name):
     family = get_family(name)
     assert family.id == name and family.data in ("images", "text")
     assert {"AutoModel", family.head} <= set(family.model_classes)
+    # the record names its classes as "module:Class" (read without importing them): the names are the classes'
+    assert family.model_type == family.config_class.model_type
+    assert family.head_class_name == family.head_class.__name__
+    if family.image_processor is not None:
+        assert family.image_processor_class.__name__ == family.image_processor.partition(":")[2]
     for auto_name, model_class in family.model_classes.items():
         assert hasattr(transformers, auto_name) and model_class.config_class is family.config_class
     module, _, class_name = family.trainer.partition(":")

@@ -30,7 +30,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     (
         "foundations: data sets, converters, metrics, tokenizer, errors, argparse types",
         (
-            "hf_vit_plus._noise",
+            "hf_vit_plus._lazy",
+            "hf_vit_plus.utils",
             "hf_vit_plus.errors",
             "hf_vit_plus.cli_utils",
             "hf_vit_plus.cpu_precision",
@@ -53,7 +54,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "hf_vit_plus.image_generation",
         ),
     ),
-    ("the package's public API (importing it registers the classes and the card hook)", ("hf_vit_plus",)),
+    (
+        "the package's public API (importing it registers the classes, the card hook, the Trainer integration)",
+        ("hf_vit_plus", "hf_vit_plus.integrations"),
+    ),
     (
         "the sub-commands of hf-vit-plus",
         (

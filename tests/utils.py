@@ -3,8 +3,11 @@ snapshots, tiny models."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -81,6 +84,26 @@ def run_with_package(code: str, cwd: Path, env: dict | None = None, timeout: int
     if proc.returncode != 0:
         raise AssertionError(f"client failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
     return json.loads([line for line in proc.stdout.splitlines() if line.strip()][-1])
+
+
+@contextlib.contextmanager
+def run_report():
+    """The lines a training run reports (the package's INFO logs, `hf_vit_plus.training.loop`) while the block runs:
+    a `StringIO` with each record's message on a line."""
+    from hf_vit_plus.utils import logging as package_logging
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger = logging.getLogger(package_logging.ROOT_LOGGER)
+    logger.addHandler(handler)
+    previous = logger.level
+    package_logging.set_verbosity_info()
+    try:
+        yield stream
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(previous)
 
 
 def folder_snapshot(folder: Path) -> dict[str, tuple[str, int]]:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..cli_utils import HelpFormatter
 from ..errors import UsageError, check_exists, load_config
+from ..utils.logging import tqdm
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +72,11 @@ def convert_checkpoint(
     fit the timm architecture, raises a `UsageError` (a `ValueError`). `source="marian"`: see `convert_marian`."""
     if source == "marian":
         return convert_marian(checkpoint, output_dir)
+    with tqdm(total=3, desc=f"converting a {source} ViT", unit="step") as bar:  # read, convert, save
+        return _convert_vit(source, checkpoint, output_dir, timm_name, num_classes, image_size, bar)
+
+
+def _convert_vit(source, checkpoint, output_dir, timm_name, num_classes, image_size, bar) -> Path:
     from ..models.hub_mixin import naming_corrupt_safetensors
     from ..models.image_processing_vit_plus import ViTPlusImageProcessor
     from .vit import vit_plus_from_timm, vit_plus_from_transformers
@@ -108,6 +114,7 @@ def convert_checkpoint(
                     f"{checkpoint!r} does not fit timm's {timm_name!r}: missing {missing[:5]}, unexpected "
                     f"{unexpected[:5]}. Pass the right --timm_name / --num_classes / --image_size."
                 )
+        bar.update(1)
         model = vit_plus_from_timm(timm_model.eval())
         mean, std = timm_model.pretrained_cfg.get("mean"), timm_model.pretrained_cfg.get("std")
         processor = ViTPlusImageProcessor.from_model_config(
@@ -124,13 +131,16 @@ def convert_checkpoint(
             )
         with naming_corrupt_safetensors(checkpoint):  # a corrupt or truncated weights file is named
             hf_model = ViTForImageClassification.from_pretrained(checkpoint)
+        bar.update(1)
         model = vit_plus_from_transformers(hf_model)
         processor = ViTPlusImageProcessor.from_model_config(model.config)
     else:
         raise UsageError(f"Unknown source {source!r}: expected 'timm', 'transformers' or 'marian'.")
+    bar.update(1)
     output_dir = Path(output_dir)
     model.save_pretrained(output_dir)
     processor.save_pretrained(output_dir)
+    bar.update(1)
     logger.info("wrote %s", output_dir)
     return output_dir
 
@@ -173,17 +183,21 @@ def convert_marian(checkpoint: str | Path, output_dir: str | Path) -> Path:
             f"{found or 'no weights file'}): only safetensors are read, since loading pickled weights can run code. "
             "Re-save the model with safetensors (transformers 5's `save_pretrained` writes them)."
         )
-    with naming_corrupt_safetensors(source):  # a corrupt or truncated weights file is named
-        marian = MarianMTModel.from_pretrained(source, use_safetensors=True)
-    try:
-        model = seq2seq_from_marian(marian)
-        # The files too: a loader that rebuilt a stored table would hide a stored table that differs.
-        check_recomputed_tensors(_stored_tensors(source, RECOMPUTED_KEYS), model.config)
-    except ValueError as error:
-        raise UsageError(f"{str(checkpoint)!r}: {error}") from error
-    output_dir = Path(output_dir)
-    model.save_pretrained(output_dir)
-    copy_marian_tokenizer(source, output_dir)
+    with tqdm(total=3, desc="converting a Marian model", unit="step") as bar:  # read, convert, save
+        with naming_corrupt_safetensors(source):  # a corrupt or truncated weights file is named
+            marian = MarianMTModel.from_pretrained(source, use_safetensors=True)
+        bar.update(1)
+        try:
+            model = seq2seq_from_marian(marian)
+            # The files too: a loader that rebuilt a stored table would hide a stored table that differs.
+            check_recomputed_tensors(_stored_tensors(source, RECOMPUTED_KEYS), model.config)
+        except ValueError as error:
+            raise UsageError(f"{str(checkpoint)!r}: {error}") from error
+        bar.update(1)
+        output_dir = Path(output_dir)
+        model.save_pretrained(output_dir)
+        copy_marian_tokenizer(source, output_dir)
+        bar.update(1)
     logger.info("wrote %s", output_dir)
     return output_dir
 

@@ -5,14 +5,23 @@ It ships inside scikit-learn, so the demo and the learning tests need no downloa
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-from datasets import ClassLabel, Dataset, DatasetDict, Features, Image
+
+if TYPE_CHECKING:
+    from datasets import DatasetDict
 
 DIGIT_NAMES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 
 
 def load_digits_dataset(test_size: float = 0.2, seed: int = 0) -> DatasetDict:
     """Train/test split, stratified by label. Columns: `image` (8x8 PIL "L"), `label` (ClassLabel of 10)."""
+    from datasets import ClassLabel, Dataset, Features, Image
+
+    from ..utils.extras import require
+
+    require("train", "The digits data set", ("sklearn",))
     from sklearn.datasets import load_digits
 
     digits = load_digits()

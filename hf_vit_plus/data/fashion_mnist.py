@@ -11,9 +11,12 @@ from __future__ import annotations
 import gzip
 import struct
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-from datasets import ClassLabel, Dataset, DatasetDict, Features, Image
+
+if TYPE_CHECKING:
+    from datasets import DatasetDict
 
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 FASHION_MNIST_PACKAGE = "dataset-fashion-mnist"
@@ -73,6 +76,7 @@ def load_fashion_mnist_arrays(split: str, root: str | Path | None = None) -> tup
 
 def load_fashion_mnist(root: str | Path | None = None, max_per_split: int | None = None) -> DatasetDict:
     """The two splits as a `DatasetDict` ("train", "test") with an `image` (PIL "L") and a `label` column."""
+    from datasets import ClassLabel, Dataset, DatasetDict, Features, Image
     from PIL import Image as PILImage
 
     features = Features({"image": Image(), "label": ClassLabel(names=FASHION_MNIST_CLASSES)})

@@ -10,8 +10,10 @@ that vanish), small, and the held-out numbers are never seen in training.
 from __future__ import annotations
 
 import random
+from typing import TYPE_CHECKING
 
-from datasets import Dataset, DatasetDict
+if TYPE_CHECKING:
+    from datasets import DatasetDict
 
 __all__ = ["load_number_words_dataset", "number_to_words"]
 
@@ -80,6 +82,8 @@ def load_number_words_dataset(
             f"num_train must be an int in [1, {available - num_test}] (max_number={max_number}, "
             f"num_test={num_test}), got {num_train!r}"
         )
+    from datasets import Dataset, DatasetDict
+
     # sample() draws distinct integers without building the whole range in memory.
     numbers = random.Random(seed).sample(range(available), num_test + num_train)
 

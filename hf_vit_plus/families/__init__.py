@@ -43,7 +43,7 @@ def family_of_config(config) -> Family | None:
     config = _as_dict(config)
     matching = [family for family in FAMILIES.values() if family.matches(config)]
     architectures = config.get("architectures") or ()
-    named = [family for family in matching if family.head_class.__name__ in architectures]
+    named = [family for family in matching if family.head_class_name in architectures]
     return (named or matching or [None])[0]
 
 

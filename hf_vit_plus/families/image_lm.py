@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 from ..data.images import IMAGE_DATASETS
-from ..models.configuration_sparse_transformer import SparseTransformerConfig
-from ..models.modeling_sparse_transformer import SparseTransformerForImageGeneration, SparseTransformerModel
 from .record import CardSpec, Family
 
 IMAGE_LM = Family(
     id="image-lm",
     help="the Sparse Transformer as an image model, pixels in raster order, scored in bits per dim "
     f"(--dataset {' or '.join(IMAGE_DATASETS)})",
-    config_class=SparseTransformerConfig,
-    model_classes={"AutoModel": SparseTransformerModel, "AutoModelForCausalLM": SparseTransformerForImageGeneration},
+    model_type="sparse_transformer",
+    config="configuration_sparse_transformer:SparseTransformerConfig",
+    models={
+        "AutoModel": "modeling_sparse_transformer:SparseTransformerModel",
+        "AutoModelForCausalLM": "modeling_sparse_transformer:SparseTransformerForImageGeneration",
+    },
     head="AutoModelForCausalLM",
     image_model=True,
     card=CardSpec(

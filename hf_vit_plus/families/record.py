@@ -1,20 +1,36 @@
 """The record of a model family: everything the package needs to know about one family, in one place.
 
-A `Family` is plain data (classes, texts, defaults, names); it points to the code above it in the package by name
-only (`trainer` names the training recipe in `hf_vit_plus.training.families`, `export` a graph layout of
-`hf_vit_plus.export`), as transformers' Auto mappings name classes, so the records can be read by every layer
-(registration, the training options, the cards, export) without importing training or hub code.
+A `Family` is plain data (texts, defaults, names); it points to code by name only, as transformers' Auto mappings
+name classes: its model, config and processor classes as "module:Class" in `hf_vit_plus.models` (imported the first
+time a property such as `config_class` is read), its training recipe in `hf_vit_plus.training.families` (`trainer`),
+its graph layout in `hf_vit_plus.export` (`export`). So the records can be read by every layer (registration, the
+command line's flags and help, the cards, export) without importing torch, the models, training or hub code:
+`hf-vit-plus train --help` reads them and imports none of these.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import transformers
+if TYPE_CHECKING:
+    from ..data.images import ImageDataset
 
-from ..data.images import ImageDataset
+# The package whose modules a record's class references ("configuration_vit_plus:ViTPlusConfig") name.
+MODELS_PACKAGE = "hf_vit_plus.models"
+
+
+def resolve_class(reference: str) -> type:
+    """The class that `reference` ("module:Class", a module of `hf_vit_plus.models`) names; imports its module."""
+    module, _, name = reference.partition(":")
+    return getattr(importlib.import_module(f"{MODELS_PACKAGE}.{module}"), name)
+
+
+def class_name(reference: str) -> str:
+    """The class name in a "module:Class" reference, without importing anything."""
+    return reference.partition(":")[2]
 
 
 @dataclass(frozen=True)
@@ -26,7 +42,7 @@ class CardSpec:
     task_name: str  # the task's name in the model-index
     tags: tuple[str, ...]  # the card's Hub tags, before those a caller adds
     architecture: tuple[str, ...]  # config fields in the card's architecture table; "num_labels" is read from id2label
-    aliases: tuple[str, ...] = ()  # other names the card functions accept for the family (release 0.1's)
+    aliases: tuple[str, ...] = ()  # other names the card functions accept for the family (their pre-0.3 names)
     # (field, condition): an architecture field shown only where the condition field is set (true, non-zero), e.g. a
     # part's settings only where the model has the part
     architecture_when: tuple[tuple[str, str], ...] = ()
@@ -38,12 +54,13 @@ class Family:
 
     id: str  # "vit": `hf-vit-plus train vit`, `TrainingArguments.family`, the card family
     help: str  # one line of `hf-vit-plus train --help`
-    config_class: type  # the family's `PretrainedConfig`
-    # Auto class name -> model class: registered with transformers (hf_vit_plus.registration). Families that share a
-    # config class (the Sparse Transformer's text and image models) register their heads as one tuple per Auto class:
-    # transformers takes the one the saved config's `architectures` names.
-    model_classes: Mapping[str, type]
-    head: str  # the Auto class (a key of `model_classes`) of the model that is trained, exported and pushed
+    model_type: str  # the config's `model_type` (tests/test_families.py checks it against `config_class`)
+    config: str  # "module:Class" of the family's `PretrainedConfig` (`config_class`)
+    # Auto class name -> "module:Class" of a model class: registered with transformers (hf_vit_plus.registration).
+    # Families that share a config class (the Sparse Transformer's text and image models) register their heads as one
+    # tuple per Auto class: transformers takes the one the saved config's `architectures` names.
+    models: Mapping[str, str]
+    head: str  # the Auto class (a key of `models`) of the model that is trained, exported and pushed
     card: CardSpec
     trainer: str  # "module:Class" of its training recipe (a `hf_vit_plus.training.families.TrainingFamily`)
     data: str  # "images" or "text": what the family reads (--train_dir or --train_file)
@@ -55,36 +72,58 @@ class Family:
     flag_help: Mapping[str, str] = field(default_factory=dict)  # help of flags whose meaning differs per family
     training_defaults: Mapping[str, Any] = field(default_factory=dict)  # `TrainingArguments` defaults of the family
     lr_scheduler: str = "cosine"  # what --lr_scheduler_type auto means
-    image_processor_class: type | None = None  # registered with AutoImageProcessor
-    # registered with AutoVideoProcessor: its answer when one is asked for (ViTPlus: a class saying there is none)
-    video_processor_class: type | None = None
+    image_processor: str | None = None  # "module:Class" registered with AutoImageProcessor
+    # "module:Class" registered with AutoVideoProcessor: its answer when one is asked for (ViTPlus: a class saying
+    # there is none)
+    video_processor: str | None = None
     # Several families may share a model type (the Sparse Transformer's text and image models): True takes only the
     # configs of image models (`image_size` set), False only the others; None every config of the model type.
     image_model: bool | None = None
     export: str | None = None  # the ONNX graph layout (a key of `hf_vit_plus.export.EXPORTERS`); None: no export
 
     @property
-    def model_type(self) -> str:
-        return self.config_class.model_type
+    def config_class(self) -> type:
+        """The family's `PretrainedConfig` class (imports its module)."""
+        return resolve_class(self.config)
+
+    @property
+    def model_classes(self) -> dict[str, type]:
+        """Auto class name -> model class (imports the modeling module)."""
+        return {auto_name: resolve_class(reference) for auto_name, reference in self.models.items()}
 
     @property
     def head_class(self) -> type:
-        return self.model_classes[self.head]
+        return resolve_class(self.models[self.head])
+
+    @property
+    def head_class_name(self) -> str:
+        """The head's class name (what a saved config's `architectures` lists), without importing it."""
+        return class_name(self.models[self.head])
 
     @property
     def base_class(self) -> type:
         """The bare model (no head), `AutoModel`'s class."""
-        return self.model_classes["AutoModel"]
+        return resolve_class(self.models["AutoModel"])
+
+    @property
+    def image_processor_class(self) -> type | None:
+        return None if self.image_processor is None else resolve_class(self.image_processor)
+
+    @property
+    def video_processor_class(self) -> type | None:
+        return None if self.video_processor is None else resolve_class(self.video_processor)
 
     @property
     def auto_head_class(self) -> type:
         """transformers' Auto class that loads the head, e.g. `AutoModelForImageClassification`."""
+        import transformers
+
         return getattr(transformers, self.head)
 
     @property
     def processor_auto_class(self) -> str | None:
         """The Auto class that loads the processor saved with a checkpoint; None when the family has none."""
-        if self.image_processor_class is not None:
+        if self.image_processor is not None:
             return "AutoImageProcessor"
         return "AutoTokenizer" if self.data == "text" else None
 
@@ -95,4 +134,4 @@ class Family:
         return self.image_model is None or (config.get("image_size") is not None) == self.image_model
 
 
-__all__ = ["CardSpec", "Family"]
+__all__ = ["MODELS_PACKAGE", "CardSpec", "Family", "class_name", "resolve_class"]

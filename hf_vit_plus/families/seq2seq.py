@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-from ..models.configuration_seq2seq_transformer import Seq2SeqTransformerConfig
-from ..models.modeling_seq2seq_transformer import Seq2SeqTransformerForConditionalGeneration, Seq2SeqTransformerModel
 from .record import CardSpec, Family
 
 SEQ2SEQ = Family(
     id="seq2seq",
     help="the encoder-decoder Transformer (default data: numbers -> English words)",
-    config_class=Seq2SeqTransformerConfig,
-    model_classes={
-        "AutoModel": Seq2SeqTransformerModel,
-        "AutoModelForSeq2SeqLM": Seq2SeqTransformerForConditionalGeneration,
+    model_type="seq2seq_transformer",
+    config="configuration_seq2seq_transformer:Seq2SeqTransformerConfig",
+    models={
+        "AutoModel": "modeling_seq2seq_transformer:Seq2SeqTransformerModel",
+        "AutoModelForSeq2SeqLM": "modeling_seq2seq_transformer:Seq2SeqTransformerForConditionalGeneration",
     },
     head="AutoModelForSeq2SeqLM",
     card=CardSpec(

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from ..models.configuration_sparse_transformer import SparseTransformerConfig
-from ..models.modeling_sparse_transformer import SparseTransformerForCausalLM, SparseTransformerModel
 from .record import CardSpec, Family
 
 SPARSE_LM = Family(
     id="sparse-lm",
     help="the Sparse Transformer, a causal language model (default data: the Python standard library)",
-    config_class=SparseTransformerConfig,
-    model_classes={"AutoModel": SparseTransformerModel, "AutoModelForCausalLM": SparseTransformerForCausalLM},
+    model_type="sparse_transformer",
+    config="configuration_sparse_transformer:SparseTransformerConfig",
+    models={
+        "AutoModel": "modeling_sparse_transformer:SparseTransformerModel",
+        "AutoModelForCausalLM": "modeling_sparse_transformer:SparseTransformerForCausalLM",
+    },
     head="AutoModelForCausalLM",
     image_model=False,
     card=CardSpec(

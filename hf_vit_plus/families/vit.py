@@ -3,10 +3,13 @@ the paper's masked patch prediction (sec. 4.6; "vit-mpp"), which "vit" then fine
 
 from __future__ import annotations
 
-from ..models.configuration_vit_plus import ViTPlusConfig
-from ..models.image_processing_vit_plus import ViTPlusImageProcessor, ViTPlusVideoProcessor
-from ..models.modeling_vit_plus import ViTPlusForImageClassification, ViTPlusForMaskedImageModeling, ViTPlusModel
 from .record import CardSpec, Family
+
+# The classes the two records share ("module:Class" in hf_vit_plus.models).
+CONFIG = "configuration_vit_plus:ViTPlusConfig"
+MODEL = "modeling_vit_plus:ViTPlusModel"
+IMAGE_PROCESSOR = "image_processing_vit_plus:ViTPlusImageProcessor"
+VIDEO_PROCESSOR = "image_processing_vit_plus:ViTPlusVideoProcessor"
 
 # The flags of the data-efficient recipe (DeiT, Touvron et al. 2021): `--recipe deit` sets them from the data
 RECIPE_FLAGS = (
@@ -35,11 +38,12 @@ ENCODER_CARD_FIELDS = (
 VIT = Family(
     id="vit",
     help="the Vision Transformer, an image classifier (default data: 8x8 digits)",
-    config_class=ViTPlusConfig,
-    model_classes={"AutoModel": ViTPlusModel, "AutoModelForImageClassification": ViTPlusForImageClassification},
+    model_type="vit_plus",
+    config=CONFIG,
+    models={"AutoModel": MODEL, "AutoModelForImageClassification": "modeling_vit_plus:ViTPlusForImageClassification"},
     head="AutoModelForImageClassification",
-    image_processor_class=ViTPlusImageProcessor,
-    video_processor_class=ViTPlusVideoProcessor,
+    image_processor=IMAGE_PROCESSOR,
+    video_processor=VIDEO_PROCESSOR,
     card=CardSpec(
         template="vit.md",
         pipeline_tag="image-classification",
@@ -69,7 +73,7 @@ VIT = Family(
         **RECIPE_FLAG_HELP,
     },
     # the demo's small digits model; the learning rate, warm-up and label smoothing are the --recipe's (`none`: 2e-3,
-    # 0.1 and 0, as release 0.1)
+    # 0.1 and 0, as before 0.3)
     training_defaults=dict(
         output_dir="outputs/vit",
         learning_rate=None,
@@ -86,11 +90,12 @@ VIT_MPP = Family(
     id="vit-mpp",
     help="the Vision Transformer pre-trained by masked patch prediction (the ViT paper, sec. 4.6), to fine-tune "
     "with `train vit --model_name_or_path`",
-    config_class=ViTPlusConfig,
-    model_classes={"AutoModel": ViTPlusModel, "AutoModelForMaskedImageModeling": ViTPlusForMaskedImageModeling},
+    model_type="vit_plus",
+    config=CONFIG,
+    models={"AutoModel": MODEL, "AutoModelForMaskedImageModeling": "modeling_vit_plus:ViTPlusForMaskedImageModeling"},
     head="AutoModelForMaskedImageModeling",
-    image_processor_class=ViTPlusImageProcessor,
-    video_processor_class=ViTPlusVideoProcessor,
+    image_processor=IMAGE_PROCESSOR,
+    video_processor=VIDEO_PROCESSOR,
     card=CardSpec(
         template="vit-mpp.md",
         pipeline_tag="image-feature-extraction",

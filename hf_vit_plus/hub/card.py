@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
 
 
-# The families' names of release 0.1, still accepted: alias -> family id.
+# The families' pre-0.3 names, still accepted: alias -> family id.
 FAMILY_ALIASES = {alias: family.id for family in FAMILIES.values() for alias in family.card.aliases}
 
 # Keys of `trainer.evaluate()` output that describe the run, not the model: kept out of the model-index.

@@ -6,6 +6,8 @@ import math
 from numbers import Real
 from pathlib import Path
 
+from ..utils.extras import require
+
 # Keys of a log-history entry that are bookkeeping, not curves.
 _NOT_CURVES = ("epoch", "step", "total_flos", "learning_rate", "grad_norm")
 _BOOKKEEPING_SUFFIXES = ("_runtime", "_samples_per_second", "_steps_per_second", "_preparation_time")
@@ -51,6 +53,7 @@ def plot_training_curves(log_history: list[dict], path: str | Path) -> Path:
     Raises:
         ValueError: no loss and no eval metric to plot, or malformed entries.
     """
+    require("train", "The training-curve figure", ("matplotlib",))
     # The Agg canvas directly, without pyplot: no global backend switch, no GUI, safe off the main thread.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure

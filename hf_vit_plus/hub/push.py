@@ -8,8 +8,9 @@ gets the family's card (an adapter folder: an adapter card naming its base model
 (`hf_vit_plus.hub.card.model_card_from_config`) in the commit; a README.md in the folder goes up as it is. The local
 folder is only read, never written.
 
-`push_model` is what the families' `model.push_to_hub(repo_id)` does: `hf_vit_plus/__init__.py` sets it as the push
-hook of `hf_vit_plus.models.hub_mixin` (the models never import this package). It is transformers' push with the
+`push_model` is what the families' `model.push_to_hub(repo_id)` does: `import hf_vit_plus` sets it (imported at the
+first push, `hf_vit_plus.integrations.push_with_family_card`) as the push hook of `hf_vit_plus.models.hub_mixin` (the
+models never import this package). It is transformers' push with the
 family's card in place of transformers' stock card.
 
 Call it from the main process only (e.g. under `if accelerator.is_main_process:` or

@@ -2,9 +2,10 @@
 
 `Trainer.push_to_hub` saves the model, writes README.md with `Trainer.create_model_card` (transformers' training
 summary: "More information needed", no family metadata) and uploads the output folder; no model-side hook takes part
-in it. `install_trainer_card()` (called by `import hf_vit_plus`) wraps `Trainer.create_model_card`: transformers'
-card is written first, as before, and, when the Trainer's model is one of this package's families (PEFT adapters
-excepted: their card is PEFT's), it is replaced by the family's card (`write_model_card`) with:
+in it. `install_trainer_card(Trainer)` (see `hf_vit_plus.integrations`: made when the Trainer is imported, and
+undone by `disable_trainer_integration()`) wraps `Trainer.create_model_card`: transformers' card is written first, as
+before, and, when the Trainer's model is one of this package's families (PEFT adapters excepted: their card is
+PEFT's), it is replaced by the family's card (`write_model_card`) with:
 
 - the last evaluation in `trainer.state.log_history` (`eval_*` numbers) in the results table and the model-index;
 - the hyperparameters from `trainer.args`;
@@ -33,12 +34,14 @@ TRAINER_CARD_FIELDS = (
 )  # fmt: skip
 
 
-def install_trainer_card() -> None:
-    """Make `transformers.Trainer.create_model_card` (which `Trainer.push_to_hub` calls) write the family's card for
-    this package's models (idempotent)."""
-    from transformers import Trainer
+def install_trainer_card(trainer_class: type) -> None:
+    """Make `trainer_class.create_model_card` (transformers' `Trainer`, whose `push_to_hub` calls it) write the
+    family's card for this package's models (idempotent).
 
-    original = Trainer.create_model_card
+    Args:
+        trainer_class: transformers' `Trainer`.
+    """
+    original = trainer_class.create_model_card
     if getattr(original, "__wrapped_by_hf_vit_plus__", False):
         return
     signature = inspect.signature(original)
@@ -53,7 +56,18 @@ def install_trainer_card() -> None:
                                language=options.get("language"))  # fmt: skip
 
     create_model_card.__wrapped_by_hf_vit_plus__ = True
-    Trainer.create_model_card = create_model_card
+    trainer_class.create_model_card = create_model_card
+
+
+def uninstall_trainer_card(trainer_class: type) -> None:
+    """Undo `install_trainer_card`: transformers' own `create_model_card` again (a no-op where it is not wrapped).
+
+    Args:
+        trainer_class: transformers' `Trainer`.
+    """
+    method = trainer_class.__dict__.get("create_model_card")
+    if getattr(method, "__wrapped_by_hf_vit_plus__", False):
+        trainer_class.create_model_card = method.__wrapped__
 
 
 def _first(value) -> str | None:

@@ -23,6 +23,7 @@ from pathlib import Path
 from ..cli_utils import HelpFormatter, checked_number, existing_file, positive_int, unit_interval
 from ..data.images import IMAGE_DATASETS, split_names
 from ..errors import UsageError, load_config
+from ..utils.extras import require
 
 logger = logging.getLogger(__name__)
 
@@ -347,10 +348,42 @@ def _next_pixel(args: argparse.Namespace) -> list[Path]:
 
 
 def run(args: argparse.Namespace) -> int:
+    require("interpret", "hf-vit-plus explain", ("matplotlib",))
     paths = args.explain_func(args)  # a UsageError is printed by `hf_vit_plus.cli.main`
     for path in paths:
         print(f"wrote {path}")
     return 0
+
+
+def _pattern_arguments(sub: argparse.ArgumentParser) -> None:
+    """The arguments of `explain pattern`: the registered pattern kinds are their choices."""
+    from ..models.sparse_layouts import ATTENTION_TYPES, PATTERNS
+
+    sub.add_argument(
+        "--kind",
+        choices=[*ATTENTION_TYPES, "all"],
+        default=None,
+        help=f"pattern to draw without a checkpoint ('all': {', '.join(ATTENTION_TYPES)} side by side)",
+    )
+    sub.add_argument(
+        "--stride", type=positive_int, default=None, help="the pattern's length l (stride, block length or window)"
+    )
+    sub.add_argument(
+        "--summary_size",
+        type=int,
+        default=None,
+        help="the second setting of the kinds that read one: "
+        + "; ".join(
+            f"{name}: {kind.symbols['summary_size']} (default {kind.default_settings(8)['summary_size']} at l=8)"
+            for name, kind in PATTERNS.items()
+            if "summary_size" in kind.settings
+        ),
+    )
+    sub.add_argument(
+        "--length", type=positive_int, default=None, help="sequence length n (default about l^2, at most 1024)"
+    )
+    sub.add_argument("--bidirectional", action="store_true", help="encoder form (no j <= i restriction)")
+    sub.add_argument("--query", type=int, default=None, help="query position of the top row (default: near the end)")
 
 
 def add_parser(subparsers) -> None:
@@ -417,33 +450,7 @@ def add_parser(subparsers) -> None:
         "sparse_attention_pattern.png",
         checkpoint="optional",
     )
-    from ..models.sparse_layouts import ATTENTION_TYPES, PATTERNS
-
-    sub.add_argument(
-        "--kind",
-        choices=[*ATTENTION_TYPES, "all"],
-        default=None,
-        help=f"pattern to draw without a checkpoint ('all': {', '.join(ATTENTION_TYPES)} side by side)",
-    )
-    sub.add_argument(
-        "--stride", type=positive_int, default=None, help="the pattern's length l (stride, block length or window)"
-    )
-    sub.add_argument(
-        "--summary_size",
-        type=int,
-        default=None,
-        help="the second setting of the kinds that read one: "
-        + "; ".join(
-            f"{name}: {kind.symbols['summary_size']} (default {kind.default_settings(8)['summary_size']} at l=8)"
-            for name, kind in PATTERNS.items()
-            if "summary_size" in kind.settings
-        ),
-    )
-    sub.add_argument(
-        "--length", type=positive_int, default=None, help="sequence length n (default about l^2, at most 1024)"
-    )
-    sub.add_argument("--bidirectional", action="store_true", help="encoder form (no j <= i restriction)")
-    sub.add_argument("--query", type=int, default=None, help="query position of the top row (default: near the end)")
+    sub.add_arguments_later(_pattern_arguments)  # its choices and help read the pattern registry (torch)
 
     sub = mode("all", _all, "every figure of a ViT checkpoint into a folder (for its model card)", None)
     sub.add_argument("images", nargs="+", type=existing_file, help="image files")

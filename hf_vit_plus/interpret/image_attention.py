@@ -29,9 +29,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from matplotlib import colormaps
-from matplotlib.patches import Rectangle
 from torch import nn
+
+from ..utils.extras import require
+
+try:
+    from matplotlib import colormaps
+    from matplotlib.patches import Rectangle
+except ImportError:  # without the [interpret] extra: one line naming it
+    require("interpret", "hf_vit_plus.interpret's figures", ("matplotlib",))
+    raise
 
 from .plots import PANEL_INCHES, _figure, _no_ticks, _save
 

@@ -13,12 +13,19 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from matplotlib import colormaps
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.colors import ListedColormap
-from matplotlib.figure import Figure
-from matplotlib.patches import Patch, Rectangle
 from torch import nn
+
+from ..utils.extras import require
+
+try:
+    from matplotlib import colormaps
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.colors import ListedColormap
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch, Rectangle
+except ImportError:  # without the [interpret] extra: one line naming it
+    require("interpret", "hf_vit_plus.interpret's figures", ("matplotlib",))
+    raise
 
 from .attention import (
     attention_rollout,
@@ -54,7 +61,7 @@ def _save(figure: Figure, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=DPI, facecolor="white")
-    logger.info("Wrote %s", path)
+    logger.debug("Wrote %s", path)
     return path
 
 

@@ -49,6 +49,9 @@ def load_translation_metric(**kwargs):
 
     Keyword arguments go to `evaluate.load` (e.g. `experiment_id`, `num_process`).
     """
+    from ..utils.extras import require
+
+    require("train", "BLEU / chrF", ("sacrebleu",))
     import evaluate
 
     return evaluate.load(str(TRANSLATION_METRIC_PATH), **kwargs)

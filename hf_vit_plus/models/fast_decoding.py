@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import warnings
 import weakref
 
@@ -86,6 +87,8 @@ from transformers.generation import (
 
 from .compat import cache_from_kwargs, cpu_has_fast_int8_products, cpu_has_native_bf16_products
 from .compiled_decoding import row_matmul_pass
+
+logger = logging.getLogger(__name__)
 
 PRECISIONS = ("float32", "bfloat16", "int8", "int8-weight-only", "int8-dynamic", "int8-fbgemm")
 # int8 products that do not pay on a CPU without native int8 products (measured 2026-11-26 on an AVX2-only AMD EPYC,
@@ -462,42 +465,56 @@ def cpp_fbgemm_ops() -> bool:
     return _cpp_kernels_loaded()
 
 
+class _BuildChatter(logging.Filter):
+    """torch's extension builder's own log lines (its import says "No CUDA runtime is found, using CUDA_HOME=..." on
+    a CPU machine) as this module's debug lines: shown at debug level only."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        logger.debug("torch.utils.cpp_extension: %s", record.getMessage())
+        return False
+
+
 def _build_cpp_kernels() -> None:
     import hashlib
-    import logging
     import os
     import sys
     from pathlib import Path
 
-    quiet = logging.getLogger("torch.utils.cpp_extension")  # its import logs "No CUDA runtime is found" on CPU
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)
+    from transformers.utils.logging import tqdm
+
+    builder_logger = logging.getLogger("torch.utils.cpp_extension")
+    chatter = _BuildChatter()
+    builder_logger.addFilter(chatter)
     try:
         from torch.utils import cpp_extension
+
+        if not cpp_extension.is_ninja_available():
+            raise RuntimeError('ninja is not installed: pip install "hf_vit_plus[fast]"')
+        # One build per source, torch build and Python: a .so built against another torch must never be loaded.
+        key = "\n".join((CPP_FBGEMM_SOURCE, torch.__version__, str(Path(torch.__file__).parent), sys.version))
+        digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+        root = os.environ.get(KERNEL_CACHE_ENV) or Path.home() / ".cache" / "hf_vit_plus" / "kernels"
+        folder = Path(root) / digest
+        folder.mkdir(parents=True, exist_ok=True)
+        source = folder / "fbgemm_ops.cpp"
+        if not source.exists() or source.read_text() != CPP_FBGEMM_SOURCE:
+            partial = folder / f"fbgemm_ops.cpp.{os.getpid()}.tmp"
+            partial.write_text(CPP_FBGEMM_SOURCE)
+            partial.replace(source)
+        built = any(folder.glob("*.so"))  # a build of this source: loading it takes no compilation
+        logger.info("building the fast decoding kernels in %s (once: kept for later processes)", folder)
+        with tqdm(total=1, desc="building fast decoding kernels, once, ~30 s", disable=built) as bar:
+            cpp_extension.load(
+                name=f"hf_vit_plus_fbgemm_{digest}",
+                sources=[str(source)],
+                build_directory=str(folder),
+                extra_cflags=["-O2"],
+                is_python_module=False,
+                verbose=logger.isEnabledFor(logging.DEBUG),  # the compiler's commands at debug level
+            )
+            bar.update(1)
     finally:
-        quiet.setLevel(level)
-    if not cpp_extension.is_ninja_available():
-        raise RuntimeError("ninja is not installed (pip install ninja)")
-    # One build per source, torch build and Python: a .so built against another torch must never be loaded.
-    key = "\n".join((CPP_FBGEMM_SOURCE, torch.__version__, str(Path(torch.__file__).parent), sys.version))
-    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    root = os.environ.get(KERNEL_CACHE_ENV) or Path.home() / ".cache" / "hf_vit_plus" / "kernels"
-    folder = Path(root) / digest
-    folder.mkdir(parents=True, exist_ok=True)
-    source = folder / "fbgemm_ops.cpp"
-    if not source.exists() or source.read_text() != CPP_FBGEMM_SOURCE:
-        partial = folder / f"fbgemm_ops.cpp.{os.getpid()}.tmp"
-        partial.write_text(CPP_FBGEMM_SOURCE)
-        partial.replace(source)
-    logging.getLogger(__name__).info("hf_vit_plus: building the C++ FBGEMM kernels in %s (once)", folder)
-    cpp_extension.load(
-        name=f"hf_vit_plus_fbgemm_{digest}",
-        sources=[str(source)],
-        build_directory=str(folder),
-        extra_cflags=["-O2"],
-        is_python_module=False,
-        verbose=False,
-    )
+        builder_logger.removeFilter(chatter)
 
 
 def _register_cpp_fakes() -> None:

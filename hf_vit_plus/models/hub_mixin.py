@@ -14,7 +14,8 @@ from the Hub.
 
 This module ships with the checkpoints as remote code (`trust_remote_code=True`), so it imports only transformers,
 huggingface_hub and safetensors, never the rest of the package: the card code (`hf_vit_plus.hub`) sits above the
-models and hands them its push (`hf_vit_plus/__init__.py` sets `hf_vit_plus.hub.push.push_model` as the hook).
+models and hands them its push (`import hf_vit_plus` sets `hf_vit_plus.integrations.push_with_family_card` as the
+hook).
 Without the package no hook is set, and the push is transformers' own.
 """
 

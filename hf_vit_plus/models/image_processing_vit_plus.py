@@ -129,7 +129,7 @@ class ViTPlusImageProcessor(ViTImageProcessor):
     do_convert_grayscale = False
 
     def __init__(self, **kwargs):
-        # Processors saved by release 0.1 have no `do_convert_grayscale`: a one-value mean marks a 1-channel model.
+        # Processors saved before 0.3 have no `do_convert_grayscale`: a one-value mean marks a 1-channel model.
         mean = kwargs.get("image_mean")
         if "do_convert_grayscale" not in kwargs and isinstance(mean, (list, tuple)) and len(mean) == 1:
             kwargs["do_convert_grayscale"] = True

@@ -334,8 +334,8 @@ class ViTPlusPreTrainedModel(HubMixin, PreTrainedModel):
         std = self.config.initializer_range
         # Every linear layer, the heads included, starts from the truncated normal (transformers' ViT, timm from
         # scratch). The paper's zero-initialised fine-tuning head (sec. 3.2) is not applied: a zero head passes no
-        # gradient to the encoder until it grows, which slows training from scratch (release 0.1 never applied it
-        # either: its zeros_ branch was never reached).
+        # gradient to the encoder until it grows, which slows training from scratch (the code before 0.3 never applied
+        # it either: its zeros_ branch was never reached).
         if isinstance(module, (nn.Linear, nn.Conv2d)):
             init.trunc_normal_(module.weight, mean=0.0, std=std)
             if module.bias is not None:

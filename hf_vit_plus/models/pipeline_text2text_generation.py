@@ -85,7 +85,9 @@ class CTranslate2Generator:
         try:
             import ctranslate2
         except ImportError as error:
-            raise ImportError("The ctranslate2 engine needs ctranslate2: `pip install ctranslate2`.") from error
+            raise ImportError(
+                'The ctranslate2 engine needs ctranslate2 (not installed): pip install "hf_vit_plus[export]"'
+            ) from error
         folder = Path(folder)
         if not is_ctranslate2_folder(folder):
             raise FileNotFoundError(

@@ -12,6 +12,9 @@ __all__ = ["FAMILIES", "TrainingArguments", "family_arguments", "parse_args", "t
 
 def train(args: TrainingArguments):
     """Run the training loop (see `hf_vit_plus.training.loop.train`)."""
+    from ..utils.extras import require
     from .loop import train as _train
+
+    require("train", "hf_vit_plus.training.train")
 
     return _train(args)

@@ -7,7 +7,7 @@ family, so `train vit --help` lists no text-only flag. Which fields apply, the h
 defaults all come from the family's record (`hf_vit_plus.families`): the same flag means the same thing everywhere.
 
 Names follow transformers' `TrainingArguments` and its example scripts (`--max_steps`, `--lr_scheduler_type`,
-`--save_steps`, `--dataset_config_name`, ...). The names of release 0.1 (`RENAMED`) are still accepted: as hidden
+`--save_steps`, `--dataset_config_name`, ...). The pre-0.3 names (`RENAMED`) are still accepted: as hidden
 flags on the command line and as keywords of `family_arguments`.
 """
 
@@ -39,7 +39,8 @@ SCHEDULER_DESCRIPTIONS = {
     "constant": "linear warm-up then a constant rate",
 }
 MIXED_PRECISION = ("no", "fp16", "bf16")
-# Training recipes of the image classifiers (`hf_vit_plus.training.recipes`): "none" (plain training, 0.1's), "deit"
+# Training recipes of the image classifiers (`hf_vit_plus.training.recipes`): "none" (plain training, as before 0.3),
+# "deit"
 RECIPES = ("none", "deit")
 AUTO_AUGMENTS = ("none", "randaugment", "trivialaugment")
 TEXT_FAMILIES = tuple(name for name, family in FAMILY_RECORDS.items() if family.data == "text")
@@ -48,7 +49,7 @@ USER_DATA_FAMILIES = tuple(name for name, family in FAMILY_RECORDS.items() if fa
 # Each family's defaults (`Family.training_defaults`).
 FAMILY_DEFAULTS: dict[str, dict] = {name: dict(family.training_defaults) for name, family in FAMILY_RECORDS.items()}
 
-# Release 0.1's names -> today's (transformers' names for the same options).
+# The pre-0.3 names -> today's (transformers' names for the same options).
 RENAMED = {
     "max_train_steps": "max_steps",
     "lr_scheduler": "lr_scheduler_type",
@@ -684,7 +685,7 @@ def check_output_dir(output_dir: str) -> None:
 
 def add_training_arguments(parser: argparse.ArgumentParser, family: str) -> argparse.ArgumentParser:
     """Add one flag per field of `TrainingArguments` that applies to `family`, with the family's defaults and help;
-    release 0.1's names (`RENAMED`) are added as hidden flags with the same destination."""
+    the pre-0.3 names (`RENAMED`) are added as hidden flags with the same destination."""
     if family not in FAMILIES:
         raise ValueError(f"Unknown family {family!r}; expected one of {FAMILIES}.")
     record = FAMILY_RECORDS[family]
@@ -729,7 +730,7 @@ def parse_args(family: str, argv: list[str] | None = None) -> TrainingArguments:
 
 def family_arguments(family: str, **values) -> TrainingArguments:
     """`TrainingArguments` with the family's defaults and `values` (the Python spelling of the command line;
-    release 0.1's names are accepted)."""
+    the pre-0.3 names are accepted)."""
     if family not in FAMILY_DEFAULTS:
         raise UsageError(f"Unknown family {family!r}; expected one of {FAMILIES}.")
     for old, new in RENAMED.items():

@@ -16,6 +16,7 @@ from ..cli_utils import HelpFormatter
 from ..data.number_words import number_to_words
 from ..errors import UsageError
 from ..families import FAMILIES
+from ..utils.extras import require
 from .args import TrainingArguments, add_training_arguments, args_from_namespace, family_arguments
 
 # the command's description: the module's, with the families of `hf_vit_plus.families`
@@ -52,7 +53,7 @@ def add_parser(subparsers) -> None:
     )
     demo.add_argument("--max_steps", type=int, default=None, help="stop after this many updates (quick runs)")
     hidden = dict(default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-    demo.add_argument("--max_train_steps", dest="max_steps", type=int, **hidden)  # release 0.1's name
+    demo.add_argument("--max_train_steps", dest="max_steps", type=int, **hidden)  # the pre-0.3 name
     demo.add_argument("--seed", type=int, default=42, help="random seed of the initial weights and the data order")
     demo.add_argument("--report_to", default="tensorboard", help="tracker(s) of accelerate's log_with, or 'none'")
     demo.add_argument("--min_accuracy", type=float, default=0.0, help="exit with status 1 below this accuracy")
@@ -70,6 +71,7 @@ def add_parser(subparsers) -> None:
 
 
 def run_train(namespace: argparse.Namespace) -> int:
+    require("train", "hf-vit-plus train")
     from .loop import train
 
     args = args_from_namespace(namespace)  # checks the values
@@ -95,6 +97,7 @@ def check_inputs(args: TrainingArguments) -> None:
 
 
 def run_demo(namespace: argparse.Namespace) -> int:
+    require("train", "hf-vit-plus demo")
     import torch
     from accelerate import PartialState
 

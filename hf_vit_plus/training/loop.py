@@ -34,13 +34,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from accelerate import Accelerator
+from accelerate import Accelerator, PartialState
 from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs, ProjectConfiguration, set_seed
 from torch.utils.data import DataLoader
-from tqdm.auto import tqdm
 
 from ..errors import UsageError
 from ..models.compat import enable_activation_checkpointing
+from ..utils.logging import tqdm
 from .args import TrainingArguments
 from .budget import TrainingClock, follow_the_clock
 from .checkpoints import (
@@ -76,7 +76,19 @@ from .sharding import (
     units,
 )
 
-logger = logging.getLogger(__name__)
+
+class _LocalMainProcessLogger(logging.LoggerAdapter):
+    """Logs on each machine's main process only, as `accelerator.print` printed (accelerate's own adapter prefixes
+    every line with "[RANK n]")."""
+
+    def log(self, level, msg, *args, **kwargs) -> None:
+        if PartialState().is_local_main_process:
+            super().log(level, msg, *args, **kwargs)
+
+
+# The run's report: INFO lines, shown by `hf-vit-plus train` (and from Python by
+# `hf_vit_plus.utils.logging.set_verbosity_info()`).
+logger = _LocalMainProcessLogger(logging.getLogger(__name__), {})
 
 
 @dataclass
@@ -170,13 +182,14 @@ def train(args: TrainingArguments, family: TrainingFamily | None = None) -> Trai
         args = with_recipe_precision(args)
         accelerator = create_accelerator(args)
         args = with_fsdp_checkpointing(args)
-        for line in describe(accelerator, args.per_device_train_batch_size, args.gradient_accumulation_steps,
-                             args.activation_checkpointing):  # fmt: skip
-            accelerator.print(line)
         set_seed(args.seed)
         resume = find_resume_point(args, family)
         args = reuse_checkpoint_processor(args, family, resume)
         run = prepare_run(accelerator, args, family, resume)
+        # what the run is, once the data and the model passed their checks (a user error comes alone)
+        for line in describe(accelerator, args.per_device_train_batch_size, args.gradient_accumulation_steps,
+                             args.activation_checkpointing):  # fmt: skip
+            logger.info(line)
         progress = restore_progress(run, resume)
     with stop_on_sigterm(accelerator):
         announce(run)
@@ -401,7 +414,7 @@ def restore_progress(run: Run, resume: ResumePoint | None) -> Progress:
     progress.start_epoch, progress.skip_batches = resume.state["epoch"], resume.state["batches_in_epoch"]
     progress.log_history = list(resume.state.get("log_history", []))
     run.clock.elapsed = float(resume.state.get("train_seconds", 0.0))  # a time budget counts the earlier sessions too
-    run.accelerator.print(
+    logger.info(
         f"Resumed from {resume.path} at update {progress.global_step} (epoch {progress.start_epoch}, batch "
         f"{progress.skip_batches})."
     )
@@ -419,16 +432,16 @@ def announce(run: Run) -> None:
         sharded = f" (FSDP units: {units(run.model)}; this process holds {local_share(run.model):.1%} of them)"
     elif is_zero3(accelerator):
         sharded = f" (ZeRO-3: this process holds {local_share(run.model):.1%} of them)"
-    accelerator.print(
+    logger.info(
         f"Training {run.family.name}: {_count(run.model)} parameters{sharded}, {len(run.train_dataloader.dataset)} "
         f"train / {len(run.eval_dataloader.dataset)} eval examples, {world} process(es), global batch "
         f"{args.per_device_train_batch_size * world * args.gradient_accumulation_steps}, {run.total_steps} updates."
     )
     if args.torch_compile:
-        accelerator.print("torch.compile: the first update compiles the model (tens of seconds on a CPU).")
+        logger.info("torch.compile: the first update compiles the model (tens of seconds on a CPU).")
     if run.clock.budget is not None:
         left = (run.clock.budget - run.clock.elapsed) / 60
-        accelerator.print(
+        logger.info(
             f"Time budget: {args.max_train_minutes:g} min of training ({left:.1f} left): the run ends at its last "
             "update or when they are spent, the learning-rate schedule following the clock where the updates fall "
             "behind it."
@@ -536,7 +549,7 @@ def end_epoch(run: Run, progress: Progress, epoch: int) -> None:
 def save_training_state(run: Run, progress: Progress, epoch: int, batches_in_epoch: int) -> None:
     """A checkpoint of the run at this position: the next batch to train is `batches_in_epoch` of `epoch`."""
     if checkpoint_layout(run.accelerator) == "deepspeed":  # only SIGTERM gets here (see sharding.deepspeed_plugin)
-        run.accelerator.print(f"No training state saved: {DEEPSPEED_STATE_REFUSAL}.")
+        logger.info(f"No training state saved: {DEEPSPEED_STATE_REFUSAL}.")
         return
     if batches_in_epoch >= len(run.train_dataloader):
         epoch, batches_in_epoch = epoch + 1, 0
@@ -568,7 +581,7 @@ def stop_early(run: Run, progress: Progress, train_seconds: float) -> TrainResul
     """The run stopped before its last update (--stop_after_steps, SIGTERM): its state is saved, no final model."""
     saved = f"state saved in {progress.last_checkpoint}" if progress.last_checkpoint else "no training state saved"
     stop = f"Stopped at update {progress.global_step}/{run.total_steps} ({progress.stop_reason})"
-    run.accelerator.print(f"{stop}; {saved}.")
+    logger.info(f"{stop}; {saved}.")
     run.accelerator.end_training()
     return _result(run, progress, train_seconds, files=[], model=run.accelerator.unwrap_model(run.model))
 
@@ -592,13 +605,13 @@ def finish(run: Run, progress: Progress, train_seconds: float) -> TrainResult:
     )  # fmt: skip
     run.accelerator.end_training()
     if run.clock.spent and progress.global_step < run.total_steps:  # the time budget ended it
-        run.accelerator.print(
+        logger.info(
             f"The time budget ({run.args.max_train_minutes:g} min) ended the run after update "
             f"{progress.global_step} of the {run.total_steps} foreseen."
         )
-    run.accelerator.print(f"Final evaluation: {json.dumps(progress.eval_metrics)}; model saved in {run.output_dir}.")
+    logger.info(f"Final evaluation: {json.dumps(progress.eval_metrics)}; model saved in {run.output_dir}.")
     if run.data.baselines:
-        run.accelerator.print(f"Baselines on the same split: {json.dumps(run.data.baselines)}.")
+        logger.info(f"Baselines on the same split: {json.dumps(run.data.baselines)}.")
     return _result(run, progress, train_seconds, files, model=trained[0])
 
 
@@ -634,8 +647,9 @@ def evaluate(accelerator: Accelerator, model, dataloader, family: TrainingFamily
     """Per-example outputs of every process, gathered without the padding `even_batches` adds."""
     model.eval()
     chunks: dict[str, list[torch.Tensor]] = defaultdict(list)
+    bar = tqdm(dataloader, desc="evaluating", leave=False, disable=not accelerator.is_local_main_process)
     with torch.no_grad():
-        for batch in dataloader:
+        for batch in bar:
             for key, value in accelerator.gather_for_metrics(family.eval_outputs(model, batch)).items():
                 chunks[key].append(value.cpu())
     return family.metrics({key: torch.cat(values) for key, values in chunks.items()})
@@ -685,7 +699,7 @@ def _log(accelerator: Accelerator, history: list[dict], entry: dict, kind: str) 
     scalars = {f"{kind}/{k.removeprefix('eval_')}": v for k, v in entry.items() if k not in ("step", "epoch")}
     if accelerator.trackers:
         accelerator.log(scalars, step=entry["step"])
-    logger.info("%s", entry)
+    logger.log(logging.INFO if kind == "eval" else logging.DEBUG, "%s", entry)
 
 
 def _count(model) -> str:

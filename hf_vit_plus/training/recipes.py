@@ -1,4 +1,4 @@
-"""Training recipes of the image models (`--recipe`): "none", plain training as in release 0.1, and "deit", the
+"""Training recipes of the image models (`--recipe`): "none", plain training as before 0.3, and "deit", the
 data-efficient recipe of DeiT (Touvron et al., ICML 2021, "Training data-efficient image transformers & distillation
 through attention", Table 9 and its code's defaults), scaled to the data and the run.
 
@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from typing import Any
 
 # Every setting a recipe decides (the `TrainingArguments` fields, None when unset), and "none"'s value of each: plain
-# training as in release 0.1 (the learning rate, warm-up and smoothing the ViT family always had).
+# training as before 0.3 (the learning rate, warm-up and smoothing the ViT family always had).
 RECIPE_NONE = dict(
     learning_rate=2e-3,
     warmup_ratio=0.1,

@@ -5,8 +5,9 @@ masked patch prediction (`ViTPlusForMaskedImageModeling`) from `pixel_values` an
 such batches, but its evaluation computes a loss only when every one of its `label_names` is in the batch, and those
 default to the forward's parameters named like labels (`labels`): on a batch of images alone it silently reported no
 `eval_loss`. transformers reads no model attribute for this decision, and hiding `labels` from the forward's signature
-would make Trainer drop a user's `labels` column, so `install_trainer_loss_inputs()` (called by `import hf_vit_plus`)
-wraps `Trainer.prediction_step`: when `TrainingArguments.label_names` is unset, the batch lacks the default label names
+would make Trainer drop a user's `labels` column, so `install_trainer_loss_inputs(Trainer)` (see
+`hf_vit_plus.integrations`: made when the Trainer is imported, undone by `disable_trainer_integration()`) wraps
+`Trainer.prediction_step`: when `TrainingArguments.label_names` is unset, the batch lacks the default label names
 and holds every one of the model's `loss_inputs` (a class attribute of the two heads), that batch is evaluated with
 `loss_inputs` as its label names. The loss is then the model's own (`eval_loss`), and `compute_metrics` receives those
 inputs as its `label_ids`. Batches with `labels`, explicit `label_names` and other models are evaluated as before.
@@ -38,12 +39,14 @@ def loss_input_names(trainer, inputs) -> list[str] | None:
     return list(names)
 
 
-def install_trainer_loss_inputs() -> None:
-    """Make `transformers.Trainer.prediction_step` evaluate this package's self-supervised heads on batches without
-    `labels` (see the module docstring; idempotent)."""
-    from transformers import Trainer
+def install_trainer_loss_inputs(trainer_class: type) -> None:
+    """Make `trainer_class.prediction_step` evaluate this package's self-supervised heads on batches without `labels`
+    (see the module docstring; idempotent).
 
-    original = Trainer.prediction_step
+    Args:
+        trainer_class: transformers' `Trainer`.
+    """
+    original = trainer_class.prediction_step
     if getattr(original, "__wrapped_by_hf_vit_plus__", False):
         return
 
@@ -59,4 +62,15 @@ def install_trainer_loss_inputs() -> None:
             self.label_names = default
 
     prediction_step.__wrapped_by_hf_vit_plus__ = True
-    Trainer.prediction_step = prediction_step
+    trainer_class.prediction_step = prediction_step
+
+
+def uninstall_trainer_loss_inputs(trainer_class: type) -> None:
+    """Undo `install_trainer_loss_inputs`: transformers' own `prediction_step` again (a no-op where it is not wrapped).
+
+    Args:
+        trainer_class: transformers' `Trainer`.
+    """
+    method = trainer_class.__dict__.get("prediction_step")
+    if getattr(method, "__wrapped_by_hf_vit_plus__", False):
+        trainer_class.prediction_step = method.__wrapped__

@@ -131,12 +131,12 @@ def pushed(hub_server, saved):
     # last (it registers the copy's attention kernels in this process): the model code loaded as remote code
     import sys
     from transformers.dynamic_module_utils import get_class_from_dynamic_module
-    from hf_vit_plus.hub.push import push_model
+    from hf_vit_plus.integrations import push_with_family_card
 
     remote = get_class_from_dynamic_module("modeling_vit_plus.ViTPlusForImageClassification", str(root / "vit"))
     mixin = sys.modules[remote.__module__.rsplit(".", 1)[0] + ".hub_mixin"]
     out["remote_copy"] = {{"is_a_copy": mixin.__name__ != "hf_vit_plus.models.hub_mixin",
-                           "has_the_package_hook": mixin.push_to_hub_hook() is push_model}}
+                           "has_the_package_hook": mixin.push_to_hub_hook() is push_with_family_card}}
     print(json.dumps(out))
     """
     result = run_with_package(code, saved, hub_server.env())
@@ -204,10 +204,10 @@ def test_push_to_hub_keeps_a_readme_the_repository_has(hub_server, pushed):
 def test_push_to_hub_goes_through_the_hook_the_package_sets(pushed):
     """`import hf_vit_plus` hands the models its push (models/ imports nothing of hub/); a copy of the model code
     loaded as remote code in a process that imported the package takes the package's hook too."""
-    from hf_vit_plus.hub.push import push_model
+    from hf_vit_plus.integrations import push_with_family_card
     from hf_vit_plus.models import hub_mixin
 
-    assert hub_mixin.push_to_hub_hook() is push_model
+    assert hub_mixin.push_to_hub_hook() is push_with_family_card
     assert pushed["remote_copy"] == {"is_a_copy": True, "has_the_package_hook": True}
 
 

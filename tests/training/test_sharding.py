@@ -26,7 +26,7 @@ from hf_vit_plus.training.sharding import (
     refuse_before_start,
     tied_module_groups,
 )
-from tests.utils import TINY_VIT_OVERRIDES
+from tests.utils import TINY_VIT_OVERRIDES, run_report
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")  # tests/conftest.py
 
@@ -101,9 +101,10 @@ def test_fp16_on_cpu_is_refused_not_run_in_fp32(tmp_path):
         train(tiny_vit(tmp_path, mixed_precision="fp16"))
 
 
-def test_the_first_lines_say_what_a_run_is(tmp_path, capsys):
-    train(tiny_vit(tmp_path, mixed_precision="bf16"))
-    lines = capsys.readouterr().out.splitlines()
+def test_the_first_lines_say_what_a_run_is(tmp_path):
+    with run_report() as report:
+        train(tiny_vit(tmp_path, mixed_precision="bf16"))
+    lines = report.getvalue().splitlines()
     assert lines[:4] == [
         "Distributed: one process, no data parallelism [NO on CPU], 1 process on 1 machine",
         "Sharding: none",

@@ -15,7 +15,6 @@ the updates. `LOSS_RTOL` bounds the losses' relative gap to DDP's; the gap measu
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 from pathlib import Path
@@ -31,7 +30,7 @@ from hf_vit_plus import SparseTransformerForCausalLM  # noqa: E402
 from hf_vit_plus.errors import UsageError  # noqa: E402
 from hf_vit_plus.training.loop import train  # noqa: E402
 from tests.training.test_training_fsdp import run_args as fsdp_run_args  # noqa: E402
-from tests.utils import launch_processes  # noqa: E402
+from tests.utils import launch_processes, run_report  # noqa: E402
 
 LOSS_RTOL = 1e-4  # the issue's target for FSDP2; measured: 0 (bitwise equal) over the 12 updates
 STEPS = 12
@@ -95,8 +94,7 @@ def _runs(root: str) -> None:
         ("ddp-accumulate", None, accumulate),
         ("zero3-accumulate", 3, accumulate),
     ):
-        printed = io.StringIO()
-        with deepspeed_launcher(stage), contextlib.redirect_stdout(printed):
+        with deepspeed_launcher(stage), run_report() as printed:
             result = train(run_args(root_path / name, **overrides))
         report[name] = {
             "losses": [entry["loss"] for entry in result.log_history if "loss" in entry],

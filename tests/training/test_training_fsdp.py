@@ -30,7 +30,7 @@ from safetensors.torch import load_file, save_file
 import hf_vit_plus
 from hf_vit_plus.training.args import family_arguments
 from hf_vit_plus.training.loop import train
-from tests.utils import REPO_ROOT, TINY_VIT_OVERRIDES, launch_processes
+from tests.utils import REPO_ROOT, TINY_VIT_OVERRIDES, launch_processes, run_report
 
 LOSS_RTOL = 1e-4
 WEIGHT_ATOL = 5e-5
@@ -229,8 +229,6 @@ def test_fsdp_shards_matches_ddp_resumes_exactly_and_saves_one_model(tmp_path, f
 def _checkpointing_and_precision(root: str) -> None:
     """FSDP runs of the language model: plain, with activation checkpointing, with bf16 parameters and bf16 or fp32
     gradient reduction. The main process writes the losses, the first lines and the saved weights' dtypes."""
-    import contextlib
-    import io
 
     report = {}
     policy = '{"mixed_precision_policy": {"param_dtype": "bf16", "reduce_dtype": "fp32"}}'
@@ -240,8 +238,7 @@ def _checkpointing_and_precision(root: str) -> None:
         ("bf16", dict(mixed_precision="bf16")),
         ("bf16-fp32-reduce", dict(fsdp_config=policy)),
     ):
-        printed = io.StringIO()
-        with contextlib.redirect_stdout(printed):
+        with run_report() as printed:
             result = train(run_args("sparse-lm", Path(root) / name, fsdp=True, max_steps=6, **overrides))
         if torch.distributed.get_rank() == 0:
             dtypes = sorted({str(v.dtype) for v in load_file(Path(root) / name / "model.safetensors").values()})
@@ -330,7 +327,8 @@ def test_accelerate_config_shards_on_cpu_on_one_machine_and_on_two(tmp_path):
     )  # fmt: skip
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-4000:]
-    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]  # the run's report is its INFO log
+    lines = lines[next((i for i, line in enumerate(lines) if line.startswith("Distributed: ")), 0) :]
     assert lines[0].startswith("Distributed: FSDP2") and "2 processes on 1 machine" in lines[0], lines[:4]
     assert lines[1].startswith("Sharding: parameters, gradients and optimizer state split over 2 processes")
     assert lines[2] == "Precision: fp32" and lines[3].startswith("Global batch: 8 = 4 per process x 2 processes")

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from hf_vit_plus.training.args import TrainingArguments, family_arguments, parse_args
 from hf_vit_plus.training.checkpoints import checkpoint_dirs
 from hf_vit_plus.training.loop import train
-from tests.utils import REPO_ROOT, TINY_VIT_OVERRIDES
+from tests.utils import REPO_ROOT, TINY_VIT_OVERRIDES, run_report
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")  # tests/conftest.py
 
@@ -130,7 +130,7 @@ def test_adamw_is_fused_on_plain_parameters_and_updates_as_the_per_tensor_loop(t
     assert not fused_optimizer_supported(model)
 
 
-def test_torch_compile_trains_and_saves_the_models_own_weights(tmp_path, capsys):
+def test_torch_compile_trains_and_saves_the_models_own_weights(tmp_path):
     """--torch_compile (transformers' TrainingArguments name) compiles the prepared model for the updates; what is
     saved (the model, the EMA, the training states) keeps the model's own parameter names, so the folder loads
     without torch.compile and an eager run resumes a compiled one. (The first version wrapped the model with
@@ -139,8 +139,9 @@ def test_torch_compile_trains_and_saves_the_models_own_weights(tmp_path, capsys)
 
     common = dict(max_steps=4, save_steps="2", ema_decay=0.9)
     eager = train(tiny_vit(tmp_path, "eager", **common))
-    compiled = train(tiny_vit(tmp_path, "compiled", torch_compile=True, **common))
-    assert "torch.compile: the first update compiles the model" in capsys.readouterr().out
+    with run_report() as report:
+        compiled = train(tiny_vit(tmp_path, "compiled", torch_compile=True, **common))
+    assert "torch.compile: the first update compiles the model" in report.getvalue()
     expected = load_file(tmp_path / "eager" / "model.safetensors")
     got = load_file(tmp_path / "compiled" / "model.safetensors")
     assert got.keys() == expected.keys()

@@ -28,7 +28,7 @@ from hf_vit_plus.training.recipes import (
     resolve_recipe,
     run_recipe_values,
 )
-from tests.utils import TINY_VIT_OVERRIDES
+from tests.utils import TINY_VIT_OVERRIDES, run_report
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")  # tests/conftest.py
 
@@ -158,15 +158,16 @@ def test_deit_trains_under_bf16_autocast_where_bf16_products_are_native(monkeypa
     ],
 )
 def test_the_run_trains_and_records_the_recipes_precision(
-    tmp_path, monkeypatch, capsys, flags, environ, native, expected
+    tmp_path, monkeypatch, flags, environ, native, expected
 ):
     from hf_vit_plus.models import compat
 
     monkeypatch.setattr(compat, "cpu_has_native_bf16_products", lambda: native)
     for name, value in environ.items():
         monkeypatch.setenv(name, value)
-    train(tiny(tmp_path, "precision", write_card=True, max_steps=1, use_cpu=True, **flags))
-    said = capsys.readouterr().out  # the run's first lines say what is in effect
+    with run_report() as report:
+        train(tiny(tmp_path, "precision", write_card=True, max_steps=1, use_cpu=True, **flags))
+    said = report.getvalue()  # the run's first lines say what is in effect
     assert ("bf16 autocast" in said) == (expected == "bf16")
     card = (tmp_path / "precision" / "README.md").read_text()
     chosen = flags.get("mixed_precision") or (expected if flags["recipe"] == "deit" and not environ else None)

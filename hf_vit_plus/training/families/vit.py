@@ -2,7 +2,7 @@
 --dataset_name digits|fashion-mnist, an image folder or a Hub data set), the image processor made from the model's
 config, accuracy, and the attention figures of its card.
 
-On top of plain training (`--recipe none`, release 0.1's), the data-efficient recipe of DeiT (`--recipe deit`,
+On top of plain training (`--recipe none`, as before 0.3), the data-efficient recipe of DeiT (`--recipe deit`,
 `training/recipes.py`): augmentation of each image and Mixup/CutMix of each batch (`training/augment.py`), label
 smoothing, stochastic depth, an average of the weights; DeiT's hard-label distillation from a teacher (`--teacher`,
 `training/distillation.py`); fresh transformers models of another type for comparison (`--model_type resnet|vit`).

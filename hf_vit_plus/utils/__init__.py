@@ -1,0 +1,2 @@
+"""Utilities every layer of the package uses: logging and progress bars (`logging`), optional dependencies
+(`extras`)."""
