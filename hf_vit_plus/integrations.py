@@ -39,6 +39,8 @@ from .utils import logging as package_logging
 # "0" (or "false", "off", "no") before `import hf_vit_plus`: the Trainer is left as transformers wrote it.
 TRAINER_INTEGRATION_ENV = "HF_VIT_PLUS_TRAINER_INTEGRATION"
 TRAINER_MODULE = "transformers.trainer"
+# the methods of transformers' Trainer that the integration wraps (each wrapper is marked `__wrapped_by_hf_vit_plus__`)
+WRAPPED_TRAINER_METHODS = ("create_model_card", "prediction_step")
 _OFF = {"0", "false", "off", "no"}
 
 
@@ -120,11 +122,10 @@ def disable_trainer_integration() -> None:
         _pending = None
     trainer_module = sys.modules.get(TRAINER_MODULE)
     if trainer_module is not None:
-        from .hub.trainer_card import uninstall_trainer_card
-        from .training.trainer_hooks import uninstall_trainer_loss_inputs
-
-        uninstall_trainer_card(trainer_module.Trainer)
-        uninstall_trainer_loss_inputs(trainer_module.Trainer)
+        for name in WRAPPED_TRAINER_METHODS:
+            method = vars(trainer_module.Trainer).get(name)
+            if getattr(method, "__wrapped_by_hf_vit_plus__", False):
+                setattr(trainer_module.Trainer, name, method.__wrapped__)  # functools.wraps kept the original
 
 
 def trainer_integration_enabled() -> bool:
@@ -134,11 +135,8 @@ def trainer_integration_enabled() -> bool:
     trainer_module = sys.modules.get(TRAINER_MODULE)
     if trainer_module is None:
         return False
-    trainer = trainer_module.Trainer
-    return any(
-        getattr(getattr(trainer, name), "__wrapped_by_hf_vit_plus__", False)
-        for name in ("create_model_card", "prediction_step")
-    )
+    methods = [getattr(trainer_module.Trainer, name) for name in WRAPPED_TRAINER_METHODS]
+    return any(getattr(method, "__wrapped_by_hf_vit_plus__", False) for method in methods)
 
 
 _integrated = False

@@ -59,17 +59,6 @@ def install_trainer_card(trainer_class: type) -> None:
     trainer_class.create_model_card = create_model_card
 
 
-def uninstall_trainer_card(trainer_class: type) -> None:
-    """Undo `install_trainer_card`: transformers' own `create_model_card` again (a no-op where it is not wrapped).
-
-    Args:
-        trainer_class: transformers' `Trainer`.
-    """
-    method = trainer_class.__dict__.get("create_model_card")
-    if getattr(method, "__wrapped_by_hf_vit_plus__", False):
-        trainer_class.create_model_card = method.__wrapped__
-
-
 def _first(value) -> str | None:
     if isinstance(value, (list, tuple)):
         value = value[0] if value else None

@@ -64,13 +64,3 @@ def install_trainer_loss_inputs(trainer_class: type) -> None:
     prediction_step.__wrapped_by_hf_vit_plus__ = True
     trainer_class.prediction_step = prediction_step
 
-
-def uninstall_trainer_loss_inputs(trainer_class: type) -> None:
-    """Undo `install_trainer_loss_inputs`: transformers' own `prediction_step` again (a no-op where it is not wrapped).
-
-    Args:
-        trainer_class: transformers' `Trainer`.
-    """
-    method = trainer_class.__dict__.get("prediction_step")
-    if getattr(method, "__wrapped_by_hf_vit_plus__", False):
-        trainer_class.prediction_step = method.__wrapped__
