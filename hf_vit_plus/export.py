@@ -526,8 +526,10 @@ def export_ctranslate2(
         )
     _check_ctranslate2_model(model)
     tokens = ctranslate2_vocabulary(model, tokenizer)
+    bar = tqdm(total=2, desc="exporting to CTranslate2", unit="step")  # the weights' spec, then the converted files
     with torch.no_grad():
         spec = _ctranslate2_spec(model, tokens)
+    bar.update(1)
 
     class _Converter(ctranslate2.converters.Converter):
         def _load(self):
@@ -547,6 +549,8 @@ def export_ctranslate2(
             if target.is_dir():
                 shutil.rmtree(target)
             shutil.move(str(path), str(target))
+    bar.update(1)
+    bar.close()
     if tokenizer is not None:
         tokenizer.save_pretrained(output_dir)
     if getattr(model, "generation_config", None) is not None:
