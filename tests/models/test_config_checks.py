@@ -183,7 +183,7 @@ def test_the_names_of_attribute_maps_are_not_typos(cls):
         for name in sorted(names)
         if difflib.get_close_matches(name, fields, n=1, cutoff=0.8) and not hasattr(config, name)
     ]
-    assert "layer_norm_epsilon" in close  # (there is something to test)
+    assert close  # there is something to test (which names depends on the release: 5.24's include layer_norm_epsilon)
     for name in close:
         silently(build, cls, **{name: None})
 
