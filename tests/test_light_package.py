@@ -59,6 +59,7 @@ from hf_vit_plus import (
 )
 from transformers import ViTConfig, ViTForImageClassification
 root = sys.argv[1]
+torch.manual_seed(0)
 small = dict(num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
 vit = ViTPlusConfig(hidden_size=16, image_size=16, patch_size=8, num_labels=3, **small)
 ViTPlusForImageClassification(vit).save_pretrained(f"{root}/vit")
@@ -85,9 +86,10 @@ with torch.no_grad():
     result["vit"] = list(vit(torch.randn(1, 3, 16, 16)).logits.shape)
     s2s = AutoModelForSeq2SeqLM.from_pretrained(f"{{root}}/seq2seq", trust_remote_code=remote)
     ids = torch.tensor([[5, 6, 7, 2]])
-    result["seq2seq"] = list(s2s.generate(ids, max_new_tokens=3, do_sample=False).shape)
+    # min_new_tokens: a random model may draw its end-of-sequence token at once
+    result["seq2seq"] = list(s2s.generate(ids, max_new_tokens=3, min_new_tokens=3, do_sample=False).shape)
     lm = AutoModelForCausalLM.from_pretrained(f"{{root}}/sparse-lm", trust_remote_code=remote)
-    result["sparse-lm"] = list(lm.generate(ids, max_new_tokens=3, do_sample=False).shape)
+    result["sparse-lm"] = list(lm.generate(ids, max_new_tokens=3, min_new_tokens=3, do_sample=False).shape)
 """
 
 
