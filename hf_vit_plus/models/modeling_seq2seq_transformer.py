@@ -564,6 +564,12 @@ class Seq2SeqTransformerModel(Seq2SeqTransformerPreTrainedModel):
             }
         self.encoder = Seq2SeqTransformerStack(config, is_decoder=False)
         self.decoder = Seq2SeqTransformerStack(config, is_decoder=True)
+        if self.shared is not None:
+            # One module, not three that share a weight: what `get_input_embeddings()` returns is what both stacks
+            # run, so a hook on it (NEFTune, `enable_input_require_grads`, attribution tools) sees every forward.
+            # The state dict keeps its three names (`_tied_weights_keys`), so checkpoints load as before.
+            self.encoder.embed_tokens = self.shared
+            self.decoder.embed_tokens = self.shared
         self.gradient_checkpointing = False
         self.post_init()
 
