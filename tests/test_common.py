@@ -328,6 +328,71 @@ def test_activation_checkpointing_gives_the_same_gradients(model_case):
         torch.testing.assert_close(recomputed[name], plain[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
+# ------------------------------------------------------------------------------ the hooks users put on the embeddings
+def test_a_hook_on_the_input_embeddings_sees_every_forward(model_case):
+    """What `get_input_embeddings()` returns is the module the forward runs: a forward hook on it (NEFTune,
+    `enable_input_require_grads`, attribution tools) is called, and what it returns is what the model goes on with.
+    (The seq2seq model's encoder and decoder once ran two other modules that only shared its weight.)"""
+    model = model_case.model().eval()
+    inputs = model_case.inputs()
+    plain = _logits(model, inputs)
+    calls = []
+
+    def shift(module, args, output):  # noise: a constant shift or scale would vanish in the next LayerNorm
+        calls.append(tuple(output.shape))
+        return output + torch.randn(output.shape, generator=torch.Generator().manual_seed(0))
+
+    handle = model.get_input_embeddings().register_forward_hook(shift)
+    try:
+        shifted = _logits(model, inputs)
+    finally:
+        handle.remove()
+    expected_calls = 2 if model_case.family == "seq2seq" else 1  # the seq2seq encoder and decoder share it
+    assert len(calls) == expected_calls, calls
+    assert not torch.allclose(_real_rows(model_case, inputs, shifted), _real_rows(model_case, inputs, plain))
+
+
+def test_neftune_noise_changes_training_logits_and_leaves_evaluation_alone(model_case):
+    """NEFTune as transformers' Trainer installs it (`activate_neftune`: a forward hook on `get_input_embeddings()`):
+    noise in training mode, none in evaluation."""
+    from transformers.integrations.neftune import activate_neftune
+
+    model = model_case.model()
+    inputs = model_case.inputs()
+    clean_eval = _logits(model.eval(), inputs)
+    # a copy for the clean training forward: a training forward moves BatchNorm's statistics (the hybrid's stem)
+    clean_train = _logits(copy.deepcopy(model).train(), inputs)
+    handle = activate_neftune(model, 5.0)  # what Trainer(args=TrainingArguments(neftune_noise_alpha=5)) does
+    try:
+        noisy_eval = _logits(model.eval(), inputs)
+        torch.manual_seed(0)
+        noisy_train = _logits(model.train(), inputs)
+    finally:
+        handle.remove()
+    assert not torch.allclose(_real_rows(model_case, inputs, noisy_train), _real_rows(model_case, inputs, clean_train))
+    torch.testing.assert_close(noisy_eval, clean_eval, rtol=0, atol=0)
+
+
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")  # peft 0.21's read
+def test_lora_with_reentrant_checkpointing_and_input_require_grads_trains(model_case):
+    """PEFT's recipe for memory-bound fine-tuning: `enable_input_require_grads()`, reentrant activation checkpointing
+    and LoRA on the attention's q/v projections. Reentrant checkpointing passes gradients only through inputs that
+    require them: the embeddings' output must, or no LoRA matrix gets a gradient (the seq2seq model failed with
+    "element 0 of tensors does not require grad")."""
+    peft = pytest.importorskip("peft")
+
+    model = model_case.model()
+    model.enable_input_require_grads()
+    enable_activation_checkpointing(model, {"use_reentrant": True})
+    model = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    model.train()
+    model(**model_case.inputs(labels=True)).loss.backward()
+    lora = {name: p for name, p in model.named_parameters() if "lora_" in name}
+    assert lora and all(p.grad is not None for p in lora.values()), [n for n, p in lora.items() if p.grad is None]
+    # B starts at zero, so A's first gradient is zero; B's is not
+    assert all(p.grad.abs().sum() > 0 for name, p in lora.items() if "lora_B" in name)
+
+
 def test_bf16_forward_is_finite_and_close_to_fp32(model_case):
     model = model_case.model()
     inputs = model_case.inputs()
@@ -632,12 +697,19 @@ def test_transformers_compiled_static_cache_generate_gives_the_eager_tokens_and_
             eager = [model.generate(**half, **settings) for half in halves]
             compiled = [model.generate(**half, **settings, cache_implementation="static", compile_config=config)
                         for half in halves]  # fmt: skip
-        for want, got in zip(eager, compiled):
+            static = [model.generate(**half, **settings, cache_implementation="static", disable_compile=True)
+                      for half in halves]  # fmt: skip
+        for want, got, eager_static in zip(eager, compiled, static):
             torch.testing.assert_close(got.sequences, want.sequences, rtol=0, atol=0)
             torch.testing.assert_close(torch.stack(got.logits), torch.stack(want.logits), rtol=1e-5, atol=1e-5)
             if outputs:  # one entry per new token
                 key = "decoder_attentions" if generative_case.family == "seq2seq" else "attentions"
                 assert len(getattr(got, key)) == len(getattr(want, key)) == 5
+                # on a static cache every step's attentions span the whole cache, as transformers' models give
+                # them (transformers' test_generate_compilation_all_outputs): the eager static steps' shapes
+                shapes = [[tuple(layer.shape) for layer in step] for step in getattr(got, key)]
+                assert shapes == [[tuple(layer.shape) for layer in step] for step in getattr(eager_static, key)]
+                assert len({layer[-1] for step in shapes for layer in step}) == 1, shapes  # one cache length
     made = counters["stats"]["unique_graphs"] - graphs
     assert 1 <= made <= 4 < torch._dynamo.config.recompile_limit, made
     with torch.no_grad():

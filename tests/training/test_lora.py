@@ -259,3 +259,53 @@ def test_adapter_card_links_figures_inside_its_folder_for_a_relative_output_dir(
     (tmp_path / "run" / "adapter_config.json").write_text('{"r": 2, "lora_alpha": 4, "target_modules": ["q_proj"]}')
     card = adapter_card("run", family="vit", base_model="someone/vit", figures=["run/training_curves.png"])
     assert "![training_curves](training_curves.png)" in card.text
+
+
+@pytest.mark.parametrize(
+    "family, auto_peft",
+    [("seq2seq", "AutoPeftModelForSeq2SeqLM"), ("sparse-lm", "AutoPeftModelForCausalLM"),
+     ("image-lm", "AutoPeftModelForCausalLM")],
+)  # fmt: skip
+def test_an_adapter_of_the_command_lines_loads_with_peft_auto_class(family, auto_peft, tmp_path):
+    """The adapters `train --lora_r` saves name PEFT's task type of their family (`add_lora`, PEFT_TASK_TYPES), so
+    `AutoPeftModelFor<Task>.from_pretrained(adapter)` loads the base through transformers' Auto class by itself,
+    with the adapter's logits (without a task type PEFT refuses to import a base class outside its allowlist)."""
+    import peft as peft_module
+
+    from hf_vit_plus.training.lora import PEFT_TASK_TYPES, add_lora
+
+    case = FAMILY_CASES[family]
+    case.model().save_pretrained(tmp_path / "base")
+    base_class = type(case.model())
+    model = add_lora(base_class.from_pretrained(tmp_path / "base"), family, r=4)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(std=0.1)  # a trained adapter (B starts at zero)
+    model.save_pretrained(tmp_path / "adapter")
+    saved = __import__("json").loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert saved["task_type"] == PEFT_TASK_TYPES[family]
+    inputs = case.inputs(labels=True)
+    loaded = getattr(peft_module, auto_peft).from_pretrained(tmp_path / "adapter")
+    assert type(loaded.get_base_model()) is base_class
+    torch.testing.assert_close(_logits(loaded, inputs), _logits(model, inputs), rtol=1e-5, atol=1e-6)
+
+
+def test_trainer_with_neftune_trains_the_seq2seq_model_on_noisy_embeddings(tmp_path):
+    """`TrainingArguments(neftune_noise_alpha=5)`: Trainer hooks `get_input_embeddings()`, which is the module the
+    seq2seq model runs, so the first training loss differs from a run without noise (same seed, same weights); the
+    hook is gone after training."""
+    case = FAMILY_CASES["seq2seq"]
+    batch = case.inputs(batch=4, labels=True)
+    losses = {}
+    for alpha in (None, 5.0):
+        model = case.model()
+        args = TrainingArguments(
+            str(tmp_path / f"run-{alpha}"), per_device_train_batch_size=4, max_steps=1, logging_steps=1,
+            report_to="none", use_cpu=True, save_strategy="no", seed=0, neftune_noise_alpha=alpha,
+        )  # fmt: skip
+        trainer = Trainer(model=model, args=args, train_dataset=_Rows(batch))
+        trainer.train()
+        losses[alpha] = next(entry["loss"] for entry in trainer.state.log_history if "loss" in entry)
+        assert not model.get_input_embeddings()._forward_hooks  # NEFTune's hook removed after training
+    assert losses[5.0] != losses[None], losses
