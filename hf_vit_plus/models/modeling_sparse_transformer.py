@@ -533,6 +533,13 @@ class SparseTransformerModel(SparseTransformerPreTrainedModel):
         hidden_states = self.norm(hidden_states)
         if output_hidden_states:
             all_hidden_states = all_hidden_states[:-1] + (hidden_states,)
+        if output_attentions and static_length is not None:
+            # The first step on a static cache attends to the tokens written so far, the later steps to every slot;
+            # transformers' models give every step's probabilities over the whole cache, the empty slots (masked)
+            # weighing 0: the same numbers, padded to the cache's length.
+            all_attentions = tuple(
+                nn.functional.pad(weights, (0, static_length - weights.shape[-1])) for weights in all_attentions
+            )
 
         output = BaseModelOutputWithPast(
             last_hidden_state=hidden_states,
