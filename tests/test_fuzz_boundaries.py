@@ -309,3 +309,66 @@ def test_command_line(tmp_path_factory, monkeypatch, fresh_accelerate_state, run
 
 def test_the_tiny_configs_are_the_common_suites():
     assert set(CASE_OF.values()) <= set(CASES) and set(CONFIGS) <= set(TINY_CONFIGS)
+
+
+# ------------------------------------------------------------------------------------ inputs fuzzing once found
+def _vit():
+    return CASES["vit-dense"].model().eval()
+
+
+def _lm():
+    return CASES["sparse-lm-strided-heads"].model().eval()
+
+
+def _empty_config_folder(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    from hf_vit_plus import ViTPlusForImageClassification
+
+    return ViTPlusForImageClassification.from_pretrained(tmp_path)
+
+
+# (what is run, what a clear error names; None: it must run and give finite outputs)
+FOUND = {
+    "vit labels as a list": (lambda tmp: _vit()(**CASES["vit-dense"].inputs(), labels=[0, 1]).loss, None),
+    "vit empty width": (
+        lambda tmp: _vit()(pixel_values=torch.randn(1, 3, 20, 0), interpolate_pos_encoding=True), "pixel_values"
+    ),
+    "lm empty sequence, a position": (
+        lambda tmp: _lm()(input_ids=torch.zeros(2, 0, dtype=torch.long), position_ids=torch.zeros(2, 1).long()),
+        "input_ids",
+    ),
+    "lm positions of another length": (
+        lambda tmp: _lm()(input_ids=torch.ones(2, 3, dtype=torch.long), position_ids=torch.zeros(2, 1).long()),
+        "position_ids",
+    ),
+    "processor given numbers": (lambda tmp: _processor()(images=[[1, 2], [3, 4]]), "images[0][0]"),
+    "generate with 3-D input_ids": (
+        lambda tmp: _lm().generate(input_ids=torch.ones(2, 3, 4, dtype=torch.long), num_beams=2, max_new_tokens=2),
+        "input_ids",
+    ),
+    "huge initializer_range": (lambda tmp: SparseTransformerConfig(initializer_range=2**31), "initializer_range"),
+    "an encoder-decoder that is not one": (
+        lambda tmp: Seq2SeqTransformerConfig(is_encoder_decoder=False), "is_encoder_decoder"
+    ),
+    "a config.json of {}": (_empty_config_folder, "model_type"),
+}
+
+
+def _processor():
+    from hf_vit_plus import ViTPlusImageProcessor
+
+    return ViTPlusImageProcessor.from_model_config(CASES["vit-dense"].config())
+
+
+@pytest.mark.parametrize("name", list(FOUND))
+def test_the_inputs_fuzzing_found_end_clearly(name, tmp_path):
+    """Each input the property-based tests once found ending in a traceback or a silent wrong result, by name."""
+    run, names = FOUND[name]
+    with torch.no_grad():
+        try:
+            out = run(tmp_path)
+        except Exception as error:  # noqa: BLE001 - every outcome is classified
+            assert names is not None and _clear(error, names), f"unclear: {name} -> {type(error).__name__}: {error}"
+            return
+    assert names is None, f"{name} ran, expected an error naming {names}"
+    assert _finite(out), f"{name} gives non-finite outputs"

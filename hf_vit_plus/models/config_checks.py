@@ -71,6 +71,21 @@ def check_positive_number(name: str, value) -> None:
         raise ValueError(f"`{name}` must be a finite positive number, got {value!r}.")
 
 
+# The largest standard deviation of an initialisation: weights drawn wider than 1 overflow a deep network's
+# activations into inf/NaN at the first forward (2**31 gave a NaN loss), and no recipe draws them wider.
+MAX_INIT_STD = 1.0
+
+
+def check_init_std(name: str, value) -> None:
+    """A standard deviation of weights at initialisation: a finite number in (0, `MAX_INIT_STD`]."""
+    check_positive_number(name, value)
+    if value > MAX_INIT_STD:
+        raise ValueError(
+            f"`{name}` is the standard deviation of the initial weights: at most {MAX_INIT_STD} (transformers' "
+            f"models use about 0.02), got {value!r}."
+        )
+
+
 def check_probability(name: str, value) -> None:
     if not _is_number(value):
         raise FieldTypeError(f"`{name}` must be a probability in [0, 1), got {value!r} ({type(value).__name__}).")

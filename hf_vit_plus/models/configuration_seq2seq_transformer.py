@@ -16,6 +16,7 @@ from .config_checks import (
     check_bool,
     check_divisible,
     check_fields,
+    check_init_std,
     check_non_negative_int,
     check_positive_int,
     check_positive_number,
@@ -52,7 +53,7 @@ FIELD_CHECKS = {
     ),  # fmt: skip
     **dict.fromkeys(("dropout", "attention_dropout", "activation_dropout", "label_smoothing"), check_probability),
     "activation_function": check_activation,
-    "init_std": check_positive_number,
+    "init_std": check_init_std,
     "layer_norm_eps": check_positive_number,
     "encoder_attention_type": check_str,
     "encoder_sparse_summary_size": check_non_negative_int,
@@ -207,6 +208,13 @@ class Seq2SeqTransformerConfig(HubConfigMixin, PretrainedConfig):
     def validate_seq2seq_transformer(self) -> None:
         """Raise a `ValueError` naming the offending values if the fields do not describe a valid model."""
         check_fields(vars(self), FIELD_CHECKS)
+        if self.is_encoder_decoder is not True:
+            # forward would still run an encoder and a decoder, but `generate` would decode as a decoder-only model
+            raise ValueError(
+                f"`is_encoder_decoder` must be True for the encoder-decoder Transformer, got "
+                f"{self.is_encoder_decoder!r}: for a decoder-only model use SparseTransformerConfig "
+                "(attention_type='dense')."
+            )
         for heads_name in ("encoder_attention_heads", "decoder_attention_heads"):
             check_divisible("d_model", self.d_model, heads_name, getattr(self, heads_name))
         if self.d_model % 2 != 0:

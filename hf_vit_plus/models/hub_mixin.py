@@ -240,6 +240,11 @@ def _check_local_config(name_or_path, subfolder: str, cls) -> None:
         )
     expected = getattr(getattr(cls, "config_class", None), "model_type", None)
     found = config.get("model_type")
+    if expected and found is None:
+        raise ValueError(
+            f"{os.fspath(path)!r} has no `model_type`: it is not the config of a saved model. {cls.__name__} loads "
+            f"{expected!r} models (a config.json that `save_pretrained` wrote names its model_type)."
+        )
     if expected and found != expected:
         raise ValueError(
             f"{os.fspath(folder)!r} holds a {found!r} model, not a {expected!r} one: {cls.__name__} cannot load it "

@@ -8,6 +8,8 @@ input into one grey channel, whatever it arrives as: the pipeline opens image fi
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import PIL.Image
 import torch
@@ -87,8 +89,20 @@ def check_images(images) -> None:
     batch = list(images) if isinstance(images, (list, tuple)) else [images]
     if not batch:
         raise ValueError("`images` is an empty list: pass at least one image.")
+    named = []  # (where, image), the lists of a nested batch opened one level, as transformers opens them
     for index, image in enumerate(batch):
         where = "`images`" if len(batch) == 1 and not isinstance(images, (list, tuple)) else f"`images[{index}]`"
+        if isinstance(image, (list, tuple)):
+            named += [(f"{where[:-1]}[{inner}]`", item) for inner, item in enumerate(image)]
+        else:
+            named.append((where, image))
+    for where, image in named:
+        if not isinstance(image, (PIL.Image.Image, np.ndarray, torch.Tensor, str, os.PathLike)):
+            raise TypeError(
+                f"{where} is of type {type(image).__name__}: an image is a PIL image, an array or tensor "
+                "(H x W [x C]), a file path or a URL (nested lists of numbers are no image: make an array with "
+                "np.asarray)."
+            )
         if isinstance(image, PIL.Image.Image):
             if image.width == 0 or image.height == 0:
                 raise ValueError(f"{where} is an empty image ({image.width} x {image.height} pixels).")

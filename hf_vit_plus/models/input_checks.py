@@ -36,6 +36,30 @@ def check_token_ids(name: str, ids, vocab_size: int, ignore_index: int | None = 
     check_token_range(name, ids, vocab_size, ignore_index)
 
 
+def label_tensor(name: str, labels):
+    """`labels` as a tensor: a tensor as it is, a list or tuple of numbers (or a NumPy array) through
+    `torch.as_tensor`, as transformers' pipelines and scripts pass them; None stays None. Anything else is a
+    `TypeError` naming it.
+
+    Args:
+        name: the argument's name, for the message ("labels").
+        labels: the value given.
+
+    Returns:
+        A tensor, or None.
+    """
+    if labels is None or torch.is_tensor(labels):
+        return labels
+    if isinstance(labels, (list, tuple)) or type(labels).__module__ == "numpy":
+        try:
+            return torch.as_tensor(labels)
+        except (TypeError, ValueError, RuntimeError) as error:
+            raise TypeError(
+                f"`{name}` must be a tensor, or a list of numbers that makes one: {labels!r:.80} does not ({error})."
+            ) from None
+    raise TypeError(f"`{name}` must be a torch.Tensor (or a list of numbers), got {type(labels).__name__}.")
+
+
 def check_not_empty(name: str, shape: tuple[int, ...]) -> None:
     if shape[0] == 0 or shape[1] == 0:
         raise ValueError(f"`{name}` is empty: shape {shape}; a batch needs at least one sequence of one token.")
@@ -131,6 +155,11 @@ def check_generate_arguments(inputs, kwargs: dict, generation_config, config) ->
         raise TypeError(
             f"`input_ids` of `generate` must be a torch.Tensor (batch, seq_len), got {type(ids).__name__}; a "
             "tokenizer gives one with return_tensors='pt'."
+        )
+    if ids is not None and ids.dim() != 2:
+        raise ValueError(
+            f"`input_ids` of `generate` must have shape (batch, seq_len), got shape {tuple(ids.shape)}; a tokenizer "
+            "gives one with return_tensors='pt'."
         )
     for name in _GENERATE_FLOATS:
         value = kwargs.get(name)

@@ -28,7 +28,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from .attention import eager_attention_forward, select_attention_kernel
 from .configuration_vit_plus import ViTPlusConfig, conv_stem_grid
 from .hub_mixin import HubMixin
-from .input_checks import IGNORE_INDEX, tracing
+from .input_checks import IGNORE_INDEX, label_tensor, tracing
 from .layers import FeedForward, config_flag, rgb_to_grey, split_heads
 from .positional import resample_patch_position_embeddings
 from .sparse_layouts import pattern_from_config
@@ -400,6 +400,11 @@ class ViTPlusModel(ViTPlusPreTrainedModel):
             raise ValueError(
                 f"`pixel_values` is an empty batch: shape {tuple(pixel_values.shape)}; pass at least one image."
             )
+        if 0 in pixel_values.shape[1:]:
+            raise ValueError(
+                f"`pixel_values` has an empty dimension: shape {tuple(pixel_values.shape)}; an image has at least one "
+                "channel and one pixel in height and width."
+            )
         output_attentions = config_flag(output_attentions, self.config, "output_attentions")
         output_hidden_states = config_flag(output_hidden_states, self.config, "output_hidden_states")
         return_dict = config_flag(return_dict, self.config, "return_dict", default=True)
@@ -468,6 +473,7 @@ class ViTPlusForImageClassification(ViTPlusPreTrainedModel):
         **kwargs,
     ) -> ViTPlusImageClassifierOutput | tuple:
         return_dict = config_flag(return_dict, self.config, "return_dict", default=True)
+        labels, teacher_classes = label_tensor("labels", labels), label_tensor("teacher_classes", teacher_classes)
         outputs = self.vit(
             pixel_values,
             interpolate_pos_encoding=interpolate_pos_encoding,
