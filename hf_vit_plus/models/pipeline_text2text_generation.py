@@ -9,7 +9,8 @@ next to them; afterwards
     pipeline("text2text-generation", model=folder, trust_remote_code=True)("4021")
     # [{"generated_text": "four thousand twenty-one"}]
 
-works, as does `task="translation"`. Without `trust_remote_code`, pass the class instead:
+works, as does `task="translation"` (results under "translation_text", as transformers' translation pipeline
+returned them). Without `trust_remote_code`, pass the class instead:
 `pipeline("translation", model=folder, pipeline_class=Text2TextGenerationPipeline)`.
 
 One switch picks the engine that decodes (`engine=...` when the pipeline is built):
@@ -179,10 +180,16 @@ class CTranslate2Generator:
         return torch.tensor([sequence + [pad] * (length - len(sequence)) for sequence in sequences])
 
 
+# The key of a result per task, as transformers' own translation and summarization pipelines returned them (and as
+# `evaluate`'s translation evaluator reads them); "generated_text" for text2text-generation.
+OUTPUT_KEYS = {"translation": "translation_text", "summarization": "summary_text"}
+
+
 class Text2TextGenerationPipeline(Pipeline):
     """Encode the input text, `model.generate` (with the model's generation config: beam search, length penalty,
     ... unless overridden by call arguments), decode. Returns `[{"generated_text": str}, ...]` per input,
-    `num_return_sequences` entries each.
+    `num_return_sequences` entries each; `translation_text` for the translation task, `summary_text` for
+    summarization, as transformers' pipelines of those tasks.
 
     engine: "generate" (transformers' loop), "fast" (`FastDecoding(precision)`, see fast_decoding.py) or
     "ctranslate2" (`CTranslate2Generator(ctranslate2_model, compute_type=..., intra_threads=threads)`: the exported
@@ -246,7 +253,14 @@ class Text2TextGenerationPipeline(Pipeline):
 
     def postprocess(self, model_outputs, skip_special_tokens: bool = True):
         texts = self.tokenizer.batch_decode(model_outputs["output_ids"], skip_special_tokens=skip_special_tokens)
-        return [{"generated_text": text.strip()} for text in texts]
+        return [{self.output_key: text.strip()} for text in texts]
+
+    @property
+    def output_key(self) -> str:
+        """The key of each result, as transformers' pipeline of the task named it: "translation_text" for
+        "translation" (and "translation_xx_to_yy"), "summary_text" for "summarization", else "generated_text"."""
+        task = getattr(self, "task", "") or ""
+        return next((key for prefix, key in OUTPUT_KEYS.items() if task.startswith(prefix)), "generated_text")
 
 
 def save_text2text_pipeline(model, tokenizer, save_directory: str | Path, tasks: tuple[str, ...] = TEXT2TEXT_TASKS):

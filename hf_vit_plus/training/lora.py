@@ -28,6 +28,10 @@ LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_MODULES = ("fc1", "fc2")
 # Heads trained in full next to the adapter (and saved with it): a classifier starts from scratch for new labels.
 HEADS_TO_SAVE = {"vit": ("classifier",)}
+# PEFT's task type of each family's head, saved in adapter_config.json: PEFT wraps the model in its task's class, and
+# `AutoPeftModelFor<Task>.from_pretrained(adapter)` loads the base model through transformers' Auto class of that
+# task (our registration, or the checkpoint's remote code). PEFT has no task type of image classification.
+PEFT_TASK_TYPES = {"seq2seq": "SEQ_2_SEQ_LM", "sparse-lm": "CAUSAL_LM", "image-lm": "CAUSAL_LM"}
 
 def add_lora(
     model,
@@ -64,7 +68,7 @@ def add_lora(
     heads = [name for name in HEADS_TO_SAVE.get(family, ()) if hasattr(model, name)]
     config = LoraConfig(
         r=r, lora_alpha=2 * r if alpha is None else alpha, lora_dropout=dropout, target_modules=targets,
-        modules_to_save=heads or None,
+        modules_to_save=heads or None, task_type=PEFT_TASK_TYPES.get(family),
     )  # fmt: skip
     with warnings.catch_warnings():  # peft 0.21 reads transformers' deprecated `is_gradient_checkpointing`
         warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
