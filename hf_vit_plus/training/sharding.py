@@ -320,7 +320,8 @@ def tied_module_groups(model: torch.nn.Module) -> list[list[str]]:
     """The names of the modules that share a parameter (tied embeddings), one list per shared parameter, the input
     embedding first."""
     owners: dict[int, list[str]] = defaultdict(list)
-    for module_name, module in model.named_modules():
+    # every name a module goes by: the seq2seq model's shared embedding is also its encoder's and decoder's
+    for module_name, module in model.named_modules(remove_duplicate=False):
         for _, param in module.named_parameters(recurse=False):
             owners[id(param)].append(module_name)
     groups = [names for names in owners.values() if len(names) > 1]
@@ -387,7 +388,8 @@ def prepare_model(accelerator: Accelerator, model: torch.nn.Module) -> None:
         "mesh": mesh[tuple(accelerator.parallelism_config.fsdp_dim_names)] if mesh is not None else None,
     }
     for names in tied_module_groups(model):
-        fully_shard([model.get_submodule(name) for name in names], **kwargs)
+        modules = {id(module): module for module in map(model.get_submodule, names)}  # one module may have aliases
+        fully_shard(list(modules.values()), **kwargs)
 
 
 # ------------------------------------------------------------------------------------------- what is in effect
