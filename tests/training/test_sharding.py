@@ -16,6 +16,7 @@ import torch
 from hf_vit_plus.cli import main
 from hf_vit_plus.errors import UsageError
 from hf_vit_plus.training.args import family_arguments, read_fsdp_config
+from hf_vit_plus.training.checkpoints import write_manifest
 from hf_vit_plus.training.loop import train
 from hf_vit_plus.training.sharding import (
     CHECKPOINT_LAYOUTS,
@@ -217,6 +218,7 @@ def test_a_checkpoint_of_another_layout_is_refused_by_name(tmp_path):
     assert state["checkpoint_layout"] == "replicated"
     state["checkpoint_layout"] = "fsdp-sharded"  # as a sharded run writes it
     state_file.write_text(json.dumps(state))
+    write_manifest(stopped.last_checkpoint)  # edited on purpose: a complete checkpoint of another layout
     message = r"holds FSDP2 shards in .* but this run reads the whole model .* resume it with the sharding it was"
     with pytest.raises(ValueError, match=message):
         train(tiny_vit(tmp_path, resume_from_checkpoint="latest", max_steps=3))

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from hf_vit_plus.training.args import TrainingArguments, family_arguments, parse_args
-from hf_vit_plus.training.checkpoints import checkpoint_dirs
+from hf_vit_plus.training.checkpoints import checkpoint_dirs, write_manifest
 from hf_vit_plus.training.loop import train
 from tests.utils import REPO_ROOT, TINY_VIT_OVERRIDES, run_report
 
@@ -239,6 +239,7 @@ def test_resume_refuses_missing_paths_and_other_models(tmp_path):
     state = json.loads((other.last_checkpoint / "training_state.json").read_text())
     state["family"] = "seq2seq"
     (other.last_checkpoint / "training_state.json").write_text(json.dumps(state))
+    write_manifest(other.last_checkpoint)  # edited on purpose: a complete checkpoint of another family
     with pytest.raises(ValueError, match="belongs to the 'seq2seq' family"):
         train(tiny_vit(tmp_path, resume_from_checkpoint=str(other.last_checkpoint)))
 
