@@ -3,9 +3,10 @@
 
 User errors are reported the argparse way: one line `hf-vit-plus <command>: error: <message>` on stderr and exit
 status 2. argparse finds some of them itself (a missing argument, a value outside `choices`); the others are
-`hf_vit_plus.errors.UsageError`s raised while the sub-command checks its arguments. A final step that fails after
-the work was kept (`StepFailedError`: the push after a run) is one line with status 1. Any other exception is a bug
-(or a failure of the run itself) and keeps its traceback.
+`hf_vit_plus.errors.UsageError`s raised while the sub-command checks its arguments. A step that fails after the work
+was kept (`StepFailedError`: the push after a run) is one line with status 1; a full disk while saving is one line
+with status 3 (`hf_vit_plus.training.disk.OutOfSpaceError`: nothing half-written left, resume from the last
+checkpoint). Any other exception is a bug (or a failure of the run itself) and keeps its traceback.
 
 This module is the root of the command line: it imports the sub-command modules, and they import only what is
 below them (`hf_vit_plus.cli_utils` for the parser class, the help formatter and the argparse types), never this
@@ -70,8 +71,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.command_prog}: error: {one_line(error)}", file=sys.stderr)
         return 2
     except (StepFailedError, MissingExtraError) as error:
-        print(f"{args.command_prog}: error: {one_line(error)}", file=sys.stderr)
-        return 1
+        if getattr(error, "main_process", True):  # the other processes of a run stop with it, silently
+            print(f"{args.command_prog}: error: {one_line(error)}", file=sys.stderr)
+        return getattr(error, "exit_status", 1)  # 3: out of disk space (hf_vit_plus.training.disk)
     return int(result or 0)
 
 

@@ -17,6 +17,8 @@ from ..errors import StepFailedError, UsageError
 from ..families.vit import RECIPE_FLAGS
 from ..models.compat import disable_activation_checkpointing
 from .args import TrainingArguments
+from .checkpoints import checkpoint_dirs
+from .disk import SAVE_ERRORS, OutOfSpaceError, is_out_of_space, out_of_space_message, tensor_bytes
 from .families import TrainingData, TrainingFamily
 from .sharding import trained_model
 
@@ -65,17 +67,10 @@ def save_final(
     if args.activation_checkpointing and unwrapped is not None:
         disable_activation_checkpointing(unwrapped)
     files: list[Path] = []
-    push_failure = None
+    failure = None  # raised once the other processes are released from the barrier below
     if accelerator.is_main_process:
-        # written next to the folder, then moved in file by file: no half-written weights under their final name
-        staging = output_dir / ".tmp-final"
-        shutil.rmtree(staging, ignore_errors=True)
-        unwrapped.save_pretrained(staging, is_main_process=True, state_dict=state_dict, save_function=accelerator.save)
-        if processor is not None:
-            processor.save_pretrained(staging)
-        for path in sorted(staging.iterdir()):
-            os.replace(path, output_dir / path.name)
-        staging.rmdir()
+        failure = _write_model_folder(accelerator, unwrapped, state_dict, processor, output_dir)
+    if accelerator.is_main_process and failure is None:
         results = {f"eval_{k}": v for k, v in eval_metrics.items()} | baseline_results(data)
         (output_dir / "eval_results.json").write_text(json.dumps(results, indent=2))
         (output_dir / "log_history.json").write_text(json.dumps(log_history, indent=1))
@@ -83,11 +78,38 @@ def save_final(
         if args.write_card:
             files += write_card_and_figures(args, family, data, unwrapped, processor, eval_metrics, log_history)
         if args.push_to_hub:
-            push_failure = push(output_dir, args)
+            message = push(output_dir, args)
+            failure = StepFailedError(message) if message is not None else None  # the model is saved: run done
     accelerator.wait_for_everyone()
-    if push_failure is not None:  # after the other processes are released: the model is saved, the run is done
-        raise StepFailedError(push_failure)
+    if failure is not None:
+        raise failure
     return files
+
+
+def _write_model_folder(accelerator, unwrapped, state_dict, processor, output_dir: Path) -> OutOfSpaceError | None:
+    """The model and processor into `output_dir`, written next to it then moved in file by file: no half-written
+    weights under their final name. On a full disk nothing is moved (the previous model, if any, still loads) and
+    the `OutOfSpaceError` to raise is returned."""
+    staging = output_dir / ".tmp-final"
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        unwrapped.save_pretrained(staging, is_main_process=True, state_dict=state_dict, save_function=accelerator.save)
+        if processor is not None:
+            processor.save_pretrained(staging)
+    except SAVE_ERRORS as error:
+        shutil.rmtree(staging, ignore_errors=True)
+        if not is_out_of_space(error, output_dir):
+            raise
+        complete = checkpoint_dirs(output_dir)
+        needed = tensor_bytes(unwrapped.state_dict().values())
+        message = out_of_space_message("the final model", output_dir, needed, complete[-1] if complete else None)
+        failure = OutOfSpaceError(message)
+        failure.__cause__ = error
+        return failure
+    for path in sorted(staging.iterdir()):
+        os.replace(path, output_dir / path.name)
+    staging.rmdir()
+    return None
 
 
 def write_card_and_figures(

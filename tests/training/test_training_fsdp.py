@@ -395,3 +395,50 @@ def test_sigterm_during_sharded_training_saves_and_exits_cleanly(tmp_path):
     assert state["checkpoint_layout"] == "fsdp-sharded" and state["global_step"] >= 1
     assert (checkpoints[0] / "pytorch_model_fsdp_0").is_dir() and (checkpoints[0] / "optimizer_0").is_dir()
     assert not (output_dir / "model.safetensors").exists()  # no final model: the run did not finish
+
+
+def _full_disk_while_sharded(root: str) -> None:
+    """Two FSDP2 processes; from the second checkpoint on, a file-size limit (a real OS limit: writes fail with EFBIG)
+    stops every write of a shard. Each process reports what it raised."""
+    import resource
+    import signal
+
+    from hf_vit_plus.training import checkpoints
+    from hf_vit_plus.training.disk import OutOfSpaceError
+
+    original = checkpoints.save_checkpoint
+    calls = []
+
+    def limited(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:  # the first checkpoint is written whole, the second meets the limit
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (256, resource.RLIM_INFINITY))
+        return original(*args, **kwargs)
+
+    import hf_vit_plus.training.loop as loop
+
+    loop.save_checkpoint = limited
+    rank = torch.distributed.get_rank()
+    try:
+        train(run_args("sparse-lm", Path(root) / "run", fsdp=True, save_steps="2", max_steps=6))
+        raised = None
+    except OutOfSpaceError as error:
+        raised = {"message": str(error), "main_process": error.main_process}
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        loop.save_checkpoint = original
+    (Path(root) / f"full{rank}.json").write_text(json.dumps(raised))
+
+
+def test_a_full_disk_under_fsdp_stops_every_process_with_one_line(tmp_path):
+    """Under FSDP2 every process writes its shards: when one cannot, all stop (no process waits at a barrier for
+    ever), only the main process has the line to print, and no half-written checkpoint is left."""
+    launch_processes(_full_disk_while_sharded, (str(tmp_path),), tmp_path)
+    reports = [json.loads((tmp_path / f"full{rank}.json").read_text()) for rank in (0, 1)]
+    assert all(report is not None for report in reports), reports
+    assert [report["main_process"] for report in reports] == [True, False]
+    assert "Could not write checkpoint-4" in reports[0]["message"] and "checkpoint-2" in reports[0]["message"]
+    run = tmp_path / "run"
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["checkpoint-2"]
+    assert not [p for p in run.rglob("*") if p.name.startswith(".tmp")]
