@@ -48,9 +48,10 @@ class HubPushError(RuntimeError):
 
 
 # What a training run leaves next to its model and never pushes (hf_vit_plus.training): the training states
-# (checkpoints/, with pickled optimiser states), the trackers' logs and half-written files. So the output folder of
-# `hf-vit-plus train` is pushed as it is, by the run and by `hf-vit-plus push` when that push is retried.
-RUN_IGNORE_PATTERNS = ["checkpoints/*", "logs/*", ".tmp-*", ".tmp-*/*"]
+# (checkpoints/, with pickled optimiser states), the trackers' logs, half-written files and the run's lock
+# (training.run_lock). So the output folder of `hf-vit-plus train` is pushed as it is, by the run and by
+# `hf-vit-plus push` when that push is retried.
+RUN_IGNORE_PATTERNS = ["checkpoints/*", "logs/*", ".tmp-*", ".tmp-*/*", ".hf_vit_plus-run.lock"]
 
 
 def files_to_push(folder: str | Path) -> list[str]:

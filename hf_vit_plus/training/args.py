@@ -144,6 +144,9 @@ def _scheduler_help(family: Family) -> str:
 class TrainingArguments:
     family: str = "vit"
     output_dir: str = _option("outputs/run", "where the final model, card, figures, logs and checkpoints/ go")
+    overwrite_output_dir: bool = _option(
+        False, "take OUTPUT_DIR over from a run that holds it (its lock: another live run, or one on another host)"
+    )
     # --- model
     model_name_or_path: str | None = _option(
         None, "fine-tune a saved model (folder or Hub id) instead of training a fresh one"

@@ -28,14 +28,20 @@ import signal
 import time
 from collections import defaultdict
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from accelerate import Accelerator, PartialState
-from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs, ProjectConfiguration, set_seed
+from accelerate.utils import (
+    DataLoaderConfiguration,
+    InitProcessGroupKwargs,
+    ProjectConfiguration,
+    broadcast_object_list,
+    set_seed,
+)
 from torch.utils.data import DataLoader
 
 from ..errors import UsageError
@@ -53,10 +59,12 @@ from .checkpoints import (
     resolve_checkpoint,
     save_checkpoint,
 )
+from .disk import UNLIMITED_CHECKPOINTS_CHECKED, checkpoint_bytes, tensor_bytes, warn_if_short_of_space
 from .ema import ModelEma
 from .families import TrainingData, TrainingFamily, get_family
 from .outputs import check_push_target, prefixed_metrics, save_final
 from .recipes import recipe_mixed_precision
+from .run_lock import output_dir_lock
 from .sharding import (
     CHECKPOINT_LAYOUTS,
     DEEPSPEED_STATE_REFUSAL,
@@ -181,6 +189,24 @@ def train(args: TrainingArguments, family: TrainingFamily | None = None) -> Trai
         check_push_target(args)  # the final push's target, before hours of training (as transformers' Trainer)
         args = with_recipe_precision(args)
         accelerator = create_accelerator(args)
+    # One run per output folder (run_lock): held by the main process from before the folder is read until its last
+    # file is written; a second run on the folder stops at once, naming this one (on every process of it).
+    with ExitStack() as stack:
+        refusal = None
+        try:
+            stack.enter_context(output_dir_lock(args.output_dir, overwrite=args.overwrite_output_dir,
+                                                is_main_process=accelerator.is_main_process))  # fmt: skip
+        except UsageError as error:
+            refusal = str(error)
+        if accelerator.num_processes > 1:
+            refusal = broadcast_object_list([refusal])[0]
+        if refusal is not None:
+            raise UsageError(refusal)
+        return _train(args, family, accelerator)
+
+
+def _train(args: TrainingArguments, family: TrainingFamily, accelerator: Accelerator) -> TrainResult:
+    with user_errors():
         args = with_fsdp_checkpointing(args)
         set_seed(args.seed)
         resume = find_resume_point(args, family)
@@ -446,6 +472,19 @@ def announce(run: Run) -> None:
             "update or when they are spent, the learning-rate schedule following the clock where the updates fall "
             "behind it."
         )
+    if accelerator.is_main_process:
+        check_space(run)
+
+
+def check_space(run: Run) -> bool:
+    """Warn (once, at the start) when the output disk will not hold the checkpoints kept at once and the final
+    model; returns whether it warned."""
+    args = run.args
+    model = run.accelerator.unwrap_model(run.model)
+    kept = 0 if args.save_steps == "none" else args.save_total_limit or UNLIMITED_CHECKPOINTS_CHECKED
+    trained = [p for p in model.parameters() if p.requires_grad]
+    final = tensor_bytes(trained if args.lora_r is not None else model.parameters())  # an adapter: its own weights
+    return warn_if_short_of_space(args.output_dir, checkpoint_bytes(model, run.optimizer), kept, final)
 
 
 def run_epochs(run: Run, progress: Progress) -> None:

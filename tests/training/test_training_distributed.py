@@ -242,3 +242,33 @@ def test_a_process_that_fails_is_not_launched_again(tmp_path):
     with pytest.raises(ProcessRaisedException, match="a wrong result"):
         launch_processes(_failing, (str(tmp_path),), tmp_path)
     assert not list(tmp_path.glob("rank*-1"))
+
+
+def _refused_on_each_rank(output_dir: str) -> None:
+    from hf_vit_plus.errors import UsageError
+
+    rank = torch.distributed.get_rank()
+    try:
+        train(vit_args(Path(output_dir), batch=8, max_steps=2))
+        outcome = "trained"
+    except UsageError as error:
+        outcome = str(error)
+    (Path(output_dir) / f"outcome{rank}.txt").write_text(outcome)
+
+
+def test_a_folder_another_run_holds_is_refused_on_every_process(tmp_path):
+    """The main process finds the folder's lock held by a live run (this test's process): every process of the run
+    stops with the same refusal, none waits at a barrier for the others."""
+    import socket
+    from datetime import datetime
+
+    from hf_vit_plus.training.run_lock import LOCK_FILE_NAME
+
+    output_dir = tmp_path / "run"
+    output_dir.mkdir()
+    holder = {"pid": os.getpid(), "host": socket.gethostname(), "started": datetime.now().astimezone().isoformat()}
+    (output_dir / LOCK_FILE_NAME).write_text(json.dumps(holder))
+    launch_processes(_refused_on_each_rank, (str(output_dir),), tmp_path)
+    outcomes = [(output_dir / f"outcome{rank}.txt").read_text() for rank in (0, 1)]
+    assert outcomes[0] == outcomes[1] and f"pid {os.getpid()}" in outcomes[0], outcomes
+    assert not (output_dir / "model.safetensors").exists()
