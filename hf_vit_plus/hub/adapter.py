@@ -30,11 +30,13 @@ def adapter_card(
     eval_results: dict[str, float] | None = None,
     dataset_name: str | None = None,
     figures: list[str | Path] = (),
+    learning_warning: str | None = None,
 ):
     """The `huggingface_hub.ModelCard` of an adapter folder: `base_model` (default: what adapter_config.json names;
     in the metadata when it is a Hub id, not a local folder, which the Hub would refuse there) and
     `library_name: peft`, the adapter's rank and target modules, how to load it onto the base model (with the
-    family's Auto class), the evaluation results and `figures` (paths inside the folder)."""
+    family's Auto class), the evaluation results (after `learning_warning`, the training run's learning check, when the
+    adapter did not learn) and `figures` (paths inside the folder)."""
     from huggingface_hub import ModelCard, ModelCardData
 
     from ..families import FAMILIES
@@ -53,6 +55,7 @@ def adapter_card(
         datasets=[dataset_name] if dataset_name else None,
     )
     auto_class = FAMILIES[family].head if family in FAMILIES else "AutoModel"
+    warning = f"> **This adapter did not learn its task.** {learning_warning}\n\n" if learning_warning else ""
     pictures = "".join(f"![{Path(p).stem}]({_inside(Path(p), folder)})\n" for p in figures)
     results = "".join(
         f"| {name} | {value:.4g} |\n" for name, value in (eval_results or {}).items() if isinstance(value, int | float)
@@ -78,7 +81,7 @@ base = {auto_class}.from_pretrained("{base_model}")
 model = PeftModel.from_pretrained(base, "{repo_id}")
 merged = model.merge_and_unload()  # a plain model of the family, adapter folded into its weights
 ```
-""" + (f"\n## Evaluation results\n\n| metric | value |\n|---|---|\n{results}" if results else "") + (
+""" + (f"\n## Evaluation results\n\n{warning}| metric | value |\n|---|---|\n{results}" if results else "") + (
         f"\n## Training\n\n{pictures}" if pictures else ""
     )
     return ModelCard(content)

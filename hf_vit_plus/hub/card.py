@@ -197,6 +197,7 @@ def write_model_card(
     license: str = "apache-2.0",
     language: list[str] | None = None,
     eval_split: str = "validation",
+    learning_warning: str | None = None,
 ) -> Path:
     """Render the family's model card into `output_dir/README.md` and return its path.
 
@@ -251,6 +252,7 @@ def write_model_card(
         results=results,
         baselines=baselines,
         figures=_place_figures(figures, output_dir),
+        learning_warning=learning_warning,
     )
     path = output_dir / "README.md"
     card.save(path)
@@ -342,6 +344,7 @@ def _render_card(
     results: list[EvalResult],
     baselines: list[tuple[str, str, str]],
     figures: list[str],
+    learning_warning: str | None = None,
 ) -> ModelCard:
     spec = FAMILIES[family].card
     metrics = sorted({r.metric_type for r in results if "loss" not in r.metric_type})
@@ -377,6 +380,7 @@ def _render_card(
         results=[(r.metric_name, _cell(r.metric_value), r.dataset_split or "") for r in results],
         baselines=baselines,
         figures=figures,
+        learning_warning=learning_warning,
         dataset_citation=citation,
         # what the image templates say of the architecture: transformers' own model types trained by the ViT family
         # for comparison (a ResNet), DeiT's distillation token

@@ -206,6 +206,11 @@ class TrainingArguments:
     adam_beta2: float = _option(0.999, "Adam's beta2")
     adam_epsilon: float = _option(1e-8, "Adam's epsilon")
     max_grad_norm: float = _option(1.0, "clip the gradient norm to this value (0: no clipping)")
+    divergence_factor: float = _option(
+        3.0,
+        "stop the run, saving nothing more, when the training loss becomes non-finite or its logged mean grows past "
+        "this many times its best (and 1 nat above it); 0: never",
+    )
     num_train_epochs: float | None = _option(3.0, _epochs_help)
     max_steps: int | None = _option(None, "optimiser updates in all; overrides --num_train_epochs")
     lr_scheduler_type: str = _option("auto", _scheduler_help, choices=SCHEDULERS)
@@ -514,12 +519,14 @@ VALUE_CHECKS: dict[str, Callable[[str, Any], None]] = {
     **dict.fromkeys(("dataloader_num_workers", "warmup_steps"), _non_negative),
     "vocab_size": lambda option, value: integer(option, value, 260, MAX_VOCAB_SIZE),  # BPE: 4 specials + 256 bytes
     "seed": lambda option, value: integer(option, value, 0, 2**32 - 1),  # numpy's seeds
-    "learning_rate": lambda option, value: number(option, value, low=0.0, low_open=True),
+    # 0 trains nothing: the initial weights evaluated and saved (a run's own untrained baseline)
+    "learning_rate": lambda option, value: number(option, value, low=0.0),
     "weight_decay": lambda option, value: number(option, value, low=0.0),
     "adam_beta1": lambda option, value: number(option, value, low=0.0, high=1.0),
     "adam_beta2": lambda option, value: number(option, value, low=0.0, high=1.0),
     "adam_epsilon": lambda option, value: number(option, value, low=0.0, low_open=True),
     "max_grad_norm": lambda option, value: number(option, value, low=0.0),
+    "divergence_factor": lambda option, value: number(option, value, low=0.0),
     "warmup_ratio": lambda option, value: number(option, value, low=0.0, high=1.0),
     "validation_split_percentage": lambda option, value: number(option, value, 0.0, 100.0, low_open=True),
     "label_smoothing_factor": lambda option, value: number(option, value, low=0.0, high=1.0),
@@ -537,6 +544,7 @@ REQUIRED_VALUES = {
     "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps", "logging_steps",
     "max_source_length", "max_target_length", "block_size", "vocab_size", "dataloader_num_workers", "seed",
     "learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm", "warmup_ratio",
+    "divergence_factor",
     "validation_split_percentage", "label_smoothing_factor",
 }  # fmt: skip
 # Required values that a family with recipes (`--recipe`) may leave unset: the recipe sets them when the run starts.

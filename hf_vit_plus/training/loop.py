@@ -62,6 +62,7 @@ from .checkpoints import (
 from .disk import UNLIMITED_CHECKPOINTS_CHECKED, checkpoint_bytes, tensor_bytes, warn_if_short_of_space
 from .ema import ModelEma
 from .families import TrainingData, TrainingFamily, get_family
+from .learning import DivergenceGuard, LearningCheck, check_learning
 from .outputs import check_push_target, prefixed_metrics, save_final
 from .recipes import recipe_mixed_precision
 from .run_lock import output_dir_lock
@@ -115,6 +116,9 @@ class TrainResult:
     # the trained model, unwrapped, on every process; under FSDP, after the last update: the gathered model on the
     # main process and None on the others (a run stopped early: the sharded model)
     model: Any = None
+    # whether the final evaluation clearly beat the task's trivial baseline (`learning.check_learning`); None when
+    # the run stopped early or has no baseline to compare with
+    learning: LearningCheck | None = None
 
 
 # ----------------------------------------------------------------------------------------------------- the loop
@@ -166,12 +170,14 @@ class Progress:
     """Where the run stands: updates done, where the first epoch resumes, the log, the last training state."""
 
     loss: RunningLoss
+    guard: DivergenceGuard  # stops a run whose loss diverged, before anything more is saved
     global_step: int = 0
     start_epoch: int = 0
     skip_batches: int = 0  # batches of `start_epoch` already trained before a resume
     log_history: list[dict] = field(default_factory=list)
     eval_metrics: dict[str, float] = field(default_factory=dict)
-    stop_reason: str = ""  # "finished", "stop_after_steps" or "SIGTERM" once the loop stops
+    stop_reason: str = ""  # "finished", "stop_after_steps", "SIGTERM" or "diverged" once the loop stops
+    stop_message: str = ""  # the line that says why a diverged run stopped
     last_checkpoint: Path | None = None
     last_saved_step: int = -1
 
@@ -342,6 +348,7 @@ def prepare_run(
         args = family.resolve_args(args, data)  # e.g. a training recipe's values for this data
         model, processor = family.build(args, data)
         datasets = family.transform(data, processor, model, args)
+        data = dataclasses.replace(data, baselines={**family.measure_baselines(data, datasets), **data.baselines})
     if args.lora_r is not None:  # the base frozen, an adapter (and a new head) trained: saved as an adapter folder
         from .lora import add_lora
 
@@ -426,7 +433,10 @@ def make_dataloaders(args: TrainingArguments, datasets, collate, world: int) -> 
 
 def restore_progress(run: Run, resume: ResumePoint | None) -> Progress:
     """A fresh start, or the position, log and optimiser/scheduler/RNG states of the training state resumed."""
-    progress = Progress(loss=RunningLoss(run.accelerator.device))
+    accelerator = run.accelerator
+    # under fp16 loss scaling a non-finite loss is the scaler's to skip; the growth of the loss is still watched
+    guard = DivergenceGuard(accelerator.device, run.args.divergence_factor, check_finite=accelerator.scaler is None)
+    progress = Progress(loss=RunningLoss(accelerator.device), guard=guard)
     if resume is None:
         return progress
     check_same_layout(resume.state, checkpoint_layout(run.accelerator), resume.path, CHECKPOINT_LAYOUTS)
@@ -521,6 +531,7 @@ def train_epoch(run: Run, progress: Progress, epoch: int, skip: int, bar) -> boo
         loss = training_step(run, batch)
         batches_in_epoch += 1
         progress.loss.add(loss)
+        progress.guard.note(loss, progress.global_step + 1)
         if not accelerator.sync_gradients:  # inside a gradient accumulation: no update yet
             continue
         progress.global_step += 1
@@ -555,13 +566,24 @@ def after_update(run: Run, progress: Progress, epoch: int, batches_in_epoch: int
     accelerator, args, step = run.accelerator, run.args, progress.global_step
     run.clock.tick(accelerator)
     last = step >= run.total_steps or run.clock.spent
-    if step % args.logging_steps == 0 or last:
+    logs = step % args.logging_steps == 0 or last
+    evaluates = bool(args.eval_steps) and step % args.eval_steps == 0
+    saves = bool(args.save_every) and step % args.save_every == 0
+    mean_loss = None
+    if logs:
         mean_loss = progress.loss.mean_and_reset(accelerator)
         entry = {"step": step, "epoch": round(epoch + batches_in_epoch / len(run.train_dataloader), 4)}
         entry.update(loss=mean_loss, learning_rate=run.scheduler.get_last_lr()[0])
         _log(accelerator, progress.log_history, entry, "train")
-        bar.set_postfix(loss=f"{mean_loss:.4f}")
-    if args.eval_steps and step % args.eval_steps == 0:
+        bar.set_postfix(loss=f"{mean_loss:.4f}", refresh=False)  # shown with the next update (not before the delay)
+    # a diverged loss stops the run before it evaluates or saves anything (the updates where the loss is read anyway,
+    # and the ends of epochs)
+    if logs or evaluates or saves or batches_in_epoch >= len(run.train_dataloader):
+        stop = progress.guard.diverged(accelerator, step, mean_loss)
+        if stop:
+            progress.stop_reason, progress.stop_message = "diverged", stop
+            return
+    if evaluates:
         progress.eval_metrics = evaluate_run(run)
         _log(accelerator, progress.log_history, {"step": step, **prefixed_metrics(progress.eval_metrics)}, "eval")
         run.model.train()
@@ -571,7 +593,7 @@ def after_update(run: Run, progress: Progress, epoch: int, batches_in_epoch: int
         progress.stop_reason = "stop_after_steps"
     elif accelerator.check_trigger():  # SIGTERM on any process; a collective, so every process calls it
         progress.stop_reason = "SIGTERM"
-    if (args.save_every and step % args.save_every == 0) or progress.stop_reason in ("stop_after_steps", "SIGTERM"):
+    if saves or progress.stop_reason in ("stop_after_steps", "SIGTERM"):
         save_training_state(run, progress, epoch, batches_in_epoch)
 
 
@@ -617,7 +639,14 @@ def save_training_state(run: Run, progress: Progress, epoch: int, batches_in_epo
 
 
 def stop_early(run: Run, progress: Progress, train_seconds: float) -> TrainResult:
-    """The run stopped before its last update (--stop_after_steps, SIGTERM): its state is saved, no final model."""
+    """The run stopped before its last update (--stop_after_steps, SIGTERM: its state is saved; a diverged loss:
+    nothing saved after it), no final model."""
+    if progress.stop_reason == "diverged":
+        last = progress.last_checkpoint
+        kept = f" The last checkpoint, {last}, is kept as it was." if last else ""
+        logger.error(progress.stop_message + kept)
+        run.accelerator.end_training()
+        return _result(run, progress, train_seconds, files=[], model=run.accelerator.unwrap_model(run.model))
     saved = f"state saved in {progress.last_checkpoint}" if progress.last_checkpoint else "no training state saved"
     stop = f"Stopped at update {progress.global_step}/{run.total_steps} ({progress.stop_reason})"
     logger.info(f"{stop}; {saved}.")
@@ -635,12 +664,13 @@ def finish(run: Run, progress: Progress, train_seconds: float) -> TrainResult:
         _log(
             run.accelerator, history, {"step": progress.global_step, **prefixed_metrics(progress.eval_metrics)}, "eval"
         )
+    learning = check_learning(run.family.learning_metric, progress.eval_metrics, run.data.baselines)
     if run.ema is not None:  # the average is the model the run evaluated and saves
         run.ema.copy_to(run.accelerator.unwrap_model(run.model))
     trained = trained_model(run.accelerator, run.model)  # gathered under FSDP (collective)
     files = save_final(
         run.accelerator, run.model, run.processor, run.args, run.family, run.data, progress.eval_metrics, history,
-        trained=trained,
+        trained=trained, learning=learning,
     )  # fmt: skip
     run.accelerator.end_training()
     if run.clock.spent and progress.global_step < run.total_steps:  # the time budget ended it
@@ -651,11 +681,16 @@ def finish(run: Run, progress: Progress, train_seconds: float) -> TrainResult:
     logger.info(f"Final evaluation: {json.dumps(progress.eval_metrics)}; model saved in {run.output_dir}.")
     if run.data.baselines:
         logger.info(f"Baselines on the same split: {json.dumps(run.data.baselines)}.")
-    return _result(run, progress, train_seconds, files, model=trained[0])
+    if learning is not None and not learning.learned:  # the last line of the run: the exit status stays 0
+        logger.warning(learning.message)
+    return _result(run, progress, train_seconds, files, model=trained[0], learning=learning)
 
 
-def _result(run: Run, progress: Progress, train_seconds: float, files: list[Path], model) -> TrainResult:
+def _result(
+    run: Run, progress: Progress, train_seconds: float, files: list[Path], model, learning: LearningCheck | None = None
+) -> TrainResult:
     return TrainResult(
+        learning=learning,
         output_dir=run.output_dir,
         global_step=progress.global_step,
         total_steps=run.total_steps,

@@ -56,6 +56,7 @@ def save_final(
     eval_metrics: dict[str, float],
     log_history: list[dict],
     trained: tuple | None = None,
+    learning=None,
 ) -> list[Path]:
     """Model + processor, evaluation results, curves, figures and the card into --output_dir; push when asked.
     `model` is the one `accelerator.prepare` returned; `trained` what `sharding.trained_model` gave for it, if it
@@ -76,7 +77,9 @@ def save_final(
         (output_dir / "log_history.json").write_text(json.dumps(log_history, indent=1))
         files += [output_dir / "eval_results.json", output_dir / "log_history.json"]
         if args.write_card:
-            files += write_card_and_figures(args, family, data, unwrapped, processor, eval_metrics, log_history)
+            files += write_card_and_figures(
+                args, family, data, unwrapped, processor, eval_metrics, log_history, learning=learning
+            )
         if args.push_to_hub:
             message = push(output_dir, args)
             failure = StepFailedError(message) if message is not None else None  # the model is saved: run done
@@ -120,6 +123,7 @@ def write_card_and_figures(
     processor,
     eval_metrics: dict[str, float],
     log_history: list[dict],
+    learning=None,
 ) -> list[Path]:
     """The training curves, the family's figures of the trained (unwrapped) `model` and the model card that shows
     them."""
@@ -133,6 +137,7 @@ def write_card_and_figures(
         card = write_adapter_card(
             output_dir, family=family.name, base_model=args.model_name_or_path, repo_id=args.hub_model_id,
             eval_results=prefixed_metrics(eval_metrics), dataset_name=data.name, figures=figures,
+            learning_warning=learning.card_text if learning is not None else None,
         )  # fmt: skip
         return figures + [card]
     was_training = model.training
@@ -151,6 +156,7 @@ def write_card_and_figures(
         base_model=args.model_name_or_path,
         repo_id=args.hub_model_id,
         eval_split=data.eval_split,
+        learning_warning=learning.card_text if learning is not None else None,
     )
     return figures + [Path(card)]
 

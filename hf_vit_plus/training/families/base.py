@@ -11,6 +11,8 @@ A recipe holds no state: each step takes what it needs and returns values. The l
     extras(args, model, accelerator)       -> what the loss needs besides the model (e.g. a teacher), or {}
     training_loss(model, batch, extras)    -> the loss of one micro-batch (default: the model's own)
     eval_outputs(model, batch), metrics(gathered)
+    measure_baselines(data, datasets)      -> the task's trivial baselines on the evaluation split (`learning_metric`
+                                              says which one the final evaluation must beat: `learning.py`)
     create_optimizer(model, args), create_scheduler(optimizer, args, total_steps, config)
     figures(model, processor, raw, output_dir)   for the model card
 
@@ -40,6 +42,7 @@ from ...data.loading import load_user_dataset, pick_column
 from ...errors import UsageError, load_config
 from ...families import Family, get_family
 from ..args import TrainingArguments
+from ..learning import LearningMetric
 from .overrides import check_config_overrides, config_value_errors, parse_overrides
 
 
@@ -97,6 +100,8 @@ class TrainingFamily:
 
     name: str = ""
     trains_its_processor: bool = False  # a tokenizer trained on the data (saved with each checkpoint)
+    # the evaluation metric and the trivial baseline it must clearly beat for the run to have learned (`learning.py`)
+    learning_metric: LearningMetric | None = None
 
     @property
     def spec(self) -> Family:
@@ -232,6 +237,11 @@ class TrainingFamily:
             d_model = getattr(model_config, "d_model", None) or model_config.hidden_size
             return get_noam_schedule(optimizer, d_model=d_model, warmup_steps=max(1, warmup))
         raise ValueError(f"Unknown --lr_scheduler_type {kind!r}.")
+
+    def measure_baselines(self, data: TrainingData, datasets) -> dict[str, float]:
+        """Trivial baselines on the evaluation split (e.g. the majority class's accuracy), measured on the run's data
+        (`data` raw, `datasets` as the loaders read them); written beside the results and the card's."""
+        return {}
 
     # --- card extras
     def figures(self, model, processor, raw: DatasetDict, output_dir: Path) -> list[Path]:

@@ -14,6 +14,7 @@ from datasets import Dataset, DatasetDict
 from ...data.images import IMAGE_DATASETS, ImageDataset
 from ...errors import UsageError
 from ...models.configuration_sparse_transformer import SparseTransformerConfig
+from ..learning import LearningMetric
 from .base import TrainingData, TrainingFamily
 
 # A fresh image model, on top of what the images fix (`IMAGE_CONFIG_FIELDS`): 4 blocks of width 64, untied embeddings
@@ -38,6 +39,9 @@ class ImageLMFamily(TrainingFamily):
     nats per dim, evaluated in bits per dim on the test split beside two floors (uniform, per-pixel histogram)."""
 
     name = "image-lm"
+    learning_metric = LearningMetric(
+        "bits_per_dim", "pixel_histogram_bits_per_dim", False, "each pixel's own histogram"
+    )
 
     def load_data(self, args):
         from ...data.pixel_baselines import pixel_floors

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 from datasets import DatasetDict
 
+from ..learning import LearningMetric, sequence_keys
 from .base import (
     TrainingData,
     TrainingFamily,
@@ -32,6 +33,15 @@ SMALL_SEQ2SEQ_CONFIG = dict(
 class Seq2SeqFamily(TrainingFamily):
     name = "seq2seq"
     trains_its_processor = True
+    learning_metric = LearningMetric(
+        "exact_match", "most_common_target_exact_match", True, "always answering the commonest training target"
+    )
+
+    def measure_baselines(self, data, datasets):
+        from ..learning import majority_accuracy
+
+        targets = data.raw["train"]["target"]
+        return {"most_common_target_exact_match": majority_accuracy(targets, data.raw["validation"]["target"])}
 
     def load_data(self, args):
         if builtin_data(args):
@@ -137,6 +147,9 @@ class Seq2SeqFamily(TrainingFamily):
             "tokens": mask.sum(-1),
             "correct": correct.sum(-1),
             "exact": (generated == reference).all(-1).long(),
+            # whether the output depends on the input: distinct outputs against distinct references
+            "output_key": sequence_keys(generated, pad).to(labels.device),
+            "reference_key": sequence_keys(reference, pad).to(labels.device),
         }
 
     def metrics(self, gathered):
@@ -147,5 +160,8 @@ class Seq2SeqFamily(TrainingFamily):
             "perplexity": math.exp(min(loss, 50.0)),
             "token_accuracy": gathered["correct"].sum().item() / tokens,
             "exact_match": gathered["exact"].float().mean().item(),
+            "output_variety": min(
+                1.0, gathered["output_key"].unique().numel() / max(1, gathered["reference_key"].unique().numel())
+            ),
             "samples": len(gathered["tokens"]),
         }

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 from datasets import Dataset, DatasetDict
 
+from ..learning import LearningMetric
 from .base import (
     TrainingData,
     TrainingFamily,
@@ -30,6 +31,14 @@ STDLIB_HELDOUT_BYTES = 100_000
 
 class SparseLMFamily(TrainingFamily):
     name = "sparse-lm"
+    learning_metric = LearningMetric("bits_per_token", "unigram_bits_per_token", False, "a unigram model")
+
+    def measure_baselines(self, data, datasets):
+        from ..learning import unigram_bits
+
+        train, validation = (datasets[split].with_format("numpy")["input_ids"] for split in ("train", "validation"))
+        vocab = int(max(train.max(), validation.max())) + 1
+        return {"unigram_bits_per_token": unigram_bits([train], [validation], vocab)}
 
     def load_data(self, args):
         if builtin_data(args):

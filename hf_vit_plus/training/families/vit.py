@@ -25,6 +25,7 @@ from ...errors import UsageError, load_config
 from ...models.configuration_vit_plus import ViTPlusConfig
 from ...models.image_processing_vit_plus import ViTPlusImageProcessor
 from ..augment import BatchMixer, erasing, image_augmentation, mixes_batches, soft_cross_entropy
+from ..learning import LearningMetric
 from ..recipes import RecipeContext, recipe_drop_path_rate, resolve_recipe, updates_per_epoch
 from .base import TrainingData, TrainingFamily, builtin_data, limit_samples, load_user_data, select_columns
 
@@ -61,6 +62,17 @@ PROCESSOR_MEAN, PROCESSOR_STD = 0.5, 0.5
 
 class ViTFamily(TrainingFamily):
     name = "vit"
+    learning_metric = LearningMetric(
+        "accuracy", "majority_class_accuracy", True, "always answering the majority class"
+    )
+
+    def measure_baselines(self, data, datasets):
+        from ..learning import majority_accuracy
+
+        train, validation = data.raw["train"], data.raw["validation"]
+        if "label" not in train.column_names or "label" not in validation.column_names:
+            return {}
+        return {"majority_class_accuracy": majority_accuracy(train["label"], validation["label"])}
 
     # ------------------------------------------------------------------------------------------------ data
     def load_data(self, args):
@@ -351,6 +363,13 @@ class ViTFamily(TrainingFamily):
 
 
 class ViTMaskedPatchFamily(ViTFamily):
+    learning_metric = LearningMetric(
+        "mpp_accuracy", "baseline_commonest_colour_accuracy", True, "always answering the commonest colour"
+    )
+
+    def measure_baselines(self, data, datasets):
+        return {}  # measured by the evaluation itself (`baseline_commonest_colour_accuracy`)
+
     """Masked patch prediction (the ViT paper, sec. 4.6): the same images and augmentation as "vit" without labels;
     each step corrupts half of the patches (`models.modeling_vit_plus.corrupt_patches`) and the loss is the
     cross-entropy of their mean colours. Evaluation corrupts each batch the same way every time (a fixed seed) and
