@@ -11,7 +11,7 @@ export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM := false
 PYTEST_ARGS ?= -n 2 --dist loadfile --durations=15
 
-.PHONY: demo test test-oldest test-slow test-deepspeed lint format bench bench-import clean venv venv-test env
+.PHONY: demo test test-learning test-oldest test-slow test-deepspeed lint format bench bench-import clean venv venv-test env
 
 # The oldest releases the package supports (pyproject's lower bounds), in an environment of their own.
 OLDEST_VENV ?= .venv-oldest
@@ -68,6 +68,11 @@ env: $(VENV)/.stamp-base
 test-deepspeed: $(VENV)/.stamp-test
 	$(VENV)/bin/pip install -q deepspeed
 	OMP_NUM_THREADS=1 $(PY) -m pytest -p no:xdist -q tests/training/test_training_deepspeed.py
+
+# Defaults that learn (tests/training/test_default_recipes.py): every family's default run over 2 seeds x 1 and 2
+# threads against its target; each matrix runs its one-thread cells two at a time itself (no pytest-xdist).
+test-learning: $(VENV)/.stamp-test
+	$(PY) -m pytest -m learning -p no:xdist -q --durations=10 tests/training/test_default_recipes.py
 
 test-slow: $(VENV)/.stamp-test
 	$(PY) -m pytest -m slow tests

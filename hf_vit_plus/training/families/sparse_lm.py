@@ -36,7 +36,7 @@ class SparseLMFamily(TrainingFamily):
     def measure_baselines(self, data, datasets):
         from ..learning import unigram_bits
 
-        train, validation = (datasets[split].with_format("numpy")["input_ids"] for split in ("train", "validation"))
+        train, validation = (datasets[split].with_format("numpy")[:]["input_ids"] for split in ("train", "validation"))
         vocab = int(max(train.max(), validation.max())) + 1
         return {"unigram_bits_per_token": unigram_bits([train], [validation], vocab)}
 
