@@ -168,7 +168,10 @@ class DivergenceGuard:
         training loss of the updates since the last log line, when this update logs one."""
         if not self.factor:
             return None
-        first_bad = accelerator.reduce(self.first_bad.clone(), reduction="sum").item() if self.check_finite else 0
+        first_bad = 0
+        if self.check_finite:  # the earliest update any process saw go non-finite
+            seen = [int(step) for step in accelerator.gather(self.first_bad.reshape(1)).tolist() if step]
+            first_bad = min(seen, default=0)
         if first_bad:
             return f"Training diverged at update {first_bad}: the training loss became non-finite; {self._advice()}"
         if mean_loss is None or not math.isfinite(mean_loss):

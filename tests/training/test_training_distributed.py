@@ -272,3 +272,35 @@ def test_a_folder_another_run_holds_is_refused_on_every_process(tmp_path):
     outcomes = [(output_dir / f"outcome{rank}.txt").read_text() for rank in (0, 1)]
     assert outcomes[0] == outcomes[1] and f"pid {os.getpid()}" in outcomes[0], outcomes
     assert not (output_dir / "model.safetensors").exists()
+
+
+def _diverge_on_rank_1(output_dir: str) -> None:
+    import math
+
+    from accelerate import PartialState
+
+    from hf_vit_plus.training.families import get_family
+
+    family = get_family("vit")
+    original, calls = family.training_loss, []
+
+    def poisoned(model, batch, extras):  # the loss of process 1 becomes NaN at its third update
+        calls.append(1)
+        loss = original(model, batch, extras)
+        return loss * math.nan if PartialState().process_index == 1 and len(calls) >= 3 else loss
+
+    family.training_loss = poisoned
+    result = train(vit_args(Path(output_dir), batch=8, logging_steps=2), family=family)
+    rank = PartialState().process_index
+    (Path(output_dir) / f"rank{rank}.json").write_text(
+        json.dumps({"stop_reason": result.stop_reason, "global_step": result.global_step})
+    )
+
+
+def test_a_loss_that_diverges_on_one_process_stops_every_process_at_the_same_update(tmp_path):
+    launch_processes(_diverge_on_rank_1, (str(tmp_path / "nan"),), tmp_path / "nan")
+    for rank in (0, 1):
+        seen = json.loads((tmp_path / "nan" / f"rank{rank}.json").read_text())
+        # the NaN of update 3 is read at the next logged update, 4: every process stops there, nothing saved
+        assert seen == {"stop_reason": "diverged", "global_step": 4}, (rank, seen)
+    assert not (tmp_path / "nan" / "model.safetensors").exists()
