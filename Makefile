@@ -11,7 +11,8 @@ export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM := false
 PYTEST_ARGS ?= -n 2 --dist loadfile --durations=15
 
-.PHONY: demo test test-learning test-oldest test-slow test-deepspeed lint format bench bench-import clean venv venv-test env
+.PHONY: demo test test-learning test-oldest test-slow test-deepspeed lint format bench bench-import clean venv venv-test env \
+	gpu-check
 
 # The oldest releases the package supports (pyproject's lower bounds), in an environment of their own.
 OLDEST_VENV ?= .venv-oldest
@@ -91,6 +92,11 @@ bench: $(VENV)/.stamp-test
 # `import hf_vit_plus` and `hf-vit-plus --help` against transformers (medians of fresh processes; results/)
 bench-import: $(VENV)/.stamp-test
 	$(PY) scripts/benchmarks/bench_import.py
+
+# The prepared GPU check (README, "GPU check"): with a CUDA GPU it creates .venv-gpu, runs the gpu tests and
+# scripts/benchmarks/bench_gpu.py, JSON in $OUT or results/gpu/; without one, the CPU fallbacks in the existing .venv.
+gpu-check:
+	VENV=$(VENV) PYTHON=$(PYTHON) bash scripts/gpu_check.sh
 
 clean:
 	rm -rf $(VENV) $(OLDEST_VENV) .cache outputs .pytest_cache
