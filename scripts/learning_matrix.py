@@ -20,7 +20,6 @@ cell: the metric, the baseline, the target, the minutes, the exact command) and 
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import os
@@ -32,6 +31,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+
+from hf_vit_plus.cli_utils import CommandParser
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -110,7 +111,7 @@ def run_cell(cell: Cell, workdir: Path, log_dir: Path | None) -> Cell:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = CommandParser(description=__doc__.splitlines()[0])
     parser.add_argument("--families", nargs="+", default=list(TARGETS), choices=list(TARGETS))
     parser.add_argument("--seeds", nargs="+", type=int, default=[42, 0])
     parser.add_argument("--threads", nargs="+", type=int, default=[1, 2])
