@@ -22,6 +22,9 @@ from typing import Any
 
 import yaml
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
+from huggingface_hub.errors import HFValidationError
+from huggingface_hub.repocard_data import model_index_to_eval_results
+from huggingface_hub.utils import validate_repo_id
 
 from ..data.images import IMAGE_DATASETS
 from ..families import FAMILIES, family_of_config
@@ -125,13 +128,44 @@ def _split_metric(key: str, eval_split: str = "validation") -> tuple[str, str | 
     return key, None
 
 
+# Readable names of the metrics the families report, for the model-index's `name` (the Hub shows it on the
+# leaderboards); any other metric gets its type in words ("online_accuracy" -> "Online accuracy").
+METRIC_NAMES = {
+    "accuracy": "Accuracy",
+    "top5_accuracy": "Top-5 accuracy",
+    "exact_match": "Exact match",
+    "token_accuracy": "Token accuracy",
+    "perplexity": "Perplexity",
+    "bits_per_dim": "Bits per dim",
+    "bits_per_token": "Bits per token",
+    "bits_per_byte": "Bits per byte",
+    "mpp_accuracy": "Masked patch accuracy",
+    "bleu": "BLEU",
+    "sacrebleu": "BLEU",
+    "chrf": "chrF",
+    "output_variety": "Output variety",
+}
+# Losses stay out of the model-index (as in transformers' Trainer cards): they are in the card's results table.
+_LOSS = re.compile(r"(^|_)loss$")
+
+
+def metric_display_name(metric_type: str) -> str:
+    """The readable name of a metric type for the model-index, e.g. "accuracy" -> "Accuracy", "bits_per_dim" ->
+    "Bits per dim", "cls_head_accuracy" -> "Cls head accuracy"."""
+    if metric_type in METRIC_NAMES:
+        return METRIC_NAMES[metric_type]
+    words = metric_type.replace("_", " ").strip()
+    return words[:1].upper() + words[1:]
+
+
 def _eval_results(
     eval_results: dict[str, float], family: str, dataset_name: str, dataset_config: str | None, eval_split: str
-) -> tuple[list[EvalResult], list[tuple[str, str, str]]]:
-    """The model's results (for the model-index) and the baselines' rows (name, value, split) of `eval_results`."""
+) -> tuple[list[EvalResult], list[tuple[str, str, str]], list[tuple[str, str, str]]]:
+    """The model's results for the model-index (losses left out, readable metric names), the rows (key, value, split)
+    of the card's results table (losses included), and the baselines' rows (name, value, split) of `eval_results`."""
     if not isinstance(eval_results, dict):
         raise ValueError(f"eval_results must be a dict of metric name -> number, got {type(eval_results).__name__}.")
-    results, baselines = [], []
+    results, rows, baselines = [], [], []
     for key, value in eval_results.items():
         if not isinstance(key, str) or not key:
             raise ValueError(f"eval_results keys must be non-empty strings, got {key!r}.")
@@ -146,6 +180,9 @@ def _eval_results(
         if metric.startswith(_BASELINE_PREFIX):
             baselines.append((metric.removeprefix(_BASELINE_PREFIX), _cell(value), split or ""))
             continue
+        rows.append((key, _cell(value), split or ""))
+        if _LOSS.search(metric):
+            continue
         results.append(
             EvalResult(
                 task_type=FAMILIES[family].card.pipeline_tag,
@@ -155,11 +192,19 @@ def _eval_results(
                 dataset_config=dataset_config,
                 dataset_split=split,
                 metric_type=metric,
-                metric_name=key,
+                metric_name=metric_display_name(metric),
                 metric_value=float(value) if isinstance(value, float) else value,
             )
         )
-    return results, baselines
+    return results, rows, baselines
+
+
+def hub_base_model(base_model: str | None) -> str | None:
+    """`base_model` when it is a Hub model id, None for a local folder (an existing path, an absolute or relative
+    path, or anything that is not a valid repo id): the Hub would render it as a broken link."""
+    if not base_model or Path(base_model).expanduser().exists() or _repo_id_problem(base_model):
+        return None
+    return base_model
 
 
 def _place_figures(figures, output_dir: Path) -> list[str]:
@@ -236,7 +281,9 @@ def write_model_card(
     _check_family_matches(family, config)
 
     model_id = repo_id or output_dir.resolve().name
-    results, baselines = _eval_results(eval_results, family, dataset_name, dataset_config, eval_split)
+    results, rows, baselines = _eval_results(eval_results, family, dataset_name, dataset_config, eval_split)
+    if base_model and hub_base_model(base_model) is None:
+        logger.info("base_model %r is a local folder, not a Hub id: it is left out of the card.", base_model)
     card = _render_card(
         family,
         config,
@@ -244,12 +291,13 @@ def write_model_card(
         repo_id=repo_id or "path/to/this/folder",
         dataset_name=dataset_name,
         dataset_config=dataset_config,
-        base_model=base_model,
+        base_model=hub_base_model(base_model),
         license=license,
         language=language,
         tags=(),
         hyperparameters=[(str(k), _cell(v)) for k, v in sorted(training_args.items(), key=lambda kv: str(kv[0]))],
         results=results,
+        result_rows=rows,
         baselines=baselines,
         figures=_place_figures(figures, output_dir),
         learning_warning=learning_warning,
@@ -319,6 +367,7 @@ def model_card_from_config(
         tags=tags,
         hyperparameters=[],
         results=[],
+        result_rows=[],
         baselines=[],
         figures=[],
     )
@@ -342,12 +391,13 @@ def _render_card(
     tags,
     hyperparameters: list[tuple[str, str]],
     results: list[EvalResult],
+    result_rows: list[tuple[str, str, str]],
     baselines: list[tuple[str, str, str]],
     figures: list[str],
     learning_warning: str | None = None,
 ) -> ModelCard:
     spec = FAMILIES[family].card
-    metrics = sorted({r.metric_type for r in results if "loss" not in r.metric_type})
+    metrics = sorted({r.metric_type for r in results})
     card_data = ModelCardData(
         language=language,
         license=license,
@@ -357,7 +407,8 @@ def _render_card(
         metrics=metrics or None,
         pipeline_tag=spec.pipeline_tag,
         base_model=base_model,
-        model_name=model_id,
+        # the model-index's name; without results there is no model-index, and no stray `model_name` key either
+        model_name=model_id if results else None,
         eval_results=results or None,
     )
     values = {k: v for k, v in config.items() if k != "num_labels"}
@@ -377,7 +428,7 @@ def _render_card(
         base_model=base_model,
         architecture=arch,
         hyperparameters=hyperparameters,
-        results=[(r.metric_name, _cell(r.metric_value), r.dataset_split or "") for r in results],
+        results=result_rows,
         baselines=baselines,
         figures=figures,
         learning_warning=learning_warning,
@@ -389,7 +440,7 @@ def _render_card(
         distillation_token=bool(config.get("use_distillation_token")),
         drop_path_rate=config.get("drop_path_rate") or 0,
         # a run with --ema_decay saves the weights' average; `online_*` results are the last weights'
-        averaged_weights=any(r.metric_type.startswith("online_") for r in results),
+        averaged_weights=any(_split_metric(key)[0].startswith("online_") for key, _, _ in result_rows),
         # masked patch prediction (the vit-mpp card)
         mpp_percent=f"{100 * config.get('mpp_mask_ratio', 0.5):g}%",
         mpp_bits=config.get("mpp_num_bits", 3),
@@ -510,6 +561,45 @@ def _metadata_problems(metadata: dict, *, require_datasets: bool) -> list[str]:
     _check_str_list(metadata, "metrics", errors, required=False)
     _check_str_list(metadata, "base_model", errors, required=False)
     _check_str_list(metadata, "language", errors, required=False)
+    base_models = metadata.get("base_model")
+    for base in [base_models] if isinstance(base_models, str) else base_models or []:
+        if isinstance(base, str) and _repo_id_problem(base):
+            errors.append(f"'base_model' {base!r} is not a Hub model id ({_repo_id_problem(base)})")
+    if "model_name" in metadata:  # huggingface_hub writes it into the model-index; alone it is a stray key
+        errors.append("'model_name' outside a model-index is not a Hub metadata key")
     if "model-index" in metadata:
         _check_model_index(metadata["model-index"], errors)
+        if not errors:
+            _check_with_huggingface_hub(metadata, errors)
     return errors
+
+
+def _repo_id_problem(repo_id: str) -> str | None:
+    """Why `repo_id` is not a Hub repository id ("namespace/name" or "name"), or None."""
+    if repo_id.startswith((".", "/", "~")) or "\\" in repo_id:
+        return "a local path"
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as err:
+        return str(err).splitlines()[0]
+    return None
+
+
+def _check_with_huggingface_hub(metadata: dict, errors: list[str]) -> None:
+    """The model-index as huggingface_hub reads it (`model_index_to_eval_results`, then `ModelCardData`, the way
+    `ModelCard.load` does): every metric kept, a readable metric name, no loss."""
+    try:
+        _, results = model_index_to_eval_results(metadata["model-index"])
+        data = ModelCardData(**{k: v for k, v in metadata.items()})
+    except (KeyError, TypeError, ValueError) as err:
+        errors.append(f"huggingface_hub cannot read the model-index: {type(err).__name__}: {err}")
+        return
+    count = sum(len(r.get("metrics") or []) for m in metadata["model-index"] for r in m.get("results") or [])
+    if len(results) != count or len(data.eval_results or []) != count:
+        errors.append(f"huggingface_hub reads {len(results)} of the model-index's {count} metrics")
+    for result in results:
+        if _LOSS.search(result.metric_type):
+            errors.append(f"model-index metric {result.metric_type!r} is a loss (the results table holds it)")
+        name = result.metric_name
+        if name is None or re.match(r"(eval|test|predict)_", name) or (name == result.metric_type and "_" in name):
+            errors.append(f"model-index metric name {name!r} of {result.metric_type!r} is not a readable name")

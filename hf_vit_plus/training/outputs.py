@@ -148,7 +148,7 @@ def write_card_and_figures(
         output_dir,
         family=family.name,
         model_config=model.config,
-        training_args=card_hyperparameters(args, log_history),
+        training_args=card_hyperparameters(args, log_history, family=family),
         eval_results=prefixed_metrics(eval_metrics) | baseline_results(data),
         dataset_name=data.name,
         dataset_config=args.dataset_config_name,
@@ -161,12 +161,19 @@ def write_card_and_figures(
     return figures + [Path(card)]
 
 
-def card_hyperparameters(args: TrainingArguments, log_history: list[dict] | None = None) -> dict:
+def card_hyperparameters(
+    args: TrainingArguments, log_history: list[dict] | None = None, family: TrainingFamily | None = None
+) -> dict:
     """The hyperparameters shown in the model card (`CARD_FIELDS`; the image recipe's flags, `RECIPE_FLAGS`, where the
-    run resolved them). The epochs are left out when --max_steps decided the length. Under --max_train_minutes the
-    updates and epochs the run made (`log_history`'s last) stand beside those foreseen: the budget may end it first."""
+    run resolved them). The scheduler is the one the run used: --lr_scheduler_type auto is resolved to `family`'s
+    (`TrainingFamily.default_scheduler`, e.g. "cosine", "noam"). The epochs are left out when --max_steps decided the
+    length. Under --max_train_minutes the updates and epochs the run made (`log_history`'s last) stand beside those
+    foreseen: the budget may end it first."""
     values = {k: getattr(args, k) for k in CARD_FIELDS if getattr(args, k) is not None}
-    values["scheduler"] = values.pop("lr_scheduler_type")
+    scheduler = values.pop("lr_scheduler_type")
+    if scheduler == "auto" and family is not None:
+        scheduler = family.default_scheduler
+    values["scheduler"] = scheduler
     if values.get("max_steps"):
         values.pop("num_train_epochs", None)
     if values.get("max_train_minutes") and log_history:

@@ -112,17 +112,16 @@ def test_card_metadata_and_model_index(vit_card):
         "config": "8x8",
         "split": "validation",
     }
-    # the metrics, not the bookkeeping (runtime, epoch), with the values given
-    values = {m["name"]: m["value"] for m in result["metrics"]}
-    assert values == {"eval_accuracy": 0.74, "eval_loss": 0.8}
-    assert {m["type"] for m in result["metrics"]} == {"accuracy", "loss"}
+    # the metrics, not the bookkeeping (runtime, epoch) nor the loss (as transformers' Trainer cards), with the values
+    # given and readable names
+    assert result["metrics"] == [{"type": "accuracy", "value": 0.74, "name": "Accuracy"}]
     assert validate_card_metadata(vit_card) == []
 
 
 def test_huggingface_hub_reads_the_model_index_back(vit_card):
     card = ModelCard.load(vit_card)
     assert card.data.model_name == "test-org/vit-digits"
-    assert {r.metric_type: r.metric_value for r in card.data.eval_results} == {"accuracy": 0.74, "loss": 0.8}
+    assert {r.metric_type: r.metric_value for r in card.data.eval_results} == {"accuracy": 0.74}
     assert all(r.dataset_name == "sklearn-digits" and r.dataset_split == "validation" for r in card.data.eval_results)
 
 
@@ -151,7 +150,7 @@ def test_every_family_renders_a_valid_card(tmp_path, family):
         family=family,
         model_config=CONFIGS[family],
         training_args={"learning_rate": 1e-3},
-        eval_results={"eval_bleu": 12.5} if family == "seq2seq" else {"eval_loss": 1.5},
+        eval_results={"eval_bleu": 12.5} if family == "seq2seq" else {"eval_loss": 1.5, "eval_perplexity": 4.5},
         dataset_name="local-data",
         repo_id=f"test-org/{family}",
         language=["en", "es"] if family == "seq2seq" else None,
@@ -167,7 +166,7 @@ def test_every_family_renders_a_valid_card(tmp_path, family):
         assert meta["language"] == ["en", "es"] and meta["metrics"] == ["bleu"]
     if family == "sparse-lm":
         assert "| attention_type | fixed |" in text and "| sparse_stride | 8 |" in text
-        assert "metrics" not in meta  # a loss only: no evaluate metric id to list
+        assert meta["metrics"] == ["perplexity"]  # the loss is no metric id to list
 
 
 def _break(card, mutate) -> list[str]:
@@ -253,7 +252,7 @@ def test_non_finite_results_are_left_out_of_the_model_index(tmp_path):
         dataset_name="sklearn-digits",
     )
     metrics = load_card_metadata(path)["model-index"][0]["results"][0]["metrics"]
-    assert [m["name"] for m in metrics] == ["eval_accuracy"]
+    assert [m["name"] for m in metrics] == ["Accuracy"]
     assert load_card_metadata(path)["model-index"][0]["name"] == tmp_path.name
 
 
@@ -357,8 +356,9 @@ def test_image_card_shows_the_floors_beside_bits_per_dim_outside_the_model_index
     assert {"sparse-transformer", "image-generation"} <= set(meta["tags"])
     [result] = meta["model-index"][0]["results"]
     assert result["dataset"]["split"] == "test"
-    assert {m["type"]: m["value"] for m in result["metrics"]} == {"loss": 1.25, "bits_per_dim": 1.8}
+    assert {m["type"]: m["value"] for m in result["metrics"]} == {"bits_per_dim": 1.8}
     text = path.read_text()
+    assert "| eval_loss | 1.25 | test |" in text  # the loss: in the table, not in the model-index
     assert "| eval_bits_per_dim | 1.8 | test |" in text
     assert "| uniform_bits_per_dim | 8 | test |" in text and "| pixel_histogram_bits_per_dim | 2.66 | test |" in text
     assert "@article{xiao2017fashionmnist," in text and "1708.07747" in text

@@ -31,7 +31,8 @@ model = ViTPlusForImageClassification(ViTPlusConfig(hidden_size=32, num_hidden_l
 args = TrainingArguments(output_dir="trainer-run", push_to_hub=True, hub_model_id="test-org/trainer-vit",
                          hub_token="hf_x", hub_strategy="end", max_steps=2, per_device_train_batch_size=4,
                          report_to=[], use_cpu=True, save_strategy="no")
-trainer = Trainer(model=model, args=args, train_dataset=Rows(8), eval_dataset=Rows(8))
+accuracy = lambda p: {"accuracy": float((p.predictions.argmax(-1) == p.label_ids).mean())}
+trainer = Trainer(model=model, args=args, train_dataset=Rows(8), eval_dataset=Rows(8), compute_metrics=accuracy)
 trainer.train()
 metrics = trainer.evaluate()
 trainer.push_to_hub(dataset="sklearn-digits")
@@ -41,7 +42,7 @@ lm = SparseTransformerForCausalLM(SparseTransformerConfig(vocab_size=40, hidden_
                                                           max_position_embeddings=32, attention_type="dense"))
 lm.save_pretrained("lm-folder", push_to_hub=True, repo_id="test-org/saved-lm", token="hf_x",
                    commit_message="saved and pushed")
-print(json.dumps({"eval_loss": metrics["eval_loss"],
+print(json.dumps({"eval_loss": metrics["eval_loss"], "eval_accuracy": metrics["eval_accuracy"],
                   "local_card": pathlib.Path("trainer-run/README.md").read_text()}))
 """
 
@@ -57,16 +58,18 @@ def pushed(hub_server, tmp_path_factory):
 
 def test_trainer_push_to_hub_uploads_the_family_card_with_its_evaluation(hub_server, pushed):
     """`Trainer.push_to_hub()` uploaded transformers' stock card ("More information needed", no family metadata):
-    the card is now the family's, with the Trainer's last evaluation (eval_loss) in the model-index and its
-    hyperparameters in the table."""
+    the card is now the family's, with the Trainer's last evaluation in the model-index (its accuracy, named
+    readably; the loss only in the results table, as transformers' own cards) and its hyperparameters in the
+    table."""
     card = hub_server.read_file("test-org/trainer-vit", "README.md").decode("utf-8")
     assert card == pushed["local_card"]
     metadata = _metadata(card)
     assert metadata["library_name"] == "transformers" and "hf_vit_plus" in metadata["tags"]
     assert metadata["datasets"] == ["sklearn-digits"]
     [result] = metadata["model-index"][0]["results"]
-    losses = [m["value"] for m in result["metrics"] if m["type"] == "loss"]
-    assert losses == [pytest.approx(pushed["eval_loss"], rel=1e-4)]
+    [metric] = result["metrics"]
+    assert metric == {"type": "accuracy", "value": pytest.approx(pushed["eval_accuracy"]), "name": "Accuracy"}
+    assert f"| eval_loss | {pushed['eval_loss']:.6g} |" in card
     assert "More information needed" not in card and "learning_rate" in card
     assert "model.safetensors" in hub_server.files("test-org/trainer-vit")
 

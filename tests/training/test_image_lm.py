@@ -101,12 +101,13 @@ def test_cli_writes_weights_bits_per_dim_a_valid_card_and_the_curves(tmp_path, c
     [entry] = meta["model-index"][0]["results"]
     assert entry["dataset"]["split"] == "test"
     metrics = {m["type"]: m["value"] for m in entry["metrics"]}
-    assert set(metrics) == {"loss", "bits_per_dim"}  # the floors are not the model's results
+    assert set(metrics) == {"bits_per_dim"}  # the floors are not the model's results, the loss is in the table
     assert metrics["bits_per_dim"] == pytest.approx(results["eval_bits_per_dim"])
     text = card.read_text()
     assert "| pixel_histogram_bits_per_dim |" in text and "| uniform_bits_per_dim | 8 | test |" in text
     assert "arXiv:1904.10509" in text and "Optical Recognition of Handwritten Digits" in text
     assert "![training_curves.png](training_curves.png)" in text
+    assert "| scheduler | cosine |" in text  # --lr_scheduler_type auto: the family's schedule, as the run used
     sparse = "dense" not in attention
     assert (out / "sparse_attention_pattern.png").is_file() == sparse
     assert ("![sparse_attention_pattern.png](sparse_attention_pattern.png)" in text) == sparse
