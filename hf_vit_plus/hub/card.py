@@ -449,6 +449,37 @@ def _render_card(
     )
 
 
+# What the loading examples of a card written without a repository id (--hub_model_id) load.
+LOCAL_PLACEHOLDER = "path/to/this/folder"
+
+
+def card_for_repo(text: str, repo_id: str, folder_name: str) -> str | None:
+    """The card `text` (a README.md this package wrote, tagged `hf_vit_plus`) made to name the repository it is pushed
+    to: the loading examples' "path/to/this/folder" (a card written without --hub_model_id), the model-index name,
+    the title, and an adapter card's `PeftModel.from_pretrained(base, "<folder>")` become `repo_id`. The old name is
+    the model-index's, else `folder_name` (the folder the card was written in). None when the card is not one of this
+    package's (a hand-written card goes up as it is) or its metadata cannot be read; `text` itself when nothing
+    changes."""
+    try:
+        card = ModelCard(text)
+    except Exception:  # noqa: BLE001 - huggingface_hub raises several kinds for a broken YAML block
+        return None
+    if "hf_vit_plus" not in (card.data.tags or []):
+        return None
+    unchanged = str(card)
+    old = card.data.model_name if card.data.eval_results else folder_name
+    if card.data.eval_results and card.data.model_name != repo_id:
+        card.data.model_name = repo_id
+    body = card.text.replace(f'"{LOCAL_PLACEHOLDER}"', f'"{repo_id}"').replace(LOCAL_PLACEHOLDER, repo_id)
+    if old and old != repo_id:
+        body = re.sub(rf"^# {re.escape(old)}[ \t]*$", f"# {repo_id}", body, count=1, flags=re.MULTILINE)
+        adapter = 'PeftModel.from_pretrained(base, "{}")'  # an adapter card's loading example
+        body = body.replace(adapter.format(old), adapter.format(repo_id))
+    card.text = body
+    rewritten = str(card)
+    return text if rewritten == unchanged else rewritten
+
+
 def load_card_metadata(path: str | Path) -> dict:
     """The YAML metadata block of a model card (README.md) as a dict.
 

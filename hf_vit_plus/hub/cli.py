@@ -18,7 +18,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
             "adapter_model.safetensors) to a Hub model repository as one commit. The repository is created "
             "if missing; with --revision the branch is created from main if missing. Pickled weights are refused; "
             "a training run's checkpoints/ and logs/ are left out. "
-            "A README.md in the folder is pushed as it is; without one, the commit gets the family's model card "
+            "A README.md in the folder is pushed as it is (a card hf_vit_plus wrote is made to name REPO_ID in its "
+            "loading examples, model-index and title); without one, the commit gets the family's model card "
             "rendered from config.json, or an adapter card for an adapter (the folder itself is only read). "
             "The endpoint is HF_ENDPOINT (default https://huggingface.co)."
         ),

@@ -5,8 +5,10 @@ One call does: check the folder (a config, or a PEFT adapter's adapter_config.js
 Everything in the folder goes up: the weights, config.json, the model-code files that `save_pretrained` copies for
 `trust_remote_code`, the processor/tokenizer files, figures and the README.md model card. A folder without README.md
 gets the family's card (an adapter folder: an adapter card naming its base model) rendered from its config.json
-(`hf_vit_plus.hub.card.model_card_from_config`) in the commit; a README.md in the folder goes up as it is. The local
-folder is only read, never written.
+(`hf_vit_plus.hub.card.model_card_from_config`) in the commit. A README.md in the folder goes up as it is, except
+that a card this package wrote is made to name the repository pushed to (`hf_vit_plus.hub.card.card_for_repo`: its
+loading examples, e.g. "path/to/this/folder" when it was written without --hub_model_id, its model-index name and
+title). The local folder is only read, never written.
 
 `push_model` is what the families' `model.push_to_hub(repo_id)` does: `import hf_vit_plus` sets it (imported at the
 first push, `hf_vit_plus.integrations.push_with_family_card`) as the push hook of `hf_vit_plus.models.hub_mixin` (the
@@ -120,6 +122,23 @@ def _card_for_folder(folder: Path, repo_id: str) -> str | None:
     return str(model_card_from_config(config, repo_id=repo_id))
 
 
+def _card_naming_repo(folder: Path, repo_id: str) -> str | None:
+    """The folder's README.md rewritten to name `repo_id` (`hub.card.card_for_repo`: the loading examples, the
+    model-index name, the title), when it is one of this package's cards and names something else; None when it goes
+    up as it is."""
+    from .card import card_for_repo
+
+    try:
+        text = (folder / "README.md").read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        return None
+    card = card_for_repo(text, repo_id, folder.resolve().name)
+    if card is None or card == text:
+        return None
+    logger.info("Uploading %s/README.md rewritten to name %s (the local file is kept).", folder, repo_id)
+    return card
+
+
 def _request_of(err: BaseException) -> tuple[str, str] | None:
     """(method, url) of the HTTP request behind a Hub error, when there is one."""
     if not isinstance(err, HfHubHTTPError):
@@ -203,7 +222,8 @@ def push_checkpoint(
         folder: a `save_pretrained` folder (safetensors weights, config.json, model code, processor or tokenizer,
             README.md card, figures). Pickled files (*.bin, *.pt, *.pth, *.pkl, *.pickle, *.ckpt) are refused.
             Without a README.md the commit gets the family's card rendered from config.json (the folder is not
-            written); a README.md in the folder is pushed unchanged.
+            written); a README.md in the folder is pushed unchanged, except that this package's cards are made to
+            name `repo_id` in their loading examples, model-index and title (`hub.card.card_for_repo`).
         repo_id: "namespace/name"; created if missing (an existing repository is reused).
         revision: branch to commit to (default: "main"). Created from main's head if missing and
             `create_branch` is true.
@@ -226,7 +246,9 @@ def push_checkpoint(
     if revision is not None and (not isinstance(revision, str) or not revision.strip()):
         raise ValueError(f"revision must be a non-empty branch name or None, got {revision!r}.")
     files = check_checkpoint_folder(folder)
-    card = None if "README.md" in files else _card_for_folder(folder, repo_id)
+    card = _card_naming_repo(folder, repo_id) if "README.md" in files else _card_for_folder(folder, repo_id)
+    if card is not None:
+        files = [f for f in files if f != "README.md"]
     branch = revision or "main"
     api = HfApi(token=token)
     message = commit_message or f"Upload {folder.resolve().name} with hf_vit_plus"
@@ -240,7 +262,7 @@ def push_checkpoint(
         step = "upload"
         logger.info("Pushing %d files from %s to %s@%s", len(files), folder, repo_id, branch)
         operations = [CommitOperationAdd(path_in_repo=f, path_or_fileobj=folder / f) for f in files]
-        if card is not None:  # rendered into the commit only: the folder is not written
+        if card is not None:  # rendered or rewritten into the commit only: the folder is not written
             operations.append(CommitOperationAdd(path_in_repo="README.md", path_or_fileobj=card.encode("utf-8")))
         info = api.create_commit(
             repo_id=repo_id,

@@ -149,3 +149,74 @@ def test_validation_catches_unreadable_or_loss_metrics(tmp_path, metric, expecte
     path.write_text("---\n" + yaml.safe_dump(meta, sort_keys=False) + "---\n" + body)
     problems = validate_card_metadata(path)
     assert any(expected in p for p in problems), problems
+
+
+def _demo_folder(root, name="demo"):
+    """A tiny ViT folder with the card a run without --hub_model_id writes."""
+    from hf_vit_plus import ViTPlusConfig, ViTPlusForImageClassification
+
+    folder = root / name
+    config = ViTPlusConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                           image_size=16, patch_size=8, num_labels=3)  # fmt: skip
+    ViTPlusForImageClassification(config).save_pretrained(folder)
+    write_model_card(folder, family="vit", model_config=config, training_args={"learning_rate": 1e-3},
+                     eval_results={"eval_accuracy": 0.5, "eval_loss": 1.0}, dataset_name="sklearn-digits")  # fmt: skip
+    return folder
+
+
+def test_card_for_repo_names_the_repository(tmp_path):
+    from hf_vit_plus.hub.adapter import adapter_card
+    from hf_vit_plus.hub.card import card_for_repo
+
+    text = (_demo_folder(tmp_path) / "README.md").read_text()
+    assert '"path/to/this/folder"' in text and "\n# demo\n" in text
+    pushed = card_for_repo(text, "test-org/digits-vit", "demo")
+    assert "path/to/this/folder" not in pushed and "\n# test-org/digits-vit\n" in pushed
+    assert 'AutoModelForImageClassification.from_pretrained("test-org/digits-vit")' in pushed
+    assert ModelCard(pushed).data.model_name == "test-org/digits-vit"
+    assert card_for_repo(pushed, "test-org/digits-vit", "demo") == pushed  # nothing left to change
+    # everything else is as it was: only the names changed
+    assert pushed.replace("test-org/digits-vit", "X") == text.replace("path/to/this/folder", "X").replace(
+        "name: demo", "name: X").replace("# demo", "# X")  # fmt: skip
+    assert card_for_repo("---\nlicense: mit\n---\n# mine, path/to/this/folder\n", "a/b", "demo") is None
+    # an adapter card, written without a repo id, loads the adapter by its folder's name
+    adapter = tmp_path / "lora"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text('{"r": 4, "lora_alpha": 8, "base_model_name_or_path": "org/base"}')
+    text = str(adapter_card(adapter, family="vit"))
+    pushed = card_for_repo(text, "test-org/lora", "lora")
+    assert 'PeftModel.from_pretrained(base, "test-org/lora")' in pushed and "\n# test-org/lora\n" in pushed
+
+
+def test_push_uploads_the_card_naming_the_repository(hub_server, tmp_path):
+    """`hf-vit-plus push FOLDER REPO_ID` uploaded the README.md of a run without --hub_model_id unchanged: loading
+    examples of "path/to/this/folder" and a model-index named after the folder. The uploaded card names REPO_ID; the
+    local file is kept."""
+    from tests.utils import folder_snapshot, run_with_package
+
+    folder = _demo_folder(tmp_path)
+    before = folder_snapshot(folder)
+    result = run_with_package(
+        f"""
+        import contextlib, io, json
+        from hf_vit_plus.cli import main
+        with contextlib.redirect_stdout(io.StringIO()):
+            code = main(["push", {str(folder)!r}, "test-org/pushed-demo", "--token", "hf_x"])
+        print(json.dumps({{"code": code}}))
+        """,
+        cwd=tmp_path,
+        env=hub_server.env(),
+    )
+    assert result["code"] == 0
+    card = hub_server.read_file("test-org/pushed-demo", "README.md").decode("utf-8")
+    assert "path/to/this/folder" not in card
+    assert 'AutoModelForImageClassification.from_pretrained("test-org/pushed-demo")' in card
+    assert 'from_pretrained("test-org/pushed-demo", trust_remote_code=True)' in card
+    assert "\n# test-org/pushed-demo\n" in card
+    meta = ModelCard(card).data
+    assert meta.model_name == "test-org/pushed-demo" and [r.metric_name for r in meta.eval_results] == ["Accuracy"]
+    assert folder_snapshot(folder) == before  # the local folder is only read
+    assert '"path/to/this/folder"' in (folder / "README.md").read_text()
+    (tmp_path / "pushed").mkdir()
+    (tmp_path / "pushed" / "README.md").write_text(card)
+    assert validate_card_metadata(tmp_path / "pushed" / "README.md") == []
