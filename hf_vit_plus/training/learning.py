@@ -32,7 +32,7 @@ DIVERGENCE_FACTOR = 3.0  # a logged mean training loss above this many times its
 DIVERGENCE_MARGIN = 1.0  # ... and this many nats above it stops the run (as does a non-finite loss)
 TRY = (
     "check the learning rate (--learning_rate: lower it if the loss rose or stalled), the warm-up (--warmup_ratio) "
-    "and the length of the run (--num_train_epochs)"
+    "and the length of the run (more epochs)"
 )
 
 
