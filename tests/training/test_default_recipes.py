@@ -26,6 +26,7 @@ pytestmark = pytest.mark.learning
 def _matrix():
     spec = importlib.util.spec_from_file_location("learning_matrix", REPO_ROOT / "scripts" / "learning_matrix.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up while the module runs
     spec.loader.exec_module(module)
     return module
 
