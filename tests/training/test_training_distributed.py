@@ -292,6 +292,8 @@ def _diverge_on_rank_1(output_dir: str) -> None:
     family.training_loss = poisoned
     result = train(vit_args(Path(output_dir), batch=8, logging_steps=2), family=family)
     rank = PartialState().process_index
+    # the run wrote nothing, so its lock took back the folder it had created: the report makes it again
+    Path(output_dir).mkdir(parents=True, exist_ok=True)
     (Path(output_dir) / f"rank{rank}.json").write_text(
         json.dumps({"stop_reason": result.stop_reason, "global_step": result.global_step})
     )
