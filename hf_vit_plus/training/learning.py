@@ -170,13 +170,12 @@ class DivergenceGuard:
             return None
         first_bad = 0
         if self.check_finite:  # the earliest update any process saw go non-finite
-            seen = [int(step) for step in accelerator.gather(self.first_bad.reshape(1)).tolist() if step]
+            seen = [int(update) for update in accelerator.gather(self.first_bad.reshape(1)).tolist() if update]
             first_bad = min(seen, default=0)
         if first_bad:
             return f"Training diverged at update {first_bad}: the training loss became non-finite; {self._advice()}"
+        # a non-finite mean comes from a non-finite loss, named above (or the fp16 scaler's to skip)
         if mean_loss is None or not math.isfinite(mean_loss):
-            if mean_loss is not None and self.check_finite:  # a non-finite mean the device flag missed
-                return f"Training diverged by update {step}: the training loss became non-finite; {self._advice()}"
             return None
         limit = max(self.factor * self.best, self.best + DIVERGENCE_MARGIN)
         if math.isfinite(self.best) and mean_loss > limit:

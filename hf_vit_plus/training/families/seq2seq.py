@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from datasets import DatasetDict
 
-from ..learning import LearningMetric, sequence_keys
+from ..learning import LearningMetric, majority_accuracy, sequence_keys
 from .base import (
     TrainingData,
     TrainingFamily,
@@ -38,8 +38,6 @@ class Seq2SeqFamily(TrainingFamily):
     )
 
     def measure_baselines(self, data, datasets):
-        from ..learning import majority_accuracy
-
         targets = data.raw["train"]["target"]
         return {"most_common_target_exact_match": majority_accuracy(targets, data.raw["validation"]["target"])}
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from datasets import Dataset, DatasetDict
 
-from ..learning import LearningMetric
+from ..learning import LearningMetric, unigram_bits
 from .base import (
     TrainingData,
     TrainingFamily,
@@ -34,8 +34,6 @@ class SparseLMFamily(TrainingFamily):
     learning_metric = LearningMetric("bits_per_token", "unigram_bits_per_token", False, "a unigram model")
 
     def measure_baselines(self, data, datasets):
-        from ..learning import unigram_bits
-
         train, validation = (datasets[split].with_format("numpy")[:]["input_ids"] for split in ("train", "validation"))
         vocab = int(max(train.max(), validation.max())) + 1
         return {"unigram_bits_per_token": unigram_bits([train], [validation], vocab)}

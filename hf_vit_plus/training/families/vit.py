@@ -25,7 +25,7 @@ from ...errors import UsageError, load_config
 from ...models.configuration_vit_plus import ViTPlusConfig
 from ...models.image_processing_vit_plus import ViTPlusImageProcessor
 from ..augment import BatchMixer, erasing, image_augmentation, mixes_batches, soft_cross_entropy
-from ..learning import LearningMetric
+from ..learning import LearningMetric, majority_accuracy
 from ..recipes import RecipeContext, recipe_drop_path_rate, resolve_recipe, updates_per_epoch
 from .base import TrainingData, TrainingFamily, builtin_data, limit_samples, load_user_data, select_columns
 
@@ -67,8 +67,6 @@ class ViTFamily(TrainingFamily):
     )
 
     def measure_baselines(self, data, datasets):
-        from ..learning import majority_accuracy
-
         train, validation = data.raw["train"], data.raw["validation"]
         if "label" not in train.column_names or "label" not in validation.column_names:
             return {}
