@@ -3,15 +3,16 @@
 The same code runs on one CPU, on N processes (`accelerate launch --multi_gpu --num_processes N`, gloo on CPU,
 NCCL on GPUs), on several machines, and sharded with FSDP2 (`--fsdp` or an accelerate config), on GPUs and on CPU,
 which Accelerate applies in `prepare` (`sharding.py`: the plugin, driving it on CPU, the units, what is refused). The
-first lines of a run say what is in effect (`sharding.describe`).
+first lines of a run say what is in effect (`plan.describe`).
 
 Order (as in Accelerate's examples): Accelerator -> set_seed -> data under `main_process_first` -> model ->
 optimiser groups -> `prepare` -> `accumulate` -> `gather_for_metrics` -> save on the main process with
-`unwrap_model(...).save_pretrained`. `train` reads as these steps: `create_accelerator`, `find_resume_point`,
-`prepare_run` (data, model, loaders, optimiser, schedule: a `Run`), `restore_progress`, `run_epochs` (`train_epoch`
--> `training_step` and `after_update`; `end_epoch`), then `finish` (final evaluation and `outputs.save_final`) or
-`stop_early`. What differs between the families is in `families/`; the checkpoints on disk are `checkpoints.py`'s,
-the model folder, card and push at the end `outputs.py`'s.
+`unwrap_model(...).save_pretrained`. `train` reads as these steps: `plan_run` (the run's decisions, `plan.py`),
+`create_accelerator`, the output folder's lock, `plan_resume`, `prepare_run` (data, model, loaders, optimiser,
+schedule: a `Run`), `restore_progress`, `run_epochs` (`train_epoch` -> `training_step` and `after_update`;
+`end_epoch`), then `finish` (final evaluation and `outputs.save_final`) or `stop_early`. What differs between the
+families is in `families/`; the checkpoints on disk are `checkpoints.py`'s, the model folder, card and push at the
+end `outputs.py`'s.
 
 Data order depends only on (seed, epoch), so a run resumed from a checkpoint sees the same batches as an
 uninterrupted one.
@@ -50,13 +51,10 @@ from ..utils.logging import tqdm
 from .args import TrainingArguments
 from .budget import TrainingClock, follow_the_clock
 from .checkpoints import (
-    PROCESSOR_DIR,
     STATE_FORMAT,
     check_same_layout,
     check_same_model,
     model_fingerprint,
-    read_training_state,
-    resolve_checkpoint,
     save_checkpoint,
 )
 from .disk import UNLIMITED_CHECKPOINTS_CHECKED, checkpoint_bytes, tensor_bytes, warn_if_short_of_space
@@ -64,20 +62,18 @@ from .ema import ModelEma
 from .families import TrainingData, TrainingFamily, get_family
 from .learning import DivergenceGuard, LearningCheck, check_learning
 from .outputs import check_push_target, prefixed_metrics, save_final
-from .recipes import recipe_mixed_precision
+from .plan import ResumePoint, RunPlan, describe, plan_resume, plan_run
 from .run_lock import output_dir_lock
 from .sharding import (
     CHECKPOINT_LAYOUTS,
     DEEPSPEED_STATE_REFUSAL,
     checkpoint_layout,
     deepspeed_plugin,
-    describe,
     fsdp_plugin,
     honour,
     is_zero3,
     keep_environment,
     local_share,
-    parallelism_request,
     prepare_model,
     refuse_before_start,
     reload_sharded_optimizer,
@@ -127,6 +123,7 @@ class Run:
     """What the epochs need, built once by `prepare_run` (model, optimiser, scheduler and loaders prepared)."""
 
     accelerator: Accelerator
+    plan: RunPlan  # the run's decisions (`plan.py`); `args` are its arguments, with the family's data values added
     args: TrainingArguments
     family: TrainingFamily
     data: TrainingData
@@ -182,19 +179,13 @@ class Progress:
     last_saved_step: int = -1
 
 
-@dataclass(frozen=True)
-class ResumePoint:
-    path: Path
-    state: dict  # its training_state.json
-
-
 def train(args: TrainingArguments, family: TrainingFamily | None = None) -> TrainResult:
     """Train `args.family` as `args` says; returns the final evaluation and where things were written."""
     family = family or get_family(args.family)
     with user_errors():  # before the first update, a bad value is the user's: the tracker, data, config, sizes
         check_push_target(args)  # the final push's target, before hours of training (as transformers' Trainer)
-        args = with_recipe_precision(args)
-        accelerator = create_accelerator(args)
+        plan = plan_run(args)  # precision, sharding, activation checkpointing: decided once, before the Accelerator
+        accelerator = create_accelerator(plan)
     # One run per output folder (run_lock): held by the main process from before the folder is read until its last
     # file is written; a second run on the folder stops at once, naming this one (on every process of it).
     with ExitStack() as stack:
@@ -208,21 +199,18 @@ def train(args: TrainingArguments, family: TrainingFamily | None = None) -> Trai
             refusal = broadcast_object_list([refusal])[0]
         if refusal is not None:
             raise UsageError(refusal)
-        return _train(args, family, accelerator)
+        return _train(plan, family, accelerator)
 
 
-def _train(args: TrainingArguments, family: TrainingFamily, accelerator: Accelerator) -> TrainResult:
+def _train(plan: RunPlan, family: TrainingFamily, accelerator: Accelerator) -> TrainResult:
     with user_errors():
-        args = with_fsdp_checkpointing(args)
-        set_seed(args.seed)
-        resume = find_resume_point(args, family)
-        args = reuse_checkpoint_processor(args, family, resume)
-        run = prepare_run(accelerator, args, family, resume)
+        set_seed(plan.args.seed)
+        plan = plan_resume(plan, family)  # the folder is ours now: the checkpoint to resume, its processor
+        run = prepare_run(accelerator, plan, family)
         # what the run is, once the data and the model passed their checks (a user error comes alone)
-        for line in describe(accelerator, args.per_device_train_batch_size, args.gradient_accumulation_steps,
-                             args.activation_checkpointing):  # fmt: skip
+        for line in describe(plan, accelerator):
             logger.info(line)
-        progress = restore_progress(run, resume)
+        progress = restore_progress(run, plan.resume)
     with stop_on_sigterm(accelerator):
         announce(run)
         start = time.perf_counter()
@@ -247,35 +235,15 @@ def user_errors() -> Iterator[None]:
         raise UsageError(str(error)) from error
 
 
-def trains_on_cpu(args: TrainingArguments) -> bool:
-    """Whether the run trains on the CPU: --use_cpu, or no accelerator device here."""
-    return args.use_cpu or not torch.accelerator.is_available()
-
-
-def with_recipe_precision(args: TrainingArguments) -> TrainingArguments:
-    """`args` with --recipe's mixed precision (`recipes.recipe_mixed_precision`: "deit" takes bf16 autocast where the
-    device multiplies bf16 natively) when neither --mixed_precision nor the launcher (ACCELERATE_MIXED_PRECISION, as
-    `accelerate launch` sets it from its config) chose one, nor an earlier run of this process: Accelerate's state is
-    process-wide and refuses another precision once set, so a second `train()` in one Python process keeps the
-    first's."""
-    from accelerate.state import is_initialized
-
-    if args.mixed_precision is not None or os.environ.get("ACCELERATE_MIXED_PRECISION") or is_initialized():
-        return args
-    device = "cpu" if trains_on_cpu(args) else torch.accelerator.current_accelerator().type
-    request = parallelism_request(args.fsdp, args.fsdp_options)
-    value = recipe_mixed_precision(args.recipe, device, sharded=bool(request.fsdp or request.deepspeed_from))
-    return dataclasses.replace(args, mixed_precision=value) if value else args
-
-
-def create_accelerator(args: TrainingArguments) -> Accelerator:
-    """The run's Accelerator, doing what the arguments and the launcher ask (FSDP on CPU too), or a `UsageError`
-    naming what cannot be honoured (`sharding.refuse_before_start`, `sharding.honour`)."""
+def create_accelerator(plan: RunPlan | TrainingArguments) -> Accelerator:
+    """The run's Accelerator, doing what the plan says (FSDP on CPU too), or a `UsageError` naming what cannot be
+    honoured (`sharding.refuse_before_start`, `sharding.honour`). Given arguments, it plans them first."""
+    if isinstance(plan, TrainingArguments):
+        plan = plan_run(plan)
+    args, request, on_cpu = plan.args, plan.request, plan.on_cpu
     output_dir = Path(args.output_dir)
     # Without an accelerator device, say so: then `accelerate launch --multi_gpu` / torchrun processes join one gloo
     # group on CPU instead of each training alone.
-    on_cpu = trains_on_cpu(args)
-    request = parallelism_request(args.fsdp, args.fsdp_options)
     refuse_before_start(request, on_cpu)
     plugin = fsdp_plugin(request)
     zero = deepspeed_plugin(request, args, on_cpu)
@@ -305,44 +273,12 @@ def create_accelerator(args: TrainingArguments) -> Accelerator:
     return accelerator
 
 
-def with_fsdp_checkpointing(args: TrainingArguments) -> TrainingArguments:
-    """Activation checkpointing asked for by --fsdp_config or the launcher's FSDP config is --activation_checkpointing:
-    the model's own (one recomputation per layer, with the RNG state kept), not the plugin's wrapper."""
-    if args.activation_checkpointing or not parallelism_request(args.fsdp, args.fsdp_options).activation_checkpointing:
-        return args
-    return dataclasses.replace(args, activation_checkpointing=True)
-
-
-def find_resume_point(args: TrainingArguments, family: TrainingFamily) -> ResumePoint | None:
-    """The training state --resume_from_checkpoint names, refused when it belongs to another family."""
-    if not args.resume_from_checkpoint:
-        return None
-    path = resolve_checkpoint(args.resume_from_checkpoint, args.output_dir)
-    state = read_training_state(path)
-    if state["family"] != family.name:
-        check_same_model(state, family.name, {}, path)
-    return ResumePoint(path, state)
-
-
-def reuse_checkpoint_processor(
-    args: TrainingArguments, family: TrainingFamily, resume: ResumePoint | None
-) -> TrainingArguments:
-    """A tokenizer trained on the data is saved with each checkpoint: a resumed run uses the very same one."""
-    if (
-        resume is not None
-        and family.trains_its_processor
-        and not (args.tokenizer_name or args.model_name_or_path)
-        and (resume.path / PROCESSOR_DIR).is_dir()
-    ):
-        return dataclasses.replace(args, tokenizer_name=str(resume.path / PROCESSOR_DIR))
-    return args
-
-
-def prepare_run(
-    accelerator: Accelerator, args: TrainingArguments, family: TrainingFamily, resume: ResumePoint | None
-) -> Run:
+def prepare_run(accelerator: Accelerator, plan: RunPlan | TrainingArguments, family: TrainingFamily) -> Run:
     """Data, model and processor (on the main process first, so that caches are written once), then the loaders,
-    optimiser and schedule, all through `accelerator.prepare`."""
+    optimiser and schedule, all through `accelerator.prepare`. Given arguments, it plans them first (no resume)."""
+    if isinstance(plan, TrainingArguments):
+        plan = plan_run(plan)
+    args, resume = plan.args, plan.resume
     with accelerator.main_process_first():
         data = family.load_data(args)
         args = family.resolve_args(args, data)  # e.g. a training recipe's values for this data
@@ -388,6 +324,7 @@ def prepare_run(
         accelerator.register_for_checkpointing(ema)  # saved with each training state, restored on resume
     return Run(
         accelerator=accelerator,
+        plan=plan,
         args=args,
         family=family,
         data=data,

@@ -19,7 +19,8 @@ clipping in its config; on CPU the loop then builds the Accelerator without `cpu
 with a gloo process group, and DeepSpeed uses its CPU accelerator.
 
 A request that cannot be honoured is refused with one line naming what was asked and why (`refuse_before_start`,
-`deepspeed_plugin`, `honour`), and the first lines of every run say what is in effect (`describe`).
+`deepspeed_plugin`, `honour`), and the first lines of every run say what is in effect (`describe_parallelism`, then
+`plan.describe`).
 
 FSDP units (`prepare_model`, before the optimiser is built): each layer of the model's `_no_split_modules` is a unit,
 except a module that holds the input or output embedding or a tied weight (accelerate 1.15 carves the input embedding
@@ -399,8 +400,9 @@ def is_sharded(model) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def describe(accelerator: Accelerator, per_device_batch: int, accumulation: int, checkpointing: bool) -> list[str]:
-    """The first lines of a run: distributed type, processes and machines, sharding, precision, global batch."""
+def describe_parallelism(accelerator: Accelerator) -> list[str]:
+    """The first lines of a run (`plan.describe` adds the rest): distributed type, processes and machines, sharding,
+    precision."""
     world = accelerator.num_processes
     machines = count_machines(world)
     kind = accelerator.distributed_type
@@ -437,11 +439,6 @@ def describe(accelerator: Accelerator, per_device_batch: int, accumulation: int,
     else:
         lines.append("Sharding: none")
     lines.append(f"Precision: {precision(accelerator, plugin)}")
-    lines.append(
-        f"Global batch: {per_device_batch * world * accumulation} = {per_device_batch} per process x {world} "
-        f"process{'es' if world > 1 else ''} x {accumulation} accumulation step{'s' if accumulation > 1 else ''}; "
-        f"activation checkpointing: {'on' if checkpointing else 'off'}"
-    )
     return lines
 
 

@@ -105,7 +105,7 @@ def _runs(root: str) -> None:
     with deepspeed_launcher(3):
         args = run_args(root_path / "look")
         accelerator = create_accelerator(args)
-        run = prepare_run(accelerator, args, get_family("sparse-lm"), None)
+        run = prepare_run(accelerator, args, get_family("sparse-lm"))
         params = list(run.model.parameters())
         report["zero3_held"] = sum(local_numel(p) for p in params)
         report["zero3_total"] = sum(p.ds_numel for p in params)

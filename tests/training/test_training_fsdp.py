@@ -142,7 +142,7 @@ def _look_at_a_sharded_step(family: str, output_dir: Path) -> dict:
 
     args = run_args(family, output_dir, fsdp=True)
     accelerator = create_accelerator(args)
-    run = prepare_run(accelerator, args, get_family(family), None)
+    run = prepare_run(accelerator, args, get_family(family))
     batch = next(iter(run.train_dataloader))
     loss = run.model(**batch).loss
     accelerator.backward(loss)
