@@ -61,7 +61,7 @@ from .checkpoints import (
 )
 from .disk import UNLIMITED_CHECKPOINTS_CHECKED, checkpoint_bytes, tensor_bytes, warn_if_short_of_space
 from .ema import ModelEma
-from .families import TrainingData, TrainingFamily, get_family
+from .families import TrainingData, TrainingFamily, get_family, weights_from_main_process
 from .learning import DivergenceGuard, LearningCheck, check_learning
 from .outputs import check_push_target, prefixed_metrics, save_final
 from .recipes import recipe_mixed_precision
@@ -69,6 +69,7 @@ from .run_lock import output_dir_lock
 from .sharding import (
     CHECKPOINT_LAYOUTS,
     DEEPSPEED_STATE_REFUSAL,
+    WeightsFromMainProcess,
     checkpoint_layout,
     deepspeed_plugin,
     describe,
@@ -343,10 +344,18 @@ def prepare_run(
 ) -> Run:
     """Data, model and processor (on the main process first, so that caches are written once), then the loaders,
     optimiser and schedule, all through `accelerator.prepare`."""
+    # fsdp_cpu_ram_efficient_loading: only the main process reads the pretrained weights; the others build the model
+    # on the meta device and receive their shards (`WeightsFromMainProcess`). A fresh model is built everywhere.
+    from_main = (
+        accelerator.is_fsdp2
+        and parallelism_request(args.fsdp, args.fsdp_options).ram_efficient_loading
+        and bool(args.model_name_or_path)
+    )
     with accelerator.main_process_first():
         data = family.load_data(args)
         args = family.resolve_args(args, data)  # e.g. a training recipe's values for this data
-        model, processor = family.build(args, data)
+        with weights_from_main_process(from_main and not accelerator.is_main_process):
+            model, processor = family.build(args, data)
         datasets = family.transform(data, processor, model, args)
         data = dataclasses.replace(data, baselines={**family.measure_baselines(data, datasets), **data.baselines})
     if args.lora_r is not None:  # the base frozen, an adapter (and a new head) trained: saved as an adapter folder
@@ -361,6 +370,7 @@ def prepare_run(
             raise ValueError(f"{type(model).__name__} does not support --activation_checkpointing.")
         # under FSDP2 the recomputed forward runs inside the unit's gathered parameters: non-reentrant checkpoints
         enable_activation_checkpointing(model, {"use_reentrant": False} if accelerator.is_fsdp2 else None)
+    weights = WeightsFromMainProcess(accelerator, model) if from_main else None
     if accelerator.is_fsdp2:
         prepare_model(accelerator, model)  # the units, and the tied weights sharded together: before the optimiser
 
@@ -373,7 +383,10 @@ def prepare_run(
     clock = TrainingClock(args.max_train_minutes)
     if args.max_train_minutes:
         scheduler = follow_the_clock(scheduler, total_steps, clock)
-    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    if weights is not None:  # sharded, then the main process's weights sent to the others
+        model, optimizer, scheduler = weights.prepare(model, optimizer, scheduler)
+    else:
+        model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     if args.torch_compile:
         # In place (`nn.Module.compile`: the module's call is compiled, the module stays itself), after Accelerate's
         # wrapping (its autocast is traced in): the saved model, the training states and the EMA keep the model's
