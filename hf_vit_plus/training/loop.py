@@ -143,6 +143,7 @@ class Run:
     extras: dict = field(default_factory=dict)  # what the family's loss needs besides the model (a teacher)
     ema: ModelEma | None = None  # the average of the weights (--ema_decay): evaluated and saved as the model
     clock: TrainingClock = field(default_factory=TrainingClock)  # training seconds; --max_train_minutes's budget
+    weights_from_main: bool = False  # cpu_ram_efficient_loading: the main process read the weights, sent them on
 
     @property
     def output_dir(self) -> Path:
@@ -221,7 +222,7 @@ def _train(args: TrainingArguments, family: TrainingFamily, accelerator: Acceler
         run = prepare_run(accelerator, args, family, resume)
         # what the run is, once the data and the model passed their checks (a user error comes alone)
         for line in describe(accelerator, args.per_device_train_batch_size, args.gradient_accumulation_steps,
-                             args.activation_checkpointing):  # fmt: skip
+                             args.activation_checkpointing, run.weights_from_main):  # fmt: skip
             logger.info(line)
         progress = restore_progress(run, resume)
     with stop_on_sigterm(accelerator):
@@ -416,6 +417,7 @@ def prepare_run(
         extras=family.extras(args, model, accelerator),
         ema=ema,
         clock=clock,
+        weights_from_main=weights is not None,
     )
 
 

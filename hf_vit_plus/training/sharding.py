@@ -373,8 +373,10 @@ def prepare_model(accelerator: Accelerator, model: torch.nn.Module) -> None:
 
     plugin = accelerator.state.fsdp_plugin
     if plugin.auto_wrap_policy is transformer_auto_wrap_policy:
-        if plugin.transformer_cls_names_to_wrap is None:
-            plugin.transformer_cls_names_to_wrap = layer_classes(model)
+        # none named: the model's layers (`accelerate config` answers the question of the classes with nothing by
+        # default, which reaches the plugin as [""])
+        names = [name.strip() for name in plugin.transformer_cls_names_to_wrap or [] if name.strip()]
+        plugin.transformer_cls_names_to_wrap = names or layer_classes(model)
         present = {type(m).__name__ for m in model.modules()}
         for name in plugin.transformer_cls_names_to_wrap:
             if name not in present:
@@ -509,8 +511,11 @@ def is_sharded(model) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def describe(accelerator: Accelerator, per_device_batch: int, accumulation: int, checkpointing: bool) -> list[str]:
-    """The first lines of a run: distributed type, processes and machines, sharding, precision, global batch."""
+def describe(
+    accelerator: Accelerator, per_device_batch: int, accumulation: int, checkpointing: bool, from_main: bool = False
+) -> list[str]:
+    """The first lines of a run: distributed type, processes and machines, sharding (`from_main`: the pretrained
+    weights came from the main process, `WeightsFromMainProcess`), precision, global batch."""
     world = accelerator.num_processes
     machines = count_machines(world)
     kind = accelerator.distributed_type
@@ -535,6 +540,7 @@ def describe(accelerator: Accelerator, per_device_batch: int, accumulation: int,
             f"tied weights together, the rest in the root; reshard after forward: "
             f"{'yes' if plugin.reshard_after_forward else 'no'}; checkpoints: "
             f"{'sharded (torch distributed checkpoint)' if state_dict_type == SHARDED_STATE_DICT else 'gathered'}"
+            f"{'; pretrained weights: read by the main process only, sent to the others' if from_main else ''}"
         )
     elif kind == DistributedType.DEEPSPEED:
         stage = accelerator.state.deepspeed_plugin.zero_stage

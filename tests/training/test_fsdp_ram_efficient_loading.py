@@ -13,13 +13,15 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.training.test_training_fsdp import _reset_accelerate, run_args
+from tests.training.test_training_fsdp import _env, _reset_accelerate, run_args
 from tests.utils import launch_processes
 
 STEPS = 8
@@ -146,3 +148,87 @@ def test_only_the_main_process_reads_the_weights_and_the_run_is_the_same(tmp_pat
         if name in saved_every:
             torch.testing.assert_close(value, saved_every[name], rtol=0, atol=1e-6)
     assert loaded.lm_head.weight is loaded.model.shared.weight is loaded.model.encoder.embed_tokens.weight
+
+
+# ------------------------------------------------------------------------- the configs `accelerate config` writes
+def _questionnaire(monkeypatch, answers: dict) -> object:
+    """The ClusterConfig that accelerate's own questionnaire (`accelerate config`: `get_cluster_input`) builds when
+    every question gets its default answer, but those of `answers` (the start of a question -> a menu's choice or a
+    typed answer). DeepSpeed counts as installed (the questionnaire asserts it): what a machine with it writes."""
+    from accelerate.commands.config import cluster
+    from accelerate.commands.menu import BulletMenu
+
+    def answer(prompt: str):
+        return next((value for start, value in answers.items() if prompt.strip().startswith(start)), None)
+
+    def choose(menu, default_choice=0):
+        chosen = answer(menu.prompt)
+        return default_choice if chosen is None else menu.choices.index(chosen)
+
+    monkeypatch.setattr("builtins.input", lambda prompt="": answer(prompt) or "")  # "": the default
+    monkeypatch.setattr(BulletMenu, "run", choose)
+    monkeypatch.setattr(cluster, "is_deepspeed_available", lambda: True)
+    return cluster.get_cluster_input()
+
+
+MULTI_GPU = {"Which type of machine": "multi-GPU", "How many GPU(s)": "2"}  # then `accelerate launch` on this CPU
+
+
+@pytest.mark.parametrize(
+    "name, answers",
+    [
+        ("fsdp", {"Do you want to use FullyShardedDataParallel": "yes"}),
+        ("zero2", {"Do you want to use DeepSpeed": "yes"}),
+        ("zero3", {"Do you want to use DeepSpeed": "yes", "What should be your DeepSpeed's ZeRO": 3}),
+    ],
+)
+def test_the_configs_accelerate_config_writes_by_default_run_or_are_refused_in_one_line(
+    tmp_path, monkeypatch, name, answers
+):
+    """`accelerate config` with the default answers (FSDP2, cpu_ram_efficient_loading yes, the model's layers;
+    DeepSpeed ZeRO-2, or 3, nothing offloaded), launched on 2 CPU processes to fine-tune a saved model: it trains,
+    or (DeepSpeed not installed) stops with one line saying so."""
+    import importlib.util
+
+    config = _questionnaire(monkeypatch, {**MULTI_GPU, **answers})
+    if name == "fsdp":
+        assert config.fsdp_config["fsdp_version"] == 2 and config.fsdp_config["fsdp_cpu_ram_efficient_loading"]
+    else:
+        assert config.deepspeed_config["zero_stage"] == int(name[-1])
+    path = tmp_path / f"{name}.yaml"
+    config.to_yaml_file(path)
+    monkeypatch.undo()  # input() and the menu as they were
+    pretrained = _save_pretrained(tmp_path)
+    output_dir = tmp_path / "run"
+    train = [
+        "-m", "hf_vit_plus.cli", "train", FAMILY, "--model_name_or_path", str(pretrained), "--output_dir",
+        str(output_dir), "--max_steps", "2", "--save_steps", "none", "--max_train_samples", "32",
+        "--max_eval_samples", "8", "--per_device_train_batch_size", "4", "--report_to", "none", "--write_card",
+        "false",
+    ]  # fmt: skip
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(path), *train]
+    proc = subprocess.run(launch, capture_output=True, text=True, env=_env(), timeout=600)
+    output = proc.stdout + proc.stderr
+    if name != "fsdp" and importlib.util.find_spec("deepspeed") is None:
+        # accelerate launch stops before any process starts (its own ImportError); hf-vit-plus train, given the
+        # variables accelerate's launcher makes of this config, refuses it in one line
+        assert proc.returncode != 0 and "DeepSpeed is not installed" in output, output[-3000:]
+        from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+        from accelerate.utils.launch import prepare_deepspeed_cmd_env
+
+        args, defaults, _ = _validate_launch_command(launch_command_parser().parse_args(launch[3:]))
+        args.deepspeed_fields_from_accelerate_config = ",".join(defaults.deepspeed_config)  # as launch_command sets
+        variables = {k: v for k, v in prepare_deepspeed_cmd_env(args)[1].items() if k.startswith("ACCELERATE_")}
+        assert variables["ACCELERATE_USE_DEEPSPEED"] == "true"
+        proc = subprocess.run([sys.executable, *train], capture_output=True, text=True, env={**_env(), **variables})
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        [line] = [line for line in proc.stderr.splitlines() if "error:" in line]
+        assert line.endswith("asks for DeepSpeed, which is not installed (pip install deepspeed)."), line
+        return
+    assert proc.returncode == 0, output[-4000:]
+    assert (output_dir / "model.safetensors").exists()
+    if name == "fsdp":
+        sharding = next(line for line in proc.stderr.splitlines() if line.startswith("Sharding: "))
+        assert sharding.endswith("pretrained weights: read by the main process only, sent to the others"), sharding
+    else:
+        assert f"DeepSpeed ZeRO stage {name[-1]}" in output, output[-3000:]
