@@ -18,6 +18,10 @@ ACCELERATE_DEEPSPEED_*): `deepspeed_plugin` builds Accelerate's plugin with the 
 clipping in its config; on CPU the loop then builds the Accelerator without `cpu=True` (which would set up DDP) and
 with a gloo process group, and DeepSpeed uses its CPU accelerator.
 
+With fsdp_cpu_ram_efficient_loading (the answer `accelerate config` gives by default: FSDP_CPU_RAM_EFFICIENT_LOADING;
+or --fsdp_config's cpu_ram_efficient_loading), only the main process reads --model_name_or_path's weights: the others
+build the model on the meta device and receive their shards once it is sharded (`WeightsFromMainProcess`).
+
 A request that cannot be honoured is refused with one line naming what was asked and why (`refuse_before_start`,
 `deepspeed_plugin`, `honour`), and the first lines of every run say what is in effect (`describe`).
 
