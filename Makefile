@@ -47,7 +47,7 @@ demo: $(VENV)/.stamp-base
 # autograd: they run first, in a fresh interpreter of their own; the rest runs on 2 pytest-xdist workers.
 # test_training_deepspeed.py is skipped unless deepspeed is installed (`make test-deepspeed`).
 DISTRIBUTED_TESTS := tests/training/test_training_distributed.py tests/training/test_training_fsdp.py \
-	tests/training/test_training_deepspeed.py
+	tests/training/test_training_deepspeed.py tests/training/test_fsdp_ram_efficient_loading.py
 test: $(VENV)/.stamp-test
 	$(VENV)/bin/hf-vit-plus env
 	OMP_NUM_THREADS=1 $(PY) -m pytest -p no:xdist -q $(DISTRIBUTED_TESTS)
@@ -68,7 +68,7 @@ env: $(VENV)/.stamp-base
 # deepspeed builds ops on first use and slows every run that imports it.
 test-deepspeed: $(VENV)/.stamp-test
 	$(VENV)/bin/pip install -q deepspeed
-	OMP_NUM_THREADS=1 $(PY) -m pytest -p no:xdist -q tests/training/test_training_deepspeed.py
+	OMP_NUM_THREADS=1 $(PY) -m pytest -p no:xdist -q tests/training/test_training_deepspeed.py tests/training/test_fsdp_ram_efficient_loading.py
 
 # Defaults that learn (tests/training/test_default_recipes.py): every family's default run over 2 seeds x 1 and 2
 # threads against its target; each matrix runs its one-thread cells two at a time itself (no pytest-xdist).

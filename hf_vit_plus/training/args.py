@@ -603,6 +603,10 @@ FSDP_CONFIG_KEYS: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
     "reshard_after_forward": ("free gathered parameters after each unit's forward, default true", _boolean),
     "activation_checkpointing": ("as --activation_checkpointing", _boolean),
     "cpu_offload": ("keep parameters on the CPU between uses (GPU runs)", _boolean),
+    "cpu_ram_efficient_loading": (
+        "only the main process reads --model_name_or_path's weights, the others receive them, default false",
+        _boolean,
+    ),
     "state_dict_type": (
         "training checkpoints SHARDED_STATE_DICT (default) or FULL_STATE_DICT",
         _choice("SHARDED_STATE_DICT", "FULL_STATE_DICT"),

@@ -59,7 +59,7 @@ from .checkpoints import (
 )
 from .disk import UNLIMITED_CHECKPOINTS_CHECKED, checkpoint_bytes, tensor_bytes, warn_if_short_of_space
 from .ema import ModelEma
-from .families import TrainingData, TrainingFamily, get_family
+from .families import TrainingData, TrainingFamily, get_family, weights_from_main_process
 from .learning import DivergenceGuard, LearningCheck, check_learning
 from .outputs import check_push_target, prefixed_metrics, save_final
 from .plan import ResumePoint, RunPlan, describe, plan_resume, plan_run
@@ -67,6 +67,7 @@ from .run_lock import output_dir_lock
 from .sharding import (
     CHECKPOINT_LAYOUTS,
     DEEPSPEED_STATE_REFUSAL,
+    WeightsFromMainProcess,
     checkpoint_layout,
     deepspeed_plugin,
     fsdp_plugin,
@@ -139,6 +140,7 @@ class Run:
     extras: dict = field(default_factory=dict)  # what the family's loss needs besides the model (a teacher)
     ema: ModelEma | None = None  # the average of the weights (--ema_decay): evaluated and saved as the model
     clock: TrainingClock = field(default_factory=TrainingClock)  # training seconds; --max_train_minutes's budget
+    weights_from_main: bool = False  # cpu_ram_efficient_loading: the main process read the weights, sent them on
 
     @property
     def output_dir(self) -> Path:
@@ -208,7 +210,7 @@ def _train(plan: RunPlan, family: TrainingFamily, accelerator: Accelerator) -> T
         plan = plan_resume(plan, family)  # the folder is ours now: the checkpoint to resume, its processor
         run = prepare_run(accelerator, plan, family)
         # what the run is, once the data and the model passed their checks (a user error comes alone)
-        for line in describe(plan, accelerator):
+        for line in describe(plan, accelerator, weights_from_main=run.weights_from_main):
             logger.info(line)
         progress = restore_progress(run, plan.resume)
     with stop_on_sigterm(accelerator):
@@ -279,10 +281,14 @@ def prepare_run(accelerator: Accelerator, plan: RunPlan | TrainingArguments, fam
     if isinstance(plan, TrainingArguments):
         plan = plan_run(plan)
     args, resume = plan.args, plan.resume
+    # fsdp_cpu_ram_efficient_loading: only the main process reads the pretrained weights; the others build the model
+    # on the meta device and receive their shards (`WeightsFromMainProcess`). A fresh model is built everywhere.
+    from_main = accelerator.is_fsdp2 and plan.weights_from_main_process
     with accelerator.main_process_first():
         data = family.load_data(args)
         args = family.resolve_args(args, data)  # e.g. a training recipe's values for this data
-        model, processor = family.build(args, data)
+        with weights_from_main_process(from_main and not accelerator.is_main_process):
+            model, processor = family.build(args, data)
         datasets = family.transform(data, processor, model, args)
         data = dataclasses.replace(data, baselines={**family.measure_baselines(data, datasets), **data.baselines})
     if args.lora_r is not None:  # the base frozen, an adapter (and a new head) trained: saved as an adapter folder
@@ -297,6 +303,7 @@ def prepare_run(accelerator: Accelerator, plan: RunPlan | TrainingArguments, fam
             raise ValueError(f"{type(model).__name__} does not support --activation_checkpointing.")
         # under FSDP2 the recomputed forward runs inside the unit's gathered parameters: non-reentrant checkpoints
         enable_activation_checkpointing(model, {"use_reentrant": False} if accelerator.is_fsdp2 else None)
+    weights = WeightsFromMainProcess(accelerator, model) if from_main else None
     if accelerator.is_fsdp2:
         prepare_model(accelerator, model)  # the units, and the tied weights sharded together: before the optimiser
 
@@ -309,7 +316,10 @@ def prepare_run(accelerator: Accelerator, plan: RunPlan | TrainingArguments, fam
     clock = TrainingClock(args.max_train_minutes)
     if args.max_train_minutes:
         scheduler = follow_the_clock(scheduler, total_steps, clock)
-    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    if weights is not None:  # sharded, then the main process's weights sent to the others
+        model, optimizer, scheduler = weights.prepare(model, optimizer, scheduler)
+    else:
+        model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     if args.torch_compile:
         # In place (`nn.Module.compile`: the module's call is compiled, the module stays itself), after Accelerate's
         # wrapping (its autocast is traced in): the saved model, the training states and the EMA keep the model's
@@ -340,6 +350,7 @@ def prepare_run(accelerator: Accelerator, plan: RunPlan | TrainingArguments, fam
         extras=family.extras(args, model, accelerator),
         ema=ema,
         clock=clock,
+        weights_from_main=weights is not None,
     )
 
 

@@ -55,6 +55,11 @@ class RunPlan:
         return bool(self.request.fsdp or self.request.deepspeed_from)
 
     @property
+    def weights_from_main_process(self) -> bool:
+        """fsdp_cpu_ram_efficient_loading with pretrained weights: only the main process reads them (under FSDP2)."""
+        return bool(self.request.fsdp and self.request.ram_efficient_loading and self.args.model_name_or_path)
+
+    @property
     def device_type(self) -> str:
         return "cpu" if self.on_cpu else torch.accelerator.current_accelerator().type
 
@@ -121,13 +126,14 @@ def plan_resume(plan: RunPlan, family) -> RunPlan:
     return dataclasses.replace(plan, args=args, resume=resume, processor_from=processor_from)
 
 
-def describe(plan: RunPlan, accelerator) -> list[str]:
+def describe(plan: RunPlan, accelerator, weights_from_main: bool = False) -> list[str]:
     """The first lines of a run: what is spread over what, sharding, precision, global batch and what the plan
-    chose (`sharding.describe_parallelism` gives the first ones from the Accelerator the plan built)."""
+    chose (`sharding.describe_parallelism` gives the first ones from the Accelerator the plan built;
+    `weights_from_main`: the main process read the pretrained weights and sent them on)."""
     from .sharding import describe_parallelism
 
     args = plan.args
-    lines = describe_parallelism(accelerator)
+    lines = describe_parallelism(accelerator, weights_from_main)
     world = accelerator.num_processes
     if plan.precision_from not in ("--mixed_precision", "the launcher", "the default"):  # the plan chose it: say why
         lines[-1] += f" (chosen by {plan.precision_from})"

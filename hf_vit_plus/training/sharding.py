@@ -18,6 +18,10 @@ ACCELERATE_DEEPSPEED_*): `deepspeed_plugin` builds Accelerate's plugin with the 
 clipping in its config; on CPU the loop then builds the Accelerator without `cpu=True` (which would set up DDP) and
 with a gloo process group, and DeepSpeed uses its CPU accelerator.
 
+With fsdp_cpu_ram_efficient_loading (the answer `accelerate config` gives by default: FSDP_CPU_RAM_EFFICIENT_LOADING;
+or --fsdp_config's cpu_ram_efficient_loading), only the main process reads --model_name_or_path's weights: the others
+build the model on the meta device and receive their shards once it is sharded (`WeightsFromMainProcess`).
+
 A request that cannot be honoured is refused with one line naming what was asked and why (`refuse_before_start`,
 `deepspeed_plugin`, `honour`), and the first lines of every run say what is in effect (`describe_parallelism`, then
 `plan.describe`).
@@ -78,6 +82,14 @@ class ParallelismRequest:
         return 2 if "--fsdp" in (self.fsdp_from or "") else 1
 
     @property
+    def ram_efficient_loading(self) -> bool:
+        """Whether --fsdp_config's cpu_ram_efficient_loading or the launcher's (FSDP_CPU_RAM_EFFICIENT_LOADING, which
+        `accelerate config` answers yes by default) asks that only the main process read the pretrained weights."""
+        if "cpu_ram_efficient_loading" in self.fsdp_options:
+            return self.fsdp and bool(self.fsdp_options["cpu_ram_efficient_loading"])
+        return self.fsdp and _flag(self.environ, "FSDP_CPU_RAM_EFFICIENT_LOADING")
+
+    @property
     def activation_checkpointing(self) -> bool:
         """Whether --fsdp_config or the launcher's FSDP config asks for activation checkpointing."""
         if "activation_checkpointing" in self.fsdp_options:
@@ -127,11 +139,6 @@ def refuse_before_start(request: ParallelismRequest, on_cpu: bool) -> None:
             "(TRANSFORMER_BASED_WRAP, the default) or nothing (NO_WRAP); a size-based unit may cut a tied embedding "
             "from its twin."
         )
-    if _flag(request.environ, "FSDP_CPU_RAM_EFFICIENT_LOADING"):
-        raise UsageError(
-            f"{request.fsdp_from} asks for fsdp_cpu_ram_efficient_loading, which hf-vit-plus train does not support "
-            "(every process builds the model): set it to false."
-        )
     offload = request.fsdp_options.get("cpu_offload", _flag(request.environ, "FSDP_OFFLOAD_PARAMS"))
     if offload and on_cpu:
         raise UsageError(
@@ -160,7 +167,12 @@ def fsdp_plugin(request: ParallelismRequest) -> FullyShardedDataParallelPlugin |
         kwargs["transformer_cls_names_to_wrap"] = list(options["transformer_layer_cls_to_wrap"])
     if "mixed_precision_policy" in options:
         kwargs["mixed_precision_policy"] = _mixed_precision_policy(options["mixed_precision_policy"])
-    return FullyShardedDataParallelPlugin(**kwargs)
+    plugin = FullyShardedDataParallelPlugin(**kwargs)
+    # cpu_ram_efficient_loading is the loop's (`WeightsFromMainProcess`), not Accelerate's: Accelerate's takes the
+    # model's state dict after `prepare_model` sharded the tied weights, and would broadcast their shards as whole
+    # weights. (Set after the plugin is built: passing it would write FSDP_CPU_RAM_EFFICIENT_LOADING into os.environ.)
+    plugin.cpu_ram_efficient_loading = False
+    return plugin
 
 
 def _mixed_precision_policy(value):
@@ -366,8 +378,10 @@ def prepare_model(accelerator: Accelerator, model: torch.nn.Module) -> None:
 
     plugin = accelerator.state.fsdp_plugin
     if plugin.auto_wrap_policy is transformer_auto_wrap_policy:
-        if plugin.transformer_cls_names_to_wrap is None:
-            plugin.transformer_cls_names_to_wrap = layer_classes(model)
+        # none named: the model's layers (`accelerate config` answers the question of the classes with nothing by
+        # default, which reaches the plugin as [""])
+        names = [name.strip() for name in plugin.transformer_cls_names_to_wrap or [] if name.strip()]
+        plugin.transformer_cls_names_to_wrap = names or layer_classes(model)
         present = {type(m).__name__ for m in model.modules()}
         for name in plugin.transformer_cls_names_to_wrap:
             if name not in present:
@@ -393,6 +407,108 @@ def prepare_model(accelerator: Accelerator, model: torch.nn.Module) -> None:
         fully_shard(list(modules.values()), **kwargs)
 
 
+# ---------------------------------------------------------------------------------- weights from the main process
+class WeightsFromMainProcess:
+    """FSDP2's cpu_ram_efficient_loading: the main process reads --model_name_or_path's weights, the others build the
+    same model on the meta device (`families.base.weights_from_main_process`) and receive their shards once it is
+    sharded, so that no process but the main one ever holds the whole model.
+
+    Made (collective) once the model is built, before `prepare_model`: the processes check that they built the same
+    layout (names and shapes; the meta model takes the dtypes the main process loaded), and the main process keeps
+    its whole state dict. `prepare` replaces `accelerator.prepare(model, optimizer, scheduler)` (collective): it
+    shards the model (a meta model stays on meta), gives the other processes empty storage for their shards
+    (`to_empty`: FSDP2's sharded parameters keep their identity, so tied weights stay one parameter), copies the main
+    process's weights in one tensor at a time (`set_model_state_dict` with full_state_dict and broadcast_from_rank0:
+    each process keeps its shard), broadcasts the non-persistent buffers (position ids, masks: in no state dict),
+    points the optimizer at the parameters by name (Accelerate maps them by storage address, which all meta tensors
+    share), and gives every process the main process's RNG state, as each would have had after loading the model
+    itself."""
+
+    def __init__(self, accelerator: Accelerator, model: torch.nn.Module):
+        from accelerate.utils import broadcast_object_list
+
+        self.accelerator = accelerator
+        layout = {name: (tuple(t.shape), t.dtype) for name, t in _named_tensors(model)}
+        main = broadcast_object_list([layout if accelerator.is_main_process else None])[0]
+        if not accelerator.is_main_process:
+            _take_layout(model, layout, main)
+        # the main process's weights, whole, until `prepare` has sent them (the model's tensors: no copy); a tied
+        # weight under its first name only (torch sends each parameter once, and copies no other name into it)
+        self.state = {}
+        if accelerator.is_main_process:
+            aliases = _tied_names(model)
+            self.state = {name: value for name, value in model.state_dict().items() if name not in aliases}
+
+    def prepare(self, model: torch.nn.Module, optimizer, scheduler):
+        """`accelerator.prepare(model, optimizer, scheduler)`, then the weights sent; returns the three prepared."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        accelerator = self.accelerator
+        names = {id(param): name for name, param in model.named_parameters()}
+        groups = [[names[id(param)] for param in group["params"]] for group in optimizer.param_groups]
+        model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+        module = accelerator.unwrap_model(model)
+        if not accelerator.is_main_process:
+            module.to_empty(device=accelerator.device)
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
+        missing, unexpected = set_model_state_dict(module, self.state, options=options)
+        self.state = {}
+        if set(missing) - _tied_names(module) or unexpected:  # only a tied weight's other names may be left out
+            raise RuntimeError(
+                f"The main process's weights did not fit the sharded model: missing {sorted(set(missing))[:5]}, "
+                f"unexpected {sorted(unexpected)[:5]}."
+            )
+        for _, buffer in _non_persistent_buffers(module):
+            _broadcast_from_main(buffer)
+        params = dict(module.named_parameters())
+        for group, group_names in zip(optimizer.param_groups, groups):
+            group["params"] = [params[name] for name in group_names]
+        rng = torch.get_rng_state().to(accelerator.device)
+        _broadcast_from_main(rng)
+        torch.set_rng_state(rng.cpu())
+        return model, optimizer, scheduler
+
+
+def _named_tensors(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """The model's parameters and buffers by name (a tied weight once)."""
+    return [*model.named_parameters(), *model.named_buffers()]
+
+
+def _take_layout(model: torch.nn.Module, layout: dict, main: dict) -> None:
+    """Give the meta model (`layout`) the dtypes of the main process's (`main`); refuse another layout."""
+    if layout.keys() != main.keys():
+        differ = sorted(layout.keys() ^ main.keys())
+        raise RuntimeError(
+            f"The model built without its weights has other tensors than the main process's: {', '.join(differ[:5])}."
+        )
+    for name, tensor in _named_tensors(model):
+        shape, dtype = main[name]
+        if tuple(tensor.shape) != shape:
+            raise RuntimeError(
+                f"The model built without its weights has {name} of shape {tuple(tensor.shape)}, the main process's "
+                f"{shape}."
+            )
+        if tensor.dtype != dtype:
+            tensor.data = tensor.data.to(dtype)  # on the meta device: nothing is allocated
+
+
+def _non_persistent_buffers(module: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """The buffers a state dict leaves out, by name, in the same order on every process."""
+    found = []
+    for prefix, sub in module.named_modules():
+        for name in sorted(sub._non_persistent_buffers_set):
+            if sub._buffers.get(name) is not None:
+                found.append((f"{prefix}.{name}" if prefix else name, sub._buffers[name]))
+    return found
+
+
+def _broadcast_from_main(tensor: torch.Tensor) -> None:
+    """The main process's values into `tensor` on every process (in place)."""
+    if tensor.dtype == torch.bool:  # gloo broadcasts no bool tensors
+        tensor = tensor.view(torch.uint8)
+    torch.distributed.broadcast(tensor, src=0)
+
+
 # ------------------------------------------------------------------------------------------- what is in effect
 def is_sharded(model) -> bool:
     from torch.distributed.fsdp import FSDPModule
@@ -400,9 +516,9 @@ def is_sharded(model) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def describe_parallelism(accelerator: Accelerator) -> list[str]:
-    """The first lines of a run (`plan.describe` adds the rest): distributed type, processes and machines, sharding,
-    precision."""
+def describe_parallelism(accelerator: Accelerator, from_main: bool = False) -> list[str]:
+    """The first lines of a run (`plan.describe` adds the rest): distributed type, processes and machines, sharding
+    (`from_main`: the pretrained weights came from the main process, `WeightsFromMainProcess`), precision."""
     world = accelerator.num_processes
     machines = count_machines(world)
     kind = accelerator.distributed_type
@@ -427,6 +543,7 @@ def describe_parallelism(accelerator: Accelerator) -> list[str]:
             f"tied weights together, the rest in the root; reshard after forward: "
             f"{'yes' if plugin.reshard_after_forward else 'no'}; checkpoints: "
             f"{'sharded (torch distributed checkpoint)' if state_dict_type == SHARDED_STATE_DICT else 'gathered'}"
+            f"{'; pretrained weights: read by the main process only, sent to the others' if from_main else ''}"
         )
     elif kind == DistributedType.DEEPSPEED:
         stage = accelerator.state.deepspeed_plugin.zero_stage

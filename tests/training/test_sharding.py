@@ -82,8 +82,8 @@ def test_launcher_requests_that_cannot_be_honoured_are_refused_by_name(tmp_path,
     with pytest.raises(UsageError, match="SIZE_BASED_WRAP"):
         train(tiny_vit(tmp_path))
     monkeypatch.delenv("FSDP_AUTO_WRAP_POLICY")
-    monkeypatch.setenv("FSDP_CPU_RAM_EFFICIENT_LOADING", "true")
-    with pytest.raises(UsageError, match="cpu_ram_efficient_loading"):
+    monkeypatch.setenv("FSDP_CPU_RAM_EFFICIENT_LOADING", "true")  # honoured (test_fsdp_ram_efficient_loading.py)
+    with pytest.raises(UsageError, match=r"USE_FSDP=true\) asks to shard the model with FSDP, but this run has one"):
         train(tiny_vit(tmp_path))
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
     with pytest.raises(UsageError, match="asks for FSDP and .* for DeepSpeed: choose one"):
@@ -119,9 +119,11 @@ def test_fsdp_config_is_read_and_checked(tmp_path):
     path = tmp_path / "fsdp.json"
     path.write_text(json.dumps({"fsdp_version": 2, "reshard_after_forward": "false", "activation_checkpointing": True,
                                 "mixed_precision_policy": {"param_dtype": "bf16", "reduce_dtype": "fp32"},
-                                "transformer_layer_cls_to_wrap": "ViTPlusLayer"}))  # fmt: skip
+                                "transformer_layer_cls_to_wrap": "ViTPlusLayer",
+                                "cpu_ram_efficient_loading": True}))  # fmt: skip
     assert read_fsdp_config(str(path)) == {
         "version": 2, "reshard_after_forward": False, "activation_checkpointing": True,
+        "cpu_ram_efficient_loading": True,
         "mixed_precision_policy": {"param_dtype": "bf16", "reduce_dtype": "fp32"},
         "transformer_layer_cls_to_wrap": ["ViTPlusLayer"],
     }  # fmt: skip
@@ -166,6 +168,16 @@ def test_the_plugin_takes_the_flags_then_the_launcher_then_our_defaults(monkeypa
     assert plugin.auto_wrap_policy is transformer_auto_wrap_policy  # not in the config: the model's layers
     assert parallelism_request(True, {}).fsdp_from == "--fsdp and the accelerate config (ACCELERATE_USE_FSDP=true)"
     refuse_before_start(request, on_cpu=True)  # version 2, nothing offloaded: honoured
+    # cpu_ram_efficient_loading (accelerate config's default answer): the loop's, not Accelerate's
+    assert not request.ram_efficient_loading
+    monkeypatch.setenv("FSDP_CPU_RAM_EFFICIENT_LOADING", "true")
+    request = parallelism_request(False, {})
+    assert request.ram_efficient_loading
+    refuse_before_start(request, on_cpu=True)
+    assert fsdp_plugin(request).cpu_ram_efficient_loading is False
+    assert os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] == "true"  # the plugin wrote nothing into the environment
+    assert not parallelism_request(True, {"cpu_ram_efficient_loading": False}).ram_efficient_loading
+    assert parallelism_request(False, {}, {"FSDP_CPU_RAM_EFFICIENT_LOADING": "true"}).ram_efficient_loading is False
 
 
 # --------------------------------------------------------------------------------------------- units and ties

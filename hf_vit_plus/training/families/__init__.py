@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 
 from ...families import get_family as get_record
-from .base import TrainingData, TrainingFamily, warmup_steps, weight_decay_groups
+from .base import TrainingData, TrainingFamily, warmup_steps, weight_decay_groups, weights_from_main_process
 from .overrides import check_config_overrides, config_fields, config_value_errors, parse_overrides
 
 
@@ -32,4 +32,5 @@ __all__ = [
     "parse_overrides",
     "warmup_steps",
     "weight_decay_groups",
+    "weights_from_main_process",
 ]

@@ -22,14 +22,19 @@ image model's floors), which the loop writes beside the model's results.
 Every family builds its model on one path (`build_config`, then `load_or_create_model`): the config of
 --model_name_or_path, of a --config_name folder or preset, or the family's small default, with what the data fixes
 (labels, vocabulary, special tokens) and then --config_overrides set on top. The classes, the Auto class and what
---lr_scheduler_type auto means come from the family's record (`hf_vit_plus.families`).
+--lr_scheduler_type auto means come from the family's record (`hf_vit_plus.families`). Within
+`weights_from_main_process()` (FSDP2's cpu_ram_efficient_loading, on the processes other than the main one),
+`load_or_create_model` builds the saved model's layout on the meta device without reading its weights, which reach
+it from the main process once sharded (`sharding.WeightsFromMainProcess`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +49,20 @@ from ...families import Family, get_family
 from ..args import TrainingArguments
 from ..learning import LearningMetric
 from .overrides import check_config_overrides, config_value_errors, parse_overrides
+
+# whether `load_or_create_model` leaves a saved model's weights to the main process (`weights_from_main_process`)
+_WEIGHTS_FROM_MAIN_PROCESS: ContextVar[bool] = ContextVar("weights_from_main_process", default=False)
+
+
+@contextmanager
+def weights_from_main_process(active: bool = True) -> Iterator[None]:
+    """Within (when `active`): `load_or_create_model` builds --model_name_or_path's model on the meta device from its
+    config, reading no weights (a fresh model is built as usual)."""
+    token = _WEIGHTS_FROM_MAIN_PROCESS.set(active)
+    try:
+        yield
+    finally:
+        _WEIGHTS_FROM_MAIN_PROCESS.reset(token)
 
 
 # --------------------------------------------------------------------------------------------------- optimisation
@@ -167,7 +186,11 @@ class TrainingFamily:
             return self.config_class(**{**defaults, **values})
 
     def load_or_create_model(self, args: TrainingArguments, config: PretrainedConfig) -> torch.nn.Module:
-        """The saved model of --model_name_or_path with `config`, or a fresh one."""
+        """The saved model of --model_name_or_path with `config` (within `weights_from_main_process`: its layout on
+        the meta device, the class from_pretrained would choose), or a fresh one."""
+        if args.model_name_or_path and _WEIGHTS_FROM_MAIN_PROCESS.get():
+            with torch.device("meta"):
+                return self.auto_model_class.from_config(config).eval()  # in eval mode, as from_pretrained gives it
         if args.model_name_or_path:
             return self.auto_model_class.from_pretrained(
                 args.model_name_or_path, config=config, ignore_mismatched_sizes=args.ignore_mismatched_sizes
