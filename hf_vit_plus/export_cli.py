@@ -224,7 +224,7 @@ def run_translate(args: argparse.Namespace) -> int:
     texts = args.text or [line.rstrip("\n") for line in sys.stdin if line.strip()]
     if not texts:
         raise UsageError("no text to translate: pass TEXT arguments or lines on standard input.")
-    from .export import Translator
+    from .serving import Translator
 
     translator = Translator(
         args.model, engine=engine, precision=args.precision, compute_type=args.compute_type, threads=args.threads

@@ -245,7 +245,10 @@ def cpp_source() -> str:
     from pathlib import Path
 
     candidates = [Path(__file__).with_name(CPP_SOURCE)]
-    spec = importlib.util.find_spec("hf_vit_plus")
+    try:
+        spec = importlib.util.find_spec("hf_vit_plus")
+    except ImportError:  # an import hook that refuses the package: not installed, as far as this copy can tell
+        spec = None
     if spec is not None and spec.submodule_search_locations:
         candidates += [Path(p) / "models" / CPP_SOURCE for p in spec.submodule_search_locations]
     for path in candidates:
