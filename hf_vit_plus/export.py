@@ -1,9 +1,9 @@
-"""Serving a model outside transformers' own loop: ONNX export through torch's exporter
-(`torch.onnx.export(..., dynamo=True)`, which needs onnxscript) with small onnxruntime drivers that decode with the
-exported graphs; CTranslate2 export (`export_ctranslate2`) of the seq2seq model; and `Translator`, text in and out on
-`generate`, FastDecoding or CTranslate2 with one switch.
+"""Writing a model for other runtimes: ONNX through torch's exporter (`torch.onnx.export(..., dynamo=True)`, which
+needs onnxscript) and CTranslate2 (`export_ctranslate2`, the seq2seq model). This module only writes files: what runs
+them (`Translator`, the onnxruntime decoders) is `hf_vit_plus.serving`.
 
-    from hf_vit_plus.export import export_onnx, OnnxSeq2SeqGenerator
+    from hf_vit_plus.export import export_onnx
+    from hf_vit_plus.serving import OnnxSeq2SeqGenerator
 
     export_onnx(model, "onnx/")                      # the files depend on the family, see below
     generator = OnnxSeq2SeqGenerator("onnx/")        # onnxruntime; no torch model needed
@@ -559,218 +559,27 @@ def export_ctranslate2(
     return output_dir
 
 
-# ------------------------------------------------------------------------------------------------ translation
-TRANSLATION_ENGINES = ("generate", "fast", "ctranslate2")
-# The paper's maximum output length: the source length + 50 (sec. 6.1), when no maximum is given.
-EXTRA_TARGET_TOKENS = 50
+# The decoders and the translator live in `hf_vit_plus.serving` (this module only writes files); their old names here
+# still resolve, imported when first used.
+_SERVING_NAMES = {
+    "EXTRA_TARGET_TOKENS": "translator",
+    "TRANSLATION_ENGINES": "translator",
+    "Translator": "translator",
+    "OnnxCausalLMGenerator": "onnx",
+    "OnnxSeq2SeqGenerator": "onnx",
+}
 
 
-class Translator:
-    """Text in, text out, with a saved seq2seq checkpoint or its CTranslate2 export, on one of three engines:
+def __getattr__(name: str):
+    if name in _SERVING_NAMES:
+        import importlib
 
-        translator = Translator("outputs/translation/model")                        # model.generate
-        translator = Translator("outputs/translation/model", engine="fast")         # FastDecoding, float32
-        translator = Translator("outputs/translation/model", engine="fast", precision="int8")
-        translator = Translator("outputs/translation/ct2", engine="ctranslate2", compute_type="int8")
-        translator(["In the beginning God created the heaven and the earth."], num_beams=4)
-
-    location: a checkpoint folder or Hub id, or a folder written by `export_ctranslate2` (then the engine is
-    "ctranslate2"; given a checkpoint, the "ctranslate2" engine converts it into a temporary folder first).
-    precision: FastDecoding's (`hf_vit_plus.models.fast_decoding.PRECISIONS`). compute_type: CTranslate2's
-    ("default": the type the folder was written in). threads: CTranslate2's intra-op threads (0: its default).
-    Keyword arguments of a call are `generate`'s; without `max_new_tokens` / `max_length` a batch gets its longest
-    source + 50 new tokens, as in the paper."""
-
-    def __init__(
-        self,
-        location: str | Path,
-        engine: str = "generate",
-        precision: str = "float32",
-        compute_type: str = "default",
-        threads: int = 0,
-    ):
-        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-
-        from .models.pipeline_text2text_generation import CTranslate2Generator, is_ctranslate2_folder
-
-        if engine not in TRANSLATION_ENGINES:
-            raise ValueError(
-                f"Unknown engine {engine!r}: expected one of {', '.join(map(repr, TRANSLATION_ENGINES))}."
-            )
-        self.engine = engine
-        self.model = None
-        self.decoder = None
-        self._scratch = None
-        self.tokenizer = AutoTokenizer.from_pretrained(location)
-        if is_ctranslate2_folder(location):
-            if engine != "ctranslate2":
-                raise ValueError(f"{location} is a CTranslate2 export: it runs with engine='ctranslate2'.")
-            self.decoder = CTranslate2Generator(location, compute_type=compute_type, intra_threads=threads)
-            return
-        self.model = AutoModelForSeq2SeqLM.from_pretrained(location).eval()
-        if engine == "fast":
-            from .models.fast_decoding import FastDecoding
-
-            self.decoder = FastDecoding(precision=precision)
-        elif engine == "ctranslate2":
-            import tempfile
-
-            self._scratch = tempfile.TemporaryDirectory(prefix="hf_vit_plus_ctranslate2_")
-            export_ctranslate2(self.model, self._scratch.name, tokenizer=self.tokenizer)
-            self.decoder = CTranslate2Generator(self._scratch.name, compute_type=compute_type, intra_threads=threads)
-            self.model = None
-
-    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **generate_kwargs):
-        """Token ids -> output ids, as `model.generate` returns them, on this translator's engine."""
-        if "max_new_tokens" not in generate_kwargs and "max_length" not in generate_kwargs:
-            generate_kwargs["max_new_tokens"] = input_ids.shape[1] + EXTRA_TARGET_TOKENS
-        if self.engine == "ctranslate2":
-            return self.decoder.generate(input_ids, attention_mask=attention_mask, **generate_kwargs)
-        if self.engine == "fast":
-            generate_kwargs["custom_generate"] = self.decoder
-        with torch.no_grad():
-            return self.model.generate(input_ids, attention_mask=attention_mask, **generate_kwargs)
-
-    def __call__(self, texts: str | list[str], batch_size: int = 16, **generate_kwargs) -> list[str]:
-        """The translations of `texts` (`num_return_sequences` per text, in order), decoded without special
-        tokens."""
-        if isinstance(texts, str):
-            texts = [texts]
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
-        outputs = []
-        # a bar where there is more than one batch (a file of texts); switched off with disable_progress_bar()
-        with tqdm(total=len(texts), desc="translating", unit="text", disable=len(texts) <= batch_size) as bar:
-            for start in range(0, len(texts), batch_size):
-                batch = self.tokenizer(texts[start : start + batch_size], return_tensors="pt", padding=True)
-                ids = self.generate(batch["input_ids"], batch["attention_mask"], **generate_kwargs)
-                outputs += [text.strip() for text in self.tokenizer.batch_decode(ids, skip_special_tokens=True)]
-                bar.update(len(batch["input_ids"]))
-        return outputs
-
-
-# ------------------------------------------------------------------------------------------- onnxruntime
-def _session(path: Path, threads: int | None):
-    require("export", "Running the exported graphs", ("onnxruntime",))
-    import onnxruntime
-
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist: export the model with export_onnx first.")
-    options = onnxruntime.SessionOptions()
-    if threads:
-        options.intra_op_num_threads = threads
-    return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-
-
-def _numpy(x):
-    return x.detach().cpu().numpy() if torch.is_tensor(x) else x
-
-
-def _greedy_loop(step, first_tokens, num_layers, empty_cache, pad_token_id, eos_token_id, max_new_tokens):
-    """Greedy decoding as `generate(num_beams=1, do_sample=False)` does it with no logits processor: finished rows get
-    the pad token (the first EOS id without one, as `generate` does)."""
-    import numpy as np
-
-    eos = np.asarray([] if eos_token_id is None else np.atleast_1d(eos_token_id))
-    if pad_token_id is None and eos.size:
-        pad_token_id = int(eos[0])
-    tokens, past = first_tokens, [empty_cache] * (2 * num_layers)
-    generated = []
-    finished = np.zeros(first_tokens.shape[0], dtype=bool)
-    for _ in range(max_new_tokens):
-        logits, past = step(tokens, past)
-        next_tokens = logits[:, -1].argmax(-1)
-        if pad_token_id is not None:
-            next_tokens = np.where(finished, pad_token_id, next_tokens)
-        finished |= np.isin(next_tokens, eos)
-        tokens = next_tokens[:, None].astype(np.int64)
-        generated.append(tokens)
-        if finished.all():
-            break
-    return np.concatenate(generated, axis=1)
-
-
-class OnnxSeq2SeqGenerator:
-    """Greedy decoding with `encoder_model.onnx` and `decoder_model.onnx` of an `export_onnx` folder: the tokens of
-    `model.generate(num_beams=1, do_sample=False, max_new_tokens=...)` when the generation config adds no logits
-    processor (no `min_length`, `bad_words_ids`, forced or suppressed tokens, repetition penalty)."""
-
-    def __init__(self, folder: str | Path, threads: int | None = None):
-        from .models.configuration_seq2seq_transformer import Seq2SeqTransformerConfig
-
-        folder = Path(folder)
-        self.config = Seq2SeqTransformerConfig.from_pretrained(folder)
-        self.encoder = _session(folder / ENCODER_FILE, threads)
-        self.decoder = _session(folder / DECODER_FILE, threads)
-
-    def generate(self, input_ids, attention_mask=None, max_new_tokens: int = 20):
-        """(batch, 1 + new) int64 array: the decoder start token and the greedy tokens, padded after EOS."""
-        import numpy as np
-
-        config = self.config
-        input_ids = _numpy(input_ids).astype(np.int64)
-        mask = np.ones_like(input_ids) if attention_mask is None else _numpy(attention_mask).astype(np.int64)
-        hidden, *cross = self.encoder.run(None, {"input_ids": input_ids, "attention_mask": mask})
-        num_layers = config.decoder_layers
-        heads = config.decoder_attention_heads
-        empty = np.zeros((input_ids.shape[0], heads, 0, config.d_model // heads), dtype=hidden.dtype)
-        names = {value.name for value in self.decoder.get_inputs()}
-
-        def step(tokens, past):
-            feed = {"decoder_input_ids": tokens, "encoder_hidden_states": hidden, "encoder_attention_mask": mask}
-            for i in range(num_layers):
-                feed[f"past_key.{i}"], feed[f"past_value.{i}"] = past[2 * i], past[2 * i + 1]
-                feed[f"cross_key.{i}"], feed[f"cross_value.{i}"] = cross[2 * i], cross[2 * i + 1]
-            logits, *present = self.decoder.run(None, {k: v for k, v in feed.items() if k in names})
-            return logits, present
-
-        start = np.full((input_ids.shape[0], 1), config.decoder_start_token_id, dtype=np.int64)
-        new = _greedy_loop(step, start, num_layers, empty, config.pad_token_id, config.eos_token_id, max_new_tokens)
-        return np.concatenate([start, new], axis=1)
-
-
-class OnnxCausalLMGenerator:
-    """Greedy decoding with the `model.onnx` of an exported Sparse Transformer LM (plain greedy, as
-    `OnnxSeq2SeqGenerator`)."""
-
-    def __init__(self, folder: str | Path, threads: int | None = None):
-        from .models.configuration_sparse_transformer import SparseTransformerConfig
-
-        folder = Path(folder)
-        self.config = SparseTransformerConfig.from_pretrained(folder)
-        self.session = _session(folder / LM_FILE, threads)
-
-    def generate(self, input_ids, attention_mask=None, max_new_tokens: int = 20):
-        """(batch, prompt + new) int64 array; left-padded prompts (with their mask) are supported."""
-        import numpy as np
-
-        config = self.config
-        input_ids = _numpy(input_ids).astype(np.int64)
-        mask = np.ones_like(input_ids) if attention_mask is None else _numpy(attention_mask).astype(np.int64)
-        heads = config.num_attention_heads
-        empty = np.zeros((input_ids.shape[0], heads, 0, config.hidden_size // heads), dtype=np.float32)
-        state = {"mask": mask}
-
-        def step(tokens, past):
-            feed = {"input_ids": tokens, "attention_mask": state["mask"]}
-            for i in range(config.num_hidden_layers):
-                feed[f"past_key.{i}"], feed[f"past_value.{i}"] = past[2 * i], past[2 * i + 1]
-            logits, *present = self.session.run(None, feed)
-            state["mask"] = np.concatenate([state["mask"], np.ones_like(state["mask"][:, :1])], axis=1)
-            return logits, present
-
-        new = _greedy_loop(
-            step, input_ids, config.num_hidden_layers, empty, config.pad_token_id, config.eos_token_id, max_new_tokens
-        )
-        return np.concatenate([input_ids, new], axis=1)
+        return getattr(importlib.import_module(f".serving.{_SERVING_NAMES[name]}", __package__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [
     "CTRANSLATE2_QUANTIZATIONS",
-    "TRANSLATION_ENGINES",
-    "Translator",
-    "OnnxCausalLMGenerator",
-    "OnnxSeq2SeqGenerator",
     "ctranslate2_vocabulary",
     "export_ctranslate2",
     "export_onnx",

@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 
 CTRANSLATE2_QUANTIZATIONS = ("int8", "int8_float32", "bfloat16")  # = hf_vit_plus.export's (not imported: torch)
 TRANSLATION_ENGINES = ("generate", "fast", "ctranslate2")
-# = hf_vit_plus.models.fast_decoding.PRECISIONS (not imported: torch; a test keeps them equal)
+# = hf_vit_plus.models.fast_kernels.PRECISIONS (not imported: torch; a test keeps them equal)
 FAST_PRECISIONS = ("float32", "bfloat16", "int8", "int8-weight-only", "int8-dynamic", "int8-fbgemm")
 CTRANSLATE2_COMPUTE_TYPES = ("default", "float32", "int8", "int8_float32", "bfloat16", "int8_bfloat16")
 TRANSLATE_DESCRIPTION = (
@@ -224,7 +224,7 @@ def run_translate(args: argparse.Namespace) -> int:
     texts = args.text or [line.rstrip("\n") for line in sys.stdin if line.strip()]
     if not texts:
         raise UsageError("no text to translate: pass TEXT arguments or lines on standard input.")
-    from .export import Translator
+    from .serving import Translator
 
     translator = Translator(
         args.model, engine=engine, precision=args.precision, compute_type=args.compute_type, threads=args.threads

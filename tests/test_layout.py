@@ -45,12 +45,13 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ),
     ("the family records and the Auto-class registration", ("hf_vit_plus.families", "hf_vit_plus.registration")),
     (
-        "what is done with a model: training, cards and pushing, figures, export, sampling",
+        "what is done with a model: training, cards and pushing, figures, export, serving, sampling",
         (
             "hf_vit_plus.training",
             "hf_vit_plus.hub",
             "hf_vit_plus.interpret",
             "hf_vit_plus.export",
+            "hf_vit_plus.serving",
             "hf_vit_plus.image_generation",
         ),
     ),

@@ -69,7 +69,7 @@ from transformers import CompileConfig, MarianConfig, MarianMTModel
 
 from hf_vit_plus.cli_utils import CommandParser
 from hf_vit_plus.conversion import seq2seq_from_marian
-from hf_vit_plus.models.fast_decoding import PRECISIONS, SMALL_ROWS
+from hf_vit_plus.models.fast_kernels import PRECISIONS, SMALL_ROWS
 
 FAST = {
     "ours-fast": "float32",

@@ -15,13 +15,14 @@ import torch
 
 from hf_vit_plus import Seq2SeqTransformerForConditionalGeneration
 from hf_vit_plus.cli import main
-from hf_vit_plus.export import Translator, ctranslate2_vocabulary, export_ctranslate2
+from hf_vit_plus.export import ctranslate2_vocabulary, export_ctranslate2
 from hf_vit_plus.models.fast_decoding import FastDecoding
 from hf_vit_plus.models.pipeline_text2text_generation import (
     CTranslate2Generator,
     Text2TextGenerationPipeline,
     save_text2text_pipeline,
 )
+from hf_vit_plus.serving import Translator
 from tests.models.test_fast_decoding import BOS, EOS, PAD, _config, _reversal_batch, _train
 from tests.utils import run_without_package
 
@@ -206,7 +207,7 @@ def test_the_pipeline_engines(checkpoint, tmp_path):
 
 def test_the_fast_engine_runs_as_remote_code(checkpoint, tmp_path):
     """The saved pipeline folder carries fast_decoding.py: pipeline(..., engine="fast") works without the package."""
-    assert (checkpoint / "fast_decoding.py").is_file()
+    assert (checkpoint / "fast_decoding.py").is_file() and (checkpoint / "fast_kernels.py").is_file()
     result = run_without_package(
         f"""
         import json

@@ -22,10 +22,9 @@ from hf_vit_plus.export import (  # noqa: E402
     ENCODER_FILE,
     LM_FILE,
     VIT_FILE,
-    OnnxCausalLMGenerator,
-    OnnxSeq2SeqGenerator,
     export_onnx,
 )
+from hf_vit_plus.serving import OnnxCausalLMGenerator, OnnxSeq2SeqGenerator  # noqa: E402
 
 CASES = {case.id: case for case in MODEL_CASES}
 # Larger initial weights than the defaults, so that greedy decoding of a random model varies its tokens; with seed 10
@@ -233,3 +232,16 @@ def test_cli_user_errors_are_one_line(tmp_path, capsys):
         lines = capsys.readouterr().err.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("hf-vit-plus export onnx: error: "), lines
         assert message in lines[0], lines
+
+
+def test_export_only_writes_files_and_its_old_serving_names_still_resolve():
+    """The decoders and the translator moved to `hf_vit_plus.serving`; `hf_vit_plus.export.Translator` and the
+    onnxruntime decoders still resolve there (the same objects), and unknown names still raise AttributeError."""
+    import hf_vit_plus.export as export
+    import hf_vit_plus.serving as serving
+
+    for name in ("Translator", "TRANSLATION_ENGINES", "OnnxSeq2SeqGenerator", "OnnxCausalLMGenerator"):
+        assert getattr(export, name) is getattr(serving, name)
+        assert name not in export.__all__ and name in serving.__all__
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        export.Nope  # noqa: B018

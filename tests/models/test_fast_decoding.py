@@ -15,10 +15,9 @@ from transformers import GenerationConfig
 
 from hf_vit_plus import Seq2SeqTransformerConfig, Seq2SeqTransformerForConditionalGeneration
 from hf_vit_plus.generation import decompose_row_matmuls
-from hf_vit_plus.models.fast_decoding import (
+from hf_vit_plus.models.fast_decoding import FastDecoder, FastDecoding
+from hf_vit_plus.models.fast_kernels import (
     SMALL_ROWS,
-    FastDecoder,
-    FastDecoding,
     FastLinear,
     OutputScreen,
     fbgemm_fp16_available,
@@ -207,10 +206,11 @@ def test_int8_and_bf16_use_their_own_products_only_where_the_cpu_has_them(monkey
     weight-only), and "bfloat16" ran bf16 GEMMs where they are reference loops too. Then, on those CPUs, "int8" ran
     the weight-only loop at every row count, slower than float32 too (25 against 83 tokens/s at opus-mt sizes): it
     now takes FBGEMM's int8 linear there (weight-only only where torch has no FBGEMM)."""
-    from hf_vit_plus.models import fast_decoding
+    from hf_vit_plus.models import fast_decoding, fast_kernels
 
+    monkeypatch.setattr(fast_kernels, "cpu_has_fast_int8_products", lambda: native)
     monkeypatch.setattr(fast_decoding, "cpu_has_fast_int8_products", lambda: native)
-    monkeypatch.setattr(fast_decoding, "cpu_has_native_bf16_products", lambda: native)
+    monkeypatch.setattr(fast_kernels, "cpu_has_native_bf16_products", lambda: native)
     linear = model.model.decoder.layers[0].fc1
     without_native = "int8-fbgemm" if fbgemm_int8_available() else "int8-weight-only"
     for rows in (1, 64):
@@ -223,6 +223,7 @@ def test_int8_and_bf16_use_their_own_products_only_where_the_cpu_has_them(monkey
     for precision in ("int8", "bfloat16"):
         out = FastLinear(linear, precision)(x)
         assert (out - reference).abs().max() <= 0.1 * reference.abs().max(), precision
+    monkeypatch.setattr(fast_kernels, "fbgemm_int8_available", lambda: False)
     monkeypatch.setattr(fast_decoding, "fbgemm_int8_available", lambda: False)
     assert FastLinear(linear, "int8").kernel(1) == ("int8-dynamic" if native else "int8-weight-only")
 
@@ -234,9 +235,11 @@ def test_int8_says_when_it_is_slower_than_float32_on_this_cpu(monkeypatch, model
     where int8 products are native or for float32."""
     import warnings
 
-    from hf_vit_plus.models import fast_decoding
+    from hf_vit_plus.models import fast_decoding, fast_kernels
 
+    monkeypatch.setattr(fast_kernels, "cpu_has_fast_int8_products", lambda: native)
     monkeypatch.setattr(fast_decoding, "cpu_has_fast_int8_products", lambda: native)
+    monkeypatch.setattr(fast_kernels, "fbgemm_int8_available", lambda: False)  # "int8" weight-only without native
     monkeypatch.setattr(fast_decoding, "fbgemm_int8_available", lambda: False)  # "int8" weight-only without native
     settings = dict(num_beams=1, max_new_tokens=3)
     for precision in ("int8", "int8-weight-only", "float32"):
@@ -251,6 +254,7 @@ def test_int8_says_when_it_is_slower_than_float32_on_this_cpu(monkeypatch, model
         if slow:
             assert f"precision={precision!r}" in str(slow[0].message) and "VNNI or AMX" in str(slow[0].message)
     if fbgemm_int8_available():  # "int8" takes FBGEMM's products on CPUs without native ones: the fast int8, silent
+        monkeypatch.setattr(fast_kernels, "fbgemm_int8_available", lambda: True)
         monkeypatch.setattr(fast_decoding, "fbgemm_int8_available", lambda: True)
         with warnings.catch_warnings():
             warnings.simplefilter("error", UserWarning)
@@ -285,21 +289,21 @@ def test_fbgemm_int8_products_are_per_row_and_close_to_float32(model):
 def kernels(request, monkeypatch):
     """The FBGEMM ops' kernels under test: the C++ ones (`cpp_fbgemm_ops`, skipped where they cannot be built) or
     the Python ones."""
-    from hf_vit_plus.models import fast_decoding
+    from hf_vit_plus.models import fast_kernels
 
     if request.param == "cpp":
         request.getfixturevalue("cpp_kernels")
     else:
-        monkeypatch.setattr(fast_decoding, "cpp_fbgemm_ops", lambda: False)
+        monkeypatch.setattr(fast_kernels, "cpp_fbgemm_ops", lambda: False)
     return request.param
 
 
 @pytest.fixture
 def cpp_kernels():
     """The C++ kernels of the FBGEMM ops (skipped where they cannot be built)."""
-    from hf_vit_plus.models import fast_decoding
+    from hf_vit_plus.models import fast_kernels
 
-    if not fast_decoding.cpp_fbgemm_ops():
+    if not fast_kernels.cpp_fbgemm_ops():
         pytest.skip("the C++ kernels could not be built here (a C++ compiler and ninja are needed)")
 
 
@@ -362,20 +366,20 @@ def test_choosing_the_kernels_does_no_tensor_work_while_the_step_is_traced(cpp_k
     when the first call comes inside torch.export's tracing (an int8-only decoder): it must only ask what torch has."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from hf_vit_plus.models import fast_decoding
+    from hf_vit_plus.models import fast_kernels
 
-    loaded = fast_decoding._cpp_kernels_loaded
+    loaded = fast_kernels._cpp_kernels_loaded
     calls = []  # the first check says "not loaded yet", as in a fresh process: the choice is made again
-    monkeypatch.setattr(fast_decoding, "_cpp_kernels_loaded", lambda: (calls.append(1) or len(calls) > 1) and loaded())
-    fast_decoding.cpp_fbgemm_ops.cache_clear()
-    fast_decoding.fbgemm_fp16_available.cache_clear()
+    monkeypatch.setattr(fast_kernels, "_cpp_kernels_loaded", lambda: (calls.append(1) or len(calls) > 1) and loaded())
+    fast_kernels.cpp_fbgemm_ops.cache_clear()
+    fast_kernels.fbgemm_fp16_available.cache_clear()
     try:
         with FakeTensorMode():
-            assert fast_decoding.cpp_fbgemm_ops() is True
+            assert fast_kernels.cpp_fbgemm_ops() is True
     finally:
-        fast_decoding.cpp_fbgemm_ops.cache_clear()
-        fast_decoding.fbgemm_fp16_available.cache_clear()
-    assert fast_decoding.fbgemm_fp16_available()
+        fast_kernels.cpp_fbgemm_ops.cache_clear()
+        fast_kernels.fbgemm_fp16_available.cache_clear()
+    assert fast_kernels.fbgemm_fp16_available()
 
 
 def test_the_python_kernels_run_where_the_cpp_ones_cannot_be_built(monkeypatch):
@@ -383,32 +387,63 @@ def test_the_python_kernels_run_where_the_cpp_ones_cannot_be_built(monkeypatch):
     HF_VIT_PLUS_CPP_KERNELS=0: the Python kernels, silently."""
     import warnings
 
-    from hf_vit_plus.models import fast_decoding
+    from hf_vit_plus.models import fast_kernels
 
     def fail():
         raise RuntimeError("ninja is not installed (pip install ninja)")
 
-    monkeypatch.setattr(fast_decoding, "_cpp_kernels_loaded", lambda: False)
-    monkeypatch.setattr(fast_decoding, "_build_cpp_kernels", fail)
-    monkeypatch.setattr(fast_decoding, "fbgemm_int8_available", lambda: True)
-    monkeypatch.setattr(fast_decoding, "fbgemm_fp16_available", lambda: True)
-    fast_decoding.cpp_fbgemm_ops.cache_clear()
+    monkeypatch.setattr(fast_kernels, "_cpp_kernels_loaded", lambda: False)
+    monkeypatch.setattr(fast_kernels, "_build_cpp_kernels", fail)
+    monkeypatch.setattr(fast_kernels, "fbgemm_int8_available", lambda: True)
+    monkeypatch.setattr(fast_kernels, "fbgemm_fp16_available", lambda: True)
+    fast_kernels.cpp_fbgemm_ops.cache_clear()
     try:
         with pytest.warns(UserWarning, match="could not be built.*ninja is not installed.*HF_VIT_PLUS_CPP_KERNELS=0"):
-            assert fast_decoding.cpp_fbgemm_ops() is False
+            assert fast_kernels.cpp_fbgemm_ops() is False
         assert fbgemm_int8_linear_op() is python_int8_fbgemm_linear_op()
-        fast_decoding.cpp_fbgemm_ops.cache_clear()
+        fast_kernels.cpp_fbgemm_ops.cache_clear()
         monkeypatch.setenv("HF_VIT_PLUS_CPP_KERNELS", "0")
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            assert fast_decoding.cpp_fbgemm_ops() is False
+            assert fast_kernels.cpp_fbgemm_ops() is False
     finally:
-        fast_decoding.cpp_fbgemm_ops.cache_clear()
+        fast_kernels.cpp_fbgemm_ops.cache_clear()
+
+
+def test_the_cpp_source_is_a_file_of_the_package_and_its_absence_is_quiet(monkeypatch):
+    """The C++ kernels are a real source file shipped as package data (pyproject's package-data takes *.cpp); a copy of
+    fast_kernels.py loaded as remote code, with neither the file nor the package, runs the Python kernels, silently."""
+    import re
+    import warnings
+    from pathlib import Path
+
+    from hf_vit_plus.models import fast_kernels
+
+    source = Path(fast_kernels.__file__).with_name(fast_kernels.CPP_SOURCE)
+    assert fast_kernels.cpp_source() == source.read_text() and "TORCH_LIBRARY" in source.read_text()
+    pyproject = (Path(__file__).parents[2] / "pyproject.toml").read_text()
+    assert re.search(r'\[tool\.setuptools\.package-data\]\n"\*" = \[[^\]]*"\*\.cpp"', pyproject)
+
+    def missing():
+        raise FileNotFoundError("fast_kernels.cpp is not next to fast_kernels.py and hf_vit_plus is not installed")
+
+    monkeypatch.setattr(fast_kernels, "_cpp_kernels_loaded", lambda: False)
+    monkeypatch.setattr(fast_kernels, "cpp_source", missing)
+    monkeypatch.setattr(fast_kernels, "fbgemm_int8_available", lambda: True)
+    monkeypatch.setattr(fast_kernels, "_has_fbgemm_fp16_ops", lambda: True)
+    fast_kernels.cpp_fbgemm_ops.cache_clear()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert fast_kernels.cpp_fbgemm_ops() is False
+    finally:
+        fast_kernels.cpp_fbgemm_ops.cache_clear()
 
 
 def test_int8_fbgemm_is_refused_where_torch_has_no_fbgemm(monkeypatch, model):
-    from hf_vit_plus.models import fast_decoding
+    from hf_vit_plus.models import fast_decoding, fast_kernels
 
+    monkeypatch.setattr(fast_kernels, "fbgemm_int8_available", lambda: False)
     monkeypatch.setattr(fast_decoding, "fbgemm_int8_available", lambda: False)
     with pytest.raises(ValueError, match="int8-fbgemm.*FBGEMM"):
         FastLinear(model.model.decoder.layers[0].fc1, "int8-fbgemm")
@@ -496,7 +531,7 @@ def test_the_screen_breaks_ties_as_argmax_and_leaves_the_unproven_to_all_logits(
         linear.weight.normal_(generator=gen)
         linear.weight[9] = linear.weight[30] = 3 * linear.weight[4]
         linear.weight[41] = linear.weight[9] + 1e-6  # closer than float16's rounding: the screen cannot tell
-    screen = OutputScreen(FastLinear(linear, "float32"))
+    screen = OutputScreen(FastLinear(linear, "float32"), FastDecoder.process)
     hidden = linear.weight[4].detach().clone().view(1, 32)
     off = torch.zeros(50, dtype=torch.bool)
 
@@ -512,7 +547,8 @@ def test_the_screen_breaks_ties_as_argmax_and_leaves_the_unproven_to_all_logits(
         choice, certain = screen(hidden, torch.tensor(3), controls(bad))
         assert int(choice) == int(reference(bad)) and bool(certain), bad
         assert token is None or int(choice) == token
-    _, certain = OutputScreen(FastLinear(linear, "float32"), candidates=2)(hidden, torch.tensor(3), controls())
+    narrow = OutputScreen(FastLinear(linear, "float32"), FastDecoder.process, candidates=2)
+    _, certain = narrow(hidden, torch.tensor(3), controls())
     assert not bool(certain)  # 9, 30 and 41 within the bound, two candidates
 
 
@@ -544,7 +580,7 @@ def test_the_screen_follows_float32_weights_changed_in_place(batch):
         model.final_logits_bias.normal_(std=0.5)
     _assert_same(model, pair, fast, **settings)
     assert fast.decoding_state(model) is state and not torch.equal(state.decoder.screen.slack, before)
-    fresh = OutputScreen(state.decoder.lm_head)
+    fresh = OutputScreen(state.decoder.lm_head, FastDecoder.process)
     assert torch.equal(state.decoder.screen.slack, fresh.slack)
     assert torch.equal(state.decoder.screen.bias_slack, fresh.bias_slack)
 

@@ -51,7 +51,7 @@ def test_quick_run_prints_the_tables(capsys):
     assert agreement["marian"]["ours"] == agreement["marian"]["ours-fast"] == 1.0
     assert agreement["ours-fast"]["ct2-export"] == agreement["ours-fast"]["ours-fast-full"] == 1.0
     # float32 greedy at batch 1 chose through the output screen, where torch has FBGEMM's float16 linear
-    from hf_vit_plus.models.fast_decoding import fbgemm_fp16_available
+    from hf_vit_plus.models.fast_kernels import fbgemm_fp16_available
 
     if fbgemm_fp16_available():
         assert "greedy steps chose through the output screen" in out

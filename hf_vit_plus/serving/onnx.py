@@ -1,0 +1,136 @@
+"""Decoding with the graphs `hf_vit_plus.export.export_onnx` writes, on onnxruntime, without a torch model:
+`OnnxSeq2SeqGenerator` (encoder and decoder-step graphs) and `OnnxCausalLMGenerator` (the LM's one graph), each the
+greedy tokens of `model.generate(num_beams=1, do_sample=False)`.
+
+    from hf_vit_plus.serving import OnnxSeq2SeqGenerator
+
+    generator = OnnxSeq2SeqGenerator("onnx/")
+    tokens = generator.generate(input_ids, attention_mask, max_new_tokens=32)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..export import DECODER_FILE, ENCODER_FILE, LM_FILE
+from ..utils.extras import require
+
+
+def _session(path: Path, threads: int | None):
+    require("export", "Running the exported graphs", ("onnxruntime",))
+    import onnxruntime
+
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: export the model with export_onnx first.")
+    options = onnxruntime.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
+    return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def _numpy(x):
+    return x.detach().cpu().numpy() if torch.is_tensor(x) else x
+
+
+def _greedy_loop(step, first_tokens, num_layers, empty_cache, pad_token_id, eos_token_id, max_new_tokens):
+    """Greedy decoding as `generate(num_beams=1, do_sample=False)` does it with no logits processor: finished rows get
+    the pad token (the first EOS id without one, as `generate` does)."""
+    import numpy as np
+
+    eos = np.asarray([] if eos_token_id is None else np.atleast_1d(eos_token_id))
+    if pad_token_id is None and eos.size:
+        pad_token_id = int(eos[0])
+    tokens, past = first_tokens, [empty_cache] * (2 * num_layers)
+    generated = []
+    finished = np.zeros(first_tokens.shape[0], dtype=bool)
+    for _ in range(max_new_tokens):
+        logits, past = step(tokens, past)
+        next_tokens = logits[:, -1].argmax(-1)
+        if pad_token_id is not None:
+            next_tokens = np.where(finished, pad_token_id, next_tokens)
+        finished |= np.isin(next_tokens, eos)
+        tokens = next_tokens[:, None].astype(np.int64)
+        generated.append(tokens)
+        if finished.all():
+            break
+    return np.concatenate(generated, axis=1)
+
+
+class OnnxSeq2SeqGenerator:
+    """Greedy decoding with `encoder_model.onnx` and `decoder_model.onnx` of an `export_onnx` folder: the tokens of
+    `model.generate(num_beams=1, do_sample=False, max_new_tokens=...)` when the generation config adds no logits
+    processor (no `min_length`, `bad_words_ids`, forced or suppressed tokens, repetition penalty)."""
+
+    def __init__(self, folder: str | Path, threads: int | None = None):
+        from ..models.configuration_seq2seq_transformer import Seq2SeqTransformerConfig
+
+        folder = Path(folder)
+        self.config = Seq2SeqTransformerConfig.from_pretrained(folder)
+        self.encoder = _session(folder / ENCODER_FILE, threads)
+        self.decoder = _session(folder / DECODER_FILE, threads)
+
+    def generate(self, input_ids, attention_mask=None, max_new_tokens: int = 20):
+        """(batch, 1 + new) int64 array: the decoder start token and the greedy tokens, padded after EOS."""
+        import numpy as np
+
+        config = self.config
+        input_ids = _numpy(input_ids).astype(np.int64)
+        mask = np.ones_like(input_ids) if attention_mask is None else _numpy(attention_mask).astype(np.int64)
+        hidden, *cross = self.encoder.run(None, {"input_ids": input_ids, "attention_mask": mask})
+        num_layers = config.decoder_layers
+        heads = config.decoder_attention_heads
+        empty = np.zeros((input_ids.shape[0], heads, 0, config.d_model // heads), dtype=hidden.dtype)
+        names = {value.name for value in self.decoder.get_inputs()}
+
+        def step(tokens, past):
+            feed = {"decoder_input_ids": tokens, "encoder_hidden_states": hidden, "encoder_attention_mask": mask}
+            for i in range(num_layers):
+                feed[f"past_key.{i}"], feed[f"past_value.{i}"] = past[2 * i], past[2 * i + 1]
+                feed[f"cross_key.{i}"], feed[f"cross_value.{i}"] = cross[2 * i], cross[2 * i + 1]
+            logits, *present = self.decoder.run(None, {k: v for k, v in feed.items() if k in names})
+            return logits, present
+
+        start = np.full((input_ids.shape[0], 1), config.decoder_start_token_id, dtype=np.int64)
+        new = _greedy_loop(step, start, num_layers, empty, config.pad_token_id, config.eos_token_id, max_new_tokens)
+        return np.concatenate([start, new], axis=1)
+
+
+class OnnxCausalLMGenerator:
+    """Greedy decoding with the `model.onnx` of an exported Sparse Transformer LM (plain greedy, as
+    `OnnxSeq2SeqGenerator`)."""
+
+    def __init__(self, folder: str | Path, threads: int | None = None):
+        from ..models.configuration_sparse_transformer import SparseTransformerConfig
+
+        folder = Path(folder)
+        self.config = SparseTransformerConfig.from_pretrained(folder)
+        self.session = _session(folder / LM_FILE, threads)
+
+    def generate(self, input_ids, attention_mask=None, max_new_tokens: int = 20):
+        """(batch, prompt + new) int64 array; left-padded prompts (with their mask) are supported."""
+        import numpy as np
+
+        config = self.config
+        input_ids = _numpy(input_ids).astype(np.int64)
+        mask = np.ones_like(input_ids) if attention_mask is None else _numpy(attention_mask).astype(np.int64)
+        heads = config.num_attention_heads
+        empty = np.zeros((input_ids.shape[0], heads, 0, config.hidden_size // heads), dtype=np.float32)
+        state = {"mask": mask}
+
+        def step(tokens, past):
+            feed = {"input_ids": tokens, "attention_mask": state["mask"]}
+            for i in range(config.num_hidden_layers):
+                feed[f"past_key.{i}"], feed[f"past_value.{i}"] = past[2 * i], past[2 * i + 1]
+            logits, *present = self.session.run(None, feed)
+            state["mask"] = np.concatenate([state["mask"], np.ones_like(state["mask"][:, :1])], axis=1)
+            return logits, present
+
+        new = _greedy_loop(
+            step, input_ids, config.num_hidden_layers, empty, config.pad_token_id, config.eos_token_id, max_new_tokens
+        )
+        return np.concatenate([input_ids, new], axis=1)
+
+
+__all__ = ["OnnxCausalLMGenerator", "OnnxSeq2SeqGenerator"]
