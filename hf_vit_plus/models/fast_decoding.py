@@ -69,6 +69,7 @@ from transformers.generation import (
 
 from .compat import cache_from_kwargs, cpu_has_fast_int8_products
 from .compiled_decoding import row_matmul_pass
+from .decoding_rules import NEG_INF, DecodingRules, advance_greedy, beam_search_update, process_scores
 from .fast_kernels import (
     INT8_WEIGHT_ONLY_MAX_ROWS,
     PRECISIONS,
@@ -107,7 +108,6 @@ _UNSUPPORTED_OUTPUTS = (
     "output_attentions",
     "output_hidden_states",
 )
-_NEG_INF = float("-inf")
 
 
 class FastDecoderLayer(nn.Module):
@@ -158,7 +158,7 @@ class FastDecoderLayer(nn.Module):
         query = query.reshape(rows, 1, heads, dim // heads)
         scores = (query * keys.view(rows, length, heads, dim // heads)).sum(-1) * self.scaling  # (R, L, H)
         future = torch.arange(length, device=keys.device) > position  # (L,)
-        scores = scores.masked_fill(future.view(1, length, 1), _NEG_INF)
+        scores = scores.masked_fill(future.view(1, length, 1), NEG_INF)
         probs = scores.softmax(dim=1)
         out = (probs.unsqueeze(-1) * values.view(rows, length, heads, dim // heads)).sum(1)  # (R, H, Dh)
         return self.o_proj(out.reshape(rows, dim))
@@ -219,7 +219,7 @@ class FastDecoder(nn.Module):
         self.lm_head = FastLinear(model.get_output_embeddings(), precision, bias=None if bias is None else bias[0])
         # float32 greedy steps of few rows choose their tokens through `OutputScreen` where FBGEMM's float16 linear is
         screened = screen and precision == "float32" and self.lm_head.weight.device.type == "cpu"
-        self.screen = OutputScreen(self.lm_head, FastDecoder.process) if screened and fbgemm_fp16_available() else None
+        self.screen = OutputScreen(self.lm_head) if screened and fbgemm_fp16_available() else None
         self.num_layers = len(self.layers)
         self.d_model = self.embed_positions.shape[1]
 
@@ -242,21 +242,8 @@ class FastDecoder(nn.Module):
         """tokens: (R,) the token at `position` (a 0-d tensor) of every row -> (R, V) float32 logits."""
         return self.lm_head(self.hidden(tokens, position, cache, cross, source_bias, history))
 
-    @staticmethod
-    def process(scores, cur_len, controls, ids=None):
-        """transformers' logits processors of `SUPPORTED_PROCESSORS`, in `generate`'s order, with the lengths as
-        tensors. controls: bad-token bias (V,), eos mask (V,), forced-bos mask (V,), forced-eos mask (V,), and
-        (min_length, max_length, has_forced_bos, has_forced_eos) as an int64 (4,) tensor. ids: None (scores are
-        (R, V)) or (R, k) the tokens of the k scores of each row."""
-        bad_bias, eos_mask, bos_forced, eos_forced, lengths = controls
-        if ids is not None:
-            bad_bias, eos_mask, bos_forced, eos_forced = (t[ids] for t in (bad_bias, eos_mask, bos_forced, eos_forced))
-        scores = scores + bad_bias
-        scores = torch.where(eos_mask & (cur_len < lengths[0]), _NEG_INF, scores)
-        forced = torch.where(bos_forced, 0.0, _NEG_INF)
-        scores = torch.where((cur_len == 1) & (lengths[2] > 0), forced, scores)
-        forced = torch.where(eos_forced, 0.0, _NEG_INF)
-        return torch.where((cur_len == lengths[1] - 1) & (lengths[3] > 0), forced, scores)
+    # the logits processors (`decoding_rules.process_scores`), also called by the output screen
+    process = staticmethod(process_scores)
 
     def greedy_step(self, tokens, position, cache, cross, source_bias, unfinished, pad, controls, screened=False):
         """One greedy token per row (transformers' `_sample` without sampling): returns the next tokens (R,), the
@@ -267,95 +254,33 @@ class FastDecoder(nn.Module):
         if not screened:
             return self.greedy_choice(hidden, position, unfinished, pad, controls)
         next_tokens, certain = self.screen(hidden, position + 1, controls)
-        return (*self._advance(next_tokens, position + 1, unfinished, pad, controls), certain, hidden)
+        return (*advance_greedy(next_tokens, position + 1, unfinished, pad, controls), certain, hidden)
 
     def greedy_choice(self, hidden, position, unfinished, pad, controls):
         """`greedy_step`'s choice from the hidden states (R, D), through all float32 logits."""
         cur_len = position + 1  # the decoder start token is position 0
         next_tokens = self.process(self.lm_head(hidden), cur_len, controls).argmax(dim=-1)
-        return self._advance(next_tokens, cur_len, unfinished, pad, controls)
-
-    @staticmethod
-    def _advance(next_tokens, cur_len, unfinished, pad, controls):
-        eos_mask, lengths = controls[1], controls[4]
-        next_tokens = next_tokens * unfinished + pad * (1 - unfinished)
-        done = eos_mask[next_tokens] | (cur_len + 1 >= lengths[1])
-        unfinished = unfinished & ~done
-        return next_tokens, unfinished, unfinished.any()
+        return advance_greedy(next_tokens, cur_len, unfinished, pad, controls)
 
     def beam_step(self, position, cache, cross, source_bias, state, denominators, controls, keep: int):
-        """One step of transformers' vectorised beam search (`_beam_search` without sampling) on `state`: the
-        running sequences (B, K, T), scores (B, K) and beam indices (B, K, T - 1), the finished sequences, scores
-        and beam indices, the finished flags (B, K), the early-stop flags (B, 1) and the cache history (B x K, L).
-        keep: the number of candidates per source, `max(2, 1 + number of eos tokens) x K`. denominators: (2, T + 1)
-        float32, `n ** length_penalty` for n new tokens (as transformers computes them, in Python) and the early-stop
-        heuristic's denominator at each length. Returns the new state and whether the search is over (0-d bool)."""
-        (running, running_scores, running_indices, sequences, scores, indices, finished, improvable, history) = state
+        """One step of transformers' vectorised beam search (`_beam_search` without sampling) on `state`: the search's
+        tensors (`decoding_rules.beam_search_update`) and the cache history (B x K, L), in which each row keeps the
+        slot that holds each of its positions. Returns the new state and whether the search is over (0-d bool)."""
+        *search, history = state
+        running = search[0]
         batch, beams, total = running.shape
         rows = batch * beams
         cur_len = position + 1  # the length of the sequences so far, decoder start token included
         steps = torch.arange(total, device=running.device)
-        eos_mask, lengths = controls[1], controls[4]
-        early_stopping = lengths[4] == 1  # early_stopping is True
-
         tokens = running.view(rows, total).gather(1, position.view(1, 1).expand(rows, 1)).view(rows)
         own_slot = torch.arange(rows, device=history.device)[:, None]
         history = torch.where(steps[: history.shape[1]] == position, own_slot, history)
         logits = self.logits(tokens, position, cache, cross, source_bias, history)
-        log_probs = self.process(F.log_softmax(logits, dim=-1), cur_len, controls)  # (R, V)
-        vocab = log_probs.shape[-1]
-        log_probs = (log_probs.view(batch, beams, vocab) + running_scores[:, :, None]).view(batch, beams * vocab)
-
-        # _get_top_k_continuations
-        topk_log_probs, topk_indices = torch.topk(log_probs, k=keep)
-        topk_beams = topk_indices // vocab
-        topk_ids = topk_indices % vocab
-        topk_running = running.gather(1, topk_beams[:, :, None].expand(batch, keep, total))
-        topk_running = torch.where(steps == cur_len, topk_ids[:, :, None], topk_running)
-        offsets = torch.arange(batch, device=running.device).view(batch, 1) * beams
-        topk_running_indices = running_indices.gather(1, topk_beams[:, :, None].expand(batch, keep, total - 1))
-        topk_running_indices = torch.where(
-            steps[: total - 1] == cur_len - 1, (topk_beams + offsets).to(torch.int32)[:, :, None], topk_running_indices
-        )
-        # the stopping criteria on the candidates: an eos token as the new token, or max_length reached
-        hits = eos_mask[topk_ids] | (cur_len + 1 >= lengths[1])  # (B, keep)
-
-        # _get_running_beams_for_next_iteration
-        topk_running_log_probs = topk_log_probs + hits.to(torch.float32) * -1.0e9
-        next_indices = torch.topk(topk_running_log_probs, k=beams)[1]
-        running = topk_running.gather(1, next_indices[:, :, None].expand(batch, beams, total))
-        running_scores = topk_running_log_probs.gather(1, next_indices)
-        running_indices = topk_running_indices.gather(1, next_indices[:, :, None].expand(batch, beams, total - 1))
-
-        # _update_finished_beams
-        just_finished = hits & (torch.arange(keep, device=hits.device) < beams)[None, :]
-        candidate_scores = topk_log_probs / denominators[0].index_select(0, cur_len.view(1))
-        full = torch.all(finished, dim=-1, keepdim=True) & early_stopping
-        candidate_scores += full.to(torch.float32) * -1.0e9
-        candidate_scores += (~improvable).to(torch.float32) * -1.0e9
-        candidate_scores += (~just_finished) * -1.0e9
-        merged_sequences = torch.cat((sequences, topk_running), dim=1)
-        merged_scores = torch.cat((scores, candidate_scores), dim=1)
-        merged_indices = torch.cat((indices, topk_running_indices), dim=1)
-        merged_finished = torch.cat((finished, just_finished), dim=1)
-        best = torch.topk(merged_scores, k=beams)[1]
-        sequences = merged_sequences.gather(1, best[:, :, None].expand(batch, beams, total))
-        scores = merged_scores.gather(1, best)
-        indices = merged_indices.gather(1, best[:, :, None].expand(batch, beams, total - 1))
-        finished = merged_finished.gather(1, best)
-
+        log_probs = process_scores(F.log_softmax(logits, dim=-1), cur_len, controls)  # (R, V)
+        search, beam_idx, done = beam_search_update(log_probs, cur_len, tuple(search), denominators, controls, keep)
         # the cache follows the beams (transformers reorders it): row r continues row beam_idx[r]
-        beam_idx = running_indices.view(rows, total - 1).gather(1, (cur_len - 1).view(1, 1).expand(rows, 1))
-        history = history.index_select(0, beam_idx.view(rows).long())
-
-        # _check_early_stop_heuristic, at the length after this step
-        best_running = running_scores[:, :1] / denominators[1].index_select(0, cur_len.view(1))
-        worst_finished = torch.where(finished, torch.min(scores, dim=1, keepdim=True)[0], -1.0e9)
-        improvable = improvable & torch.any(best_running > worst_finished, dim=-1, keepdim=True)
-        # _beam_search_has_unfinished_sequences
-        go_on = torch.any(improvable) & ~(torch.all(finished) & early_stopping) & ~torch.all(hits)
-        state = (running, running_scores, running_indices, sequences, scores, indices, finished, improvable, history)
-        return state, ~go_on
+        history = history.index_select(0, beam_idx)
+        return (*search, history), done
 
 
 def compile_options(device: str | torch.device = "cpu") -> dict:
@@ -368,15 +293,6 @@ def compile_options(device: str | torch.device = "cpu") -> dict:
 
 def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
-
-
-def _token_ids(value) -> list[int]:
-    """An id or a list of ids (a generation config's eos / forced-eos setting) as a list; None -> []."""
-    if value is None:
-        return []
-    if torch.is_tensor(value):
-        return [int(v) for v in value.flatten().tolist()]
-    return [int(value)] if isinstance(value, int) else [int(v) for v in value]
 
 
 class _Step(nn.Module):
@@ -639,7 +555,7 @@ class FastDecoding:
             cross[i, 1, :, :length] = layer.encoder_attn.v_proj(encoder_states)
         real = torch.zeros(batch, padded, dtype=torch.bool, device=encoder_states.device)
         real[:, :length] = True if mask is None else mask[::group].bool()
-        source_bias = torch.zeros(batch, padded, device=encoder_states.device).masked_fill(~real, _NEG_INF)
+        source_bias = torch.zeros(batch, padded, device=encoder_states.device).masked_fill(~real, NEG_INF)
         return cross, source_bias
 
     def _greedy(self, state, settings, input_ids, cross, source_bias) -> torch.LongTensor:
@@ -773,62 +689,25 @@ class _Settings:
                 + ". Call generate() without custom_generate for these."
             )
         self.model = model
-        self.num_beams = config.num_beams
-        self.num_return_sequences = config.num_return_sequences
-        self.expand = max(config.num_beams, config.num_return_sequences)
-        self.max_length = config.max_length
+        # generate resolved max_length (max_new_tokens included) before handing over the loop
+        self.rules = DecodingRules.from_generation_config(config)
+        self.num_beams = self.rules.num_beams
+        self.num_return_sequences = self.rules.num_return_sequences
+        self.expand = max(self.num_beams, self.num_return_sequences)
+        self.max_length = self.rules.max_length
         self.max_positions = model.get_decoder().max_positions
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
-        self.eos_token_ids = _token_ids(config.eos_token_id)
-        pad = config.pad_token_id
-        if pad is None and self.eos_token_ids:
-            pad = self.eos_token_ids[0]  # generate's own fallback
-        self.pad_token_id = 0 if pad is None else int(pad)
-        # Beam search's filler: `pad_token_id or eos_token_id[0] if eos_token_id is not None else -1` (a pad id of 0
-        # counts as missing there).
-        self.fill_value = pad if pad else (self.eos_token_ids[0] if self.eos_token_ids else -1)
-        min_length = 0
-        if self.eos_token_ids:  # the min-length processors exist only with an eos token
-            if config.min_length:
-                min_length = config.min_length
-            if config.min_new_tokens:
-                min_length = max(min_length, config.min_new_tokens + 1)
-        self.min_length = min_length
-        self.bad_token_ids = [s[0] for s in bad_words if s[0] not in self.eos_token_ids]
-        self.forced_bos_token_id = config.forced_bos_token_id
-        self.forced_eos_token_ids = _token_ids(config.forced_eos_token_id)
-        self.length_penalty = config.length_penalty
-        self.early_stopping = config.early_stopping
+        self.eos_token_ids = self.rules.eos_token_ids
+        self.pad_token_id = self.rules.pad_token_id
+        self.fill_value = self.rules.beam_fill_value
 
     def controls(self, device) -> tuple:
-        """The logits processors' tensors for `FastDecoder.process`."""
-        vocab = self.vocab_size
-        bad_bias = torch.zeros(vocab, device=device)
-        bad_bias[self.bad_token_ids] = _NEG_INF
-        eos = torch.zeros(vocab, dtype=torch.bool, device=device)
-        eos[self.eos_token_ids] = True
-        bos_forced = torch.zeros(vocab, dtype=torch.bool, device=device)
-        if self.forced_bos_token_id is not None:
-            bos_forced[self.forced_bos_token_id] = True
-        eos_forced = torch.zeros(vocab, dtype=torch.bool, device=device)
-        eos_forced[self.forced_eos_token_ids] = True
-        lengths = [
-            self.min_length,
-            self.max_length,
-            int(self.forced_bos_token_id is not None),
-            int(bool(self.forced_eos_token_ids)),
-            int(self.early_stopping is True),
-        ]
-        return bad_bias, eos, bos_forced, eos_forced, torch.tensor(lengths, device=device)
+        """The logits processors' tensors for `decoding_rules.process_scores`."""
+        return self.rules.controls(self.vocab_size, device)
 
     def denominators(self, total: int, device) -> torch.Tensor:
-        """(2, total + 1): the length penalty's `n ** length_penalty` for n new tokens, and the early-stop
-        heuristic's denominator after n new tokens, computed in Python as transformers does."""
-        penalty = self.length_penalty
-        never = self.early_stopping == "never" and penalty > 0.0
-        final = [1.0] + [n**penalty for n in range(1, total + 1)]
-        heuristic = [1.0] + [((self.max_length - 1) if never else n) ** penalty for n in range(1, total + 1)]
-        return torch.tensor([final, heuristic], dtype=torch.float32, device=device)
+        """(2, total + 1): the length penalty's and the early-stop heuristic's denominators."""
+        return self.rules.length_penalty_denominators(total, device)
 
     def check_length(self, generated: int) -> None:
         """Decoding stopped with sequences unfinished: only because the position table ended before max_length.

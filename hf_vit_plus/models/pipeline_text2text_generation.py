@@ -25,8 +25,8 @@ One switch picks the engine that decodes (`engine=...` when the pipeline is buil
 the tokens of eager `generate` in float32). "ctranslate2" runs the exported model with `ctranslate2.Translator`
 (`CTranslate2Generator`), the tokenizer staying this pipeline's.
 
-The file imports only torch, transformers and its siblings `fast_decoding` and `fast_kernels` (shipped next to it),
-so it also runs as remote code where the hf_vit_plus package is not installed.
+The file imports only torch, transformers and its siblings `decoding_rules`, `fast_decoding` and `fast_kernels`
+(shipped next to it), so it also runs as remote code where the hf_vit_plus package is not installed.
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ from pathlib import Path
 
 import torch
 from transformers import GenerationConfig, Pipeline
+
+from .decoding_rules import DecodingRules
 
 logger = logging.getLogger(__name__)
 
@@ -122,23 +124,12 @@ class CTranslate2Generator:
         if settings.forced_eos_token_id is not None:
             logger.info("forced_eos_token_id is ignored by the ctranslate2 engine (only sequences that reach the "
                         "maximum length could differ)")  # fmt: skip
-        eos = settings.eos_token_id
-        eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-        if settings.max_new_tokens is not None:
-            max_new = settings.max_new_tokens
-        elif settings.max_length is not None:
-            max_new = settings.max_length - 1  # the decoder start token counts in max_length
-        else:
-            max_new = 20  # generate's default: 20 new tokens
-        if settings.min_new_tokens is not None:
-            min_new = settings.min_new_tokens
-        else:
-            min_new = max(0, (settings.min_length or 0) - 1)
-        # A generation config leaves unset fields None: generate's defaults then.
+        rules = DecodingRules.from_generation_config(settings)  # the lengths and tokens as generate reads them
+        min_new, max_new = rules.new_token_bounds()
         options = dict(
-            beam_size=settings.num_beams or 1,
-            num_hypotheses=settings.num_return_sequences or 1,
-            length_penalty=1.0 if settings.length_penalty is None else settings.length_penalty,
+            beam_size=rules.num_beams,
+            num_hypotheses=rules.num_return_sequences,
+            length_penalty=rules.length_penalty,
             max_decoding_length=max_new,
             min_decoding_length=min_new,
             return_end_token=True,
@@ -146,6 +137,7 @@ class CTranslate2Generator:
             repetition_penalty=settings.repetition_penalty or 1.0,
             no_repeat_ngram_size=settings.no_repeat_ngram_size or 0,
         )
+        eos = rules.eos_token_ids
         if eos:
             options["end_token"] = [self.target_tokens[i] for i in eos]
         if settings.bad_words_ids:
@@ -164,13 +156,8 @@ class CTranslate2Generator:
             rows = [[t for t, keep in zip(row, mask) if keep] for row, mask in zip(rows, attention_mask.tolist())]
         source = [[self.source_tokens[t] for t in row] for row in rows]
         results = self.translator.translate_batch(source, **self._options(settings))
-        eos = settings.eos_token_id
-        eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-        pad = settings.pad_token_id
-        if (settings.num_beams or 1) > 1:  # beam search fills with `pad_token_id or eos_token_id[0]`: pad 0 = none
-            pad = pad if pad else (eos[0] if eos else -1)
-        elif pad is None:
-            pad = eos[0] if eos else 0
+        rules = DecodingRules.from_generation_config(settings)
+        pad = rules.beam_fill_value if rules.num_beams > 1 else rules.pad_token_id
         sequences = [
             [self.decoder_start_token_id] + [self.target_ids[token] for token in hypothesis]
             for result in results
@@ -286,7 +273,7 @@ def save_text2text_pipeline(model, tokenizer, save_directory: str | Path, tasks:
             model.config.custom_pipelines = previous
     tokenizer.save_pretrained(save_directory)
     shutil.copyfile(__file__, save_directory / f"{module}.py")
-    # The pipeline's engine="fast" imports them (the model code already ships its own imports).
-    for name in ("fast_decoding.py", "fast_kernels.py"):
+    # The pipeline's own imports and engine="fast"'s (the model code already ships its own imports).
+    for name in ("decoding_rules.py", "fast_decoding.py", "fast_kernels.py"):
         shutil.copyfile(Path(__file__).with_name(name), save_directory / name)
     return save_directory

@@ -34,28 +34,43 @@ def _numpy(x):
     return x.detach().cpu().numpy() if torch.is_tensor(x) else x
 
 
-def _greedy_loop(step, first_tokens, num_layers, empty_cache, pad_token_id, eos_token_id, max_new_tokens):
-    """Greedy decoding as `generate(num_beams=1, do_sample=False)` does it with no logits processor: finished rows get
-    the pad token (the first EOS id without one, as `generate` does)."""
+def _greedy_rules(config, max_new_tokens: int, start_length: int):
+    """The decoding rules of `generate(num_beams=1, do_sample=False, max_new_tokens=...)` with the model config's
+    special tokens and no logits processor."""
+    from transformers import GenerationConfig
+
+    from ..models.decoding_rules import DecodingRules
+
+    settings = GenerationConfig(
+        eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id, max_new_tokens=max_new_tokens
+    )
+    return DecodingRules.from_generation_config(settings, start_length=start_length)
+
+
+def _greedy_loop(step, first_tokens, num_layers, empty_cache, rules, start_length: int):
+    """Greedy decoding by `generate`'s rules (`models/decoding_rules.py`): the logits processors, the end tokens, and
+    the pad token for finished rows. step(tokens, past) -> (logits, present) as numpy arrays."""
     import numpy as np
 
-    eos = np.asarray([] if eos_token_id is None else np.atleast_1d(eos_token_id))
-    if pad_token_id is None and eos.size:
-        pad_token_id = int(eos[0])
+    from ..models.decoding_rules import advance_greedy, process_scores
+
     tokens, past = first_tokens, [empty_cache] * (2 * num_layers)
-    generated = []
-    finished = np.zeros(first_tokens.shape[0], dtype=bool)
-    for _ in range(max_new_tokens):
+    unfinished = torch.ones(first_tokens.shape[0], dtype=torch.long)
+    pad = torch.tensor(rules.pad_token_id)
+    controls, generated = None, []
+    for length in range(start_length, rules.max_length):
         logits, past = step(tokens, past)
-        next_tokens = logits[:, -1].argmax(-1)
-        if pad_token_id is not None:
-            next_tokens = np.where(finished, pad_token_id, next_tokens)
-        finished |= np.isin(next_tokens, eos)
-        tokens = next_tokens[:, None].astype(np.int64)
+        scores = torch.from_numpy(np.ascontiguousarray(logits[:, -1])).float()
+        if controls is None:
+            controls = rules.controls(scores.shape[-1], "cpu")
+        cur_len = torch.tensor(length)
+        next_tokens = process_scores(scores, cur_len, controls).argmax(-1)
+        next_tokens, unfinished, running = advance_greedy(next_tokens, cur_len, unfinished, pad, controls)
+        tokens = next_tokens[:, None].numpy().astype(np.int64)
         generated.append(tokens)
-        if finished.all():
+        if not running:
             break
-    return np.concatenate(generated, axis=1)
+    return np.concatenate(generated, axis=1) if generated else np.zeros((first_tokens.shape[0], 0), dtype=np.int64)
 
 
 class OnnxSeq2SeqGenerator:
@@ -93,7 +108,8 @@ class OnnxSeq2SeqGenerator:
             return logits, present
 
         start = np.full((input_ids.shape[0], 1), config.decoder_start_token_id, dtype=np.int64)
-        new = _greedy_loop(step, start, num_layers, empty, config.pad_token_id, config.eos_token_id, max_new_tokens)
+        rules = _greedy_rules(config, max_new_tokens, start_length=1)  # the decoder start token
+        new = _greedy_loop(step, start, num_layers, empty, rules, start_length=1)
         return np.concatenate([start, new], axis=1)
 
 
@@ -127,9 +143,8 @@ class OnnxCausalLMGenerator:
             state["mask"] = np.concatenate([state["mask"], np.ones_like(state["mask"][:, :1])], axis=1)
             return logits, present
 
-        new = _greedy_loop(
-            step, input_ids, config.num_hidden_layers, empty, config.pad_token_id, config.eos_token_id, max_new_tokens
-        )
+        rules = _greedy_rules(config, max_new_tokens, start_length=input_ids.shape[1])
+        new = _greedy_loop(step, input_ids, config.num_hidden_layers, empty, rules, start_length=input_ids.shape[1])
         return np.concatenate([input_ids, new], axis=1)
 
 

@@ -207,7 +207,7 @@ def test_the_pipeline_engines(checkpoint, tmp_path):
 
 def test_the_fast_engine_runs_as_remote_code(checkpoint, tmp_path):
     """The saved pipeline folder carries fast_decoding.py: pipeline(..., engine="fast") works without the package."""
-    assert (checkpoint / "fast_decoding.py").is_file() and (checkpoint / "fast_kernels.py").is_file()
+    assert all((checkpoint / name).is_file() for name in ("decoding_rules.py", "fast_decoding.py", "fast_kernels.py"))
     result = run_without_package(
         f"""
         import json

@@ -531,7 +531,7 @@ def test_the_screen_breaks_ties_as_argmax_and_leaves_the_unproven_to_all_logits(
         linear.weight.normal_(generator=gen)
         linear.weight[9] = linear.weight[30] = 3 * linear.weight[4]
         linear.weight[41] = linear.weight[9] + 1e-6  # closer than float16's rounding: the screen cannot tell
-    screen = OutputScreen(FastLinear(linear, "float32"), FastDecoder.process)
+    screen = OutputScreen(FastLinear(linear, "float32"))
     hidden = linear.weight[4].detach().clone().view(1, 32)
     off = torch.zeros(50, dtype=torch.bool)
 
@@ -547,7 +547,7 @@ def test_the_screen_breaks_ties_as_argmax_and_leaves_the_unproven_to_all_logits(
         choice, certain = screen(hidden, torch.tensor(3), controls(bad))
         assert int(choice) == int(reference(bad)) and bool(certain), bad
         assert token is None or int(choice) == token
-    narrow = OutputScreen(FastLinear(linear, "float32"), FastDecoder.process, candidates=2)
+    narrow = OutputScreen(FastLinear(linear, "float32"), candidates=2)
     _, certain = narrow(hidden, torch.tensor(3), controls())
     assert not bool(certain)  # 9, 30 and 41 within the bound, two candidates
 
@@ -580,7 +580,7 @@ def test_the_screen_follows_float32_weights_changed_in_place(batch):
         model.final_logits_bias.normal_(std=0.5)
     _assert_same(model, pair, fast, **settings)
     assert fast.decoding_state(model) is state and not torch.equal(state.decoder.screen.slack, before)
-    fresh = OutputScreen(state.decoder.lm_head, FastDecoder.process)
+    fresh = OutputScreen(state.decoder.lm_head)
     assert torch.equal(state.decoder.screen.slack, fresh.slack)
     assert torch.equal(state.decoder.screen.bias_slack, fresh.bias_slack)
 
