@@ -24,7 +24,7 @@ number of rows (batch size x beams, or x `num_return_sequences` when sampling), 
 largest `max_length` seen so far by this model, or `generation_config.max_cache_len`), the source length (encoder
 output) of the seq2seq model, the dtype and device, the attention implementation, and the flags that change the
 outputs (`output_attentions`, `output_hidden_states`). With `dynamic=False` (the default here) every such change is a
-new graph: about 10-20 s of compilation on a CPU for a small model, a few seconds when inductor's on-disk cache
+new graph: seconds of compilation on a CPU for a small model, less when inductor's on-disk cache
 (`TORCHINDUCTOR_CACHE_DIR`) already holds it from an earlier process. Torch stops compiling a function after
 `torch._dynamo.config.recompile_limit` (8) graphs, counted over every model of these two families in the process
 (they share one `__call__`), and then runs it eagerly. Pad sources to a few lengths (`pad_to_multiple_of` in the
@@ -54,8 +54,8 @@ def compiled_generation_config(device: str | torch.device = "cpu", **overrides) 
     - CUDA: CUDA graphs (`mode="reduce-overhead"`, transformers' default).
     - CPU: inductor's default mode (CUDA graphs are CUDA-only) with two options: `row_matmul_pass()`, which turns the
       vector-matrix products of a one-row step into loops that stream the weights at memory speed, and
-      `cpp_wrapper=True`, which runs the compiled step's kernel calls from C++ instead of Python (a few seconds more
-      compilation, about 0.1 ms less per step).
+      `cpp_wrapper=True`, which runs the compiled step's kernel calls from C++ instead of Python (longer
+      compilation, less overhead per step).
 
     `overrides` are `CompileConfig` fields, e.g. `dynamic=None`, or `options={...}` (which replaces the CPU options:
     merge them with `compiled_generation_config().options` to keep them)."""
@@ -84,7 +84,8 @@ def decompose_row_matmuls(graph: torch.fx.Graph, max_rows: int = 1) -> int:
 
     One row: sum_k x[k] * W[k, :]. Several rows (`max_rows` > 1): sum_k W^T[n, k] * x[m, k], with n outside m, so
     that each column of W is read once and used for every row while it is in the cache (MKL reads W once per row
-    block; at 4 rows the loop is about 2.5x faster here, at 16 rows no faster, so keep `max_rows` small)."""
+    block; the loop pays at a few rows and not at many, so keep `max_rows` small: `bench_seq2seq.py` measures
+    it)."""
     aten = torch.ops.aten
     rewritten = 0
     for node in list(graph.nodes):

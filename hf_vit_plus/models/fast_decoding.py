@@ -2,8 +2,9 @@
 
 `generate(..., cache_implementation="static")` (compiled_decoding.py) compiles the model's `forward` and leaves the
 loop to transformers: per token the loop prepares inputs, checks Dynamo's guards, runs the graph, then processes the
-logits and does the beam bookkeeping eagerly (about 7 ms per step at 64 beams on this project's CPU). Here the whole
-step is one graph, called once per token from a short Python loop:
+logits and does the beam bookkeeping eagerly, which costs milliseconds per step at many beams
+(`scripts/benchmarks/bench_seq2seq.py` measures it). Here the whole step is one graph, called once per token from a
+short Python loop:
 
 - the decoder layers on a fixed-size self-attention cache, the output projection, the logits processors that
   translation uses (min length, single-token bad words, forced BOS / EOS) and the greedy choice, or transformers'
@@ -26,7 +27,7 @@ criteria) and hands over the loop, so the settings mean exactly what they mean i
 
 One `FastDecoding` object keeps, per model, the converted weights and the compiled steps; reuse it. A step is
 compiled by AOTInductor at its first use for a number of rows (batch x beams) and decoding mode, and serves every
-source and output length (both are dynamic in the compiled code): about 10-30 s per step on a 2-core CPU.
+source and output length (both are dynamic in the compiled code); the compilation takes seconds per step.
 
 Precisions (`fast_kernels.py`: the decoder's linear layers and the output projection; embeddings, layer norms,
 attention and the encoder stay in float32): "float32" gives the tokens of eager decoding (tested): its greedy steps of
@@ -89,8 +90,7 @@ logger = logging.getLogger(__name__)
 SLOW_INT8_WARNING = (
     "FastDecoding(precision={precision!r}) decodes more slowly than precision='float32' on this CPU: it has no native "
     "int8 products (VNNI or AMX), so weight-only int8 converts the weights inside every product and dynamic int8 "
-    "(torch._int_mm) runs a slow loop (on an AVX2-only CPU, greedy decoding at opus-mt sizes ran at 25 tokens/s in "
-    "weight-only int8 against 83 in float32). For speed here use {advice}."
+    "(torch._int_mm) runs a slow loop. For speed here use {advice}."
 )
 SUPPORTED_PROCESSORS = (
     NoBadWordsLogitsProcessor,

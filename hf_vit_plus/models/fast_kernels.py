@@ -195,9 +195,9 @@ def fbgemm_int8_linear_op():
     at the first call with each weight tensor and kept as long as it lives (packed again if it is changed in place).
     Opaque to Dynamo, torch.export and AOTInductor (which calls it through the dispatcher), so that the compiled step
     runs FBGEMM's kernel. Where a C++ compiler is at hand this is `hf_vit_plus_cpp::int8_fbgemm_linear`, a C++ kernel
-    built once per torch install (`cpp_fbgemm_ops`): no Python per call, about 30 us less per product (as much as
-    FBGEMM's own product of a 512 x 512 matrix at one row). Otherwise `hf_vit_plus::int8_fbgemm_linear`, a plain
-    `torch.library` Python kernel (`torch.library.custom_op` adds another 40 us per call). The same products, bit for
+    built once per torch install (`cpp_fbgemm_ops`): no Python per call, which at one row costs as much as a small
+    product. Otherwise `hf_vit_plus::int8_fbgemm_linear`, a plain `torch.library` Python kernel (not
+    `torch.library.custom_op`, whose dispatch costs more per call). The same products, bit for
     bit. Defined once per process (a second copy of this file, e.g. remote code, reuses it)."""
     if cpp_fbgemm_ops():
         return torch.ops.hf_vit_plus_cpp.int8_fbgemm_linear.default
@@ -265,7 +265,7 @@ def _cpp_kernels_loaded() -> bool:
 @functools.cache
 def cpp_fbgemm_ops() -> bool:
     """Whether the FBGEMM ops run their C++ kernels (`fast_kernels.cpp`): built at the first call in a process
-    (about 30 s with 2 cores, then kept under ~/.cache/hf_vit_plus/kernels, one build per source, torch and Python)
+    (tens of seconds, then kept under ~/.cache/hf_vit_plus/kernels, one build per source, torch and Python)
     by torch's own `torch.utils.cpp_extension.load` (a C++ compiler and ninja), loaded into torch's op registry. False,
     with a warning saying why, where they cannot be built (the Python kernels then run: the same products, slower
     per call); False without a warning where `HF_VIT_PLUS_CPP_KERNELS=0`, torch has no FBGEMM, or the source is not
@@ -289,7 +289,7 @@ def cpp_fbgemm_ops() -> bool:
         warnings.warn(
             f"hf_vit_plus: the C++ kernels of the FBGEMM products could not be built ({type(error).__name__}: "
             f"{str(error).strip().splitlines()[-1] if str(error).strip() else error!r}); the Python kernels run "
-            f"instead (the same products, about 30 us more per call). Set {CPP_KERNELS_ENV}=0 to silence this.",
+            f"instead (the same products, more overhead per call). Set {CPP_KERNELS_ENV}=0 to silence this.",
             stacklevel=2,
         )
         return False
@@ -336,7 +336,7 @@ def _build_cpp_kernels() -> None:
             partial.replace(source)
         built = any(folder.glob("*.so"))  # a build of this source: loading it takes no compilation
         logger.info("building the fast decoding kernels in %s (once: kept for later processes)", folder)
-        with tqdm(total=1, desc="building fast decoding kernels, once, ~30 s", disable=built) as bar:
+        with tqdm(total=1, desc="building fast decoding kernels, once", disable=built) as bar:
             cpp_extension.load(
                 name=f"hf_vit_plus_fbgemm_{digest}",
                 sources=[str(source)],
@@ -445,7 +445,7 @@ class FastLinear(nn.Module):
             # FBGEMM quantizes the activations per tensor, over their range (with 0). One row: that is per row.
             # More rows: each is first mapped onto [0, 1] (x = lo + r * u), so that every row gets the whole range
             # and its products do not depend on the other rows of the batch, then mapped back: x W^T = r * (u W^T)
-            # + lo * (row sums of W). (Not for one row: the two element-wise kernels cost about 20 us per product.)
+            # + lo * (row sums of W). (Not for one row: the two element-wise kernels would cost more than they save.)
             if x.shape[0] == 1:
                 out = fbgemm_int8_linear_op()(x, self.weight, self.scale)
             else:
@@ -493,8 +493,8 @@ class OutputScreen(nn.Module):
     """Greedy decoding's float32 choice for half the output projection's bytes: the token of largest float32 score,
     proven from a float16 pass.
 
-    A one-row step reads every output-projection weight once: in float32 that is most of the step's bytes (119 MB of
-    209 MB per token at opus-mt sizes, memory-bound). The screen reads float16 copies of those weights instead
+    A one-row step reads every output-projection weight once: in float32 that is most of the step's bytes at
+    translation sizes, where the step is memory-bound. The screen reads float16 copies of those weights instead
     (FBGEMM's linear, float32 activations and sums) and bounds each logit's error: with x the row's last hidden
     state, h_j the float16 weights of token j and w_j its float32 ones,
 
@@ -505,9 +505,9 @@ class OutputScreen(nn.Module):
     largest upper bound are recomputed exactly in float32 from the float32 weights; if even the next upper bound is
     below the best lower bound, no other token can be the largest, and the choice among the candidates (largest
     exact score, smallest id among equals, as `argmax`) is float32's. Otherwise the step says so (`certain` False) and
-    the caller takes the choice from all float32 logits (`FastDecoder.greedy_choice`). Measured: the bound is at most
-    two thousandths of a row's logit range (the tests), and 0.004 where the best logit is 0.48 above the 17th (the
-    benchmark's random opus-mt weights), so that fallback is rare (counted by `FastDecoding`; none in 9,580 steps)."""
+    the caller takes the choice from all float32 logits (`FastDecoder.greedy_choice`). The bound is a small share of a
+    row's logit range (the tests check it), so that fallback is rare: `FastDecoding.screen_fallbacks` counts it and
+    the benchmark reports it."""
 
     def __init__(self, head: FastLinear, candidates: int = SCREEN_CANDIDATES):
         super().__init__()

@@ -34,16 +34,47 @@ def _numpy(x):
     return x.detach().cpu().numpy() if torch.is_tensor(x) else x
 
 
-def _greedy_rules(config, max_new_tokens: int, start_length: int):
-    """The decoding rules of `generate(num_beams=1, do_sample=False, max_new_tokens=...)` with the model config's
-    special tokens and no logits processor."""
+# What generate's greedy decoding may be asked that these loops do not implement (beyond `DecodingRules`)
+_UNSUPPORTED = {
+    "do_sample": lambda v: bool(v),
+    "num_beams": lambda v: (v or 1) > 1,
+    "num_return_sequences": lambda v: (v or 1) > 1,
+    "repetition_penalty": lambda v: v not in (None, 1.0),
+    "no_repeat_ngram_size": lambda v: bool(v),
+    "suppress_tokens": lambda v: bool(v),
+    "begin_suppress_tokens": lambda v: bool(v),
+    "bad_words_ids": lambda v: any(len(s) != 1 for s in v or []),
+}
+
+
+def _default_settings(folder: Path, config):
+    """The folder's generation_config.json (export_onnx writes it), else the model config's generation values."""
     from transformers import GenerationConfig
+
+    if (folder / "generation_config.json").is_file():
+        return GenerationConfig.from_pretrained(folder)
+    return GenerationConfig.from_model_config(config)
+
+
+def _greedy_rules(settings, kwargs: dict, start_length: int):
+    """The decoding rules of `generate(**kwargs)` over `settings` (a `GenerationConfig`), refused in one line where
+    they ask for more than greedy decoding with translation's logits processors."""
+    import copy
 
     from ..models.decoding_rules import DecodingRules
 
-    settings = GenerationConfig(
-        eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id, max_new_tokens=max_new_tokens
-    )
+    settings = copy.deepcopy(settings)
+    # a greedy engine: a checkpoint's default beam search (the seq2seq family's 4 beams) is not asked for by the call
+    settings.num_beams, settings.num_return_sequences = 1, 1
+    unused = settings.update(**kwargs)
+    if unused:
+        raise ValueError(f"The onnxruntime decoders do not take {sorted(unused)}.")
+    asked = [f"{n}={getattr(settings, n)!r}" for n, bad in _UNSUPPORTED.items() if bad(getattr(settings, n))]
+    if asked:
+        raise ValueError(
+            f"The onnxruntime decoders run greedy decoding with single-token bad words only, not {', '.join(asked)}: "
+            "use the model's generate for these."
+        )
     return DecodingRules.from_generation_config(settings, start_length=start_length)
 
 
@@ -75,22 +106,26 @@ def _greedy_loop(step, first_tokens, num_layers, empty_cache, rules, start_lengt
 
 class OnnxSeq2SeqGenerator:
     """Greedy decoding with `encoder_model.onnx` and `decoder_model.onnx` of an `export_onnx` folder: the tokens of
-    `model.generate(num_beams=1, do_sample=False, max_new_tokens=...)` when the generation config adds no logits
-    processor (no `min_length`, `bad_words_ids`, forced or suppressed tokens, repetition penalty)."""
+    `model.generate(num_beams=1, do_sample=False, ...)`, with generate's settings of lengths, end and pad tokens,
+    single-token bad words and forced first and last tokens (`models/decoding_rules.py`); the defaults are the
+    folder's generation_config.json."""
 
     def __init__(self, folder: str | Path, threads: int | None = None):
         from ..models.configuration_seq2seq_transformer import Seq2SeqTransformerConfig
 
         folder = Path(folder)
         self.config = Seq2SeqTransformerConfig.from_pretrained(folder)
+        self.generation_config = _default_settings(folder, self.config)
         self.encoder = _session(folder / ENCODER_FILE, threads)
         self.decoder = _session(folder / DECODER_FILE, threads)
 
-    def generate(self, input_ids, attention_mask=None, max_new_tokens: int = 20):
-        """(batch, 1 + new) int64 array: the decoder start token and the greedy tokens, padded after EOS."""
+    def generate(self, input_ids, attention_mask=None, generation_config=None, **kwargs):
+        """(batch, 1 + new) int64 array: the decoder start token and the greedy tokens, padded after EOS. Keyword
+        arguments are `generate`'s (`max_new_tokens`, `min_new_tokens`, `eos_token_id`, ...)."""
         import numpy as np
 
         config = self.config
+        rules = _greedy_rules(generation_config or self.generation_config, kwargs, start_length=1)  # start token
         input_ids = _numpy(input_ids).astype(np.int64)
         mask = np.ones_like(input_ids) if attention_mask is None else _numpy(attention_mask).astype(np.int64)
         hidden, *cross = self.encoder.run(None, {"input_ids": input_ids, "attention_mask": mask})
@@ -108,28 +143,30 @@ class OnnxSeq2SeqGenerator:
             return logits, present
 
         start = np.full((input_ids.shape[0], 1), config.decoder_start_token_id, dtype=np.int64)
-        rules = _greedy_rules(config, max_new_tokens, start_length=1)  # the decoder start token
         new = _greedy_loop(step, start, num_layers, empty, rules, start_length=1)
         return np.concatenate([start, new], axis=1)
 
 
 class OnnxCausalLMGenerator:
-    """Greedy decoding with the `model.onnx` of an exported Sparse Transformer LM (plain greedy, as
-    `OnnxSeq2SeqGenerator`)."""
+    """Greedy decoding with the `model.onnx` of an exported Sparse Transformer LM, by generate's rules as
+    `OnnxSeq2SeqGenerator` (lengths count the prompt)."""
 
     def __init__(self, folder: str | Path, threads: int | None = None):
         from ..models.configuration_sparse_transformer import SparseTransformerConfig
 
         folder = Path(folder)
         self.config = SparseTransformerConfig.from_pretrained(folder)
+        self.generation_config = _default_settings(folder, self.config)
         self.session = _session(folder / LM_FILE, threads)
 
-    def generate(self, input_ids, attention_mask=None, max_new_tokens: int = 20):
-        """(batch, prompt + new) int64 array; left-padded prompts (with their mask) are supported."""
+    def generate(self, input_ids, attention_mask=None, generation_config=None, **kwargs):
+        """(batch, prompt + new) int64 array; left-padded prompts (with their mask) are supported. Keyword arguments
+        are `generate`'s."""
         import numpy as np
 
         config = self.config
         input_ids = _numpy(input_ids).astype(np.int64)
+        rules = _greedy_rules(generation_config or self.generation_config, kwargs, start_length=input_ids.shape[1])
         mask = np.ones_like(input_ids) if attention_mask is None else _numpy(attention_mask).astype(np.int64)
         heads = config.num_attention_heads
         empty = np.zeros((input_ids.shape[0], heads, 0, config.hidden_size // heads), dtype=np.float32)
@@ -143,7 +180,6 @@ class OnnxCausalLMGenerator:
             state["mask"] = np.concatenate([state["mask"], np.ones_like(state["mask"][:, :1])], axis=1)
             return logits, present
 
-        rules = _greedy_rules(config, max_new_tokens, start_length=input_ids.shape[1])
         new = _greedy_loop(step, input_ids, config.num_hidden_layers, empty, rules, start_length=input_ids.shape[1])
         return np.concatenate([input_ids, new], axis=1)
 

@@ -51,20 +51,7 @@ def _generate(model, batch, **settings):
         return model.generate(batch[0], attention_mask=batch[1], **settings)
 
 
-@pytest.mark.parametrize(
-    "settings",
-    [
-        dict(num_beams=1, max_new_tokens=12),
-        dict(num_beams=1, max_new_tokens=12, min_new_tokens=6),
-        dict(num_beams=1, max_new_tokens=3),
-        dict(num_beams=1, max_length=8, eos_token_id=[EOS, 9]),
-    ],
-    ids=["greedy", "min_new_tokens", "max_new_tokens 3", "max_length, two eos ids"],
-)
-def test_the_export_decodes_greedily_the_tokens_of_our_model(model, exported, batch, settings):
-    generator = CTranslate2Generator(exported, compute_type="float32")
-    expected = _generate(model, batch, **settings)
-    assert torch.equal(generator.generate(*batch, **settings), expected)
+# The export's greedy tokens against generate's, with the other engines: test_decoding_engines.py.
 
 
 def test_beam_search_runs_with_generate_layout(model, exported, batch):

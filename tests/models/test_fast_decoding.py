@@ -121,13 +121,7 @@ SETTINGS = {
 }
 
 
-@pytest.mark.parametrize("settings", list(SETTINGS.values()), ids=list(SETTINGS))
-def test_fast_decoding_gives_the_tokens_of_generate(model, batch, settings):
-    """The fused step's code (run uncompiled) against transformers' own loop: greedy and beam search, with the
-    logits processors and stopping rules that translation uses."""
-    eager = _assert_same(model, batch, FastDecoding(backend="eager"), **settings)
-    if settings.get("num_beams") == 1 and "min_new_tokens" not in settings:  # the sequences end at various lengths
-        assert len({int(row.ne(PAD).sum()) for row in eager}) > 1
+# The fused step's tokens against generate's over SETTINGS, with the other engines: test_decoding_engines.py.
 
 
 def test_marian_options_and_pre_norm(marian_like, batch):
