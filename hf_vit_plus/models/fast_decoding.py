@@ -82,6 +82,7 @@ from .fast_kernels import (
     quantize_rows,
     stacked_linear,
 )
+from .layers import residual_sublayer
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +112,9 @@ _UNSUPPORTED_OUTPUTS = (
 
 
 class FastDecoderLayer(nn.Module):
-    """One decoder layer of `Seq2SeqTransformerLayer` on (rows, d_model) states, with projections as `FastLinear`."""
+    """A decoder layer of `Seq2SeqTransformerLayer` on (rows, d_model) states: the layer's own norms, activation and
+    order of sub-layers (`layers.residual_sublayer`), its projections as `FastLinear`, and attention over the fused
+    step's fixed-size cache (what is particular to this engine)."""
 
     def __init__(self, layer: nn.Module, precision: str):
         super().__init__()
@@ -178,26 +181,22 @@ class FastDecoderLayer(nn.Module):
 
     def forward(self, hidden, position, keys, values, cross, source_bias, history):
         """keys, values: (R, L, D) this layer's self-attention cache, written in place (separate graph inputs: a write
-        into a view of a larger input would make the compiled graph copy all of it); cross: (2, B, S, D)."""
-        residual = hidden
-        if self.normalize_before:
-            hidden = self.self_attn_layer_norm(hidden)
-        hidden = residual + self.self_attention(hidden, position, keys, values, history)
-        if not self.normalize_before:
-            hidden = self.self_attn_layer_norm(hidden)
-        residual = hidden
-        if self.normalize_before:
-            hidden = self.encoder_attn_layer_norm(hidden)
-        hidden = residual + self.cross_attention(hidden, cross[0], cross[1], source_bias)
-        if not self.normalize_before:
-            hidden = self.encoder_attn_layer_norm(hidden)
-        residual = hidden
-        if self.normalize_before:
-            hidden = self.final_layer_norm(hidden)
-        hidden = residual + self.fc2(self.activation_fn(self.fc1(hidden)))
-        if not self.normalize_before:
-            hidden = self.final_layer_norm(hidden)
-        return hidden
+        into a view of a larger input would make the compiled graph copy all of it); cross: (2, B, S, D). The
+        sub-layers are composed as the model's layer composes them (`layers.residual_sublayer`)."""
+        norm_first = self.normalize_before
+
+        def self_attention(states):
+            return self.self_attention(states, position, keys, values, history)
+
+        def cross_attention(states):
+            return self.cross_attention(states, cross[0], cross[1], source_bias)
+
+        def feed_forward(states):
+            return self.fc2(self.activation_fn(self.fc1(states)))
+
+        hidden = residual_sublayer(hidden, self_attention, self.self_attn_layer_norm, norm_first)
+        hidden = residual_sublayer(hidden, cross_attention, self.encoder_attn_layer_norm, norm_first)
+        return residual_sublayer(hidden, feed_forward, self.final_layer_norm, norm_first)
 
 
 class FastDecoder(nn.Module):

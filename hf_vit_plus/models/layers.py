@@ -27,6 +27,20 @@ class FeedForward(nn.Module):
         return self.fc2(self.activation_fn(self.fc1(hidden_states)))
 
 
+def residual_sublayer(hidden_states: torch.Tensor, sublayer, norm: nn.Module, normalize_before: bool) -> torch.Tensor:
+    """One sub-layer with its residual connection: LayerNorm(x + Sublayer(x)) (post-norm, Vaswani et al. sec. 3.1 and
+    5.4) or x + Sublayer(LayerNorm(x)) (pre-norm). `sublayer` is a callable of the (normalised) states; dropout, if
+    any, is its own. The encoder-decoder Transformer's layer and its fused decoding step compose their sub-layers
+    with it."""
+    residual = hidden_states
+    if normalize_before:
+        hidden_states = norm(hidden_states)
+    hidden_states = residual + sublayer(hidden_states)
+    if not normalize_before:
+        hidden_states = norm(hidden_states)
+    return hidden_states
+
+
 # ITU-R 601-2 luma, L = 0.299 R + 0.587 G + 0.114 B: PIL's `convert("L")`, the image processor's grey conversion and
 # a 1-channel ViT's reading of RGB input.
 LUMA_WEIGHTS = (0.299, 0.587, 0.114)

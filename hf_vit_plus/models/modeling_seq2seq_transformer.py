@@ -41,7 +41,7 @@ from .compiled_decoding import GenerationWithCompiledDecoding, reorder_cache_in_
 from .configuration_seq2seq_transformer import Seq2SeqTransformerConfig
 from .hub_mixin import HubMixin
 from .input_checks import IGNORE_INDEX, check_mask_shape, check_not_empty, check_token_ids, tracing
-from .layers import config_flag, split_heads, token_cross_entropy
+from .layers import config_flag, residual_sublayer, split_heads, token_cross_entropy
 from .positional import sinusoidal_position_table
 from .sparse_layouts import SparsePattern, pattern_from_config
 
@@ -208,6 +208,12 @@ class Seq2SeqTransformerLayer(GradientCheckpointingLayer):
             return hidden_states
         return nn.functional.dropout(hidden_states, p=p, training=True)
 
+    def feed_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """max(0, x W_1 + b_1) W_2 + b_2 (eq. 2; the activation is the config's), with the layer's dropouts."""
+        hidden_states = self.activation_fn(self.fc1(hidden_states))
+        hidden_states = self.fc2(self._dropout(hidden_states, self.activation_dropout))
+        return self._dropout(hidden_states, self.dropout)
+
     def forward(
         self,
         hidden_states: torch.Tensor,
@@ -222,43 +228,30 @@ class Seq2SeqTransformerLayer(GradientCheckpointingLayer):
         if not use_cache:
             cache = None
 
-        residual = hidden_states
-        if self.normalize_before:
-            hidden_states = self.self_attn_layer_norm(hidden_states)
-        hidden_states, self_attn_weights = self.self_attn(
-            hidden_states,
-            attention_mask=attention_mask,
-            cache=cache,
-            output_attentions=output_attentions,
-        )
-        hidden_states = residual + self._dropout(hidden_states, self.dropout)
-        if not self.normalize_before:
-            hidden_states = self.self_attn_layer_norm(hidden_states)
+        weights = {"self": None, "cross": None}
 
-        cross_attn_weights = None
-        if self.is_decoder:
-            residual = hidden_states
-            if self.normalize_before:
-                hidden_states = self.encoder_attn_layer_norm(hidden_states)
-            hidden_states, cross_attn_weights = self.encoder_attn(
-                hidden_states,
+        def self_attention(states: torch.Tensor) -> torch.Tensor:
+            states, weights["self"] = self.self_attn(
+                states, attention_mask=attention_mask, cache=cache, output_attentions=output_attentions
+            )
+            return self._dropout(states, self.dropout)
+
+        def cross_attention(states: torch.Tensor) -> torch.Tensor:
+            states, weights["cross"] = self.encoder_attn(
+                states,
                 key_value_states=encoder_hidden_states,
                 attention_mask=encoder_attention_mask,
                 cache=cache,
                 output_attentions=output_attentions,
             )
-            hidden_states = residual + self._dropout(hidden_states, self.dropout)
-            if not self.normalize_before:
-                hidden_states = self.encoder_attn_layer_norm(hidden_states)
+            return self._dropout(states, self.dropout)
 
-        residual = hidden_states
-        if self.normalize_before:
-            hidden_states = self.final_layer_norm(hidden_states)
-        hidden_states = self.activation_fn(self.fc1(hidden_states))
-        hidden_states = self.fc2(self._dropout(hidden_states, self.activation_dropout))  # (B, T, D)
-        hidden_states = residual + self._dropout(hidden_states, self.dropout)
-        if not self.normalize_before:
-            hidden_states = self.final_layer_norm(hidden_states)
+        norm_first = self.normalize_before
+        hidden_states = residual_sublayer(hidden_states, self_attention, self.self_attn_layer_norm, norm_first)
+        if self.is_decoder:
+            hidden_states = residual_sublayer(hidden_states, cross_attention, self.encoder_attn_layer_norm, norm_first)
+        hidden_states = residual_sublayer(hidden_states, self.feed_forward, self.final_layer_norm, norm_first)
+        self_attn_weights, cross_attn_weights = weights["self"], weights["cross"]
         return hidden_states, self_attn_weights, cross_attn_weights
 
 
