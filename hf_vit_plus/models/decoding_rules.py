@@ -177,7 +177,7 @@ def advance_greedy(next_tokens, cur_len, unfinished, pad, controls):
     return next_tokens, unfinished, unfinished.any()
 
 
-def beam_search_update(log_probs, cur_len, search, denominators, controls, keep: int):
+def beam_search_update(log_probs, cur_len, search, denominators, controls, keep: int, steps=None):
     """One step of transformers' vectorised beam search (`_beam_search` without sampling), after the model's
     processed log-probabilities of the next token.
 
@@ -189,6 +189,7 @@ def beam_search_update(log_probs, cur_len, search, denominators, controls, keep:
         denominators: (2, T + 1) float32 (`DecodingRules.length_penalty_denominators`).
         controls: `DecodingRules.controls`.
         keep: candidates per source, `max(2, 1 + number of end tokens) x K`.
+        steps: `torch.arange(T)` where the caller has it already (one fewer operation in a compiled step).
 
     Returns:
         The new `search`, the row each running row continues (B x K,) int64 (the cache follows it), and whether the
@@ -197,7 +198,7 @@ def beam_search_update(log_probs, cur_len, search, denominators, controls, keep:
     (running, running_scores, running_indices, sequences, scores, indices, finished, improvable) = search
     batch, beams, total = running.shape
     rows = batch * beams
-    steps = torch.arange(total, device=running.device)
+    steps = torch.arange(total, device=running.device) if steps is None else steps
     eos_mask, lengths = controls[1], controls[4]
     early_stopping = lengths[4] == 1  # early_stopping is True
     vocab = log_probs.shape[-1]

@@ -276,7 +276,9 @@ class FastDecoder(nn.Module):
         history = torch.where(steps[: history.shape[1]] == position, own_slot, history)
         logits = self.logits(tokens, position, cache, cross, source_bias, history)
         log_probs = process_scores(F.log_softmax(logits, dim=-1), cur_len, controls)  # (R, V)
-        search, beam_idx, done = beam_search_update(log_probs, cur_len, tuple(search), denominators, controls, keep)
+        search, beam_idx, done = beam_search_update(
+            log_probs, cur_len, tuple(search), denominators, controls, keep, steps
+        )
         # the cache follows the beams (transformers reorders it): row r continues row beam_idx[r]
         history = history.index_select(0, beam_idx)
         return (*search, history), done
