@@ -51,13 +51,14 @@ def _repo_id_of(folder: Path) -> str | None:
     return name if isinstance(name, str) and name.count("/") == 1 else None
 
 
-def check_model_id(model_id: str) -> str:
+def check_model_id(model_id: str, option: str = "--model_id") -> str:
+    """`model_id` if it is a valid Hub repository id; a ValueError naming `option` and the value otherwise."""
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     try:
         validate_repo_id(model_id)
     except HFValidationError as err:
-        raise ValueError(f"--model_id {model_id!r} is not a Hub repository id ('namespace/name'): {err}") from err
+        raise ValueError(f"{option} {model_id!r} is not a Hub repository id ('namespace/name'): {err}") from err
     return model_id
 
 

@@ -233,3 +233,45 @@ def test_bad_inputs_stop_in_one_line_before_writing(tmp_path, capsys, vit_space)
         assert message in err and len(err.strip().splitlines()) == 1, err
     assert not any((tmp_path / name).exists() for name in ("o1", "o2", "o3", "o4"))
     assert [p.name for p in (tmp_path / "full").iterdir()] == ["x"]
+
+
+def test_push_with_space_creates_the_space_loading_the_pushed_repo(hub_server, vit_space):
+    from tests.utils import run_with_package
+
+    root, _ = vit_space
+    result = run_with_package(
+        f"""
+        import contextlib, io, json
+        from hf_vit_plus.cli import main
+
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            code = main(["push", {str(root / "model")!r}, "test-org/space-vit", "--space", "test-org/space-vit-demo"])
+        print(json.dumps({{"code": code, "stdout": out.getvalue()}}))
+        """,
+        cwd=root,
+        env=hub_server.env(),
+    )
+    assert result["code"] == 0 and len(result["stdout"].splitlines()) == 2  # two commit URLs: model, Space
+    assert "model.safetensors" in hub_server.files("test-org/space-vit")
+    assert hub_server.repo("test-org/space-vit-demo", repo_type="space").repo_type == "space"
+    assert set(SPACE_FILES) <= set(hub_server.files("test-org/space-vit-demo", repo_type="space"))
+    app = hub_server.read_file("test-org/space-vit-demo", "app.py", repo_type="space").decode()
+    assert '"HF_VIT_PLUS_SPACE_MODEL", "test-org/space-vit"' in app
+    readme = hub_server.read_file("test-org/space-vit-demo", "README.md", repo_type="space").decode()
+    assert "sdk: gradio" in readme and "  - test-org/space-vit\n" in readme
+
+
+def test_push_with_a_bad_space_id_sends_nothing(monkeypatch, capsys, vit_space):
+    import huggingface_hub
+
+    from hf_vit_plus.cli import main
+
+    def no_request(*args, **kwargs):
+        raise AssertionError("a request was sent")
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", no_request)
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_commit", no_request)
+    root, _ = vit_space
+    assert main(["push", str(root / "model"), "test-org/never-pushed", "--space", "no space id"]) == 2
+    err = capsys.readouterr().err
+    assert "--space 'no space id' is not a Hub repository id" in err and len(err.strip().splitlines()) == 1
