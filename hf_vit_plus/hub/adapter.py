@@ -60,8 +60,7 @@ def adapter_card(
     results = "".join(
         f"| {name} | {value:.4g} |\n" for name, value in (eval_results or {}).items() if isinstance(value, int | float)
     )
-    content = (
-        f"""---
+    content = f"""---
 {data.to_yaml()}
 ---
 
@@ -82,9 +81,8 @@ base = {auto_class}.from_pretrained("{base_model}")
 model = PeftModel.from_pretrained(base, "{repo_id}")
 merged = model.merge_and_unload()  # a plain model of the family, adapter folded into its weights
 ```
-"""
-        + (f"\n## Evaluation results\n\n{warning}| metric | value |\n|---|---|\n{results}" if results else "")
-        + (f"\n## Training\n\n{pictures}" if pictures else "")
+""" + (f"\n## Evaluation results\n\n{warning}| metric | value |\n|---|---|\n{results}" if results else "") + (
+        f"\n## Training\n\n{pictures}" if pictures else ""
     )
     return ModelCard(content)
 
