@@ -275,3 +275,50 @@ def test_push_with_a_bad_space_id_sends_nothing(monkeypatch, capsys, vit_space):
     assert main(["push", str(root / "model"), "test-org/never-pushed", "--space", "no space id"]) == 2
     err = capsys.readouterr().err
     assert "--space 'no space id' is not a Hub repository id" in err and len(err.strip().splitlines()) == 1
+
+
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+
+
+def test_the_vit_space_in_headless_chromium_shows_the_pipelines_label(vit_space, tmp_path):
+    """Upload an image in a real browser, press Submit, read the label. The screenshot goes to tmp_path, or to
+    $HF_VIT_PLUS_SCREENSHOT_DIR (docs/images/space-vit.png is made that way)."""
+    if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
+        pytest.skip(
+            f"headless Chromium needs {CHROMIUM} and {CHROMEDRIVER} (apt-get install chromium chromium-driver)"
+        )
+    webdriver = pytest.importorskip("selenium.webdriver")
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+    from transformers import pipeline
+
+    root, url = vit_space
+    image = _image(root / "browser.png")
+    expected = pipeline("image-classification", model=str(root / "model"), device="cpu")(str(image), top_k=1)
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in (
+        "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1200,900",
+    ):  # fmt: skip
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=webdriver.ChromeService(executable_path=CHROMEDRIVER), options=options)
+    try:
+        driver.get(url)
+        wait = WebDriverWait(driver, 30)
+        upload = wait.until(expected_conditions.presence_of_element_located((By.CSS_SELECTOR, "input[type=file]")))
+        upload.send_keys(str(image))
+        wait.until(expected_conditions.presence_of_element_located((By.CSS_SELECTOR, "img[src*='/file=']")))
+        driver.find_element(By.XPATH, "//button[normalize-space()='Submit']").click()
+        label = wait.until(
+            expected_conditions.visibility_of_element_located((By.CSS_SELECTOR, "[data-testid='label-output-value']"))
+        )
+        wait.until(lambda _: label.text.strip())
+        assert label.text.strip() == expected[0]["label"]
+        folder = Path(os.environ.get("HF_VIT_PLUS_SCREENSHOT_DIR") or tmp_path)
+        folder.mkdir(parents=True, exist_ok=True)
+        assert driver.save_screenshot(str(folder / "space-vit.png"))
+    finally:
+        driver.quit()
