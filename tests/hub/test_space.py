@@ -189,10 +189,10 @@ def test_the_text_spaces_answer_what_generate_gives(text_space):
     with torch.no_grad():
         output = model.generate(**inputs, num_beams=beams, max_new_tokens=8, do_sample=False)
     if family == "seq2seq":
-        got = client.predict(prompt, beams, 8, api_name="/run")
+        got = client.predict(prompt, beams, 8, api_name="/generate")
     else:
         output = output[:, inputs["input_ids"].shape[1] :]
-        got = client.predict(prompt, beams, 8, 0.0, 0, api_name="/run")
+        got = client.predict(prompt, beams, 8, 0.0, 0, api_name="/generate")
     expected = tokenizer.decode(output[0], skip_special_tokens=True)
     assert got == expected
     assert len(tokenizer(got, add_special_tokens=False).input_ids) > 0

@@ -58,6 +58,7 @@ def vit_demo():
         title=TITLE,
         description="Upload an image: the five most likely classes and where the class token looked (rollout).",
         flagging_mode="never",
+        api_name="classify",
     )
 
 
@@ -100,6 +101,7 @@ def text_demo(seq2seq: bool):
         title=TITLE,
         description=description,
         flagging_mode="never",
+        api_name="generate",
     )
 
 
@@ -125,6 +127,7 @@ def image_lm_demo():
         title=TITLE,
         description="Sample a grid of images, one pixel at a time.",
         flagging_mode="never",
+        api_name="sample",
     )
 
 
