@@ -29,12 +29,13 @@ from hf_vit_plus.cli_utils import (
 from hf_vit_plus.conversion import cli as conversion_cli
 from hf_vit_plus.errors import StepFailedError, UsageError
 from hf_vit_plus.hub import cli as hub_cli
+from hf_vit_plus.hub import space_cli
 from hf_vit_plus.interpret import cli as interpret_cli
 from hf_vit_plus.training import cli as training_cli
 from hf_vit_plus.utils.extras import MissingExtraError
 
 # the modules that define `add_parser(subparsers)`, in the order they are listed by --help
-COMMAND_MODULES = [conversion_cli, interpret_cli, training_cli, hub_cli, export_cli, sample_cli, env_cli]
+COMMAND_MODULES = [conversion_cli, interpret_cli, training_cli, hub_cli, space_cli, export_cli, sample_cli, env_cli]
 
 DESCRIPTION = (
     "The Vision Transformer, the encoder-decoder Transformer and the Sparse Transformer as Hugging Face models: "

@@ -27,11 +27,14 @@ from tests.utils import REPO_ROOT, run_without_package
 # refused where transformers' own ViT, loaded and run the same way, does not import it.
 HEAVY = (
     "accelerate", "datasets", "pandas", "pyarrow", "matplotlib", "tensorboard", "sklearn", "sacrebleu", "peft",
-    "evaluate", "onnx", "onnxruntime", "ctranslate2", "ninja", "timm", "transformers.trainer",
+    "evaluate", "onnx", "onnxruntime", "ctranslate2", "ninja", "timm", "transformers.trainer", "gradio",
+    "gradio_client",
 )  # fmt: skip
 # What transformers' own models import on none of the supported releases (5.20 imports pandas, pyarrow and
 # scikit-learn with its model classes where they are installed, 5.24 accelerate): never imported by a plain load.
-NEVER_FOR_LOADING = frozenset({"datasets", "matplotlib", "tensorboard", "peft", "transformers.trainer"})
+NEVER_FOR_LOADING = frozenset(
+    {"datasets", "matplotlib", "tensorboard", "peft", "transformers.trainer", "gradio", "gradio_client"}
+)
 # The package's modules that a plain load must not import: what is done with a model, not the model.
 NOT_FOR_LOADING = (
     "hf_vit_plus.training", "hf_vit_plus.hub", "hf_vit_plus.export", "hf_vit_plus.interpret", "hf_vit_plus.conversion",

@@ -35,6 +35,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="fail instead of creating --revision when it does not exist",
     )
     parser.add_argument("--private", action="store_true", help="create the repository private")
+    parser.add_argument(
+        "--space",
+        default=None,
+        metavar="SPACE_REPO_ID",
+        help="also create this Gradio Space and push a demo of the model that loads REPO_ID (see `hf-vit-plus space`)",
+    )
     parser.add_argument("--token", default=None, help="Hub token (default: HF_TOKEN or the saved login)")
     parser.add_argument(
         "--commit_message", default=None, help="title of the commit (default: 'Upload DIR with hf_vit_plus')"
@@ -53,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
     1 when a Hub request fails."""
     from .push import HubPushError, push_checkpoint
 
+    if args.space is not None:
+        _check_space(args)
     try:
         commit = push_checkpoint(
             args.dir,
@@ -67,6 +75,31 @@ def run(args: argparse.Namespace) -> int:
         print(f"hf-vit-plus push: error: {err}", file=sys.stderr)
         return 1
     except (ValueError, FileNotFoundError) as err:  # push_checkpoint's checks, before any request
+        raise UsageError(str(err)) from err
+    print(commit)
+    return _push_space(args) if args.space is not None else 0
+
+
+def _check_space(args: argparse.Namespace) -> None:
+    """--space's checks, before the model is pushed: the id, and that the folder's family has a demo."""
+    from .space import check_model_id, space_family
+
+    try:
+        check_model_id(args.space, "--space")
+        space_family(args.dir)
+    except ValueError as err:
+        raise UsageError(str(err)) from err
+
+
+def _push_space(args: argparse.Namespace) -> int:
+    from .push import HubPushError, push_space
+
+    try:
+        commit = push_space(args.dir, args.space, args.repo_id, private=args.private, token=args.token)
+    except HubPushError as err:
+        print(f"hf-vit-plus push: error: {err}", file=sys.stderr)
+        return 1
+    except ValueError as err:
         raise UsageError(str(err)) from err
     print(commit)
     return 0

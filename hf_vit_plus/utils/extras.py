@@ -9,6 +9,7 @@ extra, named as users expect:
 - `fast`: fast decoding's C++ kernels (ninja; a C++ compiler too) and int8 quantization (torchao);
 - `export`: ONNX export and onnxruntime, CTranslate2 conversion and decoding;
 - `interpret`: interpretability figures (matplotlib);
+- `space`: the demo Space `hf-vit-plus space` writes (Gradio);
 - `all`: every extra.
 
 `require` is called where a feature starts, before any work: a missing module stops it with `MissingExtraError`, one
@@ -26,6 +27,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "fast": ("ninja", "torchao"),
     "export": ("onnx", "onnxscript", "onnxruntime", "ctranslate2"),
     "interpret": ("matplotlib",),
+    "space": ("gradio",),
 }
 # import name -> distribution name, where they differ
 DISTRIBUTIONS = {"sklearn": "scikit-learn"}
