@@ -85,8 +85,14 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
+# Python files the package writes out for its users (a generated Space's app.py), not modules the package imports:
+# they import the public API as any user's code does.
+TEMPLATES = ("hf_vit_plus.hub.space_templates",)
+
+
 def _modules() -> dict[str, Path]:
-    return {_module_name(path): path for path in sorted(PACKAGE_DIR.rglob("*.py"))}
+    modules = {_module_name(path): path for path in sorted(PACKAGE_DIR.rglob("*.py"))}
+    return {name: path for name, path in modules.items() if not name.startswith(TEMPLATES)}
 
 
 MODULES = _modules()

@@ -62,12 +62,22 @@ def check_model_id(model_id: str, option: str = "--model_id") -> str:
     return model_id
 
 
+def _installed_version_pin() -> str:
+    """`==VERSION` of the installed distribution (the Space runs the release that made it), or "" where the package
+    runs from a source tree that is not installed. (Read from the distribution's metadata: this module sits below the
+    package's public API and does not import it.)"""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"=={version('hf_vit_plus')}"
+    except PackageNotFoundError:
+        return ""
+
+
 def render_space(model_dir: str | Path, model_id: str | None = None) -> dict[str, str]:
     """The Space's files (name -> text) for the model folder `model_dir`, loading `model_id` on the Hub.
 
     `model_id` defaults to the repo id the folder's card names; a ValueError where there is none."""
-    from .. import __version__
-
     folder = Path(model_dir)
     family = space_family(folder)
     model_id = model_id if model_id is not None else _repo_id_of(folder)
@@ -100,7 +110,7 @@ def render_space(model_dir: str | Path, model_id: str | None = None) -> dict[str
             "",
         ]
     )
-    requirements = f"hf_vit_plus[space]=={__version__}\n"
+    requirements = f"hf_vit_plus[space]{_installed_version_pin()}\n"
     return {"app.py": app, "requirements.txt": requirements, "README.md": readme}
 
 
