@@ -52,16 +52,17 @@ class RunPlan:
 
     @property
     def sharded(self) -> bool:
-        return bool(self.request.fsdp or self.request.deepspeed_from)
+        return _sharded(self.request)
 
     @property
     def weights_from_main_process(self) -> bool:
         """fsdp_cpu_ram_efficient_loading with pretrained weights: only the main process reads them (under FSDP2)."""
         return bool(self.request.fsdp and self.request.ram_efficient_loading and self.args.model_name_or_path)
 
-    @property
-    def device_type(self) -> str:
-        return "cpu" if self.on_cpu else torch.accelerator.current_accelerator().type
+
+def _sharded(request: ParallelismRequest) -> bool:
+    """Whether FSDP or DeepSpeed shards the run (they then keep their own precision settings)."""
+    return bool(request.fsdp or request.deepspeed_from)
 
 
 def trains_on_cpu(args: TrainingArguments) -> bool:
@@ -99,7 +100,7 @@ def _decide_precision(args: TrainingArguments, request: ParallelismRequest, on_c
     if is_initialized():
         return args, "an earlier run in this process"
     device = "cpu" if on_cpu else torch.accelerator.current_accelerator().type
-    value = recipe_mixed_precision(args.recipe, device, sharded=bool(request.fsdp or request.deepspeed_from))
+    value = recipe_mixed_precision(args.recipe, device, sharded=_sharded(request))
     if value:
         return dataclasses.replace(args, mixed_precision=value), f"--recipe {args.recipe}"
     return args, "the default"
