@@ -31,6 +31,7 @@ def adapter_card(
     dataset_name: str | None = None,
     figures: list[str | Path] = (),
     learning_warning: str | None = None,
+    license: str = "apache-2.0",
 ):
     """The `huggingface_hub.ModelCard` of an adapter folder: `base_model` (default: what adapter_config.json names;
     in the metadata when it is a Hub id, not a local folder, which the Hub would refuse there) and
@@ -40,6 +41,7 @@ def adapter_card(
     from huggingface_hub import ModelCard, ModelCardData
 
     from ..families import FAMILIES
+    from .card import check_license
 
     folder = Path(folder)
     config = json.loads((folder / "adapter_config.json").read_text(encoding="utf-8"))
@@ -50,7 +52,7 @@ def adapter_card(
     data = ModelCardData(
         base_model=base_model if base_model and not Path(base_model).exists() else None,
         library_name="peft",
-        license="apache-2.0",
+        license=check_license(license),
         tags=["lora", "peft", "hf_vit_plus", *([family] if family else [])],
         datasets=[dataset_name] if dataset_name else None,
     )
@@ -60,7 +62,8 @@ def adapter_card(
     results = "".join(
         f"| {name} | {value:.4g} |\n" for name, value in (eval_results or {}).items() if isinstance(value, int | float)
     )
-    content = f"""---
+    content = (
+        f"""---
 {data.to_yaml()}
 ---
 
@@ -81,8 +84,9 @@ base = {auto_class}.from_pretrained("{base_model}")
 model = PeftModel.from_pretrained(base, "{repo_id}")
 merged = model.merge_and_unload()  # a plain model of the family, adapter folded into its weights
 ```
-""" + (f"\n## Evaluation results\n\n{warning}| metric | value |\n|---|---|\n{results}" if results else "") + (
-        f"\n## Training\n\n{pictures}" if pictures else ""
+"""
+        + (f"\n## Evaluation results\n\n{warning}| metric | value |\n|---|---|\n{results}" if results else "")
+        + (f"\n## Training\n\n{pictures}" if pictures else "")
     )
     return ModelCard(content)
 

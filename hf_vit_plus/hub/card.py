@@ -59,6 +59,34 @@ PIPELINE_TAGS = frozenset(
 )
 FIGURE_SUFFIXES = (".png", ".jpg", ".jpeg", ".svg", ".gif")
 
+# The Hub's licence ids (https://huggingface.co/docs/hub/repositories-licenses), for `--license` and
+# `validate_card_metadata`. huggingface_hub (2.x) ships no list of them (`ModelCardData` only links to that page),
+# so the list lives here; "other" needs a `license_name`.
+HUB_LICENSES = frozenset(
+    """apache-2.0 mit openrail bigscience-openrail-m creativeml-openrail-m bigscience-bloom-rail-1.0 bigcode-openrail-m
+    afl-3.0 artistic-2.0 bsl-1.0 bsd bsd-2-clause bsd-3-clause bsd-3-clause-clear c-uda cc cc0-1.0 cc-by-2.0
+    cc-by-2.5 cc-by-3.0 cc-by-4.0 cc-by-sa-3.0 cc-by-sa-4.0 cc-by-nc-2.0 cc-by-nc-3.0 cc-by-nc-4.0 cc-by-nd-4.0
+    cc-by-nc-nd-3.0 cc-by-nc-nd-4.0 cc-by-nc-sa-2.0 cc-by-nc-sa-3.0 cc-by-nc-sa-4.0 cdla-sharing-1.0
+    cdla-permissive-1.0 cdla-permissive-2.0 wtfpl ecl-2.0 epl-1.0 epl-2.0 etalab-2.0 eupl-1.1 eupl-1.2 agpl-3.0
+    gfdl gpl gpl-2.0 gpl-3.0 lgpl lgpl-2.1 lgpl-3.0 isc h-research intel-research lppl-1.3c ms-pl apple-ascl
+    apple-amlr mpl-2.0 odc-by odbl openmdw-1.0 openrail++ osl-3.0 postgresql ofl-1.1 ncsa unlicense zlib pddl
+    lgpl-lr deepfloyd-if-license fair-noncommercial-research-license llama2 llama3 llama3.1 llama3.2 llama3.3
+    llama4 grok2-community gemma unknown other""".split()
+)
+
+
+def check_license(license: str) -> str:
+    """`license` when it is one of the Hub's licence ids (`HUB_LICENSES`, e.g. "apache-2.0", "cc-by-4.0"), else a
+    ValueError naming it."""
+    if not isinstance(license, str) or license not in HUB_LICENSES:
+        close = sorted(known for known in HUB_LICENSES if isinstance(license, str) and known.startswith(license[:4]))
+        hint = f" (close: {', '.join(close[:5])})" if close else ""
+        raise ValueError(
+            f"Unknown licence {license!r}: expected a Hub licence id such as 'apache-2.0', 'mit' or 'cc-by-4.0'"
+            f"{hint}; see https://huggingface.co/docs/hub/repositories-licenses."
+        )
+    return license
+
 
 def check_family(family: str) -> str:
     """`family` (an id of `hf_vit_plus.families.FAMILIES`: "vit", "seq2seq", ...; an old spelling is accepted), or a
@@ -277,6 +305,7 @@ def write_model_card(
         raise ValueError(f"training_args must be a dict, got {type(training_args).__name__}.")
     if not isinstance(eval_split, str) or not eval_split.strip():
         raise ValueError(f"eval_split must be a non-empty string (e.g. 'validation' or 'test'), got {eval_split!r}.")
+    check_license(license)
     config = _config_dict(model_config)
     _check_family_matches(family, config)
 
@@ -347,6 +376,7 @@ def model_card_from_config(
                 f"{sorted(spec.model_type for spec in FAMILIES.values())}, or pass family=."
             )
     family = check_family(family)
+    check_license(license)
     if config.get("model_type") != FAMILIES[family].model_type:
         raise ValueError(f"family {family!r} does not match the config's model_type {config.get('model_type')!r}.")
     _check_family_matches(family, config)
@@ -582,6 +612,8 @@ def _metadata_problems(metadata: dict, *, require_datasets: bool) -> list[str]:
     license_id = metadata.get("license")
     if isinstance(license_id, str) and not re.fullmatch(r"[a-z0-9][a-z0-9.\-]*", license_id):
         errors.append(f"'license' must be a Hub license id (lowercase, e.g. 'apache-2.0'), got {license_id!r}")
+    elif isinstance(license_id, str) and license_id not in HUB_LICENSES:
+        errors.append(f"'license' {license_id!r} is not one of the Hub's licence ids")
     if license_id == "other" and not metadata.get("license_name"):
         errors.append("'license: other' needs a 'license_name'")
     pipeline_tag = metadata.get("pipeline_tag")

@@ -308,9 +308,10 @@ class TrainingArguments:
         None, "stop after this many updates and save the state, to resume later (time-limited jobs)"
     )
     max_train_minutes: float | None = _option(
-        None, "a time budget: the run ends at its last update or after this many minutes of training, whichever comes "
+        None,
+        "a time budget: the run ends at its last update or after this many minutes of training, whichever comes "
         "first, and the learning-rate schedule follows the clock where the updates fall behind it (so a run cut "
-        "short still anneals); the values set from the run's length (recipe, warm-up) stay those of its updates"
+        "short still anneals); the values set from the run's length (recipe, warm-up) stay those of its updates",
     )
     report_to: str = _option("tensorboard", "tracker(s) of accelerate's log_with: tensorboard, wandb, ..., all, none")
     project_name: str | None = _option(None, "project name given to the trackers (default: hf_vit_plus-FAMILY)")
@@ -327,9 +328,21 @@ class TrainingArguments:
     # --- outputs
     push_to_hub: bool = _option(False, "push the model folder to the Hub at the end (needs --hub_model_id)")
     hub_model_id: str | None = _option(None, "Hub repository to push to, 'namespace/name'")
+    license: str = _option(
+        "apache-2.0", "the model card's licence: a Hub licence id (e.g. apache-2.0, mit, cc-by-4.0)"
+    )
     hub_revision: str | None = _option(None, "branch to push to (created if missing; default: main)")
     hub_private_repo: bool = _option(False, "create the Hub repository private")
     write_card: bool = _option(True, "write README.md (the model card) and its figures next to the model")
+
+    def _check_license(self) -> None:
+        """--license is one of the Hub's licence ids (`hf_vit_plus.hub.card.HUB_LICENSES`), or a UsageError."""
+        from ..hub.card import check_license
+
+        try:
+            check_license(self.license)
+        except ValueError as error:
+            raise UsageError(f"--license: {error}") from error
 
     def __post_init__(self) -> None:
         family = FAMILY_RECORDS.get(self.family)
@@ -398,6 +411,7 @@ class TrainingArguments:
         number("--lora_dropout", self.lora_dropout, low=0.0, high=1.0)
         if self.push_to_hub and not self.hub_model_id:
             raise UsageError("--push_to_hub needs --hub_model_id (e.g. 'my-user/vit-digits').")
+        self._check_license()
         if self.train_dir and self.train_file:
             raise UsageError("Give either --train_dir (an image folder) or --train_file, not both.")
         if family.data == "images" and self.train_file:
@@ -594,7 +608,7 @@ def _precision_policy(key: str, value):
         return dict(value)
     raise UsageError(
         f"--fsdp_config {key} must be one of {PRECISIONS} or an object of {', '.join(POLICY_FIELDS)} -> one of "
-        f"them (e.g. {{\"param_dtype\": \"bf16\", \"reduce_dtype\": \"fp32\"}}), got {value!r}."
+        f'them (e.g. {{"param_dtype": "bf16", "reduce_dtype": "fp32"}}), got {value!r}.'
     )
 
 

@@ -67,6 +67,9 @@ def add_parser(subparsers) -> None:
     demo.add_argument("--push_to_hub", action="store_true", help="push the model folder (needs --hub_model_id)")
     demo.add_argument("--hub_model_id", default=None, help="Hub repository to push to, 'namespace/name'")
     demo.add_argument("--hub_revision", default=None, help="branch to push to (created if missing; default: main)")
+    demo.add_argument(
+        "--license", default="apache-2.0", help="the model card's licence: a Hub licence id (e.g. apache-2.0, mit)"
+    )
     demo.set_defaults(func=run_demo)
 
 
@@ -113,6 +116,7 @@ def run_demo(namespace: argparse.Namespace) -> int:
         push_to_hub=namespace.push_to_hub,
         hub_model_id=namespace.hub_model_id,
         hub_revision=namespace.hub_revision,
+        license=namespace.license,
         save_steps=DEMO_DEFAULTS["save_steps"],
         save_total_limit=DEMO_DEFAULTS["save_total_limit"],
     )

@@ -136,7 +136,7 @@ def write_card_and_figures(
 
         card = write_adapter_card(
             output_dir, family=family.name, base_model=args.model_name_or_path, repo_id=args.hub_model_id,
-            eval_results=prefixed_metrics(eval_metrics), dataset_name=data.name, figures=figures,
+            eval_results=prefixed_metrics(eval_metrics), dataset_name=data.name, figures=figures, license=args.license,
             learning_warning=learning.card_text if learning is not None else None,
         )  # fmt: skip
         return figures + [card]
@@ -155,6 +155,7 @@ def write_card_and_figures(
         figures=figures,
         base_model=args.model_name_or_path,
         repo_id=args.hub_model_id,
+        license=args.license,
         eval_split=data.eval_split,
         learning_warning=learning.card_text if learning is not None else None,
     )

@@ -220,3 +220,33 @@ def test_push_uploads_the_card_naming_the_repository(hub_server, tmp_path):
     (tmp_path / "pushed").mkdir()
     (tmp_path / "pushed" / "README.md").write_text(card)
     assert validate_card_metadata(tmp_path / "pushed" / "README.md") == []
+
+
+def test_license_flag_reaches_the_card_and_unknown_licences_are_refused(tmp_path):
+    """Point 6: `--license` (default apache-2.0) is validated against the Hub's licence ids before any work, and
+    the card carries it; `validate_card_metadata` refuses a licence id the Hub does not know."""
+    from hf_vit_plus.errors import UsageError
+    from hf_vit_plus.hub.card import HUB_LICENSES, check_license
+    from hf_vit_plus.training.args import family_arguments
+
+    assert {"apache-2.0", "mit", "cc-by-4.0", "other"} <= HUB_LICENSES
+    assert family_arguments("vit", output_dir="unused", max_steps=3).license == "apache-2.0"
+    assert family_arguments("seq2seq", output_dir="unused", max_steps=3, license="cc-by-4.0").license == "cc-by-4.0"
+    with pytest.raises(UsageError, match="--license: Unknown licence 'apache2'"):
+        family_arguments("vit", output_dir="unused", max_steps=3, license="apache2")
+    with pytest.raises(ValueError, match="Unknown licence 'GPL'"):
+        check_license("GPL")
+    config = CONFIGS["vit"]
+    write_model_card(tmp_path, family="vit", model_config=config, training_args={},
+                     eval_results={"eval_accuracy": 0.5},
+                     dataset_name="sklearn-digits", license="cc-by-4.0")  # fmt: skip
+    assert load_card_metadata(tmp_path / "README.md")["license"] == "cc-by-4.0"
+    assert validate_card_metadata(tmp_path / "README.md") == []
+    with pytest.raises(ValueError, match="Unknown licence 'cc-by-5.0'"):
+        write_model_card(tmp_path, family="vit", model_config=config, training_args={}, eval_results={},
+                         dataset_name="sklearn-digits", license="cc-by-5.0")  # fmt: skip
+    text = (tmp_path / "README.md").read_text().replace("license: cc-by-4.0", "license: my-own-licence")
+    (tmp_path / "README.md").write_text(text)
+    assert validate_card_metadata(tmp_path / "README.md") == [
+        "'license' 'my-own-licence' is not one of the Hub's licence ids"
+    ]
