@@ -58,21 +58,38 @@ def cpu_description() -> tuple[str, list[str]]:
     return name, [feature for feature in CPU_FEATURES if feature in flags]
 
 
+def framework_versions(installed_only: bool = False) -> dict[str, str]:
+    """hf_vit_plus, Python and the `LIBRARIES` (name -> version, "not installed" for those missing, or left out with
+    `installed_only`): what `hf-vit-plus env` prints first, and a model card's "Framework versions"."""
+    versions = {"hf_vit_plus": library_version("hf_vit_plus"), "Python": platform.python_version()}
+    for name in LIBRARIES:
+        versions[name] = library_version(name)
+    if installed_only:
+        versions = {name: version for name, version in versions.items() if version != "not installed"}
+    return versions
+
+
+def device_description() -> str:
+    """The GPUs ("1 CUDA GPU(s): NVIDIA H200"), else "CPU (no CUDA device)"."""
+    import torch
+
+    if torch.cuda.is_available():
+        names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        return f"{len(names)} CUDA GPU(s): " + ", ".join(names)
+    return "CPU (no CUDA device)"
+
+
 def collect_environment() -> dict[str, str]:
     """Everything `hf-vit-plus env` prints, as label -> value."""
     import torch
 
     from hf_vit_plus import __version__
 
-    info = {"hf_vit_plus": __version__, "Python": platform.python_version(), "Platform": platform.platform()}
-    for name in LIBRARIES:
-        info[name] = library_version(name)
+    versions = framework_versions()
+    info = {"hf_vit_plus": __version__, "Python": versions.pop("Python"), "Platform": platform.platform()}
+    info |= {name: version for name, version in versions.items() if name != "hf_vit_plus"}
     info["torch"] += f" (CUDA build: {torch.version.cuda or 'none'})"
-    if torch.cuda.is_available():
-        names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-        info["Device"] = f"{len(names)} CUDA GPU(s): " + ", ".join(names)
-    else:
-        info["Device"] = "CPU (no CUDA device)"
+    info["Device"] = device_description()
     cpu, features = cpu_description()
     info["CPU"] = f"{cpu}, {os.cpu_count()} logical cores"
     info["CPU features"] = ", ".join(features) or "none of " + ", ".join(CPU_FEATURES)

@@ -28,10 +28,12 @@ class ImageDataset:
     name: str  # what users type: `--dataset NAME`, `--complete NAME`
     description: str  # for help texts, e.g. "scikit-learn's 8x8 digits, 1,437 train / 360 test"
     image_size: tuple[int, int]  # (height, width); grey images, values 0..255
-    card_name: str  # the name a model card gives the data set (its Hub id where there is one)
+    card_name: str  # the name a model card gives the data set, in words (e.g. "Fashion-MNIST")
     default_epochs: float  # training epochs when --num_train_epochs is not given
     loader: Callable[[str], np.ndarray]  # split -> images (N, H, W) uint8; FileNotFoundError when not installed
     citation: str = ""  # what a model card trained on it cites (markdown)
+    hub_id: str | None = None  # the data set's id on the Hub, where it has one (the card's `datasets` and model-index)
+    card_description: str = ""  # what a model card says of its source and splits (markdown)
     splits: tuple[str, ...] = ("train", "test")
     # The class of each image, for the classifiers (`train vit --dataset_name NAME`): split -> labels (N,) int64, and
     # the class names; None / () for a data set without labels.
@@ -118,7 +120,14 @@ IMAGE_DATASETS: dict[str, ImageDataset] = {
             name="digits",
             description="scikit-learn's 8x8 digits, 1,437 train / 360 test",
             image_size=(8, 8),
-            card_name="sklearn-digits",
+            card_name="scikit-learn's digits",
+            card_description=(
+                "scikit-learn's handwritten digits (`sklearn.datasets.load_digits`: 1,797 grey 8x8 images of the "
+                "digits 0-9, read from the scikit-learn package, their 17 grey levels scaled to 0-255). It has no "
+                "splits of its own and is not on the Hub: `hf_vit_plus.data.digits.load_digits_dataset(seed=0)` "
+                "splits it into 1,437 training and 360 test images, stratified by class; the test images are the "
+                "evaluation split."
+            ),
             default_epochs=30.0,
             loader=_digits,
             citation=DIGITS_CITATION,
@@ -129,7 +138,13 @@ IMAGE_DATASETS: dict[str, ImageDataset] = {
             name="fashion-mnist",
             description="28x28, 60,000 train / 10,000 test, from Debian's dataset-fashion-mnist package",
             image_size=(28, 28),
-            card_name="zalando-datasets/fashion_mnist",
+            card_name="Fashion-MNIST",
+            hub_id="zalando-datasets/fashion_mnist",
+            card_description=(
+                "Zalando's Fashion-MNIST: grey 28x28 images of 10 kinds of clothing, its own 60,000 training and "
+                "10,000 test images (read from Debian's `dataset-fashion-mnist` package, the same files as the "
+                "Hub's `zalando-datasets/fashion_mnist`); the test images are the evaluation split."
+            ),
             default_epochs=1.0,
             loader=_fashion_mnist,
             citation=FASHION_MNIST_CITATION,

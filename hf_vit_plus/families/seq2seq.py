@@ -31,7 +31,7 @@ SEQ2SEQ = Family(
     builtin_data="numbers -> English words",
     flags=(
         "source_column", "target_column", "max_source_length", "max_target_length", "vocab_size",
-        "label_smoothing_factor",
+        "label_smoothing_factor", "source_lang", "target_lang",
     ),  # fmt: skip
     flag_help={
         "config_name": "preset ('base' or 'big', the paper's) or config folder of a fresh model; default: a small "

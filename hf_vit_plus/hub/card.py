@@ -16,6 +16,7 @@ import logging
 import math
 import re
 import shutil
+from dataclasses import dataclass
 from numbers import Real
 from pathlib import Path
 from typing import Any
@@ -187,10 +188,16 @@ def metric_display_name(metric_type: str) -> str:
 
 
 def _eval_results(
-    eval_results: dict[str, float], family: str, dataset_name: str, dataset_config: str | None, eval_split: str
+    eval_results: dict[str, float],
+    family: str,
+    dataset_name: str,
+    dataset_config: str | None,
+    eval_split: str,
+    dataset_id: str | None,
 ) -> tuple[list[EvalResult], list[tuple[str, str, str]], list[tuple[str, str, str]]]:
-    """The model's results for the model-index (losses left out, readable metric names), the rows (key, value, split)
-    of the card's results table (losses included), and the baselines' rows (name, value, split) of `eval_results`."""
+    """The model's results for the model-index (losses left out, readable metric names; none without a Hub data set
+    id, which the model-index requires), the rows (key, value, split) of the card's results table (losses included),
+    and the baselines' rows (name, value, split) of `eval_results`."""
     if not isinstance(eval_results, dict):
         raise ValueError(f"eval_results must be a dict of metric name -> number, got {type(eval_results).__name__}.")
     results, rows, baselines = [], [], []
@@ -209,13 +216,13 @@ def _eval_results(
             baselines.append((metric.removeprefix(_BASELINE_PREFIX), _cell(value), split or ""))
             continue
         rows.append((key, _cell(value), split or ""))
-        if _LOSS.search(metric):
+        if _LOSS.search(metric) or dataset_id is None:
             continue
         results.append(
             EvalResult(
                 task_type=FAMILIES[family].card.pipeline_tag,
                 task_name=FAMILIES[family].card.task_name,
-                dataset_type=dataset_name,
+                dataset_type=dataset_id,
                 dataset_name=dataset_name,
                 dataset_config=dataset_config,
                 dataset_split=split,
@@ -227,12 +234,90 @@ def _eval_results(
     return results, rows, baselines
 
 
+def hub_dataset_id(dataset: str | None) -> str | None:
+    """`dataset` when it is a Hub data set id ("namespace/name" or "name"), None for a local folder or file (an
+    existing path, an absolute or relative path) or anything that is not a valid repo id."""
+    if not dataset or Path(dataset).expanduser().exists() or _repo_id_problem(dataset):
+        return None
+    return dataset
+
+
 def hub_base_model(base_model: str | None) -> str | None:
     """`base_model` when it is a Hub model id, None for a local folder (an existing path, an absolute or relative
     path, or anything that is not a valid repo id): the Hub would render it as a broken link."""
     if not base_model or Path(base_model).expanduser().exists() or _repo_id_problem(base_model):
         return None
     return base_model
+
+
+# What `write_model_card`'s `dataset_id` defaults to: `dataset_name` is the data set's Hub id too.
+_NAME_IS_ID = "<dataset_name>"
+# The libraries a card's "Framework versions" lists (those a loaded model runs on), by `env_cli.framework_versions`.
+CARD_LIBRARIES = ("hf_vit_plus", "Python", "torch", "transformers", "accelerate", "datasets", "tokenizers",
+                  "safetensors", "huggingface_hub", "peft")  # fmt: skip
+CO2_CALCULATOR = "https://mlco2.github.io/impact#compute"
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What a model card says of how the model was trained besides its hyperparameters: the data (source and splits,
+    and how examples were prepared) and the compute it took.
+
+    Args:
+        data_description: the data's source and splits, in markdown (e.g. `TrainingData.description`).
+        split_sizes: (split as the card names it, number of examples) of the training and evaluation data.
+        preprocessing: how examples became model inputs, in markdown.
+        hardware: what trained it, e.g. "1 process on CPU (AMD EPYC, 2 logical cores)".
+        train_seconds: the training time, all resumed sessions together.
+        precision: the mixed precision of the run ("no", "bf16", "fp16").
+    """
+
+    data_description: str = ""
+    split_sizes: tuple[tuple[str, int], ...] = ()
+    preprocessing: str = ""
+    hardware: str = ""
+    train_seconds: float | None = None
+    precision: str | None = None
+
+
+def _training_data_section(record: RunRecord | None) -> str:
+    if record is None or not (record.data_description or record.split_sizes or record.preprocessing):
+        return ""
+    text = "## Training data\n\n"
+    if record.data_description:
+        text += record.data_description.strip() + "\n\n"
+    if record.split_sizes:
+        text += "| split | examples |\n|---|---|\n" + "".join(f"| {s} | {n:,} |\n" for s, n in record.split_sizes)
+        text += "\n"
+    if record.preprocessing:
+        text += "### Preprocessing\n\n" + record.preprocessing.strip() + "\n\n"
+    return text
+
+
+def _environment_section(record: RunRecord | None, *, trained: bool) -> str:
+    """Compute, environmental impact and framework versions (from `hf_vit_plus.env_cli`, as `hf-vit-plus env`)."""
+    from ..env_cli import framework_versions
+
+    text = ""
+    if record is not None and (record.hardware or record.train_seconds is not None):
+        rows = [("Hardware", record.hardware or "not recorded")]
+        if record.train_seconds is not None:
+            seconds = record.train_seconds
+            took = f"{seconds:.3g} seconds" if seconds < 60 else f"{seconds / 60:.3g} minutes"
+            rows.append(("Training time", f"{seconds / 3600:.2g} hours ({took})"))
+        if record.precision:
+            rows.append(("Mixed precision", record.precision))
+        text += "## Compute\n\n| | |\n|---|---|\n" + "".join(f"| {k} | {_cell(v)} |\n" for k, v in rows) + "\n"
+        text += (
+            "## Environmental impact\n\nThe energy used and the carbon emitted were not measured. The "
+            f"[Machine Learning Impact calculator]({CO2_CALCULATOR}) (Lacoste et al., 2019) estimates them from the "
+            "hardware and the training time above, with the place where it ran.\n\n"
+        )
+    versions = framework_versions(installed_only=True)
+    who = "trained this model and wrote this card" if trained else "wrote this card"
+    text += f"## Framework versions\n\nThe environment that {who}:\n\n"
+    text += "".join(f"- {name} {versions[name]}\n" for name in CARD_LIBRARIES if name in versions) + "\n"
+    return text
 
 
 def _place_figures(figures, output_dir: Path) -> list[str]:
@@ -271,6 +356,8 @@ def write_model_card(
     language: list[str] | None = None,
     eval_split: str = "validation",
     learning_warning: str | None = None,
+    dataset_id: str | None = _NAME_IS_ID,
+    run_record: RunRecord | None = None,
 ) -> Path:
     """Render the family's model card into `output_dir/README.md` and return its path.
 
@@ -285,7 +372,8 @@ def write_model_card(
             after the prefix (e.g. "eval_baseline_uniform_bits_per_dim") are reference numbers measured on the same
             split, not the model's: they get a table of their own beside the results and stay out of the
             model-index.
-        dataset_name: the dataset id (goes in `datasets` and in the model-index).
+        dataset_name: the data set's name (the model-index's readable `name`; its Hub id too unless `dataset_id`
+            says otherwise).
         dataset_config: the dataset configuration, if any.
         figures: image files to embed (relative paths from the folder).
         base_model: the checkpoint this one was fine-tuned from, if any.
@@ -294,6 +382,16 @@ def write_model_card(
         language: language codes for the metadata (text models).
         eval_split: the data set's split that the "eval_" results were measured on (e.g. "test" when the run
             evaluates on the test split); "test_"/"predict_" results are always "test".
+        learning_warning: a line saying that the run did not learn its task, shown above the results.
+        dataset_id: the data set's Hub id (`datasets` and the model-index's `type`; default: `dataset_name`).
+            None for data that is not on the Hub: the card then has no `datasets` and no model-index (whose
+            `dataset.type` must be a Hub id), and its results are in the card's table only.
+        run_record: the training data's description and splits, the preprocessing, and the compute (hardware,
+            time), for the card's "Training data", "Compute" and "Environmental impact" sections.
+
+    Raises:
+        ValueError: an unknown family or licence, a config of another family, or malformed results.
+        FileNotFoundError: `output_dir` or a figure does not exist.
     """
     output_dir = Path(output_dir)
     if not output_dir.is_dir():
@@ -309,8 +407,15 @@ def write_model_card(
     config = _config_dict(model_config)
     _check_family_matches(family, config)
 
+    if dataset_id == _NAME_IS_ID:
+        dataset_id = dataset_name
+    elif dataset_id is not None and (not isinstance(dataset_id, str) or _repo_id_problem(dataset_id)):
+        raise ValueError(f"dataset_id must be a Hub data set id such as 'zalando-datasets/fashion_mnist' or None, "
+                         f"got {dataset_id!r}.")  # fmt: skip
     model_id = repo_id or output_dir.resolve().name
-    results, rows, baselines = _eval_results(eval_results, family, dataset_name, dataset_config, eval_split)
+    results, rows, baselines = _eval_results(
+        eval_results, family, dataset_name, dataset_config, eval_split, dataset_id
+    )
     if base_model and hub_base_model(base_model) is None:
         logger.info("base_model %r is a local folder, not a Hub id: it is left out of the card.", base_model)
     card = _render_card(
@@ -319,6 +424,7 @@ def write_model_card(
         model_id=model_id,
         repo_id=repo_id or "path/to/this/folder",
         dataset_name=dataset_name,
+        dataset_id=dataset_id,
         dataset_config=dataset_config,
         base_model=hub_base_model(base_model),
         license=license,
@@ -330,10 +436,11 @@ def write_model_card(
         baselines=baselines,
         figures=_place_figures(figures, output_dir),
         learning_warning=learning_warning,
+        run_record=run_record,
     )
     path = output_dir / "README.md"
     card.save(path)
-    problems = validate_card_metadata(path)
+    problems = validate_card_metadata(path, require_datasets=dataset_id is not None)
     if problems:  # a bug in a template or in this function, not in the caller's input
         raise RuntimeError(f"The rendered card {path} has invalid metadata: {problems}")
     return path
@@ -390,6 +497,7 @@ def model_card_from_config(
         model_id=repo_id,
         repo_id=repo_id,
         dataset_name=None,
+        dataset_id=None,
         dataset_config=None,
         base_model=None,
         license=license,
@@ -414,6 +522,7 @@ def _render_card(
     model_id: str,
     repo_id: str,
     dataset_name: str | None,
+    dataset_id: str | None,
     dataset_config: str | None,
     base_model: str | None,
     license: str,
@@ -425,6 +534,7 @@ def _render_card(
     baselines: list[tuple[str, str, str]],
     figures: list[str],
     learning_warning: str | None = None,
+    run_record: RunRecord | None = None,
 ) -> ModelCard:
     spec = FAMILIES[family].card
     metrics = sorted({r.metric_type for r in results})
@@ -433,7 +543,7 @@ def _render_card(
         license=license,
         library_name="transformers",
         tags=list(spec.tags) + [tag for tag in dict.fromkeys(tags) if tag not in spec.tags],
-        datasets=[dataset_name] if dataset_name else None,
+        datasets=[dataset_id] if dataset_id else None,
         metrics=metrics or None,
         pipeline_tag=spec.pipeline_tag,
         base_model=base_model,
@@ -447,16 +557,30 @@ def _render_card(
     hidden = {field for field, condition in spec.architecture_when if not values.get(condition)}
     arch = [(k, _cell(values[k])) for k in spec.architecture if values.get(k) is not None and k not in hidden]
     # a built-in data set's own citation (`hf_vit_plus.data.images`), for the templates that cite their data
-    citation = next((d.citation for d in IMAGE_DATASETS.values() if dataset_name in (d.card_name, d.name)), "")
+    known = (d for d in IMAGE_DATASETS.values() if dataset_name in (d.card_name, d.name) or dataset_id == d.hub_id)
+    citation = next((d.citation for d in known if d.citation), "")
+    link = f"**{dataset_name}**" if dataset_name else ""
+    if dataset_id:  # the Hub's page of the data set
+        link = f"[**{dataset_name}**](https://huggingface.co/datasets/{dataset_id})"
     return ModelCard.from_template(
         card_data,
         template_path=template_path(family),
         model_id=model_id,
         repo_id=repo_id,
         dataset_name=dataset_name,
+        dataset_link=link,
         dataset_config=dataset_config,
         base_model=base_model,
         architecture=arch,
+        training_data_section=_training_data_section(run_record),
+        # results of data that is not on the Hub stay out of the metadata, whose model-index needs a Hub data set id
+        results_note=(
+            "The data set is not on the Hub, so these results are in this table only, not in the card's metadata "
+            "(whose `model-index` names a Hub data set).\n\n"
+            if result_rows and not dataset_id
+            else ""
+        ),
+        environment_section=_environment_section(run_record, trained=bool(dataset_name)),
         hyperparameters=hyperparameters,
         results=result_rows,
         baselines=baselines,
@@ -573,6 +697,8 @@ def _check_result(result: dict, where: str, errors: list[str]) -> None:
     dataset = result.get("dataset")
     if not isinstance(dataset, dict) or not all(isinstance(dataset.get(k), str) for k in ("name", "type")):
         errors.append(f"{where}.dataset must have string 'name' and 'type'")
+    elif _repo_id_problem(dataset["type"]):
+        errors.append(f"{where}.dataset.type {dataset['type']!r} is not a Hub data set id")
     for metric_where, metric in _items(result.get("metrics"), f"{where}.metrics", errors):
         if not isinstance(metric, dict) or not isinstance(metric.get("type"), str) or not metric["type"]:
             errors.append(f"{metric_where}.type must be a non-empty string")
@@ -632,6 +758,12 @@ def _metadata_problems(metadata: dict, *, require_datasets: bool) -> list[str]:
         errors.append("'model_name' outside a model-index is not a Hub metadata key")
     if "model-index" in metadata:
         _check_model_index(metadata["model-index"], errors)
+        listed = metadata.get("datasets") or []
+        for model in metadata["model-index"] if isinstance(metadata["model-index"], list) else []:
+            for result in (model.get("results") or []) if isinstance(model, dict) else []:
+                kind = result.get("dataset", {}).get("type") if isinstance(result, dict) else None
+                if isinstance(kind, str) and kind not in listed:
+                    errors.append(f"model-index data set {kind!r} is not in 'datasets' {listed!r}")
         if not errors:
             _check_with_huggingface_hub(metadata, errors)
     return errors

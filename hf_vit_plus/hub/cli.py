@@ -17,7 +17,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
             "Push a save_pretrained folder (a model, or a PEFT adapter: adapter_config.json + "
             "adapter_model.safetensors) to a Hub model repository as one commit. The repository is created "
             "if missing; with --revision the branch is created from main if missing. Pickled weights are refused; "
-            "a training run's checkpoints/ and logs/ are left out. "
+            "a training run's checkpoints/ are left out, and its TensorBoard event files (logs/) go up under runs/, "
+            "where the Hub shows them as training metrics (--no_logs: not). "
             "A README.md in the folder is pushed as it is (a card hf_vit_plus wrote is made to name REPO_ID in its "
             "loading examples, model-index and title); without one, the commit gets the family's model card "
             "rendered from config.json, or an adapter card for an adapter (the folder itself is only read). "
@@ -35,6 +36,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="fail instead of creating --revision when it does not exist",
     )
     parser.add_argument("--private", action="store_true", help="create the repository private")
+    parser.add_argument(
+        "--no_logs", dest="logs", action="store_false", help="leave the run's TensorBoard logs (logs/) out"
+    )
     parser.add_argument(
         "--space",
         default=None,
@@ -70,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
             private=args.private,
             token=args.token,
             commit_message=args.commit_message,
+            logs=args.logs,
         )
     except HubPushError as err:
         print(f"hf-vit-plus push: error: {err}", file=sys.stderr)

@@ -50,10 +50,25 @@ class HubPushError(RuntimeError):
 
 
 # What a training run leaves next to its model and never pushes (hf_vit_plus.training): the training states
-# (checkpoints/, with pickled optimiser states), the trackers' logs, half-written files and the run's lock
-# (training.run_lock). So the output folder of `hf-vit-plus train` is pushed as it is, by the run and by
-# `hf-vit-plus push` when that push is retried.
+# (checkpoints/, with pickled optimiser states), the trackers' logs as they lie (their TensorBoard event files go up
+# under runs/ instead: `tensorboard_logs`), half-written files and the run's lock (training.run_lock). So the output
+# folder of `hf-vit-plus train` is pushed as it is, by the run and by `hf-vit-plus push` when that push is retried.
 RUN_IGNORE_PATTERNS = ["checkpoints/*", "logs/*", ".tmp-*", ".tmp-*/*", ".hf_vit_plus-run.lock"]
+
+
+# Where a run's TensorBoard event files go in the repository: the Hub shows a "Training metrics" tab for the event
+# files under runs/, the folder transformers' Trainer pushes its logs in.
+LOGS_IN_REPO = "runs"
+
+
+def tensorboard_logs(folder: str | Path) -> dict[str, Path]:
+    """The TensorBoard event files a training run wrote under `folder`/logs (`hf_vit_plus.training`'s logging dir):
+    path in the repository (runs/<path under logs>) -> local file."""
+    logs = Path(folder) / "logs"
+    if not logs.is_dir():
+        return {}
+    events = sorted(p for p in logs.rglob("events.out.tfevents.*") if p.is_file())
+    return {f"{LOGS_IN_REPO}/{p.relative_to(logs).as_posix()}": p for p in events}
 
 
 def files_to_push(folder: str | Path) -> list[str]:
@@ -213,6 +228,7 @@ def push_checkpoint(
     private: bool = False,
     token: str | None = None,
     commit_message: str | None = None,
+    logs: bool = True,
 ) -> str:
     """Push the checkpoint `folder` to the Hub repository `repo_id` as one commit.
 
@@ -231,6 +247,8 @@ def push_checkpoint(
         private: create the repository private (ignored when it already exists).
         token: Hub token (default: the saved token or `HF_TOKEN`).
         commit_message: the commit title (default: "Upload <folder name> with hf_vit_plus").
+        logs: also push the run's TensorBoard event files (`folder`/logs/**/events.out.tfevents.*) under runs/,
+            where the Hub shows them in its "Training metrics" tab (`tensorboard_logs`).
 
     Returns:
         The commit URL (a `huggingface_hub.CommitInfo`, a `str` whose `.oid` is the 40-hex commit id).
@@ -252,6 +270,7 @@ def push_checkpoint(
     branch = revision or "main"
     api = HfApi(token=token)
     message = commit_message or f"Upload {folder.resolve().name} with hf_vit_plus"
+    events = tensorboard_logs(folder) if logs else {}
 
     step = "create_repo"
     try:
@@ -262,6 +281,7 @@ def push_checkpoint(
         step = "upload"
         logger.info("Pushing %d files from %s to %s@%s", len(files), folder, repo_id, branch)
         operations = [CommitOperationAdd(path_in_repo=f, path_or_fileobj=folder / f) for f in files]
+        operations += [CommitOperationAdd(path_in_repo=f, path_or_fileobj=p) for f, p in events.items()]
         if card is not None:  # rendered or rewritten into the commit only: the folder is not written
             operations.append(CommitOperationAdd(path_in_repo="README.md", path_or_fileobj=card.encode("utf-8")))
         info = api.create_commit(

@@ -17,6 +17,7 @@ import argparse
 import dataclasses
 import math
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -191,6 +192,8 @@ class TrainingArguments:
     max_eval_samples: int | None = _option(None, "evaluate on the first N examples only")
     max_source_length: int = _option(64, "source tokens kept per example (longer ones are cut)", OWN)
     max_target_length: int = _option(64, "target tokens kept per example (longer ones are cut)", OWN)
+    source_lang: str | None = _option(None, "language code of the sources (e.g. en), for the model card", OWN)
+    target_lang: str | None = _option(None, "language code of the targets (e.g. de), for the model card", OWN)
     block_size: int = _option(128, "tokens per training sequence: the text is cut into blocks", OWN)
     vocab_size: int = _option(1000, "size of the BPE vocabulary trained on the data", OWN)
     dataloader_num_workers: int = _option(0, "worker processes per data loader (0: the main process loads)")
@@ -412,6 +415,11 @@ class TrainingArguments:
         if self.push_to_hub and not self.hub_model_id:
             raise UsageError("--push_to_hub needs --hub_model_id (e.g. 'my-user/vit-digits').")
         self._check_license()
+        for flag in ("source_lang", "target_lang"):
+            code = getattr(self, flag)
+            if code is not None and not re.fullmatch(r"[a-z]{2,3}(-[A-Za-z0-9]{2,8})*", code):
+                raise UsageError(f"--{flag} must be a language code such as 'en', 'de' or 'pt-BR' (ISO 639), got "
+                                 f"{code!r}.")  # fmt: skip
         if self.train_dir and self.train_file:
             raise UsageError("Give either --train_dir (an image folder) or --train_file, not both.")
         if family.data == "images" and self.train_file:

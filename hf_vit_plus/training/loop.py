@@ -618,7 +618,7 @@ def finish(run: Run, progress: Progress, train_seconds: float) -> TrainResult:
     trained = trained_model(run.accelerator, run.model)  # gathered under FSDP (collective)
     files = save_final(
         run.accelerator, run.model, run.processor, run.args, run.family, run.data, progress.eval_metrics, history,
-        trained=trained, learning=learning,
+        trained=trained, learning=learning, train_seconds=run.clock.elapsed,
     )  # fmt: skip
     run.accelerator.end_training()
     if run.clock.spent and progress.global_step < run.total_steps:  # the time budget ended it

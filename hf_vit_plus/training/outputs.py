@@ -57,10 +57,12 @@ def save_final(
     log_history: list[dict],
     trained: tuple | None = None,
     learning=None,
+    train_seconds: float | None = None,
 ) -> list[Path]:
     """Model + processor, evaluation results, curves, figures and the card into --output_dir; push when asked.
     `model` is the one `accelerator.prepare` returned; `trained` what `sharding.trained_model` gave for it, if it
-    was called already. Returns the files written besides the model's own."""
+    was called already; `train_seconds` the training time the card reports. Returns the files written besides the
+    model's own."""
     output_dir = Path(args.output_dir)
     accelerator.wait_for_everyone()
     # an ordinary module with the trained weights: collective under FSDP/DeepSpeed, every process calls it
@@ -77,10 +79,13 @@ def save_final(
         (output_dir / "log_history.json").write_text(json.dumps(log_history, indent=1))
         files += [output_dir / "eval_results.json", output_dir / "log_history.json"]
         if args.write_card:
+            record = run_record(accelerator, args, family, data, processor, train_seconds)
             files += write_card_and_figures(
-                args, family, data, unwrapped, processor, eval_metrics, log_history, learning=learning
+                args, family, data, unwrapped, processor, eval_metrics, log_history, learning=learning, record=record
             )
         if args.push_to_hub:
+            for tracker in accelerator.trackers:  # the TensorBoard events so far go up with the model (under runs/)
+                getattr(getattr(tracker, "writer", None), "flush", lambda: None)()
             message = push(output_dir, args)
             failure = StepFailedError(message) if message is not None else None  # the model is saved: run done
     accelerator.wait_for_everyone()
@@ -124,9 +129,10 @@ def write_card_and_figures(
     eval_metrics: dict[str, float],
     log_history: list[dict],
     learning=None,
+    record=None,
 ) -> list[Path]:
     """The training curves, the family's figures of the trained (unwrapped) `model` and the model card that shows
-    them."""
+    them (`record`: the card's `hub.card.RunRecord`, the data and compute sections)."""
     from ..hub import plot_training_curves, write_model_card
 
     output_dir = Path(args.output_dir)
@@ -136,8 +142,8 @@ def write_card_and_figures(
 
         card = write_adapter_card(
             output_dir, family=family.name, base_model=args.model_name_or_path, repo_id=args.hub_model_id,
-            eval_results=prefixed_metrics(eval_metrics), dataset_name=data.name, figures=figures, license=args.license,
-            learning_warning=learning.card_text if learning is not None else None,
+            eval_results=prefixed_metrics(eval_metrics), dataset_name=data.hub_id, figures=figures,
+            license=args.license, learning_warning=learning.card_text if learning is not None else None,
         )  # fmt: skip
         return figures + [card]
     was_training = model.training
@@ -158,8 +164,44 @@ def write_card_and_figures(
         license=args.license,
         eval_split=data.eval_split,
         learning_warning=learning.card_text if learning is not None else None,
+        dataset_id=data.hub_id,
+        run_record=record,
+        language=list(data.languages) or None,
     )
     return figures + [Path(card)]
+
+
+def run_record(
+    accelerator: Accelerator,
+    args: TrainingArguments,
+    family: TrainingFamily,
+    data: TrainingData,
+    processor,
+    train_seconds: float | None,
+):
+    """The card's account of the run (`hub.card.RunRecord`): the data's description and split sizes, the family's
+    preprocessing, the hardware (processes, GPUs or CPU, by `env_cli`), the training time and the precision."""
+    from ..env_cli import cpu_description
+    from ..hub.card import RunRecord
+
+    splits = (("train", "train"), ("validation", f"{data.eval_split} (evaluation)"))
+    sizes = tuple((label, len(data.raw[split])) for split, label in splits if split in data.raw)
+    processes = accelerator.num_processes
+    where = f"{processes} process{'es' if processes > 1 else ''}"
+    if accelerator.device.type == "cuda":
+        import torch
+
+        where += f", one GPU each ({torch.cuda.get_device_name(accelerator.device)})"
+    else:
+        where += f" on CPU ({cpu_description()[0]}, {os.cpu_count()} logical cores)"
+    return RunRecord(
+        data_description=data.description,
+        split_sizes=sizes,
+        preprocessing=family.preprocessing(args, processor),
+        hardware=where,
+        train_seconds=train_seconds,
+        precision=accelerator.mixed_precision,
+    )
 
 
 def card_hyperparameters(
@@ -205,9 +247,9 @@ def check_push_target(args: TrainingArguments) -> None:
 
 
 def push(output_dir: Path, args: TrainingArguments) -> str | None:
-    """Push the model folder (not the training checkpoints or logs: `hub.push.RUN_IGNORE_PATTERNS`) to
-    --hub_model_id. Returns None, or, when the push fails, one line saying where the model is saved and the
-    `hf-vit-plus push` command that retries it."""
+    """Push the model folder (not the training checkpoints: `hub.push.RUN_IGNORE_PATTERNS`; the TensorBoard logs
+    under runs/) to --hub_model_id. Returns None, or, when the push fails, one line saying where the model is saved
+    and the `hf-vit-plus push` command that retries it."""
     import shlex
 
     from ..hub import push_checkpoint

@@ -284,8 +284,9 @@ def test_trained_card_keeps_its_dataset_wording(tmp_path):
         tmp_path, family="sparse-lm", model_config=CONFIGS["sparse-lm"], training_args={}, eval_results={},
         dataset_name="austen",
     )  # fmt: skip
-    text = path.read_text()
-    assert "trained on **austen**" in text and "text like that of austen" in text
+    text = path.read_text()  # a data set name that is a Hub id links to the data set's page
+    assert "trained on [**austen**](https://huggingface.co/datasets/austen)" in text
+    assert "text like that of austen" in text
     assert "No evaluation results were recorded.\n" in text and "not recorded" not in text.split("## Model")[0]
 
 

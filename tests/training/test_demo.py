@@ -62,16 +62,23 @@ def test_demo_trains_saves_a_loadable_model_with_card_and_pushes(tmp_path, hub_s
 
     # card and figures next to the model, TensorBoard logs, a resumable checkpoint
     card = (output_dir / "README.md").read_text()
-    assert "model-index" in card and "accuracy" in card and "training_curves.png" in card
+    # the digits are not on the Hub: the results are in the card's table, not in a model-index
+    assert "model-index" not in card and "| eval_accuracy |" in card and "training_curves.png" in card
     for figure in ("training_curves.png", "attention_maps.png"):
         assert (output_dir / figure).stat().st_size > 1000, figure
     assert list((output_dir / "logs").rglob("events.out.tfevents.*"))
     assert (output_dir / "checkpoints" / "checkpoint-60" / "training_state.json").is_file()
 
-    # pushed to the requested branch, without the training checkpoints or logs
+    # pushed to the requested branch, without the training checkpoints; the TensorBoard event files under runs/,
+    # where the Hub shows its "Training metrics" tab
     pushed = hub_server.files(REPO_ID, revision="demo")
     assert {"model.safetensors", "config.json", "README.md", "training_curves.png"} <= set(pushed)
     assert not [path for path in pushed if path.startswith(("checkpoints/", "logs/"))]
+    events = sorted(path for path in pushed if path.startswith("runs/") and "events.out.tfevents." in path)
+    local = sorted(p.relative_to(output_dir / "logs").as_posix() for p in (output_dir / "logs").rglob("events.out.*"))
+    assert events == [f"runs/{name}" for name in local] and events
+    sent = hub_server.read_file(REPO_ID, events[0], "demo")  # the events up to the push (the file may grow at close)
+    assert sent and (output_dir / "logs" / local[0]).read_bytes().startswith(sent)
     assert (
         hub_server.read_file(REPO_ID, "model.safetensors", "demo") == (output_dir / "model.safetensors").read_bytes()
     )

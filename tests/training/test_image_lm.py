@@ -93,16 +93,19 @@ def test_cli_writes_weights_bits_per_dim_a_valid_card_and_the_curves(tmp_path, c
     _, test_images = load_image_arrays("digits")
 
     card = out / "README.md"
-    assert validate_card_metadata(card) == []
+    assert validate_card_metadata(card, require_datasets=False) == []
     meta = load_card_metadata(card)
     assert meta["pipeline_tag"] == "unconditional-image-generation"
     assert {"sparse-transformer", "image-generation"} <= set(meta["tags"])
-    assert meta["datasets"] == ["sklearn-digits"]
-    [entry] = meta["model-index"][0]["results"]
-    assert entry["dataset"]["split"] == "test"
-    metrics = {m["type"]: m["value"] for m in entry["metrics"]}
-    assert set(metrics) == {"bits_per_dim"}  # the floors are not the model's results, the loss is in the table
-    assert metrics["bits_per_dim"] == pytest.approx(results["eval_bits_per_dim"])
+    # scikit-learn's digits are not on the Hub: no `datasets`, and no model-index (whose data set must be a Hub id);
+    # the results are in the card's table, the data and its split in "Training data"
+    assert "datasets" not in meta and "model-index" not in meta
+    text = card.read_text()
+    bits = f"{results['eval_bits_per_dim']:.6g}"
+    assert f"| eval_bits_per_dim | {bits} | test |" in text and "The data set is not on the Hub" in text
+    data_section = text.split("## Training data")[1].split("\n## ")[0]
+    assert "load_digits_dataset(seed=0)" in data_section
+    assert "| train | 64 |" in data_section and "| test (evaluation) | 32 |" in data_section
     text = card.read_text()
     assert "| pixel_histogram_bits_per_dim |" in text and "| uniform_bits_per_dim | 8 | test |" in text
     assert "arXiv:1904.10509" in text and "Optical Recognition of Handwritten Digits" in text

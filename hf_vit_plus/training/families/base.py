@@ -111,6 +111,9 @@ class TrainingData:
     # reference numbers on the evaluation split that are not the model's (e.g. an image model's floors in bits/dim)
     baselines: dict[str, float] = dataclasses.field(default_factory=dict)
     eval_split: str = "validation"  # the data set's split that "validation" holds, as the model card names it
+    hub_id: str | None = None  # the data set's Hub id, where it has one (the card's `datasets` and model-index)
+    description: str = ""  # what the model card says of the data's source and splits (markdown)
+    languages: tuple[str, ...] = ()  # the texts' language codes (a translation card's source then target)
 
 
 class TrainingFamily:
@@ -267,6 +270,10 @@ class TrainingFamily:
         return {}
 
     # --- card extras
+    def preprocessing(self, args: TrainingArguments, processor) -> str:
+        """What the model card says of how examples became model inputs (markdown; "" when the family says nothing)."""
+        return ""
+
     def figures(self, model, processor, raw: DatasetDict, output_dir: Path) -> list[Path]:
         """The sparse attention pattern the model uses (the Sparse Transformer paper's Fig. 3), when it has one."""
         from ...models.sparse_layouts import pattern_from_config as sparse_pattern
@@ -282,6 +289,27 @@ class TrainingFamily:
 def builtin_data(args: TrainingArguments) -> bool:
     """Whether the run uses the family's built-in data (no data option given)."""
     return not (args.dataset_name or args.train_dir or args.train_file)
+
+
+def builtin_card_record(dataset) -> tuple[str, dict]:
+    """`TrainingData`'s name and fields (evaluation split, Hub id, description) for a built-in image data set
+    (`hf_vit_plus.data.images.ImageDataset`), whose test split is the evaluation split."""
+    return dataset.card_name, dict(eval_split="test", hub_id=dataset.hub_id, description=dataset.card_description)
+
+
+def user_data_record(args: TrainingArguments, files: str | None) -> dict:
+    """`TrainingData`'s name, Hub id and description of the user's data: --dataset_name when it is a Hub id (not a
+    local folder), else the local files' name (`files`: --train_dir or --train_file)."""
+    from ...hub.card import hub_dataset_id
+
+    if args.dataset_name:
+        hub_id = hub_dataset_id(args.dataset_name)
+        config = f" (configuration `{args.dataset_config_name}`)" if args.dataset_config_name else ""
+        where = f"the Hub data set `{hub_id}`" if hub_id else f"the data set in `{Path(args.dataset_name).name}`"
+        return dict(name=args.dataset_name if hub_id else Path(args.dataset_name).name, hub_id=hub_id,
+                    description=f"{where}{config}, loaded with `datasets.load_dataset`.")  # fmt: skip
+    name = Path(files).stem if files else "local files"
+    return dict(name=name, hub_id=None, description=f"local files (`{name}`), not on the Hub.")
 
 
 def load_user_data(args: TrainingArguments) -> DatasetDict:

@@ -15,7 +15,7 @@ from ...data.images import IMAGE_DATASETS, ImageDataset
 from ...errors import UsageError
 from ...models.configuration_sparse_transformer import SparseTransformerConfig
 from ..learning import LearningMetric
-from .base import TrainingData, TrainingFamily
+from .base import TrainingData, TrainingFamily, builtin_card_record
 
 # A fresh image model, on top of what the images fix (`IMAGE_CONFIG_FIELDS`): 4 blocks of width 64, untied embeddings
 # (as `SparseTransformerConfig.for_images`), the strided pattern (stride: one image row) with its two parts (the row
@@ -51,8 +51,15 @@ class ImageLMFamily(TrainingFamily):
         raw = DatasetDict(train=pixel_dataset(train), validation=pixel_dataset(test))
         # the floors of exactly the images the model trains and is evaluated on
         floors = pixel_floors(train, test)
-        card_name = self.spec.datasets[args.dataset].card_name
-        return TrainingData(raw, card_name, baselines=floors, eval_split="test")
+        name, record = builtin_card_record(self.spec.datasets[args.dataset])
+        return TrainingData(raw, name, baselines=floors, **record)
+
+    def preprocessing(self, args, processor) -> str:
+        return (
+            "Each image is one sequence: its grey values (0-255), row by row from the top left, are the tokens "
+            "(`SparseTransformerConfig.for_images`); the model learns each pixel from those before it. No "
+            "augmentation."
+        )
 
     def build(self, args, data):
         height, width = data.raw["train"].features["pixel_values"].shape

@@ -4,7 +4,6 @@ by default, a text file or a Hub data set) cut into blocks, perplexity and bits 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import torch
 from datasets import Dataset, DatasetDict
@@ -18,6 +17,7 @@ from .base import (
     load_user_data,
     saved_tokenizer,
     select_columns,
+    user_data_record,
 )
 
 # A fresh Sparse Transformer for byte-level text: 4 blocks of width 128, strided pattern of stride 16.
@@ -27,6 +27,13 @@ SMALL_SPARSE_LM_CONFIG = dict(
 )  # fmt: skip
 STDLIB_TRAIN_BYTES = 2_000_000
 STDLIB_HELDOUT_BYTES = 100_000
+# What the model card says of the built-in text.
+STDLIB_DESCRIPTION = (
+    "the Python standard library's own `.py` sources, read from the interpreter that trained the model "
+    "(`hf_vit_plus.data.text.load_stdlib_text`): bytes as tokens, files in sorted order, each file held out or not by "
+    "a hash of its path (a tenth held out), up to {train:,} training and {heldout:,} held-out bytes (the evaluation "
+    "split), cut into windows of the block size. Not on the Hub."
+)
 
 
 class SparseLMFamily(TrainingFamily):
@@ -48,9 +55,19 @@ class SparseLMFamily(TrainingFamily):
                 split: Dataset.from_dict({"input_ids": sequential_windows(text[key], args.block_size).tolist()})
                 for split, key in (("train", "train"), ("validation", "heldout"))
             }
-            return TrainingData(limit_samples(DatasetDict(windows), args), "python-stdlib-bytes")
+            about = STDLIB_DESCRIPTION.format(train=STDLIB_TRAIN_BYTES, heldout=STDLIB_HELDOUT_BYTES)
+            return TrainingData(limit_samples(DatasetDict(windows), args), "python-stdlib-bytes", description=about)
         raw, _ = select_columns(load_user_data(args), text=(args.text_column, ("text", "content"), "--text_column"))
-        return TrainingData(raw, args.dataset_name or Path(args.train_file).stem)  # limited once grouped in blocks
+        record = user_data_record(args, args.train_file)
+        return TrainingData(raw, record.pop("name"), **record)  # limited once grouped in blocks
+
+    def preprocessing(self, args, processor) -> str:
+        name = type(processor).__name__ if processor is not None else "bytes"
+        size = f", {len(processor):,} tokens" if processor is not None and hasattr(processor, "__len__") else ""
+        return (
+            f"The text is tokenized by the tokenizer saved with the model ({name}{size}) and cut into blocks of "
+            f"{args.block_size} tokens, one training sequence each."
+        )
 
     def build(self, args, data):
         from ...data.text import byte_tokenizer

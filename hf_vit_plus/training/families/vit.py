@@ -11,7 +11,6 @@ The masked patch prediction of the ViT paper (sec. 4.6) is the "vit-mpp" family 
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,7 +18,7 @@ import torch
 from datasets import Array2D, ClassLabel, Dataset, DatasetDict, Features
 from transformers import AutoImageProcessor, PretrainedConfig
 
-from ...data.images import labelled_image_datasets
+from ...data.images import IMAGE_DATASETS, labelled_image_datasets
 from ...data.loading import check_labels, label_names
 from ...errors import UsageError, load_config
 from ...models.configuration_vit_plus import ViTPlusConfig
@@ -27,7 +26,16 @@ from ...models.image_processing_vit_plus import ViTPlusImageProcessor
 from ..augment import BatchMixer, erasing, image_augmentation, mixes_batches, soft_cross_entropy
 from ..learning import LearningMetric, majority_accuracy
 from ..recipes import RecipeContext, recipe_drop_path_rate, resolve_recipe, updates_per_epoch
-from .base import TrainingData, TrainingFamily, builtin_data, limit_samples, load_user_data, select_columns
+from .base import (
+    TrainingData,
+    TrainingFamily,
+    builtin_card_record,
+    builtin_data,
+    limit_samples,
+    load_user_data,
+    select_columns,
+    user_data_record,
+)
 
 # The demo's ViT for 8x8 digits: 2x2 patches (16 tokens + [CLS]), 4 blocks of width 64.
 DIGITS_VIT_CONFIG = dict(
@@ -60,6 +68,19 @@ TRANSFORMERS_CONFIGS: dict[str, dict[str, Any]] = {
 PROCESSOR_MEAN, PROCESSOR_STD = 0.5, 0.5
 
 
+# The flags that change training images (the card's preprocessing names those a run turned on).
+AUGMENTATION_FLAGS = ("auto_augment", "random_resized_crop_scale", "horizontal_flip", "random_erasing_prob",
+                      "mixup_alpha", "cutmix_alpha")  # fmt: skip
+
+
+def _on(value) -> bool:
+    return value not in (None, 0, 1, False, "none", "")  # random_resized_crop_scale 1: the whole image
+
+
+def _cell_list(values) -> str:
+    return "not set" if values is None else ", ".join(f"{value:g}" for value in values)
+
+
 class ViTFamily(TrainingFamily):
     name = "vit"
     learning_metric = LearningMetric(
@@ -80,17 +101,34 @@ class ViTFamily(TrainingFamily):
             from ...data.digits import load_digits_dataset
 
             digits = load_digits_dataset(seed=0)
-            raw, name = DatasetDict(train=digits["train"], validation=digits["test"]), "sklearn-digits"
+            raw = DatasetDict(train=digits["train"], validation=digits["test"])
+            name, extra = builtin_card_record(IMAGE_DATASETS["digits"])
         elif args.dataset_name in builtin:  # the whole test split is the evaluation split
             dataset = builtin[args.dataset_name]
             raw = DatasetDict(train=_array_dataset(dataset, "train"), validation=_array_dataset(dataset, "test"))
-            name, extra = dataset.card_name, {"eval_split": "test"}
+            name, extra = builtin_card_record(dataset)
         else:
-            raw, name = load_user_data(args), args.dataset_name or Path(args.train_dir).name
+            raw, record = load_user_data(args), user_data_record(args, args.train_dir)
+            name, extra = record.pop("name"), record
         raw, chosen = select_columns(raw, **self.columns(args))
         if "label" in raw["train"].features and not isinstance(raw["train"].features["label"], ClassLabel):
             raw = raw.cast_column("label", ClassLabel(names=label_names(raw, "label")))
         return TrainingData(limit_samples(raw, args), name, label_column=chosen.get("label"), **extra)
+
+    def preprocessing(self, args, processor) -> str:
+        size = getattr(processor, "size", None) or {}
+        side = f"{size['height']}x{size['width']} pixels" if "height" in size else f"{dict(size)}"
+        mode = "grey" if getattr(processor, "do_convert_grayscale", False) else "RGB"
+        text = (
+            f"The image processor saved with the model (`AutoImageProcessor`, {type(processor).__name__}) converts "
+            f"images to {mode}, resizes them to {side} and normalises them with mean "
+            f"{_cell_list(getattr(processor, 'image_mean', None))} and standard deviation "
+            f"{_cell_list(getattr(processor, 'image_std', None))}."
+        )
+        flags = [f"{flag} {getattr(args, flag)}" for flag in AUGMENTATION_FLAGS if _on(getattr(args, flag, None))]
+        if flags:
+            text += f" Training images are augmented ({', '.join(flags)}); evaluation images are not."
+        return text
 
     def columns(self, args) -> dict:
         """The columns `select_columns` keeps, by role."""
