@@ -194,6 +194,8 @@ def test_marian_card_has_the_opus_mt_licence_and_languages(tmp_path, capsys):
     """opus-mt models are CC-BY-4.0: the licence and languages of the folder's own card reach the converted card."""
     save_marian_folder(tmp_path / "opus-mt-en-de")
     (tmp_path / "opus-mt-en-de" / "README.md").write_text(OPUS_MT_CARD)
+    # the card wins over the tokenizer config's languages
+    (tmp_path / "opus-mt-en-de" / "tokenizer_config.json").write_text('{"source_lang": "eng", "target_lang": "deu"}')
     code, _, err = convert(["marian", str(tmp_path / "opus-mt-en-de"), str(tmp_path / "out")], capsys)
     assert code == 0
     metadata, body = read_card(tmp_path / "out")
