@@ -475,18 +475,8 @@ def model_card_from_config(
         ValueError: an unknown family, a config of another model type, or a bad repo_id / tags.
     """
     config = _config_dict(model_config)
-    if family is None:
-        family = family_of(config)
-        if family is None:
-            raise ValueError(
-                f"No model card family for model_type {config.get('model_type')!r}; expected one of "
-                f"{sorted(spec.model_type for spec in FAMILIES.values())}, or pass family=."
-            )
-    family = check_family(family)
+    family = _card_family(config, family)
     check_license(license)
-    if config.get("model_type") != FAMILIES[family].model_type:
-        raise ValueError(f"family {family!r} does not match the config's model_type {config.get('model_type')!r}.")
-    _check_family_matches(family, config)
     if not isinstance(repo_id, str) or not repo_id.strip():
         raise ValueError(f"repo_id must be a non-empty string, got {repo_id!r}.")
     if isinstance(tags, str) or not all(isinstance(tag, str) and tag.strip() for tag in tags):
@@ -515,6 +505,97 @@ def model_card_from_config(
     return card
 
 
+def _card_family(config: dict, family: str | None) -> str:
+    """`family` checked against the config, or the config's own family when it is None; a ValueError naming the
+    model type when there is none or they differ."""
+    if family is None:
+        family = family_of(config)
+        if family is None:
+            raise ValueError(
+                f"No model card family for model_type {config.get('model_type')!r}; expected one of "
+                f"{sorted(spec.model_type for spec in FAMILIES.values())}, or pass family=."
+            )
+    family = check_family(family)
+    if config.get("model_type") != FAMILIES[family].model_type:
+        raise ValueError(f"family {family!r} does not match the config's model_type {config.get('model_type')!r}.")
+    _check_family_matches(family, config)
+    return family
+
+
+def write_converted_model_card(
+    output_dir: str | Path,
+    *,
+    model_config,
+    conversion: str,
+    base_model: str | None = None,
+    license: str = "apache-2.0",
+    license_name: str | None = None,
+    license_link: str | None = None,
+    language: list[str] | None = None,
+) -> Path:
+    """Render the family's card of a checkpoint converted from another format (`hf-vit-plus convert`) into
+    `output_dir/README.md` and return its path.
+
+    The card is the one `model_card_from_config` renders (no training records, no model-index), titled with the
+    folder's name, with loading examples of "path/to/this/folder" (`hf-vit-plus push` names the repository), and the
+    paragraph `conversion` after its introduction: where the weights come from and how close the converted model's
+    logits are to the source's.
+
+    Args:
+        output_dir: the converted checkpoint's folder (it must exist).
+        model_config: the converted model's `PretrainedConfig` (or its dict); it sets the family.
+        conversion: a markdown paragraph saying what the checkpoint was converted from, by what, and how close.
+        base_model: the source's Hub id; a local path is left out (`hub_base_model`).
+        license: a Hub licence id; "other" needs `license_name`.
+        license_name / license_link: the name of a licence "other" and a link to its text.
+        language: language codes for the metadata (text models).
+
+    Raises:
+        ValueError: an empty `conversion`, an unknown licence, "other" without a name, or a config of no family.
+    """
+    output_dir = Path(output_dir)
+    if not output_dir.is_dir():
+        raise FileNotFoundError(f"output_dir {str(output_dir)!r} is not an existing folder.")
+    if not isinstance(conversion, str) or not conversion.strip():
+        raise ValueError(f"conversion must be a non-empty paragraph, got {conversion!r}.")
+    check_license(license)
+    if license == "other" and not license_name:
+        raise ValueError("license 'other' needs a license_name (the Hub shows it in place of a licence id).")
+    config = _config_dict(model_config)
+    family = _card_family(config, None)
+    if base_model and hub_base_model(base_model) is None:
+        logger.info("base_model %r is a local folder, not a Hub id: it is left out of the card.", base_model)
+    card = _render_card(
+        family,
+        config,
+        model_id=output_dir.resolve().name,
+        repo_id=LOCAL_PLACEHOLDER,
+        dataset_name=None,
+        dataset_id=None,
+        dataset_config=None,
+        base_model=hub_base_model(base_model),
+        license=license,
+        license_name=license_name if license == "other" else None,
+        license_link=license_link if license == "other" else None,
+        language=language,
+        tags=(),
+        hyperparameters=[],
+        results=[],
+        result_rows=[],
+        baselines=[],
+        figures=[],
+        conversion=conversion.strip(),
+    )
+    if conversion.strip() not in card.text:  # a bug in a template, not in the caller's input
+        raise RuntimeError(f"The {family!r} card template has no place for the conversion paragraph.")
+    path = output_dir / "README.md"
+    card.save(path)
+    problems = validate_card_metadata(path, require_datasets=False)
+    if problems:  # a bug in a template or in this function, not in the caller's input
+        raise RuntimeError(f"The rendered card {path} has invalid metadata: {problems}")
+    return path
+
+
 def _render_card(
     family: str,
     config: dict,
@@ -535,12 +616,17 @@ def _render_card(
     figures: list[str],
     learning_warning: str | None = None,
     run_record: RunRecord | None = None,
+    license_name: str | None = None,
+    license_link: str | None = None,
+    conversion: str | None = None,
 ) -> ModelCard:
     spec = FAMILIES[family].card
     metrics = sorted({r.metric_type for r in results})
     card_data = ModelCardData(
         language=language,
         license=license,
+        license_name=license_name,
+        license_link=license_link,
         library_name="transformers",
         tags=list(spec.tags) + [tag for tag in dict.fromkeys(tags) if tag not in spec.tags],
         datasets=[dataset_id] if dataset_id else None,
@@ -586,6 +672,7 @@ def _render_card(
         baselines=baselines,
         figures=figures,
         learning_warning=learning_warning,
+        conversion=conversion,
         dataset_citation=citation,
         # what the image templates say of the architecture: transformers' own model types trained by the ViT family
         # for comparison (a ResNet), DeiT's distillation token
