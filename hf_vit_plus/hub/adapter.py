@@ -41,7 +41,7 @@ def adapter_card(
     from huggingface_hub import ModelCard, ModelCardData
 
     from ..families import FAMILIES
-    from .card import check_license
+    from .card import check_license, hub_base_model
 
     folder = Path(folder)
     config = json.loads((folder / "adapter_config.json").read_text(encoding="utf-8"))
@@ -50,8 +50,9 @@ def adapter_card(
     targets = config.get("target_modules")
     targets = ", ".join(sorted(targets)) if isinstance(targets, list) else str(targets)
     data = ModelCardData(
-        base_model=base_model if base_model and not Path(base_model).exists() else None,
+        base_model=hub_base_model(base_model),
         library_name="peft",
+        pipeline_tag=FAMILIES[family].card.pipeline_tag if family in FAMILIES else None,
         license=check_license(license),
         tags=["lora", "peft", "hf_vit_plus", *([family] if family else [])],
         datasets=[dataset_name] if dataset_name else None,
