@@ -21,6 +21,22 @@ from PIL import Image
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+# Python code that makes `hf_vit_plus` unimportable in the process that runs it first (the package is installed
+# editable into the venv): an import raises ModuleNotFoundError, as on a machine without it.
+BLOCK_PACKAGE = textwrap.dedent(
+    """
+    import sys
+    class _Block:
+        def find_spec(self, name, path=None, target=None):
+            if name == "hf_vit_plus" or name.startswith("hf_vit_plus."):
+                raise ModuleNotFoundError(f"No module named {name!r} (blocked by the test)")
+            return None
+    sys.meta_path.insert(0, _Block())
+    sys.path = [p for p in sys.path if p not in ("", ".") and "hf_vit_plus" not in p]
+    """
+)
+
+
 def run_without_package(
     code: str, cwd: Path, env: dict | None = None, timeout: int = 300, python: str | None = None
 ) -> dict:
@@ -31,18 +47,7 @@ def run_without_package(
     The package is installed editable into the venv, so the process blocks it explicitly: an import of
     `hf_vit_plus` raises ModuleNotFoundError, as on a machine without it.
     """
-    prelude = textwrap.dedent(
-        """
-        import sys
-        class _Block:
-            def find_spec(self, name, path=None, target=None):
-                if name == "hf_vit_plus" or name.startswith("hf_vit_plus."):
-                    raise ModuleNotFoundError(f"No module named {name!r} (blocked by the test)")
-                return None
-        sys.meta_path.insert(0, _Block())
-        sys.path = [p for p in sys.path if p not in ("", ".") and "hf_vit_plus" not in p]
-        """
-    )
+    prelude = BLOCK_PACKAGE
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
     full_env.update(
         {

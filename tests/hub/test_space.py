@@ -29,8 +29,9 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _launch(space: Path, model_dir: Path, tmp: Path):
-    """Run the generated app.py on a free loopback port; returns (process, url) once it answers."""
+def _launch(space: Path, model_dir: Path, tmp: Path, without_package: bool = False):
+    """Run the generated app.py on a free loopback port; returns (process, url) once it answers. `without_package`:
+    in a process where hf_vit_plus cannot be imported (a Space without it: the model's own code, trust_remote_code)."""
     port = _free_port()
     env = {
         **os.environ,
@@ -42,8 +43,14 @@ def _launch(space: Path, model_dir: Path, tmp: Path):
         "PYTHONPATH": str(REPO_ROOT),
         "OMP_NUM_THREADS": "1",
     }
+    command = [sys.executable, "app.py"]
+    if without_package:
+        from tests.utils import BLOCK_PACKAGE
+
+        command = [sys.executable, "-c", BLOCK_PACKAGE + "import runpy\nrunpy.run_path('app.py', run_name='__main__')"]
+        env.update(PYTHONPATH="", HF_MODULES_CACHE=str(tmp / "modules_cache"), HF_HOME=str(tmp / "hf_home"))
     log = open(tmp / "app.log", "w")
-    process = subprocess.Popen([sys.executable, "app.py"], cwd=space, env=env, stdout=log, stderr=subprocess.STDOUT)
+    process = subprocess.Popen(command, cwd=space, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -162,6 +169,29 @@ def test_the_vit_space_answers_the_pipelines_top5(vit_space):
     from PIL import Image
 
     assert Image.open(overlay).size == (40, 40)  # the rollout laid over the uploaded image
+
+
+def test_the_vit_space_runs_without_the_package_through_the_models_own_code(vit_space, tmp_path):
+    """Where hf_vit_plus is not installed the app loads the model with trust_remote_code=True (the code the folder
+    ships) and answers the pipeline's top-5, without the rollout overlay (which is the package's)."""
+    from transformers import pipeline
+
+    root, _ = vit_space
+    process, url = _launch(root / "space", root / "model", tmp_path, without_package=True)
+    try:
+        image = _image(tmp_path / "input.png")
+        label, overlay = gradio_client.Client(url, verbose=False).predict(
+            gradio_client.handle_file(str(image)), api_name="/classify"
+        )
+    finally:
+        process.kill()
+        process.wait()
+    expected = pipeline("image-classification", model=str(root / "model"), device="cpu")(str(image), top_k=5)
+    got = [(c["label"], c["confidence"]) for c in label["confidences"]]
+    assert [name for name, _ in got] == [e["label"] for e in expected]
+    assert [score for _, score in got] == pytest.approx([e["score"] for e in expected], abs=1e-5)
+    assert overlay is None
+    assert (tmp_path / "modules_cache").is_dir()  # the model's code came from the folder, through remote code
 
 
 def test_the_image_lm_space_samples_the_grid_sample_images_draws(image_lm_space):
