@@ -296,7 +296,7 @@ def _training_data_section(record: RunRecord | None) -> str:
 
 def _environment_section(record: RunRecord | None, *, trained: bool) -> str:
     """Compute, environmental impact and framework versions (from `hf_vit_plus.env_cli`, as `hf-vit-plus env`)."""
-    from ..env_cli import framework_versions
+    from ..utils.environment import framework_versions
 
     text = ""
     if record is not None and (record.hardware or record.train_seconds is not None):

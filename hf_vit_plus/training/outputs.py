@@ -181,8 +181,8 @@ def run_record(
 ):
     """The card's account of the run (`hub.card.RunRecord`): the data's description and split sizes, the family's
     preprocessing, the hardware (processes, GPUs or CPU, by `env_cli`), the training time and the precision."""
-    from ..env_cli import cpu_description
     from ..hub.card import RunRecord
+    from ..utils.environment import cpu_description
 
     splits = (("train", "train"), ("validation", f"{data.eval_split} (evaluation)"))
     sizes = tuple((label, len(data.raw[split])) for split, label in splits if split in data.raw)
