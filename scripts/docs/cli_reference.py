@@ -10,7 +10,9 @@ before the build, and tests/test_docs.py regenerates it into a temporary file an
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import sys
 import textwrap
 from pathlib import Path
 
@@ -100,11 +102,29 @@ def _section(parser: argparse.ArgumentParser, common: set[str], level: int) -> l
     return lines
 
 
+@contextlib.contextmanager
+def _environment(**values: str):
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def render() -> str:
     """The reference page, from the parser `hf-vit-plus` builds."""
-    os.environ["COLUMNS"] = WIDTH
-    os.environ["NO_COLOR"] = "1"
-    os.environ.setdefault("_HF_VIT_PLUS_DEFER_REGISTRATION", "1")  # as the launcher does: no Auto registration
+    with _environment(COLUMNS=WIDTH, NO_COLOR="1"):
+        return _render()
+
+
+def _render() -> str:
+    if "hf_vit_plus" not in sys.modules:  # as the launcher does: the parsers need no Auto registration (torch)
+        os.environ["_HF_VIT_PLUS_DEFER_REGISTRATION"] = "1"  # read and removed by hf_vit_plus/__init__.py
     from hf_vit_plus.cli import build_parser
     from hf_vit_plus.cli_utils import add_logging_arguments
 
