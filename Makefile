@@ -12,7 +12,7 @@ export TOKENIZERS_PARALLELISM := false
 PYTEST_ARGS ?= -n 2 --dist loadfile --durations=15
 
 .PHONY: demo test test-learning test-oldest test-slow test-deepspeed lint format bench bench-import clean venv venv-test env \
-	gpu-check
+	gpu-check docs docs-serve
 
 # The oldest releases the package supports (pyproject's lower bounds), in an environment of their own.
 OLDEST_VENV ?= .venv-oldest
@@ -35,6 +35,13 @@ $(OLDEST_VENV)/.stamp-test: pyproject.toml $(OLDEST_CONSTRAINTS)
 	test -x $(OLDEST_VENV)/bin/python || $(PYTHON) -m venv $(OLDEST_VENV)
 	$(OLDEST_VENV)/bin/python -m pip --disable-pip-version-check install -q --upgrade pip
 	$(OLDEST_VENV)/bin/python -m pip --disable-pip-version-check install -q -c $(OLDEST_CONSTRAINTS) -e ".[test]"
+	touch $@
+
+# The docs site's tools (the [docs] extra: mkdocs, Material, mkdocstrings), beside whatever else .venv holds.
+$(VENV)/.stamp-docs: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e ".[docs]"
 	touch $@
 
 venv: $(VENV)/.stamp-base
@@ -82,6 +89,17 @@ lint: $(VENV)/.stamp-test
 	$(VENV)/bin/ruff check .
 
 
+# The site (mkdocs.yml, docs/) into site/: the command-line reference is regenerated from the parsers first, and the
+# build is strict, so a broken link, a missing page or a docstring mkdocstrings cannot read fails it.
+export NO_MKDOCS_2_WARNING := 1
+docs: $(VENV)/.stamp-docs
+	$(PY) scripts/docs/cli_reference.py
+	$(VENV)/bin/mkdocs build --strict -f mkdocs.yml -d site/
+
+docs-serve: $(VENV)/.stamp-docs
+	$(PY) scripts/docs/cli_reference.py
+	$(VENV)/bin/mkdocs serve -f mkdocs.yml
+
 format: $(VENV)/.stamp-test
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
@@ -99,4 +117,4 @@ gpu-check:
 	VENV=$(VENV) PYTHON=$(PYTHON) bash scripts/gpu_check.sh
 
 clean:
-	rm -rf $(VENV) $(OLDEST_VENV) .cache outputs .pytest_cache
+	rm -rf $(VENV) $(OLDEST_VENV) .cache outputs .pytest_cache site
