@@ -63,7 +63,8 @@ def test_demo_trains_saves_a_loadable_model_with_card_and_pushes(tmp_path, hub_s
     # card and figures next to the model, TensorBoard logs, a resumable checkpoint
     card = (output_dir / "README.md").read_text()
     # the digits are not on the Hub: the results are in the card's table, not in a model-index
-    assert "model-index" not in card and "| eval_accuracy |" in card and "training_curves.png" in card
+    metadata = card.split("\n---\n")[0]
+    assert "model-index" not in metadata and "| eval_accuracy |" in card and "training_curves.png" in card
     for figure in ("training_curves.png", "attention_maps.png"):
         assert (output_dir / figure).stat().st_size > 1000, figure
     assert list((output_dir / "logs").rglob("events.out.tfevents.*"))
