@@ -153,6 +153,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="CTranslate2 compute types of our export measured by --quality (comma-separated; '' for none)",
     )
     p.add_argument("--quick", action="store_true", help="short defaults: 1 repeat, 8 + 8 tokens, batch 1 2, beam 1 2")
+    p.add_argument(
+        "--output", type=Path, default=None,
+        help="write the speed table's rows to this CSV (e.g. results/seq2seq_speed_small.csv), with the run's context",
+    )  # fmt: skip
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
     args = p.parse_args(argv)
     args.engines = _names(args.engines)
@@ -440,8 +444,33 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, dict]]:
             summary.setdefault("screen", {})[name] = (fast.screened_steps, fast.screen_fallbacks)
     if args.profile:
         summary["profile"] = profile_tables(args, engines, ours, tokens, summary)
+    if args.output is not None:
+        print(f"wrote {write_speed_rows(args, summary)}")
     workdir.cleanup()
     return summary
+
+
+def write_speed_rows(args: argparse.Namespace, summary: dict) -> Path:
+    """The speed table (each case and engine: tokens/s, the median ratio to marian and its range, the compilation
+    seconds) as rows of `--output`, with the model sizes (`result_rows.write_rows` adds the run's context)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from result_rows import write_rows
+
+    sizes = dict(preset=args.preset, vocab_size=args.vocab_size, d_model=args.d_model, layers=args.layers,
+                 source_length=args.source_length, new_tokens=args.new_tokens, repeats=args.repeats)  # fmt: skip
+    rows = []
+    for case, by_engine in summary.items():
+        if case in ("agreement", "screen", "profile"):
+            continue
+        for engine, entry in by_engine.items():
+            low, high = entry["range"]
+            rows.append(dict(case=case, engine=engine, tokens_per_s=round(entry["rate"], 2),
+                             vs_marian=round(entry["ratio"], 4), vs_marian_min=round(low, 4),
+                             vs_marian_max=round(high, 4), compile_s=round(entry.get("compile_s", 0.0), 2),
+                             **sizes))  # fmt: skip
+    return write_rows(args.output, rows, threads=args.threads)
 
 
 def report(args, rates, first_calls, agreement) -> dict[str, dict[str, dict]]:

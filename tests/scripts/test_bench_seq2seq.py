@@ -20,9 +20,11 @@ def _bench():
     return module
 
 
-def test_quick_run_prints_the_tables(capsys):
+def test_quick_run_prints_the_tables(capsys, tmp_path):
     bench = _bench()
     argv = [
+        "--output",
+        str(tmp_path / "speed.csv"),
         "--quick",
         "--engines",
         "marian,ours,ours-fast,ours-fast-full,ours-fast-int8,ct2-fp32,ct2-export",
@@ -56,6 +58,20 @@ def test_quick_run_prints_the_tables(capsys):
     if fbgemm_fp16_available():
         assert "greedy steps chose through the output screen" in out
         assert summary["screen"]["ours-fast"][0] > 0 and "ours-fast-full" not in summary["screen"]
+    # --output: the table's rows with the run's context (scripts/benchmarks/result_rows.py)
+    import csv
+
+    import torch
+
+    with open(tmp_path / "speed.csv", newline="") as file:
+        rows = list(csv.DictReader(file))
+    generation = [row for row in rows if row["case"].startswith("generate")]
+    assert len(generation) == 4 * 7 and {row["engine"] for row in generation} == engines
+    marian = [row for row in rows if row["engine"] == "marian"]
+    assert all(float(row["vs_marian"]) == 1.0 for row in marian)
+    first = rows[0]
+    assert first["torch"] == torch.__version__.split("+")[0] and first["threads"] == "1" and first["d_model"] == "32"
+    assert first["command"].startswith("python ") and len(first["date"]) == 10 and first["device"]
 
 
 def test_presets():
