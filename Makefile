@@ -12,7 +12,7 @@ export TOKENIZERS_PARALLELISM := false
 PYTEST_ARGS ?= -n 2 --dist loadfile --durations=15
 
 .PHONY: demo test test-learning test-oldest test-slow test-deepspeed lint format bench bench-import clean venv venv-test env \
-	gpu-check docs docs-serve
+	gpu-check docs docs-serve results
 
 # The oldest releases the package supports (pyproject's lower bounds), in an environment of their own.
 OLDEST_VENV ?= .venv-oldest
@@ -108,6 +108,10 @@ bench: $(VENV)/.stamp-test
 	$(PY) scripts/benchmarks/bench_vit.py
 
 # `import hf_vit_plus` and `hf-vit-plus --help` against transformers (medians of fresh processes; results/)
+# The Results page (docs/results.md) and its plots, from the committed files under results/.
+results: $(VENV)/.stamp-test
+	$(PY) scripts/docs/results_pages.py
+
 bench-import: $(VENV)/.stamp-test
 	$(PY) scripts/benchmarks/bench_import.py
 

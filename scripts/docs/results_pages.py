@@ -1,0 +1,248 @@
+"""Render the docs' Results page (docs/results.md) and its plots (docs/images/results/*.png) from the committed result
+files under results/: for each file, what wrote it, a plot where a reader would rather look than read, and its rows
+as a table. The page is generated: edit the files' descriptions here, and re-run after a benchmark writes a file.
+
+    python scripts/docs/results_pages.py            # write docs/results.md and the plots
+    python scripts/docs/results_pages.py --check    # exit 1 when docs/results.md is not what the files give
+
+The plots need matplotlib (the `train` extra); `--check` compares the page's text only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import sys
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "results"
+PAGE = ROOT / "docs" / "results.md"
+IMAGES = ROOT / "docs" / "images" / "results"
+
+
+@dataclass(frozen=True)
+class ResultFile:
+    """One result file: its name under results/, what wrote it, what it holds, and its plot (None: a table only)."""
+
+    name: str
+    written_by: str
+    holds: str
+    plot: Callable[[list[dict], Path], None] | None = None
+    columns: tuple[str, ...] = ()  # the table's columns (default: all but the run's context)
+
+
+def read_rows(path: Path) -> list[dict]:
+    with path.open(newline="", encoding="utf-8") as file:
+        return list(csv.DictReader(file))
+
+
+# ----------------------------------------------------------------------------------------------------- plots
+def _figure():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(7, 4), dpi=100)
+    return plt, figure, axis
+
+
+def _save(plt, figure, path: Path) -> None:
+    figure.tight_layout()
+    figure.savefig(path, metadata={"Software": None})  # no version stamp: the same rows give the same file
+    plt.close(figure)
+
+
+def plot_memory_per_process(rows: list[dict], path: Path) -> None:
+    """Memory a process adds while the weights load, in units of the weights' size, against the processes: the main
+    process and the others, with and without RAM-efficient loading."""
+    plt, figure, axis = _figure()
+    series = defaultdict(list)
+    for row in rows:
+        who = "main process" if row["rank"] == "0" else "other processes"
+        flag = "RAM-efficient loading" if row["flag"] == "True" else "every process reads"
+        added = (int(row["set_up_peak"]) - int(row["base_rss"])) / int(row["weights_bytes"])
+        series[(row["model"], who, flag)].append((int(row["processes"]), added))
+    for (model, who, flag), points in sorted(series.items()):
+        by_processes = defaultdict(list)
+        for processes, added in points:
+            by_processes[processes].append(added)
+        xs = sorted(by_processes)
+        ys = [sum(by_processes[x]) / len(by_processes[x]) for x in xs]
+        axis.plot(xs, ys, marker="o", linestyle="-" if "efficient" in flag else "--", label=f"{model}, {who}, {flag}")
+    axis.set_xlabel("processes")
+    axis.set_ylabel("memory added at set-up / weights' size")
+    axis.set_xticks(sorted({int(row["processes"]) for row in rows}))
+    axis.legend(fontsize=6)
+    axis.set_title("FSDP2 set-up: memory per process")
+    _save(plt, figure, path)
+
+
+def plot_decoding_speed(rows: list[dict], path: Path) -> None:
+    """Each engine's speed as a multiple of transformers' Marian (eager), per case: the median over the rounds of the
+    file's after column, at the file's first preset."""
+    plt, figure, axis = _figure()
+    preset = rows[0]["preset"]
+    values = defaultdict(list)
+    for row in rows:
+        if row["preset"] == preset and row["after_vs_marian"]:
+            values[(row["case"], row["engine"])].append(float(row["after_vs_marian"]))
+    cases = list(dict.fromkeys(case for case, _ in values))
+    engines = list(dict.fromkeys(engine for _, engine in values))
+    width = 0.8 / max(1, len(engines))
+    for i, engine in enumerate(engines):
+        heights = [statistics.median(values.get((case, engine), [0.0])) for case in cases]
+        axis.bar([c + i * width for c in range(len(cases))], heights, width, label=engine)
+    axis.axhline(1.0, color="black", linewidth=0.8)
+    axis.set_xticks([c + 0.4 - width / 2 for c in range(len(cases))])
+    axis.set_xticklabels([case.replace("generate ", "") for case in cases], fontsize=7)
+    axis.set_ylabel("tokens/s / Marian's")
+    axis.set_title(f"Decoding speed per engine ({preset} preset)")
+    axis.legend(fontsize=6, ncol=2)
+    _save(plt, figure, path)
+
+
+def plot_learning(rows: list[dict], path: Path) -> None:
+    """Each family's default run: its metric against its minutes of training, one point per seed and thread count."""
+    plt, figure, axis = _figure()
+    for family in dict.fromkeys(row["family"] for row in rows):
+        points = [(float(row["minutes"]), float(row["value"])) for row in rows if row["family"] == family]
+        axis.scatter(*zip(*points), label=f"{family} ({rows[[r['family'] for r in rows].index(family)]['metric']})")
+    axis.set_xlabel("minutes of training")
+    axis.set_ylabel("final evaluation metric")
+    axis.set_title("Default runs: metric against minutes")
+    axis.legend(fontsize=7)
+    _save(plt, figure, path)
+
+
+def plot_import_time(rows: list[dict], path: Path) -> None:
+    plt, figure, axis = _figure()
+    labels = [row["row"] for row in rows]
+    axis.barh(range(len(rows)), [float(row["median_s"]) for row in rows])
+    axis.set_yticks(range(len(rows)))
+    axis.set_yticklabels(labels, fontsize=6)
+    axis.invert_yaxis()
+    axis.set_xlabel("seconds (median of fresh processes)")
+    axis.set_title("Start-up time")
+    _save(plt, figure, path)
+
+
+FILES = (
+    ResultFile(
+        "decoding_refactor_before_after.csv",
+        "`scripts/benchmarks/bench_seq2seq.py`, run from the checkouts before and after the decoding refactor, in "
+        "turn",
+        "each engine's tokens/s as a multiple of transformers' Marian (eager), before and after, at the small and "
+        "opus-mt sizes ([fast inference](guides/fast-inference.md))",
+        plot_decoding_speed,
+        ("preset", "round", "case", "engine", "before_vs_marian", "after_vs_marian"),
+    ),
+    ResultFile(
+        "ram_efficient_loading.csv",
+        "`scripts/benchmarks/bench_ram_efficient_loading.py`",
+        "memory while FSDP2 loads the weights, with and without RAM-efficient loading, per process "
+        "([sharding](guides/sharding.md))",
+        plot_memory_per_process,
+    ),
+    ResultFile(
+        "learning_defaults.csv",
+        "`scripts/learning_matrix.py` (`make test-learning` checks the targets)",
+        "every family's default run over seeds x threads: the metric, the baseline, the target, minutes",
+        plot_learning,
+        ("family", "seed", "threads", "metric", "value", "baseline", "target", "passed", "minutes"),
+    ),
+    ResultFile(
+        "import_time.csv",
+        "`make bench-import` (`scripts/benchmarks/bench_import.py`)",
+        "start-up time of `import hf_vit_plus` and `hf-vit-plus --help` against transformers: medians of fresh "
+        "processes",
+        plot_import_time,
+    ),
+)
+CONTEXT = {"command", "date", "hf_vit_plus", "python", "torch", "transformers", "device", "threads", "machine"}
+
+
+def _table(rows: list[dict], columns: tuple[str, ...]) -> str:
+    columns = columns or tuple(key for key in rows[0] if key not in CONTEXT)
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(row.get(column, "").replace("|", "\\|") for column in columns) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _context(rows: list[dict]) -> str:
+    """What the rows were measured with, where the file records it (one line per distinct value set)."""
+    keys = [key for key in ("date", "before", "after", "torch", "transformers", "device", "machine") if key in rows[0]]
+    if not keys:
+        return ""
+    seen = dict.fromkeys(tuple(row[key] for key in keys) for row in rows)
+    return "Measured with: " + "; ".join(", ".join(f"{k} {v}" for k, v in zip(keys, values)) for values in seen)
+
+
+def render(plots: bool = True) -> str:
+    """The page's text; with `plots`, the plots are written too."""
+    known = {entry.name for entry in FILES}
+    unknown = sorted(path.name for path in RESULTS.glob("*.csv") if path.name not in known)
+    parts = [
+        "# Results",
+        "",
+        "<!-- Generated by scripts/docs/results_pages.py from the files under results/: do not edit by hand. -->",
+        "",
+        "Measured numbers live once, in the result files the benchmarks write under `results/` in the repository; the "
+        "pages of this site describe how to measure and link here. Each row of a file says the releases and the "
+        "machine it was measured on.",
+        "",
+        "| file | written by | what it holds |",
+        "|---|---|---|",
+    ]
+    parts += [f"| `results/{e.name}` | {e.written_by} | {e.holds} |" for e in FILES if (RESULTS / e.name).is_file()]
+    parts += [f"| `results/{name}` | | |" for name in unknown]
+    parts += [
+        "| `results/gpu/` (written when a GPU check runs; not kept in git) | `make gpu-check` (see "
+        "[the GPU check](contributing/testing.md#gpu-check)) | `gpu_check.json`, the gpu tests' log and the GPU "
+        "benchmarks' JSON |",
+        "",
+    ]
+    if plots:
+        IMAGES.mkdir(parents=True, exist_ok=True)
+    for entry in FILES:
+        path = RESULTS / entry.name
+        if not path.is_file():
+            continue
+        rows = read_rows(path)
+        stem = entry.name.removesuffix(".csv")
+        parts += [f"## {stem.replace('_', ' ').capitalize()}", "", f"`results/{entry.name}`: {entry.holds}.", ""]
+        context = _context(rows)
+        if context:
+            parts += [context + ".", ""]
+        if entry.plot is not None:
+            if plots:
+                entry.plot(rows, IMAGES / f"{stem}.png")
+            parts += [f"![{stem}](images/results/{stem}.png)", ""]
+        parts += [_table(rows, entry.columns), ""]
+    for name in unknown:
+        rows = read_rows(RESULTS / name)
+        parts += [f"## {name.removesuffix('.csv')}", "", _table(rows, ()) if rows else "(empty)", ""]
+    return "\n".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="compare docs/results.md with the files; write nothing")
+    args = parser.parse_args(argv)
+    if args.check:
+        if PAGE.read_text(encoding="utf-8") != render(plots=False):
+            print(f"{PAGE.relative_to(ROOT)} is out of date with results/: run python scripts/docs/results_pages.py")
+            return 1
+        return 0
+    PAGE.write_text(render(), encoding="utf-8")
+    print(f"wrote {PAGE.relative_to(ROOT)} and {len(list(IMAGES.glob('*.png')))} plots in {IMAGES.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
