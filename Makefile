@@ -105,7 +105,7 @@ format: $(VENV)/.stamp-test
 	$(VENV)/bin/ruff check --fix .
 
 bench: $(VENV)/.stamp-test
-	$(PY) scripts/benchmarks/bench_vit.py
+	$(PY) scripts/benchmarks/bench_vit.py --output results/vit_throughput.csv
 
 # `import hf_vit_plus` and `hf-vit-plus --help` against transformers (medians of fresh processes; results/)
 # The Results page (docs/results.md) and its plots, from the committed files under results/.

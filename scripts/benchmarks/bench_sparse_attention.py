@@ -57,6 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--flex_max_n", type=int, default=2048, help="largest n for compiled flex (forward only)")
     p.add_argument("--no_memory", action="store_true", help="skip the per-case memory subprocesses")
     p.add_argument("--no_flex", action="store_true", help="skip flex_attention")
+    p.add_argument("--output", default=None, help="write the table's rows to this CSV (results/sparse_attention.csv)")
     p.add_argument(
         "--kinds", nargs="+", default=list(PATTERN_KINDS), choices=PATTERN_KINDS, help="sparse patterns to measure"
     )
@@ -204,6 +205,17 @@ def main(argv: list[str] | None = None) -> None:
             rows.append(row)
             print_row(row, header=len(rows) == 1)
     print("\npeak MB: growth of the peak RSS of a fresh process over its RSS with the inputs allocated (fwd+bwd)")
+    if args.output:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from result_rows import write_rows
+
+        fields = ("n", "stride", "kernel", "pattern", "fwd_s", "fwd_vs_sdpa", "fwd_bwd_s", "fwd_bwd_vs_sdpa",
+                  "peak_mb")  # fmt: skip
+        table = [{k: ("" if v is None else round(v, 5) if isinstance(v, float) else v) for k, v in zip(fields, row)}
+                 for row in rows]  # fmt: skip
+        for row in table:
+            row.update(heads=args.heads, head_dim=args.head_dim, repeats=args.repeats)
+        print(f"wrote {write_rows(args.output, table, threads=args.threads)}")
 
 
 def print_row(row, header=False) -> None:

@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import platform
 import statistics
+import sys
 import time
 from contextlib import nullcontext
+from pathlib import Path
 
 import torch
 
@@ -108,7 +110,9 @@ def gemm_peak(config, batch: int, dtype: torch.dtype, repeats: int = 5) -> float
     return 2 * m * config.hidden_size * config.intermediate_size / min(times)
 
 
-def run(args) -> None:
+def run(args) -> list[dict]:
+    """Print the throughput table; return its rows (precision, batch, images/s of each model, ours' ratios)."""
+    rows = []
     fp32_matmul = not args.no_fp32_matmul
     config, fp32_models = build_models(args.preset, fp32_matmul=fp32_matmul)
     ours = "ours (fp32-matmul opt-in)" if fp32_matmul else "ours (plain)"
@@ -168,6 +172,14 @@ def run(args) -> None:
                 f"| {share['timm']:.0f}% | {share['transformers']:.0f}% |",
                 flush=True,
             )
+            rows.append(dict(preset=args.preset, precision=precision, batch=batch,
+                             ours_images_per_s=round(ips["hf_vit_plus"], 2), timm_images_per_s=round(ips["timm"], 2),
+                             transformers_images_per_s=round(ips["transformers"], 2),
+                             vs_timm=round(ips["hf_vit_plus"] / ips["timm"], 4),
+                             vs_transformers=round(ips["hf_vit_plus"] / ips["transformers"], 4),
+                             ours_share_of_gemm_peak=round(share["hf_vit_plus"] / 100, 4),
+                             fp32_matmul_opt_in=fp32_matmul, repeats=args.repeats))  # fmt: skip
+    return rows
 
 
 def _call(name: str, model, x: torch.Tensor):
@@ -270,6 +282,7 @@ def main() -> None:
     parser.add_argument("--attention_heads", type=int, default=4, help="heads of --attention_lengths' layer")
     parser.add_argument("--attention_head_dim", type=int, default=24, help="head size of --attention_lengths' layer")
     parser.add_argument("--attention_tokens", type=int, default=128 * 17, help="tokens a batch (--attention_lengths)")
+    parser.add_argument("--output", type=Path, default=None, help="write the table's rows to this CSV (results/)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -279,7 +292,12 @@ def main() -> None:
         )
         print("\n".join(lines))
         return
-    run(args)
+    rows = run(args)
+    if args.output is not None:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from result_rows import write_rows
+
+        print(f"wrote {write_rows(args.output, rows, threads=torch.get_num_threads())}")
 
 
 if __name__ == "__main__":

@@ -120,6 +120,44 @@ def plot_learning(rows: list[dict], path: Path) -> None:
     _save(plt, figure, path)
 
 
+def plot_vit_throughput(rows: list[dict], path: Path) -> None:
+    """Images per second against the batch, for ours, timm and transformers, one line per precision."""
+    plt, figure, axis = _figure()
+    for precision in dict.fromkeys(row["precision"] for row in rows):
+        chosen = [row for row in rows if row["precision"] == precision]
+        batches = [int(row["batch"]) for row in chosen]
+        for column, label, style in (("ours_images_per_s", "hf_vit_plus", "-"), ("timm_images_per_s", "timm", "--"),
+                                     ("transformers_images_per_s", "transformers", ":")):  # fmt: skip
+            values = [float(row[column]) for row in chosen]
+            axis.plot(batches, values, style, marker="o", label=f"{label}, {precision}")
+    axis.set_xscale("log", base=2)
+    axis.set_xlabel("batch")
+    axis.set_ylabel("images/s")
+    axis.set_title(f"ViT throughput ({rows[0]['preset']})")
+    axis.legend(fontsize=6, ncol=2)
+    _save(plt, figure, path)
+
+
+def plot_sparse_attention(rows: list[dict], path: Path) -> None:
+    """Forward + backward time as a multiple of dense causal SDPA's, against the sequence length, per kernel and
+    pattern."""
+    plt, figure, axis = _figure()
+    series = defaultdict(list)
+    for row in rows:
+        if row["kernel"] != "sdpa" and row["fwd_bwd_vs_sdpa"]:
+            series[f"{row['kernel']}, {row['pattern']}"].append((int(row["n"]), float(row["fwd_bwd_vs_sdpa"])))
+    for label, points in sorted(series.items()):
+        axis.plot(*zip(*sorted(points)), marker="o", label=label)
+    axis.axhline(1.0, color="black", linewidth=0.8, label="dense SDPA")
+    axis.set_xscale("log", base=2)
+    axis.set_yscale("log")
+    axis.set_xlabel("sequence length n")
+    axis.set_ylabel("fwd+bwd time / dense SDPA's")
+    axis.set_title("Sparse attention against dense, by length")
+    axis.legend(fontsize=7)
+    _save(plt, figure, path)
+
+
 def plot_import_time(rows: list[dict], path: Path) -> None:
     plt, figure, axis = _figure()
     labels = [row["row"] for row in rows]
@@ -141,6 +179,23 @@ FILES = (
         "opus-mt sizes ([fast inference](guides/fast-inference.md))",
         plot_decoding_speed,
         ("preset", "round", "case", "engine", "before_vs_marian", "after_vs_marian"),
+    ),
+    ResultFile(
+        "vit_throughput.csv",
+        "`make bench` (`scripts/benchmarks/bench_vit.py --output results/vit_throughput.csv`)",
+        "images/s of our ViT, timm's and transformers' with the same weights, measured in turn, per precision and "
+        "batch ([Vision Transformer](families/vit.md))",
+        plot_vit_throughput,
+        ("preset", "precision", "batch", "ours_images_per_s", "timm_images_per_s", "transformers_images_per_s",
+         "vs_timm", "vs_transformers"),
+    ),
+    ResultFile(
+        "sparse_attention.csv",
+        "`scripts/benchmarks/bench_sparse_attention.py --output results/sparse_attention.csv`",
+        "each sparse attention kernel's time and peak memory against dense causal SDPA, by sequence length "
+        "([Sparse Transformer](families/sparse.md))",
+        plot_sparse_attention,
+        ("n", "stride", "kernel", "pattern", "fwd_vs_sdpa", "fwd_bwd_vs_sdpa", "peak_mb"),
     ),
     ResultFile(
         "ram_efficient_loading.csv",
