@@ -51,7 +51,7 @@ from transformers import (
 from hf_vit_plus import Seq2SeqTransformerConfig, Seq2SeqTransformerForConditionalGeneration
 from hf_vit_plus.cli_utils import CommandParser
 from hf_vit_plus.data.sword import load_sword_parallel_dataset
-from hf_vit_plus.hub.card import write_model_card
+from hf_vit_plus.hub.card import hub_dataset_id, write_model_card
 from hf_vit_plus.hub.figures import plot_training_curves
 from hf_vit_plus.metrics import load_translation_metric
 from hf_vit_plus.models.pipeline_text2text_generation import save_text2text_pipeline
@@ -215,7 +215,12 @@ def write_translation_card(model_dir: Path, config, args: argparse.Namespace, re
     figures = []
     if any("loss" in entry or "eval_bleu" in entry for entry in log_history):
         figures.append(plot_training_curves(log_history, model_dir / "training_curves.png"))
-    dataset = "sword-kjv-rv1909" if args.dataset_name == "sword" else args.dataset_name
+    # the Hub id of the data where it has one (the model-index names it); SWORD's modules and local folders have none
+    if args.dataset_name == "sword":
+        dataset, dataset_id = "SWORD modules KJV and RV1909 (Debian's sword-text-kjv, sword-text-spavnt)", None
+    else:
+        dataset_id = hub_dataset_id(args.dataset_name)
+        dataset = args.dataset_name if dataset_id else Path(args.dataset_name).name
     prefix = "eval" if results["eval_split"] == "validation" else "test"  # the card's split
     languages = [lang for lang in (args.source_lang, args.target_lang) if lang.isalpha() and len(lang) in (2, 3)]
     return write_model_card(
@@ -241,6 +246,7 @@ def write_translation_card(model_dir: Path, config, args: argparse.Namespace, re
         },
         eval_results={f"{prefix}_bleu": results["bleu"], f"{prefix}_chrf": results["chrf"]},
         dataset_name=dataset,
+        dataset_id=dataset_id,
         dataset_config=args.dataset_config_name,
         figures=figures,
         language=languages or None,

@@ -126,10 +126,9 @@ def _render() -> str:
     if "hf_vit_plus" not in sys.modules:  # as the launcher does: the parsers need no Auto registration (torch)
         os.environ["_HF_VIT_PLUS_DEFER_REGISTRATION"] = "1"  # read and removed by hf_vit_plus/__init__.py
     from hf_vit_plus.cli import build_parser
-    from hf_vit_plus.cli_utils import add_logging_arguments
+    from hf_vit_plus.cli_utils import CommandParser
 
-    probe = argparse.ArgumentParser(add_help=False)
-    add_logging_arguments(probe)
+    probe = CommandParser(add_help=False)  # the options every command's parser has (the logging flags)
     common = {option for action in probe._actions for option in action.option_strings}
     parser = build_parser()
     lines = [HEADER, "## Options every command takes", ""]
@@ -139,7 +138,9 @@ def _render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Write the command-line reference page from hf-vit-plus's parsers.")
+    from hf_vit_plus.cli_utils import CommandParser
+
+    parser = CommandParser(description="Write the command-line reference page from hf-vit-plus's parsers.")
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="the Markdown file to write")
     args = parser.parse_args(argv)
     args.output.parent.mkdir(parents=True, exist_ok=True)

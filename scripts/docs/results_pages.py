@@ -286,7 +286,9 @@ def render(plots: bool = True) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from hf_vit_plus.cli_utils import CommandParser
+
+    parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="compare docs/results.md with the files; write nothing")
     args = parser.parse_args(argv)
     if args.check:
