@@ -9,7 +9,7 @@ line's entry points: `hf_vit_plus.cli.main` and the `func` that each sub-command
 - A function or method that takes parameters (besides self / cls) names each in an `Args:` section; `*args` and
   `**kwargs` may be named (as `*args` / `**kwargs`) or left out.
 - A function that returns something (an annotation other than `None`, or a `return` with a value) has a `Returns:`
-  section; a generator may have `Yields:` instead.
+  section; a generator may have `Yields:` instead (a context manager, `Iterator[None]`, needs neither).
 - A class's docstring (or its `__init__`'s) names the constructor's parameters in `Args:` (a dataclass may use
   `Attributes:`, or the field's `help` metadata as transformers' `HfArgumentParser` reads it). A configuration
   (`PretrainedConfig`) may name related fields on one line (`encoder_layers / decoder_layers: ...`). A property is an
@@ -124,41 +124,8 @@ KNOWN_GAPS: frozenset[str] = frozenset(
         "hf_vit_plus.serving.OnnxSeq2SeqGenerator.generate",
         "hf_vit_plus.serving.Translator",
         "hf_vit_plus.serving.Translator.generate",
-        "hf_vit_plus.training.TrainingArguments",
-        "hf_vit_plus.training.TrainingArguments.to_dict",
         "hf_vit_plus.training.cli.run_demo",
         "hf_vit_plus.training.cli.run_train",
-        "hf_vit_plus.training.families.TrainingData",
-        "hf_vit_plus.training.families.TrainingFamily.build",
-        "hf_vit_plus.training.families.TrainingFamily.build_config",
-        "hf_vit_plus.training.families.TrainingFamily.collate_fn",
-        "hf_vit_plus.training.families.TrainingFamily.config_class_for",
-        "hf_vit_plus.training.families.TrainingFamily.config_overrides",
-        "hf_vit_plus.training.families.TrainingFamily.create_optimizer",
-        "hf_vit_plus.training.families.TrainingFamily.create_scheduler",
-        "hf_vit_plus.training.families.TrainingFamily.eval_outputs",
-        "hf_vit_plus.training.families.TrainingFamily.extras",
-        "hf_vit_plus.training.families.TrainingFamily.figures",
-        "hf_vit_plus.training.families.TrainingFamily.is_preset",
-        "hf_vit_plus.training.families.TrainingFamily.load_data",
-        "hf_vit_plus.training.families.TrainingFamily.load_or_create_model",
-        "hf_vit_plus.training.families.TrainingFamily.measure_baselines",
-        "hf_vit_plus.training.families.TrainingFamily.metrics",
-        "hf_vit_plus.training.families.TrainingFamily.preprocessing",
-        "hf_vit_plus.training.families.TrainingFamily.resolve_args",
-        "hf_vit_plus.training.families.TrainingFamily.training_loss",
-        "hf_vit_plus.training.families.TrainingFamily.transform",
-        "hf_vit_plus.training.families.check_config_overrides",
-        "hf_vit_plus.training.families.config_fields",
-        "hf_vit_plus.training.families.config_value_errors",
-        "hf_vit_plus.training.families.get_family",
-        "hf_vit_plus.training.families.parse_overrides",
-        "hf_vit_plus.training.families.warmup_steps",
-        "hf_vit_plus.training.families.weight_decay_groups",
-        "hf_vit_plus.training.families.weights_from_main_process",
-        "hf_vit_plus.training.family_arguments",
-        "hf_vit_plus.training.parse_args",
-        "hf_vit_plus.training.train",
     }
 )
 
@@ -210,7 +177,9 @@ def _parameters(func, skip_first: bool = False) -> list[inspect.Parameter]:
 def _returns_value(func) -> bool:
     annotation = inspect.signature(func).return_annotation
     if annotation is not inspect.Signature.empty:
-        return annotation not in (None, "None")
+        # a context manager (`Iterator[None]`) yields nothing to document
+        context_manager = re.fullmatch(r"(Iterator|Generator)\[None.*\]", str(annotation))
+        return annotation not in (None, "None") and not context_manager
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(func)))
     except (OSError, TypeError, SyntaxError):
@@ -270,6 +239,8 @@ def _is_module(cls) -> bool:
 
 def _class_problems(cls) -> list[str]:
     own_doc = cls.__doc__ if "__doc__" in vars(cls) else None
+    if dataclasses.is_dataclass(cls) and own_doc and own_doc.startswith(f"{cls.__name__}("):
+        own_doc = None  # the signature dataclasses writes in place of a missing docstring
     init = vars(cls).get("__init__")
     init_doc = getattr(init, "__doc__", None) if init is not None else None
     docs = [d for d in (own_doc, init_doc) if d and d.strip()]
