@@ -111,12 +111,6 @@ KNOWN_GAPS: frozenset[str] = frozenset(
         "hf_vit_plus.corrupt_patches",
         "hf_vit_plus.interpret.AttentionPattern.density",
         "hf_vit_plus.interpret.AttentionPattern.part_codes",
-        "hf_vit_plus.serving.OnnxCausalLMGenerator",
-        "hf_vit_plus.serving.OnnxCausalLMGenerator.generate",
-        "hf_vit_plus.serving.OnnxSeq2SeqGenerator",
-        "hf_vit_plus.serving.OnnxSeq2SeqGenerator.generate",
-        "hf_vit_plus.serving.Translator",
-        "hf_vit_plus.serving.Translator.generate",
     }
 )
 
