@@ -229,13 +229,26 @@ class Seq2SeqTransformerConfig(HubConfigMixin, PretrainedConfig):
 
     @classmethod
     def preset_names(cls) -> list[str]:
+        """The names `from_preset` accepts.
+
+        Returns:
+            The presets of the paper's Table 3 ("base", "big").
+        """
         return list(SEQ2SEQ_TRANSFORMER_PRESETS)
 
     @classmethod
     def from_preset(cls, name: str, **kwargs) -> Seq2SeqTransformerConfig:
         """A config from the paper's Table 3, e.g. `from_preset("base", vocab_size=37000)`.
 
-        Keyword arguments override fields.
+        Args:
+            name: "base" or "big".
+            **kwargs: fields that override the preset's.
+
+        Returns:
+            The config.
+
+        Raises:
+            ValueError: an unknown preset name.
         """
         if name not in SEQ2SEQ_TRANSFORMER_PRESETS:
             raise ValueError(
