@@ -46,31 +46,6 @@ ARG_SECTIONS = {"Args", "Arguments", "Parameters"}
 ENTRY = re.compile(r"^(?P<names>\*{0,2}\w+(?:\s*[/,]\s*\*{0,2}\w+)*)\s*(?:\([^)]*\))?\s*:(?:\s|$)")
 
 
-# Public names whose docstrings lack a section today (issue 49): the list only shrinks.
-KNOWN_GAPS: frozenset[str] = frozenset(
-    {
-        "hf_vit_plus.SparseTransformerForCausalLM",
-        "hf_vit_plus.SparseTransformerForCausalLM.create_masks_for_generate",
-        "hf_vit_plus.SparseTransformerForCausalLM.forward",
-        "hf_vit_plus.SparseTransformerForCausalLM.get_input_embeddings",
-        "hf_vit_plus.SparseTransformerForCausalLM.get_output_embeddings",
-        "hf_vit_plus.SparseTransformerForCausalLM.next_token_loss",
-        "hf_vit_plus.SparseTransformerForCausalLM.set_input_embeddings",
-        "hf_vit_plus.SparseTransformerForCausalLM.set_output_embeddings",
-        "hf_vit_plus.SparseTransformerForImageGeneration",
-        "hf_vit_plus.SparseTransformerForImageGeneration.pixels_to_tokens",
-        "hf_vit_plus.SparseTransformerForImageGeneration.shifted_input_ids",
-        "hf_vit_plus.SparseTransformerForImageGeneration.tokens_to_pixels",
-        "hf_vit_plus.SparseTransformerModel",
-        "hf_vit_plus.SparseTransformerModel.get_input_embeddings",
-        "hf_vit_plus.SparseTransformerModel.set_input_embeddings",
-        "hf_vit_plus.SparseTransformerPreTrainedModel",
-        "hf_vit_plus.interpret.AttentionPattern.density",
-        "hf_vit_plus.interpret.AttentionPattern.part_codes",
-    }
-)
-
-
 def _sections(doc: str) -> dict[str, list[str]]:
     """Section name -> the names of its entries (for every section; entries only matter for the argument sections)."""
     sections: dict[str, list[str]] = {}
@@ -319,15 +294,9 @@ def _offenders() -> dict[str, list[str]]:
 
 
 def test_public_docstrings():
-    offenders = {name: problems for name, problems in _offenders().items() if name not in KNOWN_GAPS}
+    offenders = _offenders()
     lines = [f"{name}: {'; '.join(problems)}" for name, problems in offenders.items()]
     assert not offenders, f"{len(offenders)} public names lack docstring sections:\n" + "\n".join(lines)
-
-
-def test_known_gaps_are_still_gaps():
-    """KNOWN_GAPS only shrinks: a name documented since (or no longer public) leaves the list."""
-    stale = sorted(KNOWN_GAPS - _offenders().keys())
-    assert not stale, "documented now, remove from KNOWN_GAPS:\n" + "\n".join(stale)
 
 
 @pytest.mark.parametrize("name", ["hf_vit_plus.Seq2SeqTransformerConfig", "hf_vit_plus.SparseTransformerConfig"])

@@ -37,7 +37,7 @@ class AttentionPattern:
         summary_size: the kind's second setting where it reads one (the fixed pattern's c); None otherwise.
         summary_block: which summary sub-block the fixed pattern uses (a model's head h uses h mod its count).
         causal: whether a query attends only to itself and earlier keys.
-        parts: one (length, length) bool mask per part of the pattern.
+        parts: part name -> (length, length) bool mask, one per part of the pattern.
         mode: how a network combines the parts ("merged", "interleaved", "heads"), recorded for the caption.
     """
 
@@ -59,7 +59,11 @@ class AttentionPattern:
         return union
 
     def part_codes(self) -> torch.Tensor:
-        """(length, length) integers: 0 = not attended, k = only part k (1-based), len(parts) + 1 = several parts."""
+        """Which part attends where, as one integer matrix for the figures.
+
+        Returns:
+            (length, length) integers: 0 = not attended, k = only part k (1-based), len(parts) + 1 = several parts.
+        """
         codes = torch.zeros(self.length, self.length, dtype=torch.long)
         count = torch.zeros(self.length, self.length, dtype=torch.long)
         for index, part in enumerate(self.parts.values(), start=1):
@@ -69,7 +73,11 @@ class AttentionPattern:
         return codes
 
     def density(self) -> float:
-        """Share of the (causal) attention matrix the pattern keeps."""
+        """Share of the (causal) attention matrix the pattern keeps.
+
+        Returns:
+            The kept entries over the entries a dense (causal) head attends to, in [0, 1].
+        """
         allowed = self.length * (self.length + 1) / 2 if self.causal else self.length**2
         return float(self.mask.sum()) / allowed
 
