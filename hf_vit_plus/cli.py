@@ -45,6 +45,11 @@ DESCRIPTION = (
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `hf-vit-plus` argument parser, with one sub-command per module of `COMMAND_MODULES`.
+
+    Returns:
+        The top-level parser; parsing sets `func`, the sub-command's entry point, in the namespace.
+    """
     parser = CommandParser(prog="hf-vit-plus", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -54,8 +59,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run `hf-vit-plus` on `argv`; the exit status (2 for a user error). argparse's own errors and --help
-    raise `SystemExit` as usual."""
+    """Run the `hf-vit-plus` command line.
+
+    argparse's own errors and --help raise `SystemExit` as usual.
+
+    Args:
+        argv: the arguments after the program name; None: `sys.argv[1:]`.
+
+    Returns:
+        The exit status: 0 on success, 2 for a user error, 1 for a step that failed after the work was kept (or a
+        missing optional dependency), 3 for a full disk while saving.
+    """
     parser = build_parser()
     args, extras = parser.parse_known_args(argv)
     if extras:  # named after the sub-command that was given them, not the top-level parser

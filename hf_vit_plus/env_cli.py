@@ -56,5 +56,13 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Print the environment a bug report needs (`hf-vit-plus env`).
+
+    Args:
+        args: the parsed command line.
+
+    Returns:
+        The exit status, 0.
+    """
     print(format_environment(collect_environment()))
     return 0

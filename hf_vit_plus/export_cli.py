@@ -194,12 +194,28 @@ def export_ctranslate2_checkpoint(checkpoint: str, output_dir: str | Path, quant
 
 
 def run_onnx(args: argparse.Namespace) -> int:
+    """Export a checkpoint's ONNX graphs (`hf-vit-plus export onnx`) and print the files written.
+
+    Args:
+        args: the parsed command line.
+
+    Returns:
+        The exit status, 0.
+    """
     paths = export_checkpoint(args.checkpoint, args.output_dir)
     print(f"ONNX graphs written to {args.output_dir}: {', '.join(path.name for path in paths)}")
     return 0
 
 
 def run_ctranslate2(args: argparse.Namespace) -> int:
+    """Export a seq2seq checkpoint for CTranslate2 (`hf-vit-plus export ctranslate2`) and print the folder written.
+
+    Args:
+        args: the parsed command line.
+
+    Returns:
+        The exit status, 0.
+    """
     folder = export_ctranslate2_checkpoint(args.checkpoint, args.output_dir, args.quantization)
     print(
         f"CTranslate2 model ({args.quantization or 'float32'}) written to {folder}; translate with "
@@ -209,6 +225,17 @@ def run_ctranslate2(args: argparse.Namespace) -> int:
 
 
 def run_translate(args: argparse.Namespace) -> int:
+    """Translate the TEXT arguments, or the lines of standard input, with a seq2seq model (`hf-vit-plus translate`).
+
+    Args:
+        args: the parsed command line.
+
+    Returns:
+        The exit status, 0; the translations are printed one a line.
+
+    Raises:
+        UsageError: a model that is not a seq2seq translator, a CTranslate2 folder with another engine, or no text.
+    """
     from .models.pipeline_text2text_generation import is_ctranslate2_folder
 
     check_model_location(args.model, "MODEL")

@@ -19,6 +19,12 @@ _REGISTERED = False
 
 
 def register_auto_classes() -> None:
+    """Register every family's config, model classes and image processor with transformers' Auto classes.
+
+    `import hf_vit_plus` calls it; calling it again does nothing. After it, `AutoConfig`, the `AutoModel...` classes
+    and `AutoImageProcessor` load the project's checkpoints without `trust_remote_code`; each class is also recorded
+    for its Auto class (`register_for_auto_class`), so a saved checkpoint names its code in `auto_map`.
+    """
     global _REGISTERED
     if _REGISTERED:
         return

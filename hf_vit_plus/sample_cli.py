@@ -129,6 +129,20 @@ def completion_tiles(originals, completions, keep_rows: int, nrow: int):
 
 
 def run_sample(args: argparse.Namespace) -> int:
+    """Sample images from, or complete images with, an image Sparse Transformer (`hf-vit-plus sample`) into a PNG grid.
+
+    Everything the user gave is checked against the checkpoint's config before the weights are loaded.
+
+    Args:
+        args: the parsed command line.
+
+    Returns:
+        The exit status, 0.
+
+    Raises:
+        UsageError: an output that is a folder, --keep_rows without --complete or too large, or images to complete
+            that cannot be read.
+    """
     from .image_generation import complete_images, image_grid, read_images, sample_images
 
     output = args.output or Path("samples.png" if args.complete is None else "completions.png")

@@ -397,6 +397,17 @@ def copy_marian_tokenizer(source: Path, output_dir: Path) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Convert a timm, transformers or Marian checkpoint into this package's format (`hf-vit-plus convert`).
+
+    Args:
+        args: the parsed command line.
+
+    Returns:
+        The exit status, 0; the folder written is printed.
+
+    Raises:
+        UsageError: a checkpoint that cannot be read or converted (`hf_vit_plus.cli.main` prints it, status 2).
+    """
     with corrupt_as_usage_error():
         out = convert_checkpoint(
             args.source,

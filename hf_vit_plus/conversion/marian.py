@@ -39,7 +39,19 @@ def _require(condition: bool, message: str) -> None:
 
 
 def config_from_marian(marian_config, **overrides) -> Seq2SeqTransformerConfig:
-    """The `Seq2SeqTransformerConfig` of a transformers `MarianConfig` (keyword arguments override fields)."""
+    """The `Seq2SeqTransformerConfig` of a transformers `MarianConfig`.
+
+    Args:
+        marian_config: a transformers `MarianConfig` (`model_type` "marian").
+        **overrides: fields of the new config that replace the converted ones.
+
+    Returns:
+        The `Seq2SeqTransformerConfig` that describes the same model.
+
+    Raises:
+        ValueError: `marian_config` is not a Marian config, or describes a structure the config cannot express
+            (source and target vocabularies of different sizes, layer drop).
+    """
     _require(
         getattr(marian_config, "model_type", None) == "marian",
         f"expected a MarianConfig (model_type 'marian'), got {type(marian_config).__name__} with model_type "
@@ -88,8 +100,17 @@ def config_from_marian(marian_config, **overrides) -> Seq2SeqTransformerConfig:
 
 
 def state_dict_from_marian(marian_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Our `Seq2SeqTransformerForConditionalGeneration` keys for a `MarianMTModel` state dict: `out_proj` becomes
-    `o_proj`; the sinusoidal tables (rebuilt from the config, not weights) are left out. Tensors are not copied."""
+    """Our `Seq2SeqTransformerForConditionalGeneration` keys for a `MarianMTModel` state dict.
+
+    `out_proj` becomes `o_proj`; the sinusoidal tables (rebuilt from the config, not weights) are left out. Tensors are
+    not copied.
+
+    Args:
+        marian_state: the state dict of a transformers `MarianMTModel`.
+
+    Returns:
+        The same tensors under our parameter names.
+    """
     state = {}
     for key, tensor in marian_state.items():
         if ".embed_positions." in key:
@@ -126,12 +147,22 @@ def check_recomputed_tensors(stored: dict[str, torch.Tensor], config: Seq2SeqTra
 
 
 def seq2seq_from_marian(marian_model) -> Seq2SeqTransformerForConditionalGeneration:
-    """A `Seq2SeqTransformerForConditionalGeneration` with the weights, logits and `generate` output of
-    `marian_model` (a transformers `MarianMTModel`), in its dtype, on its device, in eval mode.
+    """A `Seq2SeqTransformerForConditionalGeneration` with the weights, logits and `generate` output of a Marian model.
 
-    Its generation config is a copy of the Marian model's. A structure the config cannot express (target vocabulary
-    of another size, LayerNorm epsilons that differ between layers, a position table other than Marian's) raises a
-    `ValueError` naming it: a silently wrong conversion is worse than none.
+    The model is in the Marian model's dtype, on its device, in eval mode; its generation config is a copy of the
+    Marian model's. A structure the config cannot express (target vocabulary of another size, LayerNorm epsilons that
+    differ between layers, a position table other than Marian's) raises a `ValueError` naming it: a silently wrong
+    conversion is worse than none.
+
+    Args:
+        marian_model: a transformers `MarianMTModel`.
+
+    Returns:
+        The converted model.
+
+    Raises:
+        TypeError: `marian_model` is not a `MarianMTModel`.
+        ValueError: its structure cannot be expressed by `Seq2SeqTransformerConfig`.
     """
     from transformers import MarianMTModel
 

@@ -20,7 +20,19 @@ def _require(condition: bool, message: str) -> None:
 
 
 def config_from_timm(timm_model: nn.Module, **overrides) -> ViTPlusConfig:
-    """The `ViTPlusConfig` that describes a timm `VisionTransformer`."""
+    """The `ViTPlusConfig` that describes a timm `VisionTransformer`.
+
+    Args:
+        timm_model: a timm `VisionTransformer` with a class token, pooled on it.
+        **overrides: fields of the new config that replace the converted ones.
+
+    Returns:
+        The config of the same architecture.
+
+    Raises:
+        ValueError: the model uses a feature the config cannot express (register tokens, layer scale, qk-norm,
+            pre-norm, another pooling or activation); the message names it.
+    """
     m = timm_model
     _require(type(m).__name__ == "VisionTransformer", f"expected a timm VisionTransformer, got {type(m).__name__}")
     _require(getattr(m, "cls_token", None) is not None, "it has no class token")
@@ -58,7 +70,15 @@ def config_from_timm(timm_model: nn.Module, **overrides) -> ViTPlusConfig:
 
 
 def state_dict_from_timm(timm_state: dict[str, torch.Tensor], num_layers: int) -> dict[str, torch.Tensor]:
-    """Rename timm keys to ours and split the fused (3D, D) qkv projection into q/k/v."""
+    """Rename timm keys to ours and split the fused (3D, D) qkv projection into q/k/v.
+
+    Args:
+        timm_state: the state dict of a timm `VisionTransformer`.
+        num_layers: how many blocks the model has.
+
+    Returns:
+        The state dict of a `ViTPlusForImageClassification` (with `classifier.*` when the timm model has a head).
+    """
     out = {
         "vit.embeddings.cls_token": timm_state["cls_token"],
         "vit.embeddings.position_embeddings": timm_state["pos_embed"],
@@ -99,7 +119,18 @@ def _load_exact(model: ViTPlusForImageClassification, state: dict[str, torch.Ten
 
 
 def vit_plus_from_timm(timm_model: nn.Module, **config_overrides) -> ViTPlusForImageClassification:
-    """A `ViTPlusForImageClassification` with the weights of a timm ViT (`vit_*` models)."""
+    """A `ViTPlusForImageClassification` with the weights of a timm ViT (`vit_*` models).
+
+    Args:
+        timm_model: a timm `VisionTransformer`.
+        **config_overrides: fields of the config that replace the converted ones.
+
+    Returns:
+        The converted model, in the timm model's dtype, in eval mode.
+
+    Raises:
+        ValueError: the timm model uses a feature `ViTPlusConfig` cannot express.
+    """
     config = config_from_timm(timm_model, **config_overrides)
     model = ViTPlusForImageClassification(config)
     state = {k: v.detach().clone() for k, v in timm_model.state_dict().items()}
@@ -108,7 +139,18 @@ def vit_plus_from_timm(timm_model: nn.Module, **config_overrides) -> ViTPlusForI
 
 
 def config_from_transformers(hf_config, **overrides) -> ViTPlusConfig:
-    """The `ViTPlusConfig` for a transformers `ViTConfig`; the field names are the same."""
+    """The `ViTPlusConfig` for a transformers `ViTConfig`; the field names are the same.
+
+    Args:
+        hf_config: a transformers `ViTConfig`.
+        **overrides: fields of the new config that replace the converted ones.
+
+    Returns:
+        The config of the same architecture.
+
+    Raises:
+        ValueError: `hf_config` is not a `ViTConfig`, or its images or patches are not square.
+    """
     if getattr(hf_config, "model_type", None) != "vit":
         raise ValueError(f"Expected a transformers ViTConfig (model_type 'vit'), got {hf_config.model_type!r}.")
     image_size, patch_size = hf_config.image_size, hf_config.patch_size
@@ -143,6 +185,16 @@ def vit_plus_from_transformers(hf_model: nn.Module, **config_overrides) -> ViTPl
     """A `ViTPlusForImageClassification` with the weights of a transformers `ViTForImageClassification`.
 
     Parameter names are the same (both follow transformers v5); the pooler of a `ViTModel` is dropped.
+
+    Args:
+        hf_model: a transformers `ViTForImageClassification`.
+        **config_overrides: fields of the config that replace the converted ones.
+
+    Returns:
+        The converted model, in the transformers model's dtype, in eval mode.
+
+    Raises:
+        ValueError: `hf_model` is not a `ViTForImageClassification`, or its config cannot be converted.
     """
     if type(hf_model).__name__ != "ViTForImageClassification":
         raise ValueError(f"Expected a transformers ViTForImageClassification, got {type(hf_model).__name__}.")

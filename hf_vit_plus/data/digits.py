@@ -16,7 +16,15 @@ DIGIT_NAMES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "e
 
 
 def load_digits_dataset(test_size: float = 0.2, seed: int = 0) -> DatasetDict:
-    """Train/test split, stratified by label. Columns: `image` (8x8 PIL "L"), `label` (ClassLabel of 10)."""
+    """scikit-learn's 8x8 digits as a train/test split, stratified by label.
+
+    Args:
+        test_size: the share of the images in the test split.
+        seed: the seed of the split.
+
+    Returns:
+        A `DatasetDict` with "train" and "test"; columns `image` (8x8 PIL "L") and `label` (ClassLabel of 10).
+    """
     from datasets import ClassLabel, Dataset, Features, Image
 
     from ..utils.extras import require

@@ -22,7 +22,17 @@ FAMILIES: dict[str, Family] = {family.id: family for family in (VIT, VIT_MPP, SE
 
 
 def get_family(name: str) -> Family:
-    """The record of the family `name` ("vit", "seq2seq", ...), or a ValueError listing the families."""
+    """The record of the family `name`.
+
+    Args:
+        name: a family id ("vit", "vit-mpp", "seq2seq", "sparse-lm", "image-lm").
+
+    Returns:
+        The family's record.
+
+    Raises:
+        ValueError: an unknown name (the message lists the families).
+    """
     if name not in FAMILIES:
         raise ValueError(f"Unknown family {name!r}; expected one of {sorted(FAMILIES)}.")
     return FAMILIES[name]
@@ -37,9 +47,20 @@ def _as_dict(config) -> Mapping[str, Any]:
 
 
 def family_of_config(config) -> Family | None:
-    """The family of a config (a `PretrainedConfig` or its dict), by its `model_type` (and, for a model type that
-    several families share, whether it is an image model, then the head its `architectures` names: a ViT saved by
-    masked patch prediction is a "vit-mpp" model); None for a model type that is not this project's."""
+    """The family of a config, by its `model_type`.
+
+    For a model type that several families share, whether it is an image model decides, then the head its
+    `architectures` names: a ViT saved by masked patch prediction is a "vit-mpp" model.
+
+    Args:
+        config: a `PretrainedConfig` or its dict.
+
+    Returns:
+        The family, or None for a model type that is not this project's.
+
+    Raises:
+        ValueError: `config` is neither a `PretrainedConfig` nor a dict.
+    """
     config = _as_dict(config)
     matching = [family for family in FAMILIES.values() if family.matches(config)]
     architectures = config.get("architectures") or ()
@@ -48,7 +69,14 @@ def family_of_config(config) -> Family | None:
 
 
 def family_of_model(model) -> Family | None:
-    """The family whose head `model` is: its class exactly, else the first head class it derives from."""
+    """The family whose head `model` is: its class exactly, else the first head class it derives from.
+
+    Args:
+        model: a model instance.
+
+    Returns:
+        The family, or None when the model is none of the families' heads.
+    """
     exact = next((family for family in FAMILIES.values() if type(model) is family.head_class), None)
     return exact or next((family for family in FAMILIES.values() if isinstance(model, family.head_class)), None)
 

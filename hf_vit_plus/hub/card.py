@@ -389,6 +389,9 @@ def write_model_card(
         run_record: the training data's description and splits, the preprocessing, and the compute (hardware,
             time), for the card's "Training data", "Compute" and "Environmental impact" sections.
 
+    Returns:
+        The path of the README.md written.
+
     Raises:
         ValueError: an unknown family or licence, a config of another family, or malformed results.
         FileNotFoundError: `output_dir` or a figure does not exist.
@@ -796,13 +799,20 @@ def _check_result(result: dict, where: str, errors: list[str]) -> None:
 
 
 def validate_card_metadata(path: str | Path, *, require_datasets: bool = True) -> list[str]:
-    """Check a model card's metadata offline; return the problems found (an empty list when it is valid).
+    """Check a model card's metadata offline.
 
     Checks: a YAML mapping; the keys license, library_name, pipeline_tag, tags, datasets present and well typed;
     pipeline_tag one of the Hub's tasks; metrics a list of strings; base_model a string or list of strings; a
     model-index (when present) with a name and results whose task type is a Hub task, whose dataset has a name
-    and type, and whose metric values are finite numbers. With `require_datasets=False` (a card rendered by
-    `model_card_from_config`, whose training data was not recorded) `datasets` may be missing.
+    and type, and whose metric values are finite numbers.
+
+    Args:
+        path: the card (a README.md with YAML front matter).
+        require_datasets: whether `datasets` must be present; False for a card rendered by `model_card_from_config`,
+            whose training data was not recorded.
+
+    Returns:
+        The problems found, one line each; an empty list when the metadata is valid.
     """
     path = Path(path)
     if not path.is_file():

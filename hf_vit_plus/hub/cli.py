@@ -59,8 +59,18 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Exit status 2 for a bad folder, repo id or revision (nothing is sent: printed by `hf_vit_plus.cli.main`),
-    1 when a Hub request fails."""
+    """Push a saved model folder to the Hub (`hf-vit-plus push`), and with `--space` a demo Space for it.
+
+    Args:
+        args: the parsed command line.
+
+    Returns:
+        The exit status: 0 when the push succeeded, 1 when a Hub request fails; the commit is printed.
+
+    Raises:
+        UsageError: a bad folder, repo id or revision (nothing is sent; `hf_vit_plus.cli.main` prints it and exits
+            with status 2).
+    """
     from .push import HubPushError, push_checkpoint
 
     if args.space is not None:

@@ -41,8 +41,13 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 
 
 class HubPushError(RuntimeError):
-    """A push failed on the Hub side. `step` names the failing step ("create_repo", "create_branch",
-    "validate README.md metadata", "preupload", "LFS batch", "LFS upload of <file>", "commit", ...)."""
+    """A push failed on the Hub side.
+
+    Args:
+        message: what failed and why.
+        step: the failing step ("create_repo", "create_branch", "validate README.md metadata", "preupload",
+            "LFS batch", "LFS upload of <file>", "commit", ...); kept as the attribute `step`.
+    """
 
     def __init__(self, message: str, step: str):
         super().__init__(message)

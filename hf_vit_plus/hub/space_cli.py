@@ -30,6 +30,17 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Write a Gradio Space for a saved model folder (`hf-vit-plus space`).
+
+    Args:
+        args: the parsed command line (`dir`, `out_dir`, `model_id`, `overwrite`).
+
+    Returns:
+        The exit status, 0; the files written are printed one a line.
+
+    Raises:
+        UsageError: the folder or the output folder cannot be used (the message says why).
+    """
     from .space import write_space
 
     try:

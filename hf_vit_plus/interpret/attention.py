@@ -75,8 +75,17 @@ def attention_rollout(
 ) -> torch.Tensor:
     """Attention rollout R = A_hat_L @ ... @ A_hat_1 with A_hat = w I + (1 - w) fuse_heads(A), rows renormalised.
 
-    Returns (B, T, T): row i is how much each input token contributes to token i after the last layer. Every
-    row sums to 1. `head_fusion` is "mean" (the paper) or "max"/"min" (as in jacobgil/vit-explain).
+    Args:
+        attentions: one (B, H, T, T) attention tensor per layer, first layer first, or one (L, B, H, T, T) tensor.
+        residual_weight: w, the weight of the identity that stands for the residual connection, in [0, 1].
+        head_fusion: how the heads are fused: "mean" (the paper) or "max" / "min" (as in jacobgil/vit-explain).
+
+    Returns:
+        (B, T, T): row i is how much each input token contributes to token i after the last layer. Every row sums to 1.
+
+    Raises:
+        ValueError: `attentions` is empty or not (B, H, T, T) per layer, `head_fusion` is unknown, or
+            `residual_weight` lies outside [0, 1].
     """
     if head_fusion not in HEAD_FUSIONS:
         raise ValueError(f"`head_fusion` must be one of {HEAD_FUSIONS}, got {head_fusion!r}.")
@@ -104,7 +113,16 @@ def class_token_rollout(
 ) -> torch.Tensor:
     """The class token's row of a rollout (B, T, T) over the patch tokens, as (B, rows, cols) maps.
 
-    Values are the raw rollout weights (they sum to 1 minus the weight left on the prefix tokens).
+    Args:
+        rollout: (B, T, T), the output of `attention_rollout`.
+        grid_size: the patch grid, (rows, cols) or one side of a square; None: the square grid of the patch count.
+        num_prefix_tokens: how many tokens (class, distillation) come before the patches.
+
+    Returns:
+        (B, rows, cols): the raw rollout weights (they sum to 1 minus the weight left on the prefix tokens).
+
+    Raises:
+        ValueError: `rollout` is not 3-D, or the patches do not form the grid.
     """
     if rollout.dim() == 2:
         rollout = rollout.unsqueeze(0)
@@ -120,7 +138,20 @@ def class_token_attention(
     grid_size: int | tuple[int, int] | None = None,
     num_prefix_tokens: int = 1,
 ) -> torch.Tensor:
-    """Attention of the class token to each patch in one layer (the last by default), as (B, H, rows, cols)."""
+    """Attention of the class token to each patch in one layer (the last by default).
+
+    Args:
+        attentions: one (B, H, T, T) attention tensor per layer, or one (L, B, H, T, T) tensor.
+        layer: the layer to read (Python indexing: -1 is the last).
+        grid_size: the patch grid, (rows, cols) or one side of a square; None: the square grid of the patch count.
+        num_prefix_tokens: how many tokens (class, distillation) come before the patches.
+
+    Returns:
+        (B, H, rows, cols): the class token's attention weights on the patches, per head.
+
+    Raises:
+        ValueError: `layer` is out of range, or the attentions or the grid do not fit.
+    """
     layers = _check_attentions(attentions)
     if not -len(layers) <= layer < len(layers):
         raise ValueError(f"`layer` {layer} is out of range for a model with {len(layers)} layers.")
@@ -151,6 +182,18 @@ def mean_attention_distance(
     their columns too, and each query's attention over the patches is renormalised to sum to 1, so the number
     is the expected distance *given* that the query looks at a patch (the weight on the class token is
     reported separately by `prefix_attention_fraction`).
+
+    Args:
+        attentions: one (B, H, T, T) attention tensor per layer, or one (L, B, H, T, T) tensor.
+        patch_size: the side of a patch in pixels.
+        grid_size: the patch grid, (rows, cols) or one side of a square; None: the square grid of the patch count.
+        num_prefix_tokens: how many tokens (class, distillation) come before the patches.
+
+    Returns:
+        (L, H): the mean distance in pixels of each layer's heads.
+
+    Raises:
+        ValueError: `patch_size` is not a positive integer, or the attentions or the grid do not fit.
     """
     if isinstance(patch_size, bool) or not isinstance(patch_size, int) or patch_size <= 0:
         raise ValueError(f"`patch_size` must be a positive integer, got {patch_size!r}.")
@@ -171,7 +214,15 @@ def mean_attention_distance(
 def prefix_attention_fraction(
     attentions: Sequence[torch.Tensor] | torch.Tensor, num_prefix_tokens: int = 1
 ) -> torch.Tensor:
-    """Share of each patch query's attention that goes to the class (prefix) tokens, (L, H), batch-averaged."""
+    """Share of each patch query's attention that goes to the class (prefix) tokens, batch-averaged.
+
+    Args:
+        attentions: one (B, H, T, T) attention tensor per layer, or one (L, B, H, T, T) tensor.
+        num_prefix_tokens: how many tokens (class, distillation) come before the patches.
+
+    Returns:
+        (L, H): the mean share, over the patch queries and the batch, per layer and head.
+    """
     layers = _check_attentions(attentions)
     return torch.stack(
         [layer[:, :, num_prefix_tokens:, :num_prefix_tokens].sum(-1).mean(dim=(0, 2)) for layer in layers]
@@ -220,10 +271,20 @@ def _to_pil(image, mode: str):
 def prepare_images(model: nn.Module, images, processor=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Pixel values for `model` and the same images for display.
 
-    `images`: a PIL image, path or numpy array, a list of them, or a (B, C, H, W) / (C, H, W) tensor of pixel
-    values already at the model's resolution. Images are converted to the model's mode ("L" for 1 channel,
-    "RGB" for 3) and resized and normalised by `processor` (by default a `ViTPlusImageProcessor` made from the
-    model's config). Returns pixel_values (B, C, H, W) and display images (B, H, W, C) scaled to [0, 1].
+    Images are converted to the model's mode ("L" for 1 channel, "RGB" for 3) and resized and normalised by
+    `processor`.
+
+    Args:
+        model: a ViT-family model; its config gives the resolution and the number of channels.
+        images: a PIL image, path or numpy array, a list of them, or a (B, C, H, W) / (C, H, W) tensor of pixel
+            values already at the model's resolution.
+        processor: the image processor; None: a `ViTPlusImageProcessor` made from the model's config.
+
+    Returns:
+        pixel_values (B, C, H, W) and display images (B, H, W, C) scaled to [0, 1].
+
+    Raises:
+        ValueError: no images, an image the model's channel count cannot take, or a tensor of the wrong shape.
     """
     config = getattr(model, "config", None)
     channels, height, width = _model_resolution(config)
@@ -268,10 +329,20 @@ def _has_all_weights(attentions) -> bool:
 
 
 def collect_attentions(model: nn.Module, pixel_values: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """Run `model` on `pixel_values` (B, C, H, W) and return its attention probabilities, one (B, H, T, T) per layer.
+    """Run `model` on `pixel_values` and return its attention probabilities.
 
     Fused kernels (sdpa, flash, flex) return no weights: a model that gives none is switched to the eager kernel
-    for this call (logged) and switched back afterwards. A model that still returns none raises a ValueError.
+    for this call (logged) and switched back afterwards.
+
+    Args:
+        model: a ViT-family model that can return `attentions`.
+        pixel_values: (B, C, H, W) at the model's resolution.
+
+    Returns:
+        One (B, H, T, T) tensor per layer, first layer first.
+
+    Raises:
+        ValueError: the model returns no attention weights even with the eager kernel.
     """
     parameter = next(model.parameters(), None)
     if parameter is not None:

@@ -348,6 +348,14 @@ def _next_pixel(args: argparse.Namespace) -> list[Path]:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Draw the figures of one `hf-vit-plus explain` sub-command (its `explain_func`) and print their paths.
+
+    Args:
+        args: the parsed command line.
+
+    Returns:
+        The exit status, 0.
+    """
     require("interpret", "hf-vit-plus explain", ("matplotlib",))
     paths = args.explain_func(args)  # a UsageError is printed by `hf_vit_plus.cli.main`
     for path in paths:

@@ -21,7 +21,16 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class VitEmbeddingParts:
-    """The pieces of a ViT's input embedding the figures read (all from the model, none copied)."""
+    """The pieces of a ViT's input embedding the figures read (all from the model, none copied).
+
+    Attributes:
+        projection: the patch projection (a `nn.Conv2d`, E of eq. 1).
+        position_embeddings: (1, prefix + N, D), the learned position embeddings.
+        patch_size: the side of a patch in pixels.
+        grid_size: the patch grid (rows, cols).
+        num_prefix_tokens: how many tokens (class, distillation) come before the patches.
+        stem: the hybrid's convolutional stem (`config.conv_stem_layers`); None for a linear patch embedding.
+    """
 
     projection: nn.Conv2d  # the patch embedding E as a conv with kernel = stride = P, weight (D, C, P, P)
     position_embeddings: torch.Tensor  # (1, prefix + N, D)
@@ -42,8 +51,16 @@ def vit_embedding_parts(model: nn.Module) -> VitEmbeddingParts:
     """Find the patch projection and position embeddings of a ViT-family model.
 
     Works for hf_vit_plus's ViTPlus models and transformers' ViT/DeiT-style models (`vit.embeddings` or
-    `embeddings` holding `patch_embeddings.projection` and `position_embeddings`). Any other model, e.g. the
-    encoder-decoder Transformer or the Sparse Transformer, raises a ValueError naming it.
+    `embeddings` holding `patch_embeddings.projection` and `position_embeddings`).
+
+    Args:
+        model: the model.
+
+    Returns:
+        The parts, read from the model.
+
+    Raises:
+        ValueError: any other model, e.g. the encoder-decoder Transformer or the Sparse Transformer (named).
     """
     candidates = [getattr(model, "embeddings", None)]
     base = getattr(model, "base_model", None)
@@ -82,10 +99,19 @@ def position_embedding_similarity(
     grid_size: int | tuple[int, int] | None = None,
     num_prefix_tokens: int = 1,
 ) -> torch.Tensor:
-    """Cosine similarity between the position embeddings of every pair of patches, (rows, cols, rows, cols).
+    """Cosine similarity between the position embeddings of every pair of patches.
 
-    `position_embeddings` is (1, prefix + N, D) or (prefix + N, D); the first `num_prefix_tokens` (the class
-    token) are left out. Entry [r, c] is the (rows, cols) picture of patch (r, c)'s similarity with all patches.
+    Args:
+        position_embeddings: (1, prefix + N, D) or (prefix + N, D).
+        grid_size: the patch grid, (rows, cols) or one side of a square; None: the square grid of N.
+        num_prefix_tokens: how many leading embeddings (the class token) are left out.
+
+    Returns:
+        (rows, cols, rows, cols): entry [r, c] is the (rows, cols) picture of patch (r, c)'s similarity with all
+        patches.
+
+    Raises:
+        ValueError: the embeddings are not 2-D or 3-D, or do not form the grid.
     """
     if position_embeddings.dim() == 3:
         if position_embeddings.shape[0] != 1:
@@ -107,7 +133,13 @@ def position_embedding_similarity(
 
 @dataclass
 class PatchComponents:
-    """Principal components of the patch-embedding filters."""
+    """Principal components of the patch-embedding filters.
+
+    Attributes:
+        components: (K, C, P, P), the components in order of explained variance.
+        explained_variance_ratio: (K,), the share of the variance each explains.
+        mean_filter: (C, P, P), the mean filter removed before the decomposition.
+    """
 
     components: torch.Tensor  # (K, C, P, P), unit norm, sign fixed so the largest-magnitude entry is positive
     explained_variance_ratio: torch.Tensor  # (K,), share of the filters' total variance along each component
@@ -115,11 +147,21 @@ class PatchComponents:
 
 
 def patch_embedding_components(weight: torch.Tensor, num_components: int = 28) -> PatchComponents:
-    """PCA of the D patch-embedding filters (weight (D, C, P, P), the conv form of E in eq. 1).
+    """PCA of the D patch-embedding filters (the conv form of E in eq. 1).
 
     Each filter is a point in C*P*P dimensions; the mean filter is removed and the right singular vectors give the
     components, in order of explained variance. At most min(D - 1, C*P*P) components exist; asking for more logs
     a note and returns those.
+
+    Args:
+        weight: (D, C, P, P), the weight of the patch projection.
+        num_components: how many components to return.
+
+    Returns:
+        The components, their explained variance ratios and the mean filter.
+
+    Raises:
+        ValueError: `weight` is not 4-D, `num_components` is not a positive integer, or there are fewer than 2 filters.
     """
     if weight.dim() != 4:
         raise ValueError(f"Patch-embedding weight must be (hidden, channels, P, P), got {tuple(weight.shape)}.")

@@ -53,11 +53,15 @@ TARGET_COLOUR = "#00e5ff"
 class NextPixelAttention:
     """The attention of the query that predicts one pixel.
 
-    maps: (layers, H, W) head-averaged weights on each earlier pixel (channels summed); zero at and after the
-        target (at the target itself only its earlier channels, for colour).
-    start_weights: (layers,) head-averaged weight on the start token; `maps[l].sum() + start_weights[l] == 1`.
-    head_maps: (layers, heads, H, W) and head_start_weights: (layers, heads): the same per head.
-    pixel: (row, col) of the target; channel: its channel; position: the query position (= target token index).
+    Attributes:
+        maps: (layers, H, W) head-averaged weights on each earlier pixel (channels summed); zero at and after the
+            target (at the target itself only its earlier channels, for colour).
+        start_weights: (layers,) head-averaged weight on the start token; `maps[l].sum() + start_weights[l] == 1`.
+        head_maps: (layers, heads, H, W): `maps` per head.
+        head_start_weights: (layers, heads): `start_weights` per head.
+        pixel: (row, col) of the target.
+        channel: the target's channel.
+        position: the query position (= the target's token index).
     """
 
     maps: torch.Tensor
@@ -70,6 +74,7 @@ class NextPixelAttention:
 
     @property
     def num_layers(self) -> int:
+        """The number of layers, the first dimension of `maps`."""
         return self.maps.shape[0]
 
 
@@ -121,14 +126,25 @@ def _pixels_tensor(pixels) -> torch.Tensor:
 def next_pixel_attention(
     model: nn.Module, pixels: torch.Tensor | np.ndarray, pixel: tuple[int, int], channel: int = 0
 ) -> NextPixelAttention:
-    """Each layer's attention of the query that predicts `pixel` = (row, col) (and `channel` of a colour image) of
-    the image `pixels` over the earlier pixels, averaged over the heads, on the image grid.
+    """Each layer's attention of the query that predicts one pixel, over the earlier pixels, on the image grid.
 
-    model: a `SparseTransformerForImageGeneration`; pixels: one image, (C, H, W) or (H, W) for a grey model, integer
-        intensities 0..255 (uint8 or int64), of the model's `image_size`.
-    Only the first `position + 1` tokens are run (the model is causal, so the later ones change nothing).
-    Raises a ValueError / TypeError naming a model that is not an image model, an image of the wrong shape or
-    dtype, or a pixel / channel outside the image.
+    The weights are averaged over the heads (`head_maps` keeps them per head). Only the first `position + 1` tokens are
+    run (the model is causal, so the later ones change nothing).
+
+    Args:
+        model: a `SparseTransformerForImageGeneration`.
+        pixels: one image, (C, H, W) or (H, W) for a grey model, integer intensities 0..255 (uint8 or int64), of the
+            model's `image_size`.
+        pixel: (row, col) of the target pixel.
+        channel: the target's channel, for a colour image.
+
+    Returns:
+        The attention maps and start-token weights of every layer.
+
+    Raises:
+        ValueError: a model that is not an image model, an image of the wrong shape, or a pixel / channel outside the
+            image.
+        TypeError: `pixels` is neither a tensor nor a numpy array.
     """
     config = _image_config(model)
     height, width = config.image_size
@@ -209,12 +225,30 @@ def plot_next_pixel_attention(
     columns: int | None = None,
     title: str | None = None,
 ) -> Path:
-    """The Sparse Transformer's Fig. 2: one panel per layer (a grid of `columns`, default up to 8 per row), the
-    layer's weights (L, H, W) `maps` drawn in colour over the grey `image` (uint8, (C, H, W) or (H, W)), the target
-    `pixel` outlined in cyan, the pixels not generated yet in flat light blue. Titles "layer k" count from 1;
-    `layers` picks 0-based indices of `maps` to draw (default: all). Each panel is scaled to its own largest weight
-    and raised to the power `gamma` (0.5: square root) so small weights show; pixels with no weight at all show
-    the image alone; under each panel its largest weight and, given `start_weights` (L,), the start token's.
+    """The Sparse Transformer's Fig. 2: one panel per layer, the layer's weights drawn in colour over the image.
+
+    The target `pixel` is outlined in cyan, the pixels not generated yet in flat light blue. Titles "layer k" count
+    from 1. Each panel is scaled to its own largest weight and raised to the power `gamma` so small weights show;
+    pixels with no weight at all show the image alone; under each panel its largest weight and, given
+    `start_weights`, the start token's.
+
+    Args:
+        maps: (L, H, W), the weights of each layer (`NextPixelAttention.maps`).
+        image: the image drawn in grey under the weights, uint8, (C, H, W) or (H, W).
+        pixel: (row, col) of the target.
+        path: the PNG file to write.
+        start_weights: (L,), the start token's weight per layer, printed under the panels.
+        layers: 0-based indices of `maps` to draw; default: all.
+        channel: the target's channel (in the caption of a colour image).
+        gamma: the power the scaled weights are raised to (0.5: square root).
+        columns: panels per row; default: up to 8.
+        title: the figure's title.
+
+    Returns:
+        `path`.
+
+    Raises:
+        ValueError: shapes that do not fit, an empty `layers`, a `gamma` or `columns` that is not positive.
     """
     maps = torch.as_tensor(maps).detach().float().cpu()
     grey = _grey_image(image)

@@ -25,8 +25,21 @@ PART_NAMES: dict[str, tuple[str, ...]] = {"dense": ("all",), **SPARSE_PART_NAMES
 
 @dataclass
 class AttentionPattern:
-    """A pattern over `length` positions as boolean (length, length) masks, one per part (True = query row i
-    attends to key column j)."""
+    """A pattern over `length` positions as boolean (length, length) masks, one per part.
+
+    True in a mask means that query row i attends to key column j. Built by `attention_pattern` or
+    `pattern_from_config`.
+
+    Attributes:
+        kind: "dense" or a registered sparse kind ("strided", "fixed", ...).
+        length: the number of positions.
+        stride: l, the pattern's length (stride, block length or window); None for dense.
+        summary_size: the kind's second setting where it reads one (the fixed pattern's c); None otherwise.
+        summary_block: which summary sub-block the fixed pattern uses (a model's head h uses h mod its count).
+        causal: whether a query attends only to itself and earlier keys.
+        parts: part name -> (length, length) bool mask, one per part of the pattern.
+        mode: how a network combines the parts ("merged", "interleaved", "heads"), recorded for the caption.
+    """
 
     kind: str
     length: int
@@ -46,7 +59,11 @@ class AttentionPattern:
         return union
 
     def part_codes(self) -> torch.Tensor:
-        """(length, length) integers: 0 = not attended, k = only part k (1-based), len(parts) + 1 = several parts."""
+        """Which part attends where, as one integer matrix for the figures.
+
+        Returns:
+            (length, length) integers: 0 = not attended, k = only part k (1-based), len(parts) + 1 = several parts.
+        """
         codes = torch.zeros(self.length, self.length, dtype=torch.long)
         count = torch.zeros(self.length, self.length, dtype=torch.long)
         for index, part in enumerate(self.parts.values(), start=1):
@@ -56,11 +73,20 @@ class AttentionPattern:
         return codes
 
     def density(self) -> float:
-        """Share of the (causal) attention matrix the pattern keeps."""
+        """Share of the (causal) attention matrix the pattern keeps.
+
+        Returns:
+            The kept entries over the entries a dense (causal) head attends to, in [0, 1].
+        """
         allowed = self.length * (self.length + 1) / 2 if self.causal else self.length**2
         return float(self.mask.sum()) / allowed
 
     def describe(self) -> str:
+        """A one-line caption: the kind, n and the pattern's settings in the paper's symbols.
+
+        Returns:
+            The caption, e.g. "strided, n=64, l=8".
+        """
         if self.kind == "dense":
             return f"dense, n={self.length}, {'causal' if self.causal else 'bidirectional'}"
         symbols = PATTERNS[self.kind].symbols
@@ -89,11 +115,25 @@ def attention_pattern(
     summary_block: int = 0,
     mode: str | None = None,
 ) -> AttentionPattern:
-    """The parts of a `kind` pattern ("dense" or a registered sparse kind) over `length` positions. `summary_size`
-    is the kind's second setting where it reads one (the fixed pattern's c, the local pattern's global tokens);
-    None takes the kind's figure default. `summary_block` b picks the fixed pattern's summary positions (head h of a
-    model uses b = h mod sparse_num_summary_blocks); `mode` (merged / interleaved / heads, how a network combines
-    the parts) is only recorded for the caption."""
+    """The parts of a `kind` pattern over `length` positions.
+
+    Args:
+        kind: "dense" or a registered sparse kind.
+        length: the number of positions.
+        stride: l, the pattern's length (stride, block length or window); required by the sparse kinds.
+        summary_size: the kind's second setting where it reads one (the fixed pattern's c, the local pattern's global
+            tokens); None takes the kind's figure default.
+        causal: whether queries attend only to themselves and earlier keys.
+        summary_block: b, which summary positions the fixed pattern uses (head h of a model uses
+            b = h mod sparse_num_summary_blocks).
+        mode: how a network combines the parts (merged / interleaved / heads); only recorded for the caption.
+
+    Returns:
+        The pattern with one boolean mask per part.
+
+    Raises:
+        ValueError: an unknown kind, a missing stride, or a setting the kind does not take or out of range.
+    """
     if kind not in PATTERN_KINDS:
         raise ValueError(f"Unknown attention pattern kind {kind!r}: expected one of {PATTERN_KINDS}.")
     _check_int("length", length)
@@ -157,12 +197,22 @@ def model_sparse_pattern(config):
 
 
 def pattern_from_config(config, length: int | None = None, head: int = 0) -> AttentionPattern:
-    """The pattern the model built from `config` uses (`model_sparse_pattern`), for attention head `head`, over
-    `length` positions (default: about l^2, at most the model's sequence length).
+    """The pattern the model built from `config` uses (`model_sparse_pattern`), for one attention head.
 
     The Sparse Transformer is a causal language model; a ViTPlus config with a sparse `attention_type` is
     bidirectional over its prefix + N tokens, and so is the seq2seq Transformer's encoder with a sparse
-    `encoder_attention_type`. Dense models and other model types raise a ValueError naming the model type.
+    `encoder_attention_type`.
+
+    Args:
+        config: a `SparseTransformerConfig`, `ViTPlusConfig` or `Seq2SeqTransformerConfig` with a sparse attention.
+        length: the number of positions; default: about l^2, at most the model's sequence length.
+        head: the attention head (its summary block and, in "heads" mode, its part).
+
+    Returns:
+        The pattern of that head.
+
+    Raises:
+        ValueError: a dense model or another model type (the message names the model type).
     """
     pattern, mode, native = model_sparse_pattern(config)
     if pattern is None:

@@ -98,11 +98,23 @@ def plot_attention_maps(
     path: str | Path,
     row_labels: list[str] | None = None,
 ) -> Path:
-    """One row per image: the image, its attention-rollout map (scaled to its maximum), then the last layer's
-    class-token attention of each head (one scale for all heads of the image), upsampled over the image.
+    """One row per image: the image, its attention-rollout map, then each head's last-layer class-token attention.
 
-    images: (B, H, W, C) in [0, 1]; rollout_maps: (B, rows, cols); head_maps: (B, heads, rows, cols) or None.
-    The figure is PANEL_INCHES * (2 + heads) wide and PANEL_INCHES * B + 0.3 high.
+    The rollout map is scaled to its maximum, the heads share one scale per image; the maps are upsampled over the
+    image. The figure is PANEL_INCHES * (2 + heads) wide and PANEL_INCHES * B + 0.3 high.
+
+    Args:
+        images: (B, H, W, C) in [0, 1].
+        rollout_maps: (B, rows, cols).
+        head_maps: (B, heads, rows, cols), or None for no head columns.
+        path: the PNG file to write.
+        row_labels: one label per image, written beside its row.
+
+    Returns:
+        `path`.
+
+    Raises:
+        ValueError: the shapes do not fit together.
     """
     if images.dim() != 4 or rollout_maps.dim() != 3 or rollout_maps.shape[0] != images.shape[0]:
         raise ValueError(
@@ -136,7 +148,20 @@ def plot_attention_maps(
 def plot_mean_attention_distance(
     distances: torch.Tensor, path: str | Path, image_size: int | None = None, num_images: int | None = None
 ) -> Path:
-    """ViT Fig. 7 (right): x = layer, y = mean attention distance in pixels, one point per head."""
+    """ViT Fig. 7 (right): x = layer, y = mean attention distance in pixels, one point per head.
+
+    Args:
+        distances: (layers, heads), from `mean_attention_distance`.
+        path: the PNG file to write.
+        image_size: the image side in pixels: the top of the y axis (default: a little above the largest distance).
+        num_images: how many images the distances average, for the title.
+
+    Returns:
+        `path`.
+
+    Raises:
+        ValueError: `distances` is not 2-D.
+    """
     if distances.dim() != 2:
         raise ValueError(f"`distances` must be (layers, heads), got {tuple(distances.shape)}.")
     layers, heads = distances.shape
@@ -178,8 +203,20 @@ def _mosaic(tiles: np.ndarray, columns: int, gap: int = 1, fill: float = np.nan)
 
 
 def plot_position_similarity(similarity: torch.Tensor, path: str | Path) -> Path:
-    """ViT Fig. 7 (centre): tile (r, c) shows the cosine similarity of patch (r, c)'s position embedding with every
-    patch's, on one colour scale from -1 to 1."""
+    """ViT Fig. 7 (centre): tile (r, c) shows the similarity of patch (r, c)'s position embedding with every patch's.
+
+    All tiles share one colour scale from -1 to 1.
+
+    Args:
+        similarity: (rows, cols, rows, cols), from `position_embedding_similarity`.
+        path: the PNG file to write.
+
+    Returns:
+        `path`.
+
+    Raises:
+        ValueError: `similarity` is not 4-D.
+    """
     if similarity.dim() != 4 or similarity.shape[:2] != similarity.shape[2:]:
         raise ValueError(f"`similarity` must be (rows, cols, rows, cols), got {tuple(similarity.shape)}.")
     rows, cols = similarity.shape[:2]
@@ -208,9 +245,23 @@ def plot_position_similarity(similarity: torch.Tensor, path: str | Path) -> Path
 def plot_patch_components(
     components: torch.Tensor, path: str | Path, explained_variance_ratio: torch.Tensor | None = None, columns: int = 7
 ) -> Path:
-    """ViT Fig. 7 (left): principal components (K, C, P, P) of the patch-embedding filters in rows of `columns`
-    (the paper: 4 x 7), each scaled to [0, 1] on its own; RGB for 3 channels, grey otherwise (first channel of
-    other counts is not meaningful, so those raise)."""
+    """ViT Fig. 7 (left): principal components of the patch-embedding filters in rows of `columns`.
+
+    Each component is scaled to [0, 1] on its own; RGB for 3 channels, grey for 1 (other channel counts have no
+    meaningful picture, so they raise).
+
+    Args:
+        components: (K, C, P, P), from `patch_embedding_components`.
+        path: the PNG file to write.
+        explained_variance_ratio: (K,); their sum, as a share of the variance, goes into the title.
+        columns: components per row (the paper: 4 x 7).
+
+    Returns:
+        `path`.
+
+    Raises:
+        ValueError: `components` is not 4-D or has neither 1 nor 3 channels.
+    """
     if components.dim() != 4:
         raise ValueError(f"`components` must be (K, channels, P, P), got {tuple(components.shape)}.")
     count, channels = components.shape[:2]
@@ -248,9 +299,23 @@ def _sequence_grid(codes: torch.Tensor, width: int) -> np.ndarray:
 
 
 def plot_sparse_patterns(patterns: list[AttentionPattern], path: str | Path, queries: list[int] | None = None) -> Path:
-    """Sparse Transformer Fig. 3: per pattern, top: the positions one query (black) attends to, the sequence laid
-    out in rows of the stride l; bottom: the full connectivity matrix (row = query, column = key). Each part of the
-    pattern has its own colour; keys in both parts are darkest."""
+    """Sparse Transformer Fig. 3: per pattern, the positions one query attends to and the full connectivity matrix.
+
+    Top: the positions one query (black) attends to, the sequence laid out in rows of the stride l; bottom: the
+    full connectivity matrix (row = query, column = key). Each part of the pattern has its own colour; keys in both
+    parts are darkest.
+
+    Args:
+        patterns: the patterns to draw, one column each.
+        path: the PNG file to write.
+        queries: the query position drawn for each pattern; default: `default_query(pattern)`.
+
+    Returns:
+        `path`.
+
+    Raises:
+        ValueError: no patterns, or a query outside its pattern.
+    """
     if not patterns:
         raise ValueError("No patterns to draw.")
     too_long = [p.length for p in patterns if p.length > MAX_PATTERN_LENGTH]
@@ -330,13 +395,29 @@ def write_vit_figures(
     max_images: int = 4,
     num_components: int = 28,
 ) -> list[Path]:
-    """The interpretability figures of a ViT checkpoint, for its model card. Returns the written PNG paths:
+    """The interpretability figures of a ViT checkpoint, for its model card.
+
+    The files written in `output_dir`:
 
     - attention_maps.png: up to `max_images` images with their rollout and last-layer class-token maps;
     - mean_attention_distance.png: ViT Fig. 7 right, over all `images`;
     - position_embedding_similarity.png: Fig. 7 centre;
     - patch_embedding_components.png: Fig. 7 left (up to `num_components` components);
     - sparse_attention_pattern.png: only when the config has a sparse `attention_type`.
+
+    Args:
+        model: a ViT-family model.
+        images: the images, in any form `prepare_images` takes.
+        output_dir: the folder to write the figures to.
+        processor: the image processor; None: one made from the model's config.
+        max_images: how many images the attention-map figure shows.
+        num_components: how many principal components of the patch embedding to draw.
+
+    Returns:
+        The written PNG paths.
+
+    Raises:
+        ValueError: a model that is not a ViT, or images it cannot take.
     """
     output_dir = Path(output_dir)
     parts = vit_embedding_parts(model)  # raises a ValueError naming non-ViT models

@@ -31,8 +31,21 @@ __all__ = [
 
 
 def write_metric_stand_ins(folder: str | Path = ".", names: list[str] | None = None) -> list[Path]:
-    """Copy the stand-ins of `names` (default: all of `STAND_INS`) to `folder/NAME/NAME.py`, where
-    `evaluate.load(NAME)` finds a metric when the working directory is `folder`; returns the files written."""
+    """Copy the bundled metric stand-ins where `evaluate.load(NAME)` finds them.
+
+    Each stand-in goes to `folder/NAME/NAME.py`, where `evaluate.load(NAME)` finds a metric when the working directory
+    is `folder`.
+
+    Args:
+        folder: the folder to write into.
+        names: the metrics to copy; default: all of `STAND_INS`.
+
+    Returns:
+        The files written.
+
+    Raises:
+        ValueError: a name with no stand-in.
+    """
     written = []
     for name in names or list(STAND_INS):
         if name not in STAND_INS:
@@ -47,7 +60,11 @@ def write_metric_stand_ins(folder: str | Path = ".", names: list[str] | None = N
 def load_translation_metric(**kwargs):
     """`evaluate.load` of the bundled BLEU + chrF metric (see `sacrebleu_metric/sacrebleu_metric.py`).
 
-    Keyword arguments go to `evaluate.load` (e.g. `experiment_id`, `num_process`).
+    Args:
+        **kwargs: passed to `evaluate.load` (e.g. `experiment_id`, `num_process`).
+
+    Returns:
+        The `evaluate.EvaluationModule` that computes BLEU and chrF.
     """
     from ..utils.extras import require
 

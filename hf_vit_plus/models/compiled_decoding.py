@@ -182,10 +182,20 @@ class GenerationWithCompiledDecoding:
     _decoding_compile_config: CompileConfig | None = None
 
     def generate(self, inputs: torch.Tensor | None = None, generation_config=None, **kwargs):
-        """transformers' `GenerationMixin.generate` (same arguments). With a static cache
-        (`cache_implementation="static"`, or a static `cache`, also accepted as `past_key_values`) the decoding steps
-        run compiled with `compile_config`, by default `compiled_generation_config(self.device)`, unless
-        `disable_compile=True`."""
+        """transformers' `GenerationMixin.generate` (same arguments), compiled on a static cache.
+
+        With a static cache (`cache_implementation="static"`, or a static `cache`, also accepted as
+        `past_key_values`) the decoding steps run compiled with `compile_config`, by default
+        `compiled_generation_config(self.device)`, unless `disable_compile=True`.
+
+        Args:
+            inputs: the prompt (decoder-only) or source (encoder-decoder) token ids.
+            generation_config: the `GenerationConfig`; None: the model's.
+            **kwargs: `generate`'s other arguments and generation settings.
+
+        Returns:
+            What `GenerationMixin.generate` returns: the token ids, or a `GenerateOutput` when asked for one.
+        """
         check_generate_arguments(inputs, kwargs, generation_config or self.generation_config, self.config)
         compile_config = self._resolve_decoding_compile_config(generation_config, kwargs)
         if compile_config is None:

@@ -89,6 +89,7 @@ class Seq2SeqTransformerConfig(HubConfigMixin, PretrainedConfig):
         layer_norm_eps: LayerNorm epsilon.
         pad_token_id / bos_token_id / eos_token_id / decoder_start_token_id: special token ids.
         use_cache: whether the decoder returns a key/value cache by default.
+        is_encoder_decoder: always `True` (transformers reads it); any other value raises a `ValueError`.
         encoder_attention_type: the encoder's self-attention: "dense" (the paper) or the bidirectional form of a
             sparse pattern registered in `sparse_layouts.py` (`ATTENTION_TYPES`, e.g. the Sparse Transformer's
             "strided": |i-j| <= l or (i-j) mod l = 0). The decoder's self-attention and the cross-attention stay
@@ -228,13 +229,26 @@ class Seq2SeqTransformerConfig(HubConfigMixin, PretrainedConfig):
 
     @classmethod
     def preset_names(cls) -> list[str]:
+        """The names `from_preset` accepts.
+
+        Returns:
+            The presets of the paper's Table 3 ("base", "big").
+        """
         return list(SEQ2SEQ_TRANSFORMER_PRESETS)
 
     @classmethod
     def from_preset(cls, name: str, **kwargs) -> Seq2SeqTransformerConfig:
         """A config from the paper's Table 3, e.g. `from_preset("base", vocab_size=37000)`.
 
-        Keyword arguments override fields.
+        Args:
+            name: "base" or "big".
+            **kwargs: fields that override the preset's.
+
+        Returns:
+            The config.
+
+        Raises:
+            ValueError: an unknown preset name.
         """
         if name not in SEQ2SEQ_TRANSFORMER_PRESETS:
             raise ValueError(

@@ -221,6 +221,11 @@ class SparseTransformerConfig(HubConfigMixin, PretrainedConfig):
         return self.remote_code_classes["AutoModelForCausalLM"].split(".")[1]
 
     def family_auto_map(self) -> dict[str, str]:
+        """The Auto classes of this config's model: `AutoModelForCausalLM` names the image model for an image config.
+
+        Returns:
+            {Auto class: "module.Class"}.
+        """
         module = self.remote_code_classes["AutoModelForCausalLM"].split(".")[0]
         return {**self.remote_code_classes, "AutoModelForCausalLM": f"{module}.{self.causal_lm_class_name}"}
 
@@ -262,11 +267,25 @@ class SparseTransformerConfig(HubConfigMixin, PretrainedConfig):
 
     @classmethod
     def for_images(cls, height: int, width: int, num_channels: int = 1, **kwargs) -> SparseTransformerConfig:
-        """The config of an image model (sec. 7.1 of the paper): 256 intensity tokens plus a start token (id 256),
-        one position per pixel and channel with row / column (/ channel) embeddings (sec. 5.3), and, for the sparse
-        patterns, a stride of one image row (width x channels tokens: the strided pattern's band is the row so far,
-        its other part the same column in every earlier row) with summaries of a quarter row (fixed). `kwargs`
-        override any field (e.g. hidden_size, num_hidden_layers, attention_type)."""
+        """The config of an image model (sec. 7.1 of the paper).
+
+        256 intensity tokens plus a start token (id 256), one position per pixel and channel with row / column
+        (/ channel) embeddings (sec. 5.3), and, for the sparse patterns, a stride of one image row (width x channels
+        tokens: the strided pattern's band is the row so far, its other part the same column in every earlier row) with
+        summaries of a quarter row (fixed).
+
+        Args:
+            height: image rows.
+            width: image columns.
+            num_channels: 1 (grey) or 3 (RGB).
+            **kwargs: fields that override any of the above (e.g. hidden_size, num_hidden_layers, attention_type).
+
+        Returns:
+            The config.
+
+        Raises:
+            ValueError: a size that is not a positive integer.
+        """
         for name, value in (("height", height), ("width", width), ("num_channels", num_channels)):
             check_positive_int(name, value)
         row = width * num_channels

@@ -271,6 +271,7 @@ class ViTPlusConfig(HubConfigMixin, PretrainedConfig):
 
     @property
     def num_patches(self) -> int:
+        """Patches per image at `image_size`: (image_size / patch_size)^2."""
         return (self.image_size // self.patch_size) ** 2
 
     @property
@@ -290,6 +291,11 @@ class ViTPlusConfig(HubConfigMixin, PretrainedConfig):
 
     @classmethod
     def preset_names(cls) -> list[str]:
+        """The names `from_preset` accepts.
+
+        Returns:
+            `{size}-patch{P}-{resolution}` for every size, patch size and resolution (224, 384) of the table.
+        """
         return [
             f"{size}-patch{patch}-{res}"
             for size in VIT_PLUS_SIZES
@@ -301,7 +307,15 @@ class ViTPlusConfig(HubConfigMixin, PretrainedConfig):
     def from_preset(cls, name: str, **kwargs) -> ViTPlusConfig:
         """A config from the paper's table, e.g. `from_preset("base-patch16-224", num_labels=10)`.
 
-        Names are `{tiny,small,base,large,huge}-patch{P}-{resolution}`; keyword arguments override fields.
+        Args:
+            name: `{tiny,small,base,large,huge}-patch{P}-{resolution}`.
+            **kwargs: fields that override the preset's.
+
+        Returns:
+            The config.
+
+        Raises:
+            ValueError: an unknown preset name.
         """
         match = _PRESET_RE.match(name)
         if match is None or match["size"] not in VIT_PLUS_SIZES:

@@ -93,13 +93,28 @@ class HubConfigMixin:
     remote_code_classes: dict[str, str] = {}
 
     def family_auto_map(self) -> dict[str, str]:
-        """{Auto class: "module.Class"} of this config's model; a family may choose per config (the Sparse
-        Transformer's causal-LM head is the image model's for an image config)."""
+        """The Auto classes of this config's model.
+
+        A family may choose per config (the Sparse Transformer's causal-LM head is the image model's for an image
+        config).
+
+        Returns:
+            {Auto class: "module.Class"}.
+        """
         return dict(self.remote_code_classes)
 
     def save_pretrained(self, save_directory: str | os.PathLike, push_to_hub: bool = False, **kwargs):
-        """transformers' `save_pretrained`, with every Auto class of the family in `auto_map` and their code in the
-        folder. With `push_to_hub=True` the folder is saved, then pushed with `push_to_hub` (code included)."""
+        """transformers' `save_pretrained`, with every Auto class of the family in `auto_map` and their code.
+
+        Args:
+            save_directory: the folder to write.
+            push_to_hub: save the folder, then push it with `push_to_hub` (code included).
+            **kwargs: transformers' `save_pretrained` options; with `push_to_hub=True`, `repo_id` (default: the
+                folder's name) and `push_to_hub`'s options.
+
+        Returns:
+            With `push_to_hub=True`, what `push_to_hub` returns; else None.
+        """
         self.auto_map = {**self.family_auto_map(), **(getattr(self, "auto_map", None) or {})}
         super().save_pretrained(save_directory, **kwargs if not push_to_hub else {})
         here = Path(sys.modules[type(self).__module__].__file__).parent
@@ -300,15 +315,25 @@ class HubMixin:
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
-        """transformers' `from_pretrained`, with clear errors for a checkpoint that cannot be this model:
+        """transformers' `from_pretrained`, with clear errors for a checkpoint that cannot be this model.
 
-        - a local folder without config.json (and no `config=` given), or whose config.json is not a JSON object,
-          or that holds another model type than this class's, raises a `ValueError` naming the file or the types
-          (transformers would build the class with default fields, or fail deep inside);
-        - weights whose shapes differ from the model the config describes raise a `ValueError` naming the tensors
-          with both shapes (unless `ignore_mismatched_sizes=True`);
-        - a corrupt or truncated `*.safetensors` file raises `CorruptCheckpointError` (an `OSError`) naming the file
-          instead of safetensors' bare header error."""
+        Args:
+            pretrained_model_name_or_path: a saved model folder or a Hub id.
+            *model_args: passed to the model's constructor, as transformers does.
+            **kwargs: transformers' `from_pretrained` options (`config`, `revision`, `subfolder`,
+                `ignore_mismatched_sizes`, ...).
+
+        Returns:
+            The model, in eval mode.
+
+        Raises:
+            ValueError: a local folder without config.json (and no `config=` given), whose config.json is not a JSON
+                object or holds another model type than this class's (transformers would build the class with
+                default fields, or fail deep inside); or weights whose shapes differ from the model the config
+                describes (unless `ignore_mismatched_sizes=True`), naming the tensors with both shapes.
+            CorruptCheckpointError: a corrupt or truncated `*.safetensors` file (an `OSError` naming the file,
+                instead of safetensors' bare header error).
+        """
         subfolder = kwargs.get("subfolder") or ""
         if kwargs.get("config") is None:
             _check_local_config(pretrained_model_name_or_path, subfolder, cls)
@@ -337,10 +362,22 @@ class HubMixin:
                 ) from err
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args, push_to_hub: bool = False, **kwargs):
-        """transformers' `save_pretrained`. With `push_to_hub=True` (and the package's hook set) the folder is saved,
-        then pushed with `push_to_hub` (`repo_id`, default the folder's name, and the push options taken from
-        `kwargs`), so the repository gets the family's card, not transformers' stock card (which transformers would
-        also write into the folder)."""
+        """transformers' `save_pretrained`, pushing with the family's model card when asked to push.
+
+        With `push_to_hub=True` (and the package's hook set) the folder is saved, then pushed with `push_to_hub`, so
+        the repository gets the family's card, not transformers' stock card (which transformers would also write into
+        the folder).
+
+        Args:
+            save_directory: the folder to write.
+            *args: transformers' `save_pretrained` positional options.
+            push_to_hub: push the folder after saving it.
+            **kwargs: transformers' `save_pretrained` options; with `push_to_hub=True`, also `repo_id` (default: the
+                folder's name) and `push_to_hub`'s options.
+
+        Returns:
+            What transformers' `save_pretrained` returns.
+        """
         if not push_to_hub or push_to_hub_hook() is None:
             return super().save_pretrained(save_directory, *args, push_to_hub=push_to_hub, **kwargs)
         push_options = {
@@ -367,15 +404,28 @@ class HubMixin:
         max_shard_size: int | str | None = "50GB",
         tags: list[str] | None = None,
     ):
-        """Upload the model (weights, config, model code) to the Hub repository `repo_id` as one commit, with the
-        family's model card as README.md when the repository has none.
+        """Upload the model (weights, config, model code) to the Hub repository `repo_id` as one commit.
 
-        Same arguments and return value (a `CommitInfo`) as transformers' `push_to_hub`. The card is the one of
-        `hf_vit_plus.hub.card.model_card_from_config`: the family's metadata, description, architecture and
-        usage, saying that no training data or evaluation was recorded. A README.md that the repository already
-        has (on `revision`, or main) is kept as it is; only `tags` it lacks are added, as transformers does.
-        The push is the hook the package sets (`set_push_to_hub_hook`); without the `hf_vit_plus` package (remote
-        code) there is none, and this is transformers' own push, stock card included.
+        The family's model card goes in as README.md when the repository has none: the card of
+        `hf_vit_plus.hub.card.model_card_from_config`, with the family's metadata, description, architecture and usage,
+        saying that no training data or evaluation was recorded. A README.md that the repository already has (on
+        `revision`, or main) is kept as it is; only `tags` it lacks are added, as transformers does. The push is the
+        hook the package sets (`set_push_to_hub_hook`); without the `hf_vit_plus` package (remote code) there is none,
+        and this is transformers' own push, stock card included.
+
+        Args:
+            repo_id: the Hub repository, "namespace/name".
+            commit_message: the commit's message.
+            commit_description: the commit's description.
+            private: whether a repository created by the push is private.
+            token: the Hub token; None: the saved login.
+            revision: the branch to push to.
+            create_pr: open a pull request instead of committing to the branch.
+            max_shard_size: the largest weights file before the weights are sharded.
+            tags: Hub tags to add to the card.
+
+        Returns:
+            The commit's `CommitInfo`, as transformers' `push_to_hub` returns it.
         """
         arguments = dict(
             commit_message=commit_message,

@@ -137,6 +137,16 @@ def with_channel_axis(images):
 
 
 class ViTPlusImageProcessor(ViTImageProcessor):
+    """transformers' `ViTImageProcessor` for grey as well as RGB models, and images in any PIL mode.
+
+    With `do_convert_grayscale=True` images become one luma channel (1-channel models); with `do_convert_rgb` (the
+    default) three. Processors saved before 0.3 have no `do_convert_grayscale`: a one-value `image_mean` marks a
+    1-channel model. `from_model_config` makes the processor that matches a config.
+
+    Args:
+        **kwargs: `ViTImageProcessor`'s settings (`size`, `image_mean`, `image_std`, `do_convert_rgb`, ...) and
+            `do_convert_grayscale`.
+    """
     valid_kwargs = ViTPlusImageProcessorKwargs
     model_input_names = ["pixel_values"]
     do_convert_rgb = True
@@ -150,6 +160,19 @@ class ViTPlusImageProcessor(ViTImageProcessor):
         super().__init__(**kwargs)
 
     def preprocess(self, images, *args, **kwargs):
+        """transformers' `preprocess`, after checking `images` and giving a 2-D image its channel axis.
+
+        Args:
+            images: one image or a list (PIL, numpy or torch; grey images with or without a channel axis).
+            *args: `ViTImageProcessor.preprocess`'s positional options.
+            **kwargs: `ViTImageProcessor.preprocess`'s options (`return_tensors`, ...).
+
+        Returns:
+            A `BatchFeature` with `pixel_values`.
+
+        Raises:
+            ValueError: no images, or images the processor cannot read.
+        """
         check_images(images)
         return super().preprocess(with_channel_axis(images), *args, **kwargs)
 
@@ -162,8 +185,19 @@ class ViTPlusImageProcessor(ViTImageProcessor):
         do_convert_grayscale: bool | None = None,
         **kwargs,
     ) -> torch.Tensor:
-        """One raw image (PIL in any mode, numpy or torch, with or without a channel axis) as a channels-first
-        tensor: RGB (`do_convert_rgb`) or grey (`do_convert_grayscale`, via RGB so every PIL mode is handled)."""
+        """One raw image (PIL in any mode, numpy or torch, with or without a channel axis) as a channels-first tensor.
+
+        Args:
+            image: the image.
+            do_convert_rgb: convert to RGB.
+            input_data_format: where the channel axis of a numpy or torch image is.
+            device: the device of the tensor.
+            do_convert_grayscale: convert to grey (via RGB, so every PIL mode is handled).
+            **kwargs: passed to `ViTImageProcessor.process_image`.
+
+        Returns:
+            (C, H, W): RGB, grey (one channel), or the image's own channels when neither conversion is asked for.
+        """
         if isinstance(image, PIL.Image.Image) and (do_convert_rgb or do_convert_grayscale):
             image = pil_to_rgb(image)
         if not do_convert_grayscale:
@@ -178,7 +212,18 @@ class ViTPlusImageProcessor(ViTImageProcessor):
 
     @classmethod
     def from_model_config(cls, config, **kwargs) -> ViTPlusImageProcessor:
-        """A processor whose output matches `config` (resolution and channels)."""
+        """A processor whose output matches `config` (resolution and channels).
+
+        Args:
+            config: a `ViTPlusConfig` (its `image_size` and `num_channels`).
+            **kwargs: settings that override the derived ones.
+
+        Returns:
+            The processor.
+
+        Raises:
+            ValueError: a config whose images have neither 1 nor 3 channels.
+        """
         size = {"height": config.image_size, "width": config.image_size}
         if config.num_channels not in (1, 3):
             raise ValueError(

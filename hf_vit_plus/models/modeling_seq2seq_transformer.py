@@ -463,6 +463,11 @@ class Seq2SeqTransformerStack(nn.Module):
 
 
 class Seq2SeqTransformerPreTrainedModel(HubMixin, PreTrainedModel):
+    """The base of the encoder-decoder models: their config class, weight initialisation and supported kernels.
+
+    Args:
+        config: the model's `Seq2SeqTransformerConfig`.
+    """
     config_class = Seq2SeqTransformerConfig
     base_model_prefix = "model"
     main_input_name = "input_ids"
@@ -501,11 +506,21 @@ class Seq2SeqTransformerPreTrainedModel(HubMixin, PreTrainedModel):
     def resize_token_embeddings(
         self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
     ) -> nn.Embedding:
-        """transformers' resizing (the source embedding and the output projection, tied or not), completed: one
-        vocabulary serves both stacks, so a decoder embedding of its own (untied, or
+        """transformers' resizing (the source embedding and the output projection, tied or not), completed.
+
+        One vocabulary serves both stacks, so a decoder embedding of its own (untied, or
         `share_encoder_decoder_embeddings=False`) and `final_logits_bias` get the new size too. The decoder
         embedding's new rows start at the mean of its old rows (`mean_resizing`) or at the init distribution; new
-        bias entries at 0."""
+        bias entries at 0.
+
+        Args:
+            new_num_tokens: the new vocabulary size; None: only return the embedding.
+            pad_to_multiple_of: round the size up to a multiple of this.
+            mean_resizing: start new rows at the mean (and covariance) of the old ones, as transformers does.
+
+        Returns:
+            The (resized) source embedding.
+        """
         embeddings = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
         vocab_size = embeddings.num_embeddings
         decoder = self.base_model.decoder
@@ -540,7 +555,11 @@ def _resized_embedding(old: nn.Embedding, num_embeddings: int, std: float, mean_
 
 
 class Seq2SeqTransformerModel(Seq2SeqTransformerPreTrainedModel):
-    """The bare encoder-decoder: returns the decoder's last hidden states (before the output projection)."""
+    """The bare encoder-decoder: returns the decoder's last hidden states (before the output projection).
+
+    Args:
+        config: the model's `Seq2SeqTransformerConfig`.
+    """
 
     def __init__(self, config: Seq2SeqTransformerConfig):
         super().__init__(config)
@@ -567,15 +586,33 @@ class Seq2SeqTransformerModel(Seq2SeqTransformerPreTrainedModel):
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
+        """The source embedding: the shared matrix when the embeddings are tied.
+
+        Returns:
+            The embedding module.
+        """
         return self.shared if self.shared is not None else self.encoder.embed_tokens
 
     def set_input_embeddings(self, value: nn.Embedding) -> None:
+        """Replace the source embedding (and the decoder's, when they share one matrix).
+
+        Args:
+            value: the new embedding.
+        """
         if self.shared is not None:
             self.shared = value
             self.decoder.embed_tokens = value
         self.encoder.embed_tokens = value
 
     def get_encoder(self, modality: str | None = None) -> Seq2SeqTransformerStack:
+        """The encoder stack.
+
+        Args:
+            modality: ignored (transformers' signature; the model reads text only).
+
+        Returns:
+            The encoder.
+        """
         return self.encoder
 
     def forward(
@@ -651,15 +688,20 @@ class Seq2SeqTransformerModel(Seq2SeqTransformerPreTrainedModel):
 class Seq2SeqTransformerForConditionalGeneration(
     GenerationWithCompiledDecoding, Seq2SeqTransformerPreTrainedModel, GenerationMixin
 ):
-    """The Transformer for translation: the decoder output times the shared embedding matrix gives the
-    pre-softmax logits (sec. 3.4); with `labels`, the label-smoothed cross-entropy (sec. 5.4).
+    """The Transformer for translation.
+
+    The decoder output times the shared embedding matrix gives the pre-softmax logits (sec. 3.4); with `labels`, the
+    label-smoothed cross-entropy (sec. 5.4).
 
     `generate(..., cache_implementation="static")` runs each decoding step after the first as one compiled graph,
     on CPU too and for greedy, sampling and beam search, with the tokens of eager decoding; the encoder output and
     the cross-attention keys/values are computed once, by the first (eager) step. The first call per shape pays
-    the compilation (tens of seconds on a CPU). A new graph is traced when the batch size x beams, the source
-    length, the static cache's length (the largest `max_length` so far, or `max_cache_len`), the dtype, the device
-    or the output flags change; `disable_compile=True` decodes the static cache eagerly. See `compiled_decoding.py`.
+    the compilation. A new graph is traced when the batch size x beams, the source length, the static cache's length
+    (the largest `max_length` so far, or `max_cache_len`), the dtype, the device or the output flags change;
+    `disable_compile=True` decodes the static cache eagerly. See `compiled_decoding.py`.
+
+    Args:
+        config: the model's `Seq2SeqTransformerConfig`; the generation config is `paper_generation_config(config)`.
     """
 
     _tied_weights_keys = {
@@ -682,10 +724,19 @@ class Seq2SeqTransformerForConditionalGeneration(
 
     @staticmethod
     def paper_generation_config(config: Seq2SeqTransformerConfig, **overrides) -> GenerationConfig:
-        """Beam search with the paper's beam size 4 and length penalty 0.6 (sec. 6.1). The paper's maximum output
-        length is the input length + 50, which one config cannot express: pass
+        """Beam search with the paper's beam size 4 and length penalty 0.6 (sec. 6.1).
+
+        The paper's maximum output length is the input length + 50, which one config cannot express: pass
         `max_new_tokens=input_ids.shape[1] + 50` to `generate` (otherwise transformers' default `max_length` of 20
-        tokens applies)."""
+        tokens applies).
+
+        Args:
+            config: the model's config (its special token ids).
+            **overrides: generation settings that replace the paper's.
+
+        Returns:
+            The `GenerationConfig`.
+        """
         settings = dict(
             PAPER_GENERATION_SETTINGS,
             bos_token_id=config.bos_token_id,
@@ -697,21 +748,54 @@ class Seq2SeqTransformerForConditionalGeneration(
         return GenerationConfig(**settings)
 
     def get_encoder(self, modality: str | None = None) -> Seq2SeqTransformerStack:
+        """The encoder stack.
+
+        Args:
+            modality: ignored (transformers' signature; the model reads text only).
+
+        Returns:
+            The encoder.
+        """
         return self.model.encoder
 
     def get_decoder(self) -> Seq2SeqTransformerStack:
+        """The decoder stack.
+
+        Returns:
+            The decoder.
+        """
         return self.model.decoder
 
     def get_input_embeddings(self) -> nn.Embedding:
+        """The source embedding (`Seq2SeqTransformerModel.get_input_embeddings`).
+
+        Returns:
+            The embedding module.
+        """
         return self.model.get_input_embeddings()
 
     def set_input_embeddings(self, value: nn.Embedding) -> None:
+        """Replace the source embedding (`Seq2SeqTransformerModel.set_input_embeddings`).
+
+        Args:
+            value: the new embedding.
+        """
         self.model.set_input_embeddings(value)
 
     def get_output_embeddings(self) -> nn.Linear:
+        """The output projection to the vocabulary (`lm_head`).
+
+        Returns:
+            The projection.
+        """
         return self.lm_head
 
     def set_output_embeddings(self, value: nn.Linear) -> None:
+        """Replace the output projection (`lm_head`).
+
+        Args:
+            value: the new projection.
+        """
         self.lm_head = value
 
     @staticmethod
@@ -727,14 +811,34 @@ class Seq2SeqTransformerForConditionalGeneration(
         return cache
 
     def create_masks_for_generate(self, attention_mask=None, **kwargs):
-        """`generate` asks for the decoder's mask ahead of each step when the cache is static. Without a target
-        padding mask (the usual case) there is none to prepare: the decoder builds its causal mask inside the
-        (compiled) step; a given one becomes transformers' 4-D mask."""
+        """The decoder's mask that `generate` asks for ahead of each step when the cache is static.
+
+        Without a target padding mask (the usual case) there is none to prepare: the decoder builds its causal mask
+        inside the (compiled) step; a given one becomes transformers' 4-D mask.
+
+        Args:
+            attention_mask: the target padding mask, or None.
+            **kwargs: transformers' `create_masks_for_generate` arguments.
+
+        Returns:
+            None without a mask, else transformers' 4-D mask.
+        """
         if attention_mask is None:
             return None
         return create_masks_for_generate(attention_mask=attention_mask, **kwargs)
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        """The decoder's input for `labels`: shifted right by the decoder start token (-100 becomes the pad token).
+
+        Args:
+            labels: (B, T) target token ids.
+
+        Returns:
+            (B, T) decoder input ids.
+
+        Raises:
+            ValueError: the config has no `decoder_start_token_id` or no `pad_token_id`.
+        """
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
     # The arguments of `Seq2SeqTransformerModel.forward` plus `labels`, spelled out: Trainer and `generate` read the
@@ -809,9 +913,15 @@ class Seq2SeqTransformerForConditionalGeneration(
     ) -> torch.Tensor:
         """Cross-entropy with label smoothing `config.label_smoothing` (sec. 5.4), ignoring labels equal to -100.
 
-        Without `num_items_in_batch`: the mean over the non-ignored tokens. With it (Trainer under gradient
-        accumulation): the sum over this batch divided by `num_items_in_batch`, so that the accumulated gradient is
-        that of the mean over all the tokens of the accumulated batch.
+        Args:
+            logits: (B, T, V).
+            labels: (B, T) target token ids, -100 where no loss is wanted.
+            num_items_in_batch: None: the mean over the non-ignored tokens. Given (Trainer under gradient
+                accumulation): the sum over this batch divided by it, so that the accumulated gradient is that of the
+                mean over all the tokens of the accumulated batch.
+
+        Returns:
+            The scalar loss.
         """
         if labels.shape != logits.shape[:2]:
             raise ValueError(f"`labels` has shape {tuple(labels.shape)}, expected {tuple(logits.shape[:2])}.")

@@ -348,6 +348,11 @@ class SparseTransformerLayer(GradientCheckpointingLayer):
 
 
 class SparseTransformerPreTrainedModel(HubMixin, PreTrainedModel):
+    """The base of the Sparse Transformer models: their config class, weight initialisation and supported kernels.
+
+    Args:
+        config: the model's `SparseTransformerConfig`.
+    """
     config_class = SparseTransformerConfig
     base_model_prefix = "model"
     main_input_name = "input_ids"
@@ -382,10 +387,21 @@ class SparseTransformerPreTrainedModel(HubMixin, PreTrainedModel):
             init.zeros_(module.bias)
 
     def create_masks_for_generate(self, attention_mask=None, cache=None, past_key_values=None, **kwargs):
-        """`generate` with a static cache asks for a 4-D mask prepared in advance (a plain causal one by default,
-        which would drop the sparse pattern): keep the 2-D padding mask, the model builds its own masks. It grows by
-        one column per step; padded with zeros to the cache's length it keeps one shape, which the compiled
-        decoding step needs (a new shape would be a new graph)."""
+        """The mask `generate` asks for in advance with a static cache: the 2-D padding mask, kept.
+
+        transformers would prepare a 4-D mask (a plain causal one by default, which would drop the sparse pattern); the
+        model builds its own masks instead. The mask grows by one column per step; padded with zeros to the cache's
+        length it keeps one shape, which the compiled decoding step needs (a new shape would be a new graph).
+
+        Args:
+            attention_mask: the 2-D padding mask, or None.
+            cache: the decoding cache.
+            past_key_values: the cache under transformers' name (either may be given).
+            **kwargs: transformers' other arguments, unused.
+
+        Returns:
+            The 2-D mask, padded to the static cache's length; other masks and caches pass through unchanged.
+        """
         cache = resolve_cache(cache, past_key_values)
         if attention_mask is None or attention_mask.dim() != 2 or not is_static_cache(cache):
             return attention_mask
@@ -394,7 +410,11 @@ class SparseTransformerPreTrainedModel(HubMixin, PreTrainedModel):
 
 
 class SparseTransformerModel(SparseTransformerPreTrainedModel):
-    """The bare decoder: embeddings, N residual blocks and the final LayerNorm; returns the normalised states."""
+    """The bare decoder: embeddings, N residual blocks and the final LayerNorm; returns the normalised states.
+
+    Args:
+        config: the model's `SparseTransformerConfig`.
+    """
 
     def __init__(self, config: SparseTransformerConfig):
         super().__init__(config)
@@ -407,9 +427,19 @@ class SparseTransformerModel(SparseTransformerPreTrainedModel):
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Module:
+        """The token embedding.
+
+        Returns:
+            The embedding module.
+        """
         return self.embeddings.embed_tokens
 
     def set_input_embeddings(self, value: nn.Module) -> None:
+        """Replace the token embedding.
+
+        Args:
+            value: the new embedding.
+        """
         self.embeddings.embed_tokens = value
 
     def forward(
@@ -646,8 +676,10 @@ class SparseTransformerModel(SparseTransformerPreTrainedModel):
 
 
 class SparseTransformerForCausalLM(GenerationWithCompiledDecoding, SparseTransformerPreTrainedModel, GenerationMixin):
-    """The Sparse Transformer with a linear output layer over the vocabulary; `labels` give the next-token
-    cross-entropy (sec. 5: the model maximises the log-likelihood of each token given the previous ones).
+    """The Sparse Transformer with a linear output layer over the vocabulary.
+
+    `labels` give the next-token cross-entropy (sec. 5: the model maximises the log-likelihood of each token given the
+    previous ones).
 
     `generate(..., cache_implementation="static")` runs each decoding step after the prompt as one compiled graph,
     on CPU too and for greedy, sampling and beam search, with the tokens of eager decoding. That step attends through
@@ -656,6 +688,9 @@ class SparseTransformerForCausalLM(GenerationWithCompiledDecoding, SparseTransfo
     lengths a static cache is sized for. A new graph is traced when the batch size x beams, the cache's length (the
     largest `max_length` so far, or `max_cache_len`), the dtype, the device or the output flags change;
     `disable_compile=True` decodes the static cache eagerly. See `compiled_decoding.py`.
+
+    Args:
+        config: the model's `SparseTransformerConfig`.
     """
 
     _tied_weights_keys = {"lm_head.weight": "model.embeddings.embed_tokens.weight"}
@@ -667,9 +702,19 @@ class SparseTransformerForCausalLM(GenerationWithCompiledDecoding, SparseTransfo
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Module:
+        """The token embedding.
+
+        Returns:
+            The embedding module.
+        """
         return self.model.embeddings.embed_tokens
 
     def set_input_embeddings(self, value: nn.Module) -> None:
+        """Replace the token embedding.
+
+        Args:
+            value: the new embedding.
+        """
         self.model.embeddings.embed_tokens = value
 
     @staticmethod
@@ -680,9 +725,19 @@ class SparseTransformerForCausalLM(GenerationWithCompiledDecoding, SparseTransfo
         return cache
 
     def get_output_embeddings(self) -> nn.Module:
+        """The output projection to the vocabulary (`lm_head`).
+
+        Returns:
+            The projection.
+        """
         return self.lm_head
 
     def set_output_embeddings(self, value: nn.Module) -> None:
+        """Replace the output projection (`lm_head`).
+
+        Args:
+            value: the new projection.
+        """
         self.lm_head = value
 
     def forward(
@@ -701,6 +756,10 @@ class SparseTransformerForCausalLM(GenerationWithCompiledDecoding, SparseTransfo
         past_key_values: Cache | None = None,
         **kwargs: Any,
     ) -> CausalLMOutputWithPast | tuple:
+        """Next-token logits at every position; with `labels` (the input ids, -100 where no loss), the next-token loss.
+
+        Raises a `ValueError` naming token ids outside the vocabulary.
+        """
         cache = resolve_cache(cache, past_key_values)
         return_dict = config_flag(return_dict, self.config, "return_dict", default=True)
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
@@ -738,8 +797,17 @@ class SparseTransformerForCausalLM(GenerationWithCompiledDecoding, SparseTransfo
     ) -> torch.Tensor:
         """Cross-entropy of token t+1 given tokens <= t, in nats per predicted token; -100 labels are ignored.
 
-        With `num_items_in_batch` (Trainer's count of labelled tokens over the accumulated batches) the sum is
-        divided by it, so gradient accumulation gives the same loss as one big batch.
+        Args:
+            logits: (B, T, V), the logits at every position.
+            labels: (B, T), the tokens (position t's logits are scored against label t+1).
+            num_items_in_batch: Trainer's count of labelled tokens over the accumulated batches; given, the sum is
+                divided by it, so gradient accumulation gives the same loss as one big batch.
+
+        Returns:
+            The scalar loss.
+
+        Raises:
+            ValueError: `labels` whose shape is not the logits' (B, T).
         """
         if labels.shape != logits.shape[:2]:
             raise ValueError(f"`labels` must have shape {tuple(logits.shape[:2])}, got {tuple(labels.shape)}.")
@@ -747,10 +815,12 @@ class SparseTransformerForCausalLM(GenerationWithCompiledDecoding, SparseTransfo
 
 
 class SparseTransformerForImageGeneration(SparseTransformerForCausalLM):
-    """The Sparse Transformer as an image model (sec. 7.1 of the paper): an image is the sequence of its 8-bit
-    intensities in raster order, channels interleaved (red, green, blue of a pixel, then the next pixel), and the
-    model predicts each from all earlier ones. Built from `SparseTransformerConfig.for_images(height, width, ...)`:
-    row / column (/ channel) position embeddings, a strided stride of one image row.
+    """The Sparse Transformer as an image model (sec. 7.1 of the paper).
+
+    An image is the sequence of its 8-bit intensities in raster order, channels interleaved (red, green, blue of a
+    pixel, then the next pixel), and the model predicts each from all earlier ones. Built from
+    `SparseTransformerConfig.for_images(height, width, ...)`: row / column (/ channel) position embeddings, a strided
+    stride of one image row.
 
     `forward(pixel_values=...)` takes integer images, (batch, channels, height, width) or (batch, height, width) for
     grey ones, values 0..255; the input is the sequence shifted right by the start token (`bos_token_id`), so
@@ -760,6 +830,12 @@ class SparseTransformerForImageGeneration(SparseTransformerForCausalLM):
     the pattern-aware cache, static-cache compilation and the Auto classes (the checkpoint names this class for
     `AutoModelForCausalLM`). Tokens that are not intensities (the start token) get a logit of -inf, so no decoding
     strategy ever draws them.
+
+    Args:
+        config: an image `SparseTransformerConfig` (`SparseTransformerConfig.for_images`).
+
+    Raises:
+        ValueError: a config that is not an image model's (`image_size` unset).
     """
 
     remote_code_auto_map = {
@@ -780,9 +856,18 @@ class SparseTransformerForImageGeneration(SparseTransformerForCausalLM):
         super().__init__(config)
 
     def pixels_to_tokens(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        """Images (B, C, H, W), or (B, H, W) for one channel, of integer intensities 0..255 -> tokens (B, H*W*C) in
-        raster order with the channels interleaved. Raises a TypeError / ValueError naming a wrong dtype, shape or
-        value."""
+        """Images of integer intensities as the token sequence, in raster order with the channels interleaved.
+
+        Args:
+            pixel_values: (B, C, H, W), or (B, H, W) for one channel, intensities 0..255 (uint8 or int64).
+
+        Returns:
+            (B, H*W*C) tokens.
+
+        Raises:
+            TypeError: not a tensor, or not of an integer dtype.
+            ValueError: a shape other than the model's images, or an intensity outside 0..255.
+        """
         height, width = self.config.image_size
         channels = self.config.num_channels
         if not torch.is_tensor(pixel_values):
@@ -807,8 +892,17 @@ class SparseTransformerForImageGeneration(SparseTransformerForCausalLM):
         return tokens
 
     def tokens_to_pixels(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Tokens (B, H*W*C) in raster order (e.g. `generate`'s output without the start token) -> images
-        (B, C, H, W) uint8."""
+        """Tokens in raster order (e.g. `generate`'s output without the start token) as images.
+
+        Args:
+            tokens: (B, H*W*C).
+
+        Returns:
+            (B, C, H, W) uint8 images.
+
+        Raises:
+            ValueError: tokens of another shape.
+        """
         height, width = self.config.image_size
         channels = self.config.num_channels
         if tokens.dim() != 2 or tokens.shape[1] != self.config.pixels_per_image:
@@ -819,7 +913,14 @@ class SparseTransformerForImageGeneration(SparseTransformerForCausalLM):
         return tokens.reshape(-1, height, width, channels).permute(0, 3, 1, 2).clamp(0, PIXEL_LEVELS - 1).byte()
 
     def shifted_input_ids(self, tokens: torch.Tensor) -> torch.Tensor:
-        """The model's input for the pixels `tokens` (B, n): the start token, then every pixel but the last."""
+        """The model's input for the pixels `tokens`: the start token, then every pixel but the last.
+
+        Args:
+            tokens: (B, n) pixel tokens.
+
+        Returns:
+            (B, n) input ids.
+        """
         start = torch.full_like(tokens[:, :1], self.config.bos_token_id)
         return torch.cat([start, tokens[:, :-1]], dim=1)
 

@@ -313,6 +313,11 @@ def drop_path_rate(config: ViTPlusConfig, layer_idx: int) -> float:
 
 
 class ViTPlusPreTrainedModel(HubMixin, PreTrainedModel):
+    """The base of the ViTPlus models: their config class, weight initialisation and supported attention kernels.
+
+    Args:
+        config: the model's `ViTPlusConfig`.
+    """
     config_class = ViTPlusConfig
     base_model_prefix = "vit"
     main_input_name = "pixel_values"
@@ -358,7 +363,13 @@ class ViTPlusPreTrainedModel(HubMixin, PreTrainedModel):
 
 
 class ViTPlusModel(ViTPlusPreTrainedModel):
-    """The bare encoder. `pooler_output` is the final-LayerNorm class token y = LN(z_L^0) (eq. 4)."""
+    """The bare encoder. `pooler_output` is the final-LayerNorm class token y = LN(z_L^0) (eq. 4).
+
+    Args:
+        config: the model's `ViTPlusConfig`.
+        use_mask_token: add the learned [mask] embedding that `bool_masked_pos` puts in place of patches (masked
+            patch prediction).
+    """
 
     def __init__(self, config: ViTPlusConfig, use_mask_token: bool = False):
         super().__init__(config)
@@ -369,6 +380,11 @@ class ViTPlusModel(ViTPlusPreTrainedModel):
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Module:
+        """The patch embedding (the projection E of eq. 1).
+
+        Returns:
+            The patch-embedding module.
+        """
         return self.embeddings.patch_embeddings
 
     def forward(
@@ -381,8 +397,11 @@ class ViTPlusModel(ViTPlusPreTrainedModel):
         return_dict: bool | None = None,
         **kwargs,
     ) -> ViTPlusModelOutput | tuple:
-        """`bool_masked_pos` (B, N): patches replaced by the [mask] embedding (a model built with
-        `use_mask_token=True`, as transformers' `ViTModel`)."""
+        """Encode a batch of images (B, C, H, W): every token's last hidden state and the pooled class token.
+
+        Raises a `ValueError` (or a `TypeError` for a wrong dtype) naming missing, misshapen or non-finite
+        `pixel_values`.
+        """
         if pixel_values is None:
             raise ValueError("`pixel_values` is required: a float tensor of shape (batch, channels, height, width).")
         if torch.is_tensor(pixel_values) and pixel_values.dim() != 4:
@@ -434,14 +453,20 @@ class ViTPlusModel(ViTPlusPreTrainedModel):
 
 
 class ViTPlusForImageClassification(ViTPlusPreTrainedModel):
-    """ViT with a head on the class token: a linear layer (fine-tuning, default) or the paper's pre-training
-    head, an MLP with one tanh hidden layer (`classifier_head="mlp_tanh"`).
+    """ViT with a head on the class token.
+
+    The head is a linear layer (fine-tuning, default) or the paper's pre-training head, an MLP with one tanh hidden
+    layer (`classifier_head="mlp_tanh"`).
 
     With DeiT's distillation token (`use_distillation_token=True`) a second linear head reads that token: `logits` is
     the mean of the two heads (DeiT's inference), and the loss is DeiT's hard-label distillation,
     (CE(class head, labels) + CE(distillation head, teacher_classes)) / 2, where `teacher_classes` are a
     teacher's predicted classes (the labels themselves when none are given). Without the token,
-    `teacher_classes` train the class head alike (DeiT's "hard distillation" without a distillation token)."""
+    `teacher_classes` train the class head alike (DeiT's "hard distillation" without a distillation token).
+
+    Args:
+        config: the model's `ViTPlusConfig` (`num_labels`, `classifier_head`, `use_distillation_token`).
+    """
 
     def __init__(self, config: ViTPlusConfig):
         super().__init__(config)
@@ -472,6 +497,10 @@ class ViTPlusForImageClassification(ViTPlusPreTrainedModel):
         return_dict: bool | None = None,
         **kwargs,
     ) -> ViTPlusImageClassifierOutput | tuple:
+        """Class logits of a batch of images (B, C, H, W); with `labels`, the loss (see the class docstring).
+
+        `teacher_classes` come with `labels`; alone they raise a `ValueError`.
+        """
         return_dict = config_flag(return_dict, self.config, "return_dict", default=True)
         labels, teacher_classes = label_tensor("labels", labels), label_tensor("teacher_classes", teacher_classes)
         outputs = self.vit(
@@ -510,7 +539,22 @@ class ViTPlusForImageClassification(ViTPlusPreTrainedModel):
         return output if return_dict else output.to_tuple()
 
     def compute_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """Cross-entropy for single-label, BCE for multi-label, MSE for regression (transformers' convention)."""
+        """Cross-entropy for single-label, BCE for multi-label, MSE for regression (transformers' convention).
+
+        `config.problem_type` chooses; when it is unset, one label means regression and integer labels single-label
+        classification.
+
+        Args:
+            logits: (B, num_labels).
+            labels: (B,) class indices (-100: ignored), (B, num_labels) multi-label targets, or (B,) regression
+                targets.
+
+        Returns:
+            The scalar loss.
+
+        Raises:
+            ValueError: labels of the wrong shape, or a class index outside [0, num_labels).
+        """
         labels = labels.to(logits.device)
         problem_type = self.config.problem_type
         if problem_type is None:
@@ -563,14 +607,22 @@ def patch_colour_classes(
 def corrupt_patches(
     pixel_values: torch.Tensor, config: ViTPlusConfig, generator: torch.Generator | None = None
 ) -> dict[str, torch.Tensor]:
-    """The inputs of one masked-patch-prediction step, as a data collator would make them (BERT's recipe on patches,
-    sec. 4.6): `mpp_mask_ratio` of each image's patches are corrupted, and of those 80% are replaced by the [mask]
-    embedding (`bool_masked_pos`), 10% by a random other patch (any patch of the batch; done here on the pixels, which
-    the linear patch embedding maps to that patch's embedding) and 10% kept as they are. `labels` (B, N) hold the
-    mean-colour class of each corrupted patch of the clean image (`patch_colour_classes`) and -100 elsewhere.
+    """The inputs of one masked-patch-prediction step, as a data collator would make them.
 
-    Returns `pixel_values` (corrupted), `bool_masked_pos` and `labels`: `ViTPlusForMaskedImageModeling(**inputs)`.
-    Random draws come from `generator` (on the CPU) when given, else from torch's global generator."""
+    BERT's recipe on patches (sec. 4.6): `mpp_mask_ratio` of each image's patches are corrupted, and of those 80% are
+    replaced by the [mask] embedding (`bool_masked_pos`), 10% by a random other patch (any patch of the batch; done
+    here on the pixels, which the linear patch embedding maps to that patch's embedding) and 10% kept as they are.
+
+    Args:
+        pixel_values: (B, C, H, W) clean images, as the image processor gives them.
+        config: the model's `ViTPlusConfig` (patch size and the `mpp_*` fields).
+        generator: the source of the random draws (on the CPU); None: torch's global generator.
+
+    Returns:
+        `pixel_values` (corrupted), `bool_masked_pos` (B, N) and `labels` (B, N): the mean-colour class of each
+        corrupted patch of the clean image (`patch_colour_classes`), -100 elsewhere. Use them as
+        `ViTPlusForMaskedImageModeling(**inputs)`.
+    """
     batch, channels, height, width = pixel_values.shape
     size = config.patch_size
     rows, cols = height // size, width // size
@@ -623,7 +675,15 @@ class ViTPlusForMaskedImageModeling(ViTPlusPreTrainedModel):
 
     The forward pass is deterministic: `bool_masked_pos` (B, N) marks the patches that get the [mask] embedding;
     `labels` (B, N) are the colour classes to predict, -100 for patches without a loss. Without `labels` the targets
-    are the mean colours of `pixel_values` at the `bool_masked_pos` patches; with neither there is no loss."""
+    are the mean colours of `pixel_values` at the `bool_masked_pos` patches; with neither there is no loss.
+
+    Args:
+        config: the model's `ViTPlusConfig` (`mpp_num_bits`, `mpp_value_range`; no convolutional stem).
+
+    Raises:
+        ValueError: a config with a convolutional stem (`conv_stem_layers` > 0), whose overlapping receptive
+            fields would let the tokens around a masked patch see its pixels.
+    """
 
     # The inputs the loss is computed from when a batch has no `labels` (see `SparseTransformerForImageGeneration`).
     loss_inputs = ("pixel_values", "bool_masked_pos")
@@ -651,6 +711,7 @@ class ViTPlusForMaskedImageModeling(ViTPlusPreTrainedModel):
         return_dict: bool | None = None,
         **kwargs,
     ) -> ViTPlusMaskedPatchPredictionOutput | tuple:
+        """Colour-class logits of every patch (B, N, mpp_num_classes); with `labels` or `bool_masked_pos`, the loss."""
         return_dict = config_flag(return_dict, self.config, "return_dict", default=True)
         outputs = self.vit(
             pixel_values,
@@ -677,7 +738,18 @@ class ViTPlusForMaskedImageModeling(ViTPlusPreTrainedModel):
         return output if return_dict else output.to_tuple()
 
     def compute_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """Cross-entropy over the patches with a label (-100: none); NaN-free when no patch has one (0)."""
+        """Cross-entropy over the patches with a label (-100: none); NaN-free when no patch has one (0).
+
+        Args:
+            logits: (B, N, mpp_num_classes).
+            labels: (B, N) integer colour classes, -100 for patches without a loss.
+
+        Returns:
+            The mean loss over the labelled patches.
+
+        Raises:
+            ValueError: labels of the wrong shape or dtype, or a class outside [0, mpp_num_classes).
+        """
         if labels.shape != logits.shape[:2]:
             raise ValueError(
                 f"Masked patch prediction `labels` must have shape (batch, patches) = {tuple(logits.shape[:2])}, got "

@@ -105,10 +105,19 @@ def _greedy_loop(step, first_tokens, num_layers, empty_cache, rules, start_lengt
 
 
 class OnnxSeq2SeqGenerator:
-    """Greedy decoding with `encoder_model.onnx` and `decoder_model.onnx` of an `export_onnx` folder: the tokens of
-    `model.generate(num_beams=1, do_sample=False, ...)`, with generate's settings of lengths, end and pad tokens,
-    single-token bad words and forced first and last tokens (`models/decoding_rules.py`); the defaults are the
-    folder's generation_config.json."""
+    """Greedy decoding with `encoder_model.onnx` and `decoder_model.onnx` of an `export_onnx` folder.
+
+    It gives the tokens of `model.generate(num_beams=1, do_sample=False, ...)`, with generate's settings of lengths,
+    end and pad tokens, single-token bad words and forced first and last tokens (`models/decoding_rules.py`); the
+    defaults are the folder's generation_config.json. The graphs run on onnxruntime's CPU provider.
+
+    Args:
+        folder: the folder `export_onnx` wrote (config, generation config and graphs).
+        threads: onnxruntime's intra-op threads; None or 0: its default.
+
+    Raises:
+        FileNotFoundError: a graph is missing from `folder`.
+    """
 
     def __init__(self, folder: str | Path, threads: int | None = None):
         from ..models.configuration_seq2seq_transformer import Seq2SeqTransformerConfig
@@ -120,8 +129,17 @@ class OnnxSeq2SeqGenerator:
         self.decoder = _session(folder / DECODER_FILE, threads)
 
     def generate(self, input_ids, attention_mask=None, generation_config=None, **kwargs):
-        """(batch, 1 + new) int64 array: the decoder start token and the greedy tokens, padded after EOS. Keyword
-        arguments are `generate`'s (`max_new_tokens`, `min_new_tokens`, `eos_token_id`, ...)."""
+        """Greedy decoding of a batch of source sequences.
+
+        Args:
+            input_ids: (batch, source) token ids (a numpy array or a tensor).
+            attention_mask: (batch, source), 1 for real tokens; None: all ones.
+            generation_config: a `GenerationConfig`; None: the folder's.
+            **kwargs: `generate`'s settings (`max_new_tokens`, `min_new_tokens`, `eos_token_id`, ...).
+
+        Returns:
+            (batch, 1 + new) int64 array: the decoder start token and the greedy tokens, padded after EOS.
+        """
         import numpy as np
 
         config = self.config
@@ -148,8 +166,17 @@ class OnnxSeq2SeqGenerator:
 
 
 class OnnxCausalLMGenerator:
-    """Greedy decoding with the `model.onnx` of an exported Sparse Transformer LM, by generate's rules as
-    `OnnxSeq2SeqGenerator` (lengths count the prompt)."""
+    """Greedy decoding with the `model.onnx` of an exported Sparse Transformer LM.
+
+    It follows generate's rules as `OnnxSeq2SeqGenerator` does (lengths count the prompt).
+
+    Args:
+        folder: the folder `export_onnx` wrote (config, generation config and graph).
+        threads: onnxruntime's intra-op threads; None or 0: its default.
+
+    Raises:
+        FileNotFoundError: the graph is missing from `folder`.
+    """
 
     def __init__(self, folder: str | Path, threads: int | None = None):
         from ..models.configuration_sparse_transformer import SparseTransformerConfig
@@ -160,8 +187,17 @@ class OnnxCausalLMGenerator:
         self.session = _session(folder / LM_FILE, threads)
 
     def generate(self, input_ids, attention_mask=None, generation_config=None, **kwargs):
-        """(batch, prompt + new) int64 array; left-padded prompts (with their mask) are supported. Keyword arguments
-        are `generate`'s."""
+        """Greedy continuation of a batch of prompts; left-padded prompts (with their mask) are supported.
+
+        Args:
+            input_ids: (batch, prompt) token ids (a numpy array or a tensor).
+            attention_mask: (batch, prompt), 0 on left padding; None: all ones.
+            generation_config: a `GenerationConfig`; None: the folder's.
+            **kwargs: `generate`'s settings.
+
+        Returns:
+            (batch, prompt + new) int64 array.
+        """
         import numpy as np
 
         config = self.config

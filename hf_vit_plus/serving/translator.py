@@ -16,20 +16,31 @@ EXTRA_TARGET_TOKENS = 50
 
 
 class Translator:
-    """Text in, text out, with a saved seq2seq checkpoint or its CTranslate2 export, on one of three engines:
+    """Text in, text out, with a saved seq2seq checkpoint or its CTranslate2 export, on one of three engines.
 
+    Keyword arguments of a call are `generate`'s; without `max_new_tokens` / `max_length` a batch gets its longest
+    source + 50 new tokens, as in the paper.
+
+    Example:
+        ```python
         translator = Translator("outputs/translation/model")                        # model.generate
         translator = Translator("outputs/translation/model", engine="fast")         # FastDecoding, float32
         translator = Translator("outputs/translation/model", engine="fast", precision="int8")
         translator = Translator("outputs/translation/ct2", engine="ctranslate2", compute_type="int8")
         translator(["In the beginning God created the heaven and the earth."], num_beams=4)
+        ```
 
-    location: a checkpoint folder or Hub id, or a folder written by `export_ctranslate2` (then the engine is
-    "ctranslate2"; given a checkpoint, the "ctranslate2" engine converts it into a temporary folder first).
-    precision: FastDecoding's (`hf_vit_plus.models.fast_kernels.PRECISIONS`). compute_type: CTranslate2's
-    ("default": the type the folder was written in). threads: CTranslate2's intra-op threads (0: its default).
-    Keyword arguments of a call are `generate`'s; without `max_new_tokens` / `max_length` a batch gets its longest
-    source + 50 new tokens, as in the paper."""
+    Args:
+        location: a checkpoint folder or Hub id, or a folder written by `export_ctranslate2` (then the engine is
+            "ctranslate2"; given a checkpoint, the "ctranslate2" engine converts it into a temporary folder first).
+        engine: one of `TRANSLATION_ENGINES`: "generate" (`model.generate`), "fast" (FastDecoding) or "ctranslate2".
+        precision: FastDecoding's (`hf_vit_plus.models.fast_kernels.PRECISIONS`).
+        compute_type: CTranslate2's ("default": the type the folder was written in).
+        threads: CTranslate2's intra-op threads (0: its default).
+
+    Raises:
+        ValueError: an unknown engine, or a CTranslate2 folder with another engine.
+    """
 
     def __init__(
         self,
@@ -73,7 +84,16 @@ class Translator:
             self.model = None
 
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **generate_kwargs):
-        """Token ids -> output ids, as `model.generate` returns them, on this translator's engine."""
+        """Token ids -> output ids, as `model.generate` returns them, on this translator's engine.
+
+        Args:
+            input_ids: (batch, source) token ids.
+            attention_mask: (batch, source), 1 for real tokens.
+            **generate_kwargs: `generate`'s settings; without `max_new_tokens` / `max_length`, the longest source + 50.
+
+        Returns:
+            (batch, length) output ids, starting with the decoder start token.
+        """
         if "max_new_tokens" not in generate_kwargs and "max_length" not in generate_kwargs:
             generate_kwargs["max_new_tokens"] = input_ids.shape[1] + EXTRA_TARGET_TOKENS
         if self.engine == "ctranslate2":

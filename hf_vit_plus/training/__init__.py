@@ -11,7 +11,14 @@ __all__ = ["FAMILIES", "TrainingArguments", "family_arguments", "parse_args", "t
 
 
 def train(args: TrainingArguments):
-    """Run the training loop (see `hf_vit_plus.training.loop.train`)."""
+    """Run the training loop (see `hf_vit_plus.training.loop.train`).
+
+    Args:
+        args: the run's options, e.g. from `family_arguments`.
+
+    Returns:
+        A `TrainResult`: the final evaluation and where things were written.
+    """
     from ..utils.extras import require
     from .loop import train as _train
 

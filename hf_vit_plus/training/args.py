@@ -143,6 +143,16 @@ def _scheduler_help(family: Family) -> str:
 
 @dataclass
 class TrainingArguments:
+    """The options of a training run, for every family: one field per `hf-vit-plus train FAMILY` flag.
+
+    Each field but `family` carries its help text in its metadata, as transformers' `HfArgumentParser` reads it:
+    `hf-vit-plus train FAMILY --help` and the command-line reference list them. Build one with `family_arguments`
+    (which applies the family's defaults) or `parse_args`.
+
+    Args:
+        family: the family the run trains (a key of `hf_vit_plus.families.FAMILIES`): which fields apply, and the
+            defaults that depend on its built-in data set and recipe.
+    """
     family: str = "vit"
     output_dir: str = _option("outputs/run", "where the final model, card, figures, logs and checkpoints/ go")
     overwrite_output_dir: bool = _option(
@@ -480,6 +490,11 @@ class TrainingArguments:
         return int(self.save_steps) if str(self.save_steps).isdigit() else None
 
     def to_dict(self) -> dict:
+        """The options as a plain dict (`dataclasses.asdict`), e.g. for a tracker's config or a model card.
+
+        Returns:
+            Field name -> value.
+        """
         return dataclasses.asdict(self)
 
 
@@ -755,7 +770,17 @@ def args_from_namespace(namespace: argparse.Namespace) -> TrainingArguments:
 
 
 def parse_args(family: str, argv: list[str] | None = None) -> TrainingArguments:
-    """Parse `argv` (default: sys.argv); a bad value exits with argparse's error (status 2)."""
+    """Parse the command line of `hf-vit-plus train FAMILY`.
+
+    A bad value exits with argparse's error (status 2).
+
+    Args:
+        family: the family whose flags are parsed.
+        argv: the arguments; None: `sys.argv[1:]`.
+
+    Returns:
+        The parsed options.
+    """
     parser = CommandParser(description=f"Train the {family} family with Accelerate.", formatter_class=HelpFormatter)
     add_training_arguments(parser, family)
     namespace = parser.parse_args(argv)
@@ -766,8 +791,21 @@ def parse_args(family: str, argv: list[str] | None = None) -> TrainingArguments:
 
 
 def family_arguments(family: str, **values) -> TrainingArguments:
-    """`TrainingArguments` with the family's defaults and `values` (the Python spelling of the command line;
-    the pre-0.3 names are accepted)."""
+    """`TrainingArguments` with the family's defaults and `values`.
+
+    Example:
+        `family_arguments("vit", output_dir="outputs/vit", max_steps=100)`.
+
+    Args:
+        family: a family id ("vit", "vit-mpp", "seq2seq", "sparse-lm", "image-lm").
+        **values: fields, in the Python spelling of the command line; the pre-0.3 names are accepted.
+
+    Returns:
+        The options.
+
+    Raises:
+        UsageError: an unknown family, or a field given under its new and its old name.
+    """
     if family not in FAMILY_DEFAULTS:
         raise UsageError(f"Unknown family {family!r}; expected one of {FAMILIES}.")
     for old, new in RENAMED.items():

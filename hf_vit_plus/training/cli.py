@@ -74,6 +74,17 @@ def add_parser(subparsers) -> None:
 
 
 def run_train(namespace: argparse.Namespace) -> int:
+    """Train a family with Accelerate (`hf-vit-plus train FAMILY`), after checking what the arguments point to.
+
+    Args:
+        namespace: the parsed command line.
+
+    Returns:
+        The exit status: 0 when the run finished or stopped as asked (--stop_after_steps, SIGTERM), 1 otherwise.
+
+    Raises:
+        UsageError: a bad value, or data, model or checkpoint paths that do not exist.
+    """
     require("train", "hf-vit-plus train")
     from .loop import train
 
@@ -100,6 +111,15 @@ def check_inputs(args: TrainingArguments) -> None:
 
 
 def run_demo(namespace: argparse.Namespace) -> int:
+    """Train a small ViT on the digits (`hf-vit-plus demo`), then reload it and show its held-out predictions.
+
+    Args:
+        namespace: the parsed command line.
+
+    Returns:
+        The exit status: 1 when the held-out accuracy is below --min_accuracy, else 0 (an interrupted demo prints how
+        to resume).
+    """
     require("train", "hf-vit-plus demo")
     import torch
     from accelerate import PartialState

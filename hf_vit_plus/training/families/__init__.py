@@ -16,7 +16,17 @@ from .overrides import check_config_overrides, config_fields, config_value_error
 
 
 def get_family(name: str) -> TrainingFamily:
-    """The training recipe of the family `name` (a new instance), as its record's `trainer` names it."""
+    """The training recipe of the family `name` (a new instance), as its record's `trainer` names it.
+
+    Args:
+        name: a family id ("vit", "vit-mpp", "seq2seq", "sparse-lm", "image-lm").
+
+    Returns:
+        A new instance of the family's `TrainingFamily` subclass.
+
+    Raises:
+        ValueError: an unknown family.
+    """
     record = get_record(name)
     module, _, class_name = record.trainer.partition(":")
     return getattr(importlib.import_module(module), class_name)()

@@ -56,8 +56,13 @@ _WEIGHTS_FROM_MAIN_PROCESS: ContextVar[bool] = ContextVar("weights_from_main_pro
 
 @contextmanager
 def weights_from_main_process(active: bool = True) -> Iterator[None]:
-    """Within (when `active`): `load_or_create_model` builds --model_name_or_path's model on the meta device from its
-    config, reading no weights (a fresh model is built as usual)."""
+    """Within it (when `active`), `load_or_create_model` builds --model_name_or_path's model on the meta device.
+
+    The model is built from its config, reading no weights (a fresh model is built as usual).
+
+    Args:
+        active: whether the context applies; False leaves loading as it is.
+    """
     token = _WEIGHTS_FROM_MAIN_PROCESS.set(active)
     try:
         yield
@@ -67,8 +72,18 @@ def weights_from_main_process(active: bool = True) -> Iterator[None]:
 
 # --------------------------------------------------------------------------------------------------- optimisation
 def weight_decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """Two optimiser groups, decided by tensor rank (as in nanoGPT): matrices (rank >= 2) are decayed; biases,
-    norm weights and other rank < 2 tensors are not."""
+    """Two optimiser groups, decided by tensor rank (as in nanoGPT).
+
+    Matrices (rank >= 2) are decayed; biases, norm weights and other rank < 2 tensors are not. Frozen parameters are
+    left out.
+
+    Args:
+        model: the model whose trainable parameters are grouped.
+        weight_decay: the decay of the first group.
+
+    Returns:
+        Two parameter groups for a `torch.optim` optimiser: the decayed, then the others (weight decay 0).
+    """
     decay, no_decay = [], []
     for _, param in model.named_parameters():
         if not param.requires_grad:
@@ -85,8 +100,7 @@ _FUSED_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 def fused_optimizer_supported(model: torch.nn.Module) -> bool:
     """Whether torch's fused AdamW can update `model`'s trainable parameters: plain tensors (not FSDP2's sharded
     DTensors) of a floating dtype on the CPU or a CUDA GPU. It updates each tensor in one pass instead of a dozen
-    elementwise kernels: on the CPU 0.8 against 3.8 ms per update of the 805k-parameter Fashion-MNIST ViT (torch's
-    default there is the per-tensor loop), the same update to rounding."""
+    elementwise kernels (on the CPU torch's default is the per-tensor loop), the same update to rounding."""
     params = [param for param in model.parameters() if param.requires_grad]
     return bool(params) and all(
         type(param) is torch.nn.Parameter and param.device.type in _FUSED_DEVICES and param.dtype in _FUSED_DTYPES
@@ -95,6 +109,15 @@ def fused_optimizer_supported(model: torch.nn.Module) -> bool:
 
 
 def warmup_steps(args: TrainingArguments, total_steps: int) -> int:
+    """The number of warm-up steps of a run: --warmup_steps (at most `total_steps`), else --warmup_ratio of them.
+
+    Args:
+        args: the run's options.
+        total_steps: the optimiser steps of the run.
+
+    Returns:
+        The warm-up steps.
+    """
     if args.warmup_steps is not None:
         return min(args.warmup_steps, total_steps)
     return int(math.ceil(args.warmup_ratio * total_steps))
@@ -103,22 +126,36 @@ def warmup_steps(args: TrainingArguments, total_steps: int) -> int:
 # ---------------------------------------------------------------------------------------------------- the family
 @dataclass(frozen=True)
 class TrainingData:
-    """The raw splits of a run, as `TrainingFamily.load_data` returns them."""
+    """The raw splits of a run, as `TrainingFamily.load_data` returns them.
 
-    raw: DatasetDict  # "train" and "validation", with the family's column names
-    name: str  # the data set's name in the model card
-    label_column: str | None = None  # ViT: the user's label column, named when the model has another class count
-    # reference numbers on the evaluation split that are not the model's (e.g. an image model's floors in bits/dim)
+    Attributes:
+        raw: "train" and "validation", with the family's column names.
+        name: the data set's name in the model card.
+        label_column: ViT: the user's label column, named when the model has another class count.
+        baselines: reference numbers on the evaluation split that are not the model's (e.g. an image model's floors
+            in bits/dim).
+        eval_split: the data set's split that "validation" holds, as the model card names it.
+        hub_id: the data set's Hub id, where it has one (the card's `datasets` and model-index).
+        description: what the model card says of the data's source and splits (markdown).
+        languages: the texts' language codes (a translation card's source then target).
+    """
+
+    raw: DatasetDict
+    name: str
+    label_column: str | None = None
     baselines: dict[str, float] = dataclasses.field(default_factory=dict)
-    eval_split: str = "validation"  # the data set's split that "validation" holds, as the model card names it
-    hub_id: str | None = None  # the data set's Hub id, where it has one (the card's `datasets` and model-index)
-    description: str = ""  # what the model card says of the data's source and splits (markdown)
-    languages: tuple[str, ...] = ()  # the texts' language codes (a translation card's source then target)
+    eval_split: str = "validation"
+    hub_id: str | None = None
+    description: str = ""
+    languages: tuple[str, ...] = ()
 
 
 class TrainingFamily:
-    """The per-family pieces of the loop. Subclasses set `name` (the id of their `hf_vit_plus.families` record) and
-    implement the data and evaluation methods."""
+    """The per-family pieces of the loop.
+
+    Subclasses set `name` (the id of their `hf_vit_plus.families` record) and implement the data and evaluation
+    methods.
+    """
 
     name: str = ""
     trains_its_processor: bool = False  # a tokenizer trained on the data (saved with each checkpoint)
@@ -152,12 +189,31 @@ class TrainingFamily:
 
     # --- model
     def is_preset(self, config_name: str) -> bool:
-        """Whether --config_name names a preset of the family (else a config folder or Hub id)."""
+        """Whether --config_name names a preset of the family (else a config folder or Hub id).
+
+        Args:
+            config_name: the value of --config_name.
+
+        Returns:
+            True for a preset name of the family's config class.
+        """
         return hasattr(self.config_class, "from_preset") and not Path(config_name).is_dir()
 
     def config_class_for(self, args: TrainingArguments) -> type:
-        """The class of the config `build_config` makes: that of --model_name_or_path or a --config_name folder,
-        else the family's own (after checking that a --config_name preset exists)."""
+        """The class of the config `build_config` makes.
+
+        That of --model_name_or_path or a --config_name folder, else the family's own (after checking that a
+        --config_name preset exists).
+
+        Args:
+            args: the run's options.
+
+        Returns:
+            The config class.
+
+        Raises:
+            UsageError: --config_name names no preset of the family.
+        """
         if args.model_name_or_path:
             return type(load_config(args.model_name_or_path, "--model_name_or_path"))
         if args.config_name and not self.is_preset(args.config_name):
@@ -170,15 +226,39 @@ class TrainingFamily:
         return self.config_class
 
     def config_overrides(self, args: TrainingArguments) -> dict[str, Any]:
-        """--config_overrides parsed and checked against the fields of the config `build_config` makes."""
+        """--config_overrides parsed and checked against the fields of the config `build_config` makes.
+
+        Args:
+            args: the run's options.
+
+        Returns:
+            Field name -> value.
+
+        Raises:
+            UsageError: a key that is not a field of the config.
+        """
         overrides = parse_overrides(args.config_overrides)
         if overrides:
             check_config_overrides(self.config_class_for(args), overrides)
         return overrides
 
     def build_config(self, args: TrainingArguments, defaults: dict, fields: dict) -> PretrainedConfig:
-        """The model's config: that of --model_name_or_path, of a --config_name folder, Hub id or preset, or the
-        family's `defaults`; then `fields` (what the data and the run fix) and --config_overrides on top."""
+        """The model's config.
+
+        That of --model_name_or_path, of a --config_name folder, Hub id or preset, or the family's `defaults`; then
+        `fields` (what the data and the run fix) and --config_overrides on top.
+
+        Args:
+            args: the run's options.
+            defaults: the family's config values for a fresh model.
+            fields: the values the data and the run fix (e.g. the number of labels).
+
+        Returns:
+            The config.
+
+        Raises:
+            UsageError: the config refuses its values.
+        """
         values = {**fields, **self.config_overrides(args)}
         source = args.model_name_or_path or args.config_name
         with config_value_errors(args):
@@ -189,8 +269,18 @@ class TrainingFamily:
             return self.config_class(**{**defaults, **values})
 
     def load_or_create_model(self, args: TrainingArguments, config: PretrainedConfig) -> torch.nn.Module:
-        """The saved model of --model_name_or_path with `config` (within `weights_from_main_process`: its layout on
-        the meta device, the class from_pretrained would choose), or a fresh one."""
+        """The saved model of --model_name_or_path with `config`, or a fresh one.
+
+        Within `weights_from_main_process` the saved model is only its layout on the meta device (the class
+        from_pretrained would choose).
+
+        Args:
+            args: the run's options.
+            config: the model's config (from `build_config`).
+
+        Returns:
+            The model.
+        """
         if args.model_name_or_path and _WEIGHTS_FROM_MAIN_PROCESS.get():
             with torch.device("meta"):
                 return self.auto_model_class.from_config(config).eval()  # in eval mode, as from_pretrained gives it
@@ -201,43 +291,130 @@ class TrainingFamily:
         return self.model_class(config)
 
     def build(self, args: TrainingArguments, data: TrainingData) -> tuple[torch.nn.Module, Any]:
-        """Return the model and its processor (image processor or tokenizer)."""
+        """The model and its processor; each family implements it.
+
+        Args:
+            args: the run's options.
+            data: the run's data (a tokenizer may be trained on it).
+
+        Returns:
+            The model and its processor (image processor or tokenizer).
+        """
         raise NotImplementedError
 
     # --- data
     def load_data(self, args: TrainingArguments) -> TrainingData:
+        """The run's raw splits; each family implements it.
+
+        Args:
+            args: the run's options (the data options name the data).
+
+        Returns:
+            The raw splits with their card record.
+        """
         raise NotImplementedError
 
     def resolve_args(self, args: TrainingArguments, data: TrainingData) -> TrainingArguments:
-        """`args` with the settings that depend on the data and the run filled in (a training recipe's); the
-        default leaves them as they are."""
+        """`args` with the settings that depend on the data and the run filled in (a training recipe's).
+
+        The default leaves them as they are.
+
+        Args:
+            args: the run's options.
+            data: the run's data.
+
+        Returns:
+            The completed options.
+        """
         return args
 
     def transform(self, data: TrainingData, processor, model, args: TrainingArguments) -> DatasetDict:
+        """The splits as model inputs; each family implements it.
+
+        Args:
+            data: the run's raw splits.
+            processor: the image processor or tokenizer.
+            model: the model (its config fixes sizes such as the image resolution).
+            args: the run's options.
+
+        Returns:
+            The transformed splits.
+        """
         raise NotImplementedError
 
     def collate_fn(self, processor) -> Callable[[list[dict]], dict]:
+        """The function that turns a list of examples into a batch; each family implements it.
+
+        Args:
+            processor: the image processor or tokenizer (its padding).
+
+        Returns:
+            The collate function of the data loaders.
+        """
         raise NotImplementedError
 
     # --- training
     def extras(self, args: TrainingArguments, model, accelerator) -> dict[str, Any]:
-        """What `training_loss` needs besides the model and the batch (e.g. a teacher model on the device)."""
+        """What `training_loss` needs besides the model and the batch (e.g. a teacher model on the device).
+
+        Args:
+            args: the run's options.
+            model: the model, as `accelerator.prepare` returned it.
+            accelerator: the run's `Accelerator`.
+
+        Returns:
+            Name -> object, passed to every `training_loss` call; empty by default.
+        """
         return {}
 
     def training_loss(self, model, batch: dict, extras: dict[str, Any]) -> torch.Tensor:
-        """The loss of one training micro-batch: the model's own by default."""
+        """The loss of one training micro-batch: the model's own by default.
+
+        Args:
+            model: the model.
+            batch: the micro-batch.
+            extras: what `extras` returned.
+
+        Returns:
+            The scalar loss.
+        """
         return model(**batch).loss
 
     # --- evaluation
     def eval_outputs(self, model, batch: dict) -> dict[str, torch.Tensor]:
-        """Per-example tensors (first dimension = batch) for `gather_for_metrics`."""
+        """Per-example tensors (first dimension = batch) for `gather_for_metrics`; each family implements it.
+
+        Args:
+            model: the model, in eval mode.
+            batch: an evaluation batch.
+
+        Returns:
+            Name -> tensor.
+        """
         raise NotImplementedError
 
     def metrics(self, gathered: dict[str, torch.Tensor]) -> dict[str, float]:
+        """The evaluation metrics of the gathered per-example tensors; each family implements it.
+
+        Args:
+            gathered: `eval_outputs` of the whole evaluation split, gathered from every process.
+
+        Returns:
+            Metric name -> value.
+        """
         raise NotImplementedError
 
     # --- optimisation
     def create_optimizer(self, model, args: TrainingArguments) -> torch.optim.Optimizer:
+        """AdamW over `weight_decay_groups`, fused where torch supports it for the model.
+
+        Args:
+            model: the model.
+            args: the run's options (learning rate, betas, epsilon, weight decay).
+
+        Returns:
+            The optimiser.
+        """
         return torch.optim.AdamW(
             weight_decay_groups(model, args.weight_decay),
             lr=args.learning_rate,
@@ -247,6 +424,20 @@ class TrainingFamily:
         )
 
     def create_scheduler(self, optimizer, args: TrainingArguments, total_steps: int, model_config):
+        """The learning-rate schedule of --lr_scheduler_type ("auto": the family's own), with `warmup_steps`.
+
+        Args:
+            optimizer: the optimiser.
+            args: the run's options.
+            total_steps: the optimiser steps of the run.
+            model_config: the model's config (the Noam schedule reads its width).
+
+        Returns:
+            The scheduler.
+
+        Raises:
+            ValueError: an unknown schedule.
+        """
         from transformers import get_constant_schedule_with_warmup, get_linear_schedule_with_warmup
 
         from ..schedules import get_noam_schedule, get_warmup_cosine_schedule
@@ -265,17 +456,44 @@ class TrainingFamily:
         raise ValueError(f"Unknown --lr_scheduler_type {kind!r}.")
 
     def measure_baselines(self, data: TrainingData, datasets) -> dict[str, float]:
-        """Trivial baselines on the evaluation split (e.g. the majority class's accuracy), measured on the run's data
-        (`data` raw, `datasets` as the loaders read them); written beside the results and the card's."""
+        """Trivial baselines on the evaluation split (e.g. the majority class's accuracy), measured on the run's data.
+
+        They are written beside the results and the card's.
+
+        Args:
+            data: the raw splits.
+            datasets: the splits as the loaders read them.
+
+        Returns:
+            Baseline name -> value; empty by default.
+        """
         return {}
 
     # --- card extras
     def preprocessing(self, args: TrainingArguments, processor) -> str:
-        """What the model card says of how examples became model inputs (markdown; "" when the family says nothing)."""
+        """What the model card says of how examples became model inputs.
+
+        Args:
+            args: the run's options.
+            processor: the image processor or tokenizer.
+
+        Returns:
+            Markdown; "" when the family says nothing.
+        """
         return ""
 
     def figures(self, model, processor, raw: DatasetDict, output_dir: Path) -> list[Path]:
-        """The sparse attention pattern the model uses (the Sparse Transformer paper's Fig. 3), when it has one."""
+        """The sparse attention pattern the model uses (the Sparse Transformer paper's Fig. 3), when it has one.
+
+        Args:
+            model: the trained model.
+            processor: the image processor or tokenizer.
+            raw: the raw splits.
+            output_dir: the folder to write the figures to.
+
+        Returns:
+            The written figures; empty for dense attention.
+        """
         from ...models.sparse_layouts import pattern_from_config as sparse_pattern
 
         if sparse_pattern(model.config) is None:  # dense attention

@@ -18,7 +18,22 @@ from ..args import TrainingArguments
 
 
 def parse_overrides(text: str | None) -> dict[str, Any]:
-    """'a=1,b=0.5,c=gelu,d=true' -> {"a": 1, "b": 0.5, "c": "gelu", "d": True}."""
+    """Parse the text of --config_overrides.
+
+    Values become bools (true / false), None (none / null), ints, floats, or else stay strings.
+
+    Example:
+        `parse_overrides("a=1,b=0.5,c=gelu,d=true")` is `{"a": 1, "b": 0.5, "c": "gelu", "d": True}`.
+
+    Args:
+        text: comma-separated `name=value` items; None or "" for none.
+
+    Returns:
+        Field name -> value.
+
+    Raises:
+        UsageError: an item without `=` or without a name.
+    """
     result: dict[str, Any] = {}
     if not text:
         return result
@@ -46,9 +61,18 @@ def parse_overrides(text: str | None) -> dict[str, Any]:
 
 
 def config_fields(config_class: type) -> set[str]:
-    """The field names a config class accepts: its own `__init__` parameters (and those of the project classes
-    it derives from), `PretrainedConfig`'s standard fields (`id2label`, `num_labels`, ...) and its `attribute_map`
-    aliases (e.g. `hidden_size` for the encoder-decoder's `d_model`)."""
+    """The field names a config class accepts.
+
+    Its own `__init__` parameters (and those of the project classes it derives from), `PretrainedConfig`'s standard
+    fields (`id2label`, `num_labels`, ...) and its `attribute_map` aliases (e.g. `hidden_size` for the
+    encoder-decoder's `d_model`).
+
+    Args:
+        config_class: a `PretrainedConfig` subclass.
+
+    Returns:
+        The accepted names.
+    """
     names: set[str] = set()
     for cls in config_class.__mro__:
         if cls is PretrainedConfig or not issubclass(cls, PretrainedConfig):
@@ -67,8 +91,17 @@ def config_fields(config_class: type) -> set[str]:
 
 
 def check_config_overrides(config_class: type, overrides: dict[str, Any]) -> None:
-    """Refuse the keys of `overrides` that are not fields of `config_class` (transformers configs would keep them
-    silently), naming the closest valid field."""
+    """Refuse the keys of `overrides` that are not fields of `config_class`, naming the closest valid field.
+
+    transformers configs would keep unknown keys silently.
+
+    Args:
+        config_class: the class of the config the overrides go to.
+        overrides: field name -> value, from `parse_overrides`.
+
+    Raises:
+        UsageError: a key that is not a field of `config_class`.
+    """
     valid = config_fields(config_class)
     model_type = getattr(config_class, "model_type", None) or config_class.__name__
     for key in overrides:
@@ -81,8 +114,16 @@ def check_config_overrides(config_class: type, overrides: dict[str, Any]) -> Non
 
 @contextmanager
 def config_value_errors(args: TrainingArguments) -> Iterator[None]:
-    """Report a config that refuses its values (they come from --config_name / --config_overrides) as a
-    `UsageError`; config constructors only validate, so their `ValueError`s are about the user's values."""
+    """Report a config that refuses its values (from --config_name / --config_overrides) as a `UsageError`.
+
+    Config constructors only validate, so their `ValueError`s and `TypeError`s are about the user's values.
+
+    Args:
+        args: the run's options (the message quotes --config_overrides).
+
+    Raises:
+        UsageError: the config raised `ValueError` or `TypeError` within the context.
+    """
     try:
         yield
     except UsageError:
