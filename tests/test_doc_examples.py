@@ -1,0 +1,117 @@
+"""Every ```python and ```bash block in README.md and docs/ is a test case (id: file:line), so that the examples
+the pages show keep running.
+
+A python block runs as written in a fresh interpreter (cwd a temporary folder, no Hub traffic, the repository on
+PYTHONPATH) and fails when it raises. An HTML comment on the line before a block changes that:
+  <!-- example: skip (REASON) -->   the block is reported skipped with REASON (needs a GPU, downloads, trains long)
+  <!-- example: continue -->        the block runs after the page's previous block, in the same interpreter
+  <!-- example: run -->             a bash block runs: its `hf-vit-plus`, `python` and `make` lines, in order
+A bash block without a marker fails: most are installs or long trainings, and each must say which it is.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.utils import REPO_ROOT
+
+PAGES = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").rglob("*.md"))]
+TIMEOUT_S = 120
+_FENCE = re.compile(r"^```(python|bash)\s*$")
+_MARKER = re.compile(r"^<!-- example: (skip \((?P<reason>.+)\)|continue|run) -->$")
+_RUNNABLE_COMMANDS = ("hf-vit-plus", "python", "make")
+
+
+@dataclass
+class Block:
+    page: Path
+    line: int  # of the opening fence, 1-based
+    language: str
+    code: str
+    marker: str | None  # "skip", "continue", "run" or None
+    reason: str | None = None
+    previous: Block | None = None  # the page's block before this one, for "continue"
+
+    @property
+    def id(self) -> str:
+        return f"{self.page.relative_to(REPO_ROOT)}:{self.line}"
+
+
+def _blocks(page: Path) -> list[Block]:
+    lines = page.read_text().splitlines()
+    blocks: list[Block] = []
+    index = 0
+    while index < len(lines):
+        fence = _FENCE.match(lines[index])
+        if fence is None:
+            index += 1
+            continue
+        end = next(i for i in range(index + 1, len(lines)) if lines[i].strip() == "```")
+        marker = _MARKER.match(lines[index - 1].strip()) if index else None
+        kind = marker.group(1).split()[0] if marker else None
+        block = Block(page, index + 1, fence.group(1), "\n".join(lines[index + 1 : end]) + "\n", kind,
+                      marker.group("reason") if marker else None, blocks[-1] if blocks else None)
+        blocks.append(block)
+        index = end + 1
+    return blocks
+
+
+BLOCKS = [block for page in PAGES for block in _blocks(page)]
+
+
+def _python_source(block: Block) -> str:
+    """The block's code, after the code of the blocks it continues."""
+    chain = [block]
+    while chain[-1].marker == "continue":
+        assert chain[-1].previous is not None, f"{chain[-1].id}: 'continue' on a page's first block"
+        chain.append(chain[-1].previous)
+    return "\n".join(part.code for part in reversed(chain))
+
+
+def _run(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
+    return subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=[block.id for block in BLOCKS])
+def test_example_runs(block: Block, tmp_path: Path):
+    if block.marker == "skip":
+        pytest.skip(f"{block.id}: {block.reason}")
+    if block.language == "python":
+        result = _run([sys.executable, "-c", _python_source(block)], tmp_path)
+        assert result.returncode == 0, f"{block.id} raised:\n{result.stderr[-4000:]}"
+        return
+    assert block.marker == "run", f"{block.id}: a bash block needs <!-- example: run --> or a skip with a reason"
+    commands = [line for line in block.code.replace("\\\n", " ").splitlines()
+                if line.split(" ", 1)[0] in _RUNNABLE_COMMANDS]
+    assert commands, f"{block.id}: marked runnable but has no hf-vit-plus, python or make line"
+    for command in commands:
+        args = shlex.split(command, comments=True)
+        if args[0] == "python":
+            args[0] = sys.executable
+        elif args[0] == "hf-vit-plus":
+            args[:1] = [sys.executable, "-m", "hf_vit_plus.cli"]
+        result = _run(args, tmp_path)
+        assert result.returncode == 0, f"{block.id}: `{command}` failed:\n{result.stderr[-4000:]}"
+
+
+def test_markers_sit_before_a_block():
+    """A marker anywhere but on the line before a fence would be ignored without a word."""
+    stray = []
+    for page in PAGES:
+        lines = page.read_text().splitlines()
+        for number, line in enumerate(lines, 1):
+            if line.strip().startswith("<!-- example:"):
+                following = lines[number] if number < len(lines) else ""
+                if not _MARKER.match(line.strip()) or not _FENCE.match(following):
+                    stray.append(f"{page.relative_to(REPO_ROOT)}:{number}")
+    assert not stray, f"example markers not directly before a ```python or ```bash block, or malformed: {stray}"
