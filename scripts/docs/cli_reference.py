@@ -10,11 +10,11 @@ before the build, and tests/test_docs.py regenerates it into a temporary file an
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 import textwrap
 from pathlib import Path
+from unittest import mock
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUTPUT = REPO_ROOT / "docs" / "reference" / "cli.md"
@@ -102,23 +102,9 @@ def _section(parser: argparse.ArgumentParser, common: set[str], level: int) -> l
     return lines
 
 
-@contextlib.contextmanager
-def _environment(**values: str):
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
 def render() -> str:
     """The reference page, from the parser `hf-vit-plus` builds."""
-    with _environment(COLUMNS=WIDTH, NO_COLOR="1"):
+    with mock.patch.dict(os.environ, COLUMNS=WIDTH, NO_COLOR="1"):  # set, then given back
         return _render()
 
 
