@@ -12,7 +12,7 @@ export TOKENIZERS_PARALLELISM := false
 PYTEST_ARGS ?= -n 2 --dist loadfile --durations=15
 
 .PHONY: demo test test-learning test-oldest test-slow test-deepspeed lint format bench bench-import clean venv venv-test env \
-	gpu-check docs docs-serve results
+	gpu-check docs docs-serve results screenshots
 
 # The oldest releases the package supports (pyproject's lower bounds), in an environment of their own.
 OLDEST_VENV ?= .venv-oldest
@@ -107,11 +107,15 @@ format: $(VENV)/.stamp-test
 bench: $(VENV)/.stamp-test
 	$(PY) scripts/benchmarks/bench_vit.py --output results/vit_throughput.csv
 
-# `import hf_vit_plus` and `hf-vit-plus --help` against transformers (medians of fresh processes; results/)
 # The Results page (docs/results.md) and its plots, from the committed files under results/.
 results: $(VENV)/.stamp-test
 	$(PY) scripts/docs/results_pages.py
 
+# Screenshots of the built site (docs/assets/screenshots/), with headless Chromium, to be checked by eye.
+screenshots: $(VENV)/.stamp-docs
+	$(PY) scripts/docs/screenshots.py
+
+# `import hf_vit_plus` and `hf-vit-plus --help` against transformers (medians of fresh processes; results/)
 bench-import: $(VENV)/.stamp-test
 	$(PY) scripts/benchmarks/bench_import.py
 

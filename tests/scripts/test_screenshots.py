@@ -1,0 +1,51 @@
+"""scripts/docs/screenshots.py: the page URLs it captures, its refusal of bad input, and the committed screenshots
+(real PNG files of the configured window width, one per default page). Taking new ones needs Chromium and mkdocs:
+`make screenshots`."""
+
+from __future__ import annotations
+
+import importlib.util
+import struct
+
+import pytest
+
+from tests.utils import REPO_ROOT
+
+SPEC = importlib.util.spec_from_file_location("screenshots", REPO_ROOT / "scripts" / "docs" / "screenshots.py")
+screenshots = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(screenshots)
+
+
+@pytest.mark.parametrize(
+    ("page", "url"),
+    [
+        ("index.md", ""),
+        ("families/vit.md", "families/vit/"),
+        ("guides/index.md", "guides/"),
+        ("results.md", "results/"),
+    ],
+)
+def test_page_url_follows_mkdocs_directory_urls(page, url):
+    assert screenshots.page_url(page) == url
+
+
+def test_page_url_refuses_a_non_markdown_page():
+    with pytest.raises(ValueError, match="'families/vit.html'"):
+        screenshots.page_url("families/vit.html")
+
+
+def test_too_small_a_window_is_refused_before_anything_runs(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        screenshots.main(["--width", "10", "--chromium", "/nonexistent/chromium"])
+    assert exit_info.value.code == 2
+    assert "--width 10" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("page", screenshots.PAGES)
+def test_committed_screenshot_is_a_png_of_the_default_width(page):
+    path = screenshots.OUTPUT / (page.removesuffix(".md").replace("/", "-") + ".png")
+    assert path.is_file(), f"{path} missing: run make screenshots"
+    header = path.read_bytes()[:24]
+    assert header[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", header[16:24])
+    assert (width, height) == (1280, 900)
