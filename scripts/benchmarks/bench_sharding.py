@@ -15,11 +15,13 @@ libraries (about 0.9 GB per process), activations, and, under DDP, the gradient 
 gradients); "RSS after set-up" is a process's resident size once the model is prepared (and, under FSDP2, split),
 before the first step. glibc's malloc keeps freed blocks resident: FSDP2 allocates and frees a layer's gathered
 weights and full gradients at every layer of every step, and with glibc's default (a mapping threshold that grows
-to 32 MiB) those blocks stay in its arenas, so that the peak RSS of FSDP2 came out above DDP's (2.90 GB against 2.67
-GB at 2 processes) although it holds half the state. The workers therefore run with MALLOC_MMAP_THRESHOLD_=1 MiB
-(each allocation of 1 MiB or more mapped on its own and returned when freed), so that the RSS follows the tensors
-alive; --malloc_default measures glibc's default. The README's section "Sharded training (FSDP2)" gives a measured
-table.
+to 32 MiB) those blocks stay in its arenas, and the peak RSS of FSDP2 can come out above DDP's although it holds
+half the state. The workers therefore run with MALLOC_MMAP_THRESHOLD_=1 MiB (each allocation of 1 MiB or more mapped
+on its own and returned when freed), so that the RSS follows the tensors alive; --malloc_default measures glibc's
+default. `--output FILE.csv` writes the table's rows, in bytes, with the run's context
+(scripts/benchmarks/result_rows.py), for the docs' Results page.
+
+    python scripts/benchmarks/bench_sharding.py --output results/sharding_memory.csv
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="leave glibc's malloc as it is (by default the workers map each allocation of 1 MiB or more on its own)",
     )
+    parser.add_argument("--output", type=Path, default=None, help="write the table's rows to this CSV (results/)")
     parser.add_argument("--worker", choices=["ddp", "fsdp"], default=None, help=argparse.SUPPRESS)
     parser.add_argument("--report", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -167,6 +170,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     print(header)
     print("|" + "---|" * header.count(" | ") + "---|")
+    table = []
     with tempfile.TemporaryDirectory() as scratch:
         for processes in args.process_counts:
             ddp = None
@@ -185,6 +189,21 @@ def main(argv: list[str] | None = None) -> None:
                     f"{rss / ddp[1]:.2f}x |",
                     flush=True,
                 )
+                table.append({
+                    "processes": processes, "run": name, "image_size": args.image_size,
+                    "batch_size": args.batch_size, "steps": args.steps,
+                    "config_overrides": args.config_overrides, "malloc_default": args.malloc_default,
+                    "parameters_total": worst["parameters_total"], "parameters_bytes": worst["parameters"],
+                    "gradients_bytes": worst["gradients"], "optimizer_bytes": worst["optimizer"],
+                    "state_bytes": state, "state_vs_ddp": f"{state / ddp[0]:.3f}",
+                    "set_up_rss_bytes": max(r["set_up_rss"] for r in rows), "peak_rss_bytes": rss,
+                    "peak_rss_vs_ddp": f"{rss / ddp[1]:.3f}",
+                })  # fmt: skip
+    if args.output is not None:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from result_rows import write_rows
+
+        print(f"wrote {write_rows(args.output, table, threads=1)}")
 
 
 if __name__ == "__main__":

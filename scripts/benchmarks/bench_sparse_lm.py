@@ -3,9 +3,11 @@
 Trains one byte-level language model per attention type (strided, fixed, dense), all of the same size, for the same
 number of steps on the same batches of the Python standard library's sources, with a context of at least 2,048
 bytes, then prints a table of held-out bits per byte and time per training step, and the ratio of each pattern's
-step time to dense attention's. The README gives the numbers measured with the defaults, next to the paper's.
+step time to dense attention's. `--output FILE.csv` writes the table's rows with the run's context
+(scripts/benchmarks/result_rows.py), for the docs' Results page.
 
     python scripts/benchmarks/bench_sparse_lm.py              # defaults: context 2048, 600 steps (minutes on 1 core)
+    python scripts/benchmarks/bench_sparse_lm.py --output results/sparse_lm.csv
     python scripts/benchmarks/bench_sparse_lm.py --steps 2000 --layers 6 --hidden_size 256 --context 4096
 
 Sparse layers run the exact block-sparse CPU kernel ("sparse_block") in training, dense layers run SDPA with the
@@ -22,7 +24,9 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 from accelerate import Accelerator
@@ -59,8 +63,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--eval_windows", type=int, default=24, help="held-out windows of --context bytes")
     parser.add_argument("--seed", type=int, default=0, help="random seed of the weights and the batches")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--output", type=Path, default=None, help="write the table's rows to this CSV (results/)")
     for name in ("batch_size", "hidden_size", "summary_size", "train_bytes", "heldout_bytes", "eval_windows"):
-        # the dashed spellings of release 0.1, hidden
+        # the dashed spellings of version 0.1.0, accepted and hidden
         parser.add_argument(
             f"--{name.replace('_', '-')}", dest=name, type=int, default=argparse.SUPPRESS, help=argparse.SUPPRESS
         )
@@ -160,6 +165,22 @@ def main(argv: list[str] | None = None) -> list[dict]:
             f"| {r['attention']} | {r['params']:,} | {r['train_bpb']:.3f} | {r['heldout_bpb']:.3f} | "
             f"{r['step_s']:.3f} | {speed} |"
         )
+    if args.output is not None and accelerator.is_main_process:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from result_rows import write_rows
+
+        rows = [
+            {
+                "attention": r["attention"], "context": args.context, "layers": args.layers,
+                "hidden_size": args.hidden_size, "heads": args.heads, "stride": args.stride,
+                "summary_size": args.summary_size, "mode": args.mode, "steps": args.steps,
+                "batch_size": args.batch_size, "params": r["params"], "train_bpb": f"{r['train_bpb']:.4f}",
+                "heldout_bpb": f"{r['heldout_bpb']:.4f}", "step_s": f"{r['step_s']:.4f}",
+                "speed_vs_dense": f"{dense['step_s'] / r['step_s']:.3f}" if dense else "",
+            }
+            for r in results
+        ]  # fmt: skip
+        accelerator.print(f"wrote {write_rows(args.output, rows, threads=torch.get_num_threads())}")
     return results
 
 

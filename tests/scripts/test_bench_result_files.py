@@ -53,3 +53,30 @@ def test_bench_sparse_attention_writes_its_rows(tmp_path):
     sdpa = next(row for row in rows if row["kernel"] == "sdpa")
     assert float(sdpa["fwd_vs_sdpa"]) == 1.0 and sdpa["peak_mb"] == ""
     _context_is_this_run(rows[0], "bench_sparse_attention.py")
+
+
+def test_bench_sparse_lm_writes_its_rows(tmp_path):
+    _run("bench_sparse_lm.py", "--patterns", "strided,dense", "--steps", "4", "--layers", "1", "--hidden_size", "16",
+         "--heads", "2", "--train_bytes", "60000", "--heldout_bytes", "10000", "--eval_windows", "1", "--threads", "1",
+         "--output", str(tmp_path / "lm.csv"), cwd=tmp_path)  # fmt: skip
+    rows = _rows(tmp_path / "lm.csv")
+    assert [row["attention"] for row in rows] == ["strided", "dense"]
+    for row in rows:
+        assert 0 < float(row["heldout_bpb"]) < 9 and float(row["step_s"]) > 0 and row["context"] == "2048"
+    assert float(rows[1]["speed_vs_dense"]) == 1.0
+    _context_is_this_run(rows[0], "bench_sparse_lm.py")
+
+
+def test_bench_sharding_writes_its_rows(tmp_path):
+    overrides = "num_hidden_layers=1,hidden_size=32,num_attention_heads=2,intermediate_size=64,patch_size=8"
+    _run("bench_sharding.py", "--processes", "2", "--steps", "1", "--image_size", "32", "--config_overrides",
+         overrides, "--output", str(tmp_path / "sharding.csv"), cwd=tmp_path)  # fmt: skip
+    rows = _rows(tmp_path / "sharding.csv")
+    assert [(row["processes"], row["run"]) for row in rows] == [("2", "DDP"), ("2", "FSDP2")]
+    ddp, fsdp = rows
+    assert float(ddp["state_vs_ddp"]) == 1.0
+    # FSDP2 on 2 processes holds about half the parameters, gradients and Adam state of DDP in each process
+    assert int(fsdp["state_bytes"]) < 0.7 * int(ddp["state_bytes"])
+    parts = ("parameters_bytes", "gradients_bytes", "optimizer_bytes")
+    assert int(ddp["state_bytes"]) == sum(int(ddp[key]) for key in parts)
+    _context_is_this_run(ddp, "bench_sharding.py")
