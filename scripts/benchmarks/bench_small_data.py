@@ -29,19 +29,21 @@ machine's load moves the timing; run it on an otherwise idle machine for numbers
     python scripts/benchmarks/bench_small_data.py --rows vit-deit --threads 2 --vit_flags torch_compile=True \
         --vit_config_overrides patch_size=4,hidden_size=128,intermediate_size=256   # one row, compiled
     python scripts/benchmarks/bench_small_data.py --plot_only --output_dir runs/small-data \
-        --output results/small_data.csv   # a finished run's rows as a result file
+        --output runs/small-data/rows.csv   # a finished run's rows as a result file
 
 `--time_augmentation` trains nothing: it times the recipe's augmentation of a batch of Fashion-MNIST-sized images on
 one thread, torchvision's transforms image by image against the batched `ImageAugmentation`,
 `BatchErasing` and `BatchAutoAugment`, and prints the table. `--time_precision` trains nothing either: it times a
 training update of the ViT (and two wider ones) in fp32 and under bf16 autocast, which `--recipe deit` takes where
-the CPU multiplies bf16 natively.
+the CPU multiplies bf16 natively. With `--output`, each writes its rows as well, with the columns of
+`results/small_data_augmentation.csv` and `results/small_data_update_time.csv`.
 
 Each row runs in its own process (`hf_vit_plus.training.train` keeps Accelerate's process-wide state); every model
 folder stays in `--output_dir/ROW`, with its card, `results.json` holds the table and `curves.png` the training loss of
 every row against its training minutes (`--plot_only` redraws both from `results.json`). `--output PATH` writes the
 table's rows to a result file (`result_rows.write_rows`: one row per trained row, with the command, the date, the
-versions, the device and the threads), the columns of `results/small_data.csv`.
+versions, the device and the threads), the columns of `results/small_data.csv`; the file is replaced, so append
+its rows to the committed file, which keeps the rows of many runs.
 """
 
 from __future__ import annotations
@@ -270,10 +272,14 @@ def result_rows(results: list[dict], args) -> list[dict]:
 
 def write_result_rows(results: list[dict], args) -> Path:
     """`result_rows` written to `args.output` by `result_rows.write_rows`, with `args.threads` as the threads."""
+    return _write_rows(args.output, result_rows(results, args), threads=args.threads)
+
+
+def _write_rows(path: Path, rows: list[dict], threads: int | None) -> Path:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from result_rows import write_rows
 
-    return write_rows(args.output, result_rows(results, args), threads=args.threads)
+    return write_rows(path, rows, threads=threads)
 
 
 def loss_curve(result: dict, output_dir: Path) -> tuple[list[float], list[float]]:
@@ -313,12 +319,23 @@ def plot_curves(results: list[dict], output_dir: Path, path: Path) -> Path:
     return path
 
 
-def augmentation_timing(batch: int = 128, repeats: int = 20, size: int = 28) -> str:
-    """A table: milliseconds per batch of `batch` grey `size` x `size` uint8 images on one thread, for the recipe's
-    crop (scale 0.83, its value at 18 epochs), flip and erasing (0.06), image by image with torchvision against
-    batched, and RandAugment (2 operations, magnitude 6) image by image against batched (`BatchAutoAugment`), on
-    every image and on the share of them that the recipe gives a 90-epoch run."""
-    return _on_threads(1, _augmentation_table, batch, repeats, size)
+def augmentation_timing(batch: int = 128, repeats: int = 20, size: int = 28) -> list[dict]:
+    """Rows (the columns of `results/small_data_augmentation.csv`: step, images, ms_per_batch, x_batched, note): the
+    milliseconds per batch of `batch` grey `size` x `size` uint8 images on one thread, for the recipe's crop (scale
+    0.83, its value at 18 epochs), flip and erasing (0.06), image by image with torchvision against batched, and
+    RandAugment (2 operations, magnitude 6) image by image against batched (`BatchAutoAugment`), on every image and on
+    the share of them that the recipe gives a 90-epoch run. `augmentation_table` prints them."""
+    return _on_threads(1, _augmentation_rows, batch, repeats, size)
+
+
+def augmentation_table(rows: list[dict], batch: int = 128, repeats: int = 20, size: int = 28) -> str:
+    """`augmentation_timing`'s rows as a markdown table, each time also as a multiple of the batched crop's."""
+    lines = [f"Augmentation of a batch of {batch} uint8 {size} x {size} images, one thread, mean of {repeats}", "",
+             "| step | ms per batch | x batched |", "|---|---|---|"]  # fmt: skip
+    for row in rows:
+        share = f", on {row['images']} of the images" if row["images"] != str(batch) else ""
+        lines.append(f"| {row['step']}{share} | {row['ms_per_batch']} | {row['x_batched']} |")
+    return "\n".join(lines)
 
 
 def _on_threads(threads: int | None, function, *args):
@@ -343,7 +360,7 @@ def _mean_ms(step, repeats: int, warmup: int = 1) -> float:
     return (time.perf_counter() - start) / repeats * 1000
 
 
-def _augmentation_table(batch: int, repeats: int, size: int) -> str:
+def _augmentation_rows(batch: int, repeats: int, size: int) -> list[dict]:
     import torch
     from torchvision.transforms import v2
 
@@ -365,25 +382,26 @@ def _augmentation_table(batch: int, repeats: int, size: int) -> str:
     def whole_batch():
         return batched_erase(batched(pixels).float())
 
-    rows = [
-        ("crop + flip + erasing, torchvision image by image (0.2)", _mean_ms(per_image, repeats)),
-        ("crop + flip + erasing, batched (`ImageAugmentation`, `BatchErasing`)", _mean_ms(whole_batch, repeats)),
-        ("RandAugment (2 ops, magnitude 6), torchvision image by image (0.2)",
+    share = round(0.3 * batch)  # the recipe's t at 90 epochs
+    timed = [
+        ("crop + flip + erasing, torchvision image by image", batch, _mean_ms(per_image, repeats)),
+        ("crop + flip + erasing, batched (ImageAugmentation, BatchErasing)", batch, _mean_ms(whole_batch, repeats)),
+        ("RandAugment (2 ops, magnitude 6), torchvision image by image", batch,
          _mean_ms(lambda: [*map(randaugment, pixels)], repeats)),
-        ("RandAugment (2 ops, magnitude 6), batched (`BatchAutoAugment`)",
+        ("RandAugment (2 ops, magnitude 6), batched (BatchAutoAugment)", batch,
          _mean_ms(lambda: batched_randaugment(pixels), repeats)),
-        (f"the same, on {round(0.3 * batch)} of the images (the recipe's t at 90 epochs)",
-         _mean_ms(lambda: batched_randaugment(pixels[: round(0.3 * batch)]), repeats)),
-        (f"the same, torchvision image by image on {round(0.3 * batch)} of the images",
-         _mean_ms(lambda: [*map(randaugment, pixels[: round(0.3 * batch)])], repeats)),
+        ("RandAugment (2 ops, magnitude 6), batched (BatchAutoAugment)", share,
+         _mean_ms(lambda: batched_randaugment(pixels[:share]), repeats)),
+        ("RandAugment (2 ops, magnitude 6), torchvision image by image", share,
+         _mean_ms(lambda: [*map(randaugment, pixels[:share])], repeats)),
     ]  # fmt: skip
-    lines = [f"Augmentation of a batch of {batch} uint8 {size} x {size} images, one thread, mean of {repeats}", "",
-             "| step | ms per batch | x batched |", "|---|---|---|"]  # fmt: skip
-    for name, ms in rows:
-        lines.append(f"| {name} | {ms:.1f} | {ms / rows[1][1]:.1f} |")
-    return "\n".join(lines)
+    unit = timed[1][2]  # the batched crop, flip and erasing
+    note = f"mean of {repeats} batches of {size} x {size} uint8 images"
+    return [dict(step=step, images=str(images), ms_per_batch=f"{ms:.1f}", x_batched=f"{ms / unit:.1f}", note=note)
+            for step, images, ms in timed]  # fmt: skip
 
 
+UPDATE = "bare training update (forward, backward, AdamW)"  # what `--time_precision` times
 # (name, config fields over the built-in Fashion-MNIST ViT) of the shapes `--time_precision` measures
 PRECISION_SHAPES = (
     ("width 96 (the built-in shape, 456k parameters)", {}),
@@ -392,14 +410,15 @@ PRECISION_SHAPES = (
 )
 
 
-def precision_timing(batch: int = 128, repeats: int = 20, threads: int | None = None) -> str:
-    """A table: milliseconds per training update (forward, backward, AdamW step; random pixels) of the built-in
-    Fashion-MNIST ViT and wider ones, fp32 against bf16 autocast (what `--recipe deit` trains in where the CPU's bf16
-    products are native, `recipes.recipe_mixed_precision`), side by side on the CPU it runs on."""
+def precision_timing(batch: int = 128, repeats: int = 20, threads: int | None = None) -> tuple[str, list[dict]]:
+    """A table and its rows: milliseconds per training update (forward, backward, AdamW step; random pixels) of the
+    built-in Fashion-MNIST ViT and wider ones, fp32 against bf16 autocast (what `--recipe deit` trains in where the
+    CPU's bf16 products are native, `recipes.recipe_mixed_precision`), side by side on the CPU it runs on. The rows
+    have the columns of `results/small_data_update_time.csv`, one per shape and precision."""
     return _on_threads(threads, _precision_table, batch, repeats)
 
 
-def _precision_table(batch: int, repeats: int) -> str:
+def _precision_table(batch: int, repeats: int) -> tuple[str, list[dict]]:
     import torch
 
     from hf_vit_plus import ViTPlusConfig, ViTPlusForImageClassification
@@ -429,11 +448,19 @@ def _precision_table(batch: int, repeats: int) -> str:
         "| ViT (7 x 7 patches, 6 blocks) | fp32 ms | bf16 autocast ms | fp32 / bf16 |",
         "|---|---|---|---|",
     ]
+    rows = []
     for name, fields in PRECISION_SHAPES:
         config = ViTPlusConfig(**{**FASHION_VIT_CONFIG, **fields}, num_labels=10)
-        fp32, bf16 = (per_update(ViTPlusForImageClassification(config), dtype) for dtype in ("fp32", "bf16"))
+        models = [ViTPlusForImageClassification(config) for _ in range(2)]
+        fp32, bf16 = (per_update(model, dtype) for model, dtype in zip(models, ("fp32", "bf16")))
         lines.append(f"| {name} | {fp32:.1f} | {bf16:.1f} | {fp32 / bf16:.2f} |")
-    return "\n".join(lines)
+        common = dict(model="ViTPlus", config_overrides=",".join(f"{k}={v}" for k, v in fields.items()),
+                      parameters=str(models[0].num_parameters()), what=UPDATE)  # fmt: skip
+        note = f"batch {batch}, mean of {repeats}, CPU capability {torch.backends.cpu.get_cpu_capability()}"
+        rows += [dict(common, precision="fp32", ms=f"{fp32:.1f}", fp32_over_bf16="", note=note),
+                 dict(common, precision="bf16 autocast", ms=f"{bf16:.1f}", fp32_over_bf16=f"{fp32 / bf16:.2f}",
+                      note=note)]  # fmt: skip
+    return "\n".join(lines), rows
 
 
 def table(results: list[dict], args) -> str:
@@ -470,7 +497,7 @@ def main(argv: list[str] | None = None) -> None:
         help="config fields of every fresh ViT of the rows, e.g. 'patch_size=7' (7 x 7 patches: 16 tokens, not 49)",
     )
     parser.add_argument(
-        "--output", type=Path, default=None, help="write the table's rows to this CSV (e.g. results/small_data.csv)"
+        "--output", type=Path, default=None, help="write the table's rows to this CSV (results/small_data*.csv)"
     )
     parser.add_argument(
         "--plot_only", action="store_true", help="train nothing: print the table and curves of OUTPUT_DIR/results.json"
@@ -488,10 +515,16 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     if args.time_augmentation:
-        print(augmentation_timing(args.batch_size))
+        rows = augmentation_timing(args.batch_size)
+        print(augmentation_table(rows, args.batch_size))
+        if args.output:
+            print(f"wrote {_write_rows(args.output, rows, threads=1)}")
         return
     if args.time_precision:
-        print(precision_timing(args.batch_size, threads=args.threads))
+        text, rows = precision_timing(args.batch_size, threads=args.threads)
+        print(text)
+        if args.output:
+            print(f"wrote {_write_rows(args.output, rows, threads=args.threads)}")
         return
     try:
         args.vit_flags = parse_flags(args.vit_flags)

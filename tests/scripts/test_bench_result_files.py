@@ -93,3 +93,24 @@ def test_bench_small_data_writes_the_rows_of_a_finished_run(tmp_path):
     for row in rows:
         assert row["threads"] == "1"
         _context_is_this_run(row, "bench_small_data.py")
+
+
+def test_bench_small_data_timings_write_their_rows(tmp_path):
+    """`--time_augmentation` and `--time_precision` write rows with the columns of the committed timing files."""
+    for flag, name in (("--time_augmentation", "small_data_augmentation.csv"),
+                       ("--time_precision", "small_data_update_time.csv")):  # fmt: skip
+        _run("bench_small_data.py", flag, "--batch_size", "4", "--threads", "1", "--output", str(tmp_path / name),
+             cwd=tmp_path)  # fmt: skip
+        rows = _rows(tmp_path / name)
+        with open(REPO_ROOT / "results" / name, newline="") as file:
+            assert list(rows[0]) == next(csv.reader(file)), name
+        assert all(float(row["ms_per_batch" if "augmentation" in name else "ms"]) > 0 for row in rows)
+        assert rows[0]["threads"] == "1"
+        _context_is_this_run(rows[0], "bench_small_data.py")
+    augmentation = _rows(tmp_path / "small_data_augmentation.csv")
+    assert len(augmentation) == 6 and augmentation[1]["x_batched"] == "1.0" and augmentation[4]["images"] == "1"
+    update = _rows(tmp_path / "small_data_update_time.csv")
+    assert [row["precision"] for row in update] == ["fp32", "bf16 autocast"] * 3
+    assert update[0]["config_overrides"] == ""  # the built-in shape
+    assert update[2]["config_overrides"] == "hidden_size=128,intermediate_size=256"
+    assert int(update[0]["parameters"]) > 0 and float(update[1]["fp32_over_bf16"]) > 0
