@@ -30,6 +30,7 @@ def test_every_result_file_is_on_the_page_and_every_plot_exists():
         assert f"`results/{path.name}`" in text, path.name
     plots = re.findall(r"!\[[^\]]*\]\((images/results/[^)]+)\)", text)
     assert len(plots) >= 4
+    assert "images/results/small_data.png" in plots  # the small-data accuracy against minutes
     for plot in plots:
         assert (REPO_ROOT / "docs" / plot).stat().st_size > 5000, plot
 

@@ -5,7 +5,7 @@ Rows, in the order they are trained (the CNN first: it is the teacher of the dis
 
 - `cnn`: a small ResNet (transformers' `ResNetForImageClassification`, `--model_type resnet`, about 0.7M
   parameters) with the DeiT recipe: the inductive-bias baseline and the teacher;
-- `vit-plain`: the ViTPlus from scratch, `--recipe none` (release 0.1's training);
+- `vit-plain`: the ViTPlus from scratch, `--recipe none` (no augmentation, no EMA, the model's own loss);
 - `vit-deit`: the same ViT with `--recipe deit`;
 - `vit-deit-distilled`: `--recipe deit --teacher <cnn>` (DeiT's distillation token, hard labels from the CNN);
 - `vit-mpp-then-deit`: masked patch prediction (`train vit-mpp`) for `--mpp_share` of the row's time, then
@@ -17,7 +17,7 @@ Equal time, not equal updates: each run is first timed for `--calibration_steps`
 have the full run's recipe and 1 and 3 times the updates, which separates an update's time from a compilation's,
 `calibrated_steps`), and then trained for as many updates as fit `--minutes_per_row`
 (the schedule, the recipe's scaling and the EMA's horizon follow that length), with `--max_train_minutes` set to the
-row's minutes: where the machine runs slower than in the probes (a shared 2-core VM varies by a third within
+row's minutes: where the machine runs slower than in the probes (a shared machine's speed can vary within
 minutes), the run ends when its minutes are spent, its schedule following the clock, with fewer updates than
 calibrated. "minutes" in the table is the measured training time of the final run(s), evaluation excluded. The
 machine's load moves the timing; run it on an otherwise idle machine for numbers to compare.
@@ -27,17 +27,23 @@ machine's load moves the timing; run it on an otherwise idle machine for numbers
     python scripts/benchmarks/bench_small_data.py --time_augmentation   # the recipe's augmentation per batch, timed
     python scripts/benchmarks/bench_small_data.py --time_precision --threads 2   # fp32 against bf16 autocast
     python scripts/benchmarks/bench_small_data.py --rows vit-deit --threads 2 --vit_flags torch_compile=True \
-        --vit_config_overrides patch_size=4,hidden_size=128,intermediate_size=256   # a row of the README, compiled
+        --vit_config_overrides patch_size=4,hidden_size=128,intermediate_size=256   # one row, compiled
+    python scripts/benchmarks/bench_small_data.py --plot_only --output_dir runs/small-data \
+        --output runs/small-data/rows.csv   # a finished run's rows as a result file
 
 `--time_augmentation` trains nothing: it times the recipe's augmentation of a batch of Fashion-MNIST-sized images on
-one thread, torchvision's transforms image by image (as release 0.2 ran them) against the batched `ImageAugmentation`,
+one thread, torchvision's transforms image by image against the batched `ImageAugmentation`,
 `BatchErasing` and `BatchAutoAugment`, and prints the table. `--time_precision` trains nothing either: it times a
 training update of the ViT (and two wider ones) in fp32 and under bf16 autocast, which `--recipe deit` takes where
-the CPU multiplies bf16 natively.
+the CPU multiplies bf16 natively. With `--output`, each writes its rows as well, with the columns of
+`results/small_data_augmentation.csv` and `results/small_data_update_time.csv`.
 
 Each row runs in its own process (`hf_vit_plus.training.train` keeps Accelerate's process-wide state); every model
 folder stays in `--output_dir/ROW`, with its card, `results.json` holds the table and `curves.png` the training loss of
-every row against its training minutes (`--plot_only` redraws both from `results.json`).
+every row against its training minutes (`--plot_only` redraws both from `results.json`). `--output PATH` writes the
+table's rows to a result file (`result_rows.write_rows`: one row per trained row, with the command, the date, the
+versions, the device and the threads), the columns of `results/small_data.csv`; the file is replaced, so append
+its rows to the committed file, which keeps the rows of many runs.
 """
 
 from __future__ import annotations
@@ -154,14 +160,14 @@ def common_flags(args, output: Path, steps: int, eval_samples: int | None) -> di
 
 
 def calibrated_steps(family: str, flags: dict, args, output_dir: Path, seconds: float) -> int:
-    """The updates of `family`'s run with `flags` that fit `seconds` on this machine, from three short timed runs (a
-    handful of test images). The first is a run of `--calibration_steps` updates; the next two are the first's
+    """The updates of `family`'s run with `flags` that fit `seconds` on the machine it runs on, from three short timed
+    runs (a handful of test images). The first is a run of `--calibration_steps` updates; the next two are the first's
     estimate of the full run, stopped after `--calibration_steps` and after three times as many
     (`--stop_after_steps`), so that the recipe scales its augmentation to the full run's length as in the final run:
-    RandAugment on t = epochs / 300 of the images (0.1% in the first probe, 27% in an 82-epoch run:
-    timing only the first, a 45-minute row trained 62; with the second, 48.3). A line through the last two separates
-    the time of an update from the time every run spends once (`--torch_compile`'s compilation: 20-25 s), which a
-    probe's mean time per update would count 150 times over."""
+    RandAugment on t = epochs / 300 of the images (0.1% of them in a 0.3-epoch probe, 27% in an 82-epoch run), so a
+    short probe alone under-estimates a long run's time per update. A line through the last two separates the time of
+    an update from the time every run spends once (`--torch_compile`'s compilation), which a probe's mean time per
+    update would count once per update."""
     steps = args.calibration_steps
     probe = dict(common_flags(args, output_dir / ".calibration", steps, 64), **flags, write_card=False)
     timed = run_once(family, probe, args.threads)
@@ -197,6 +203,12 @@ def train_row(row: str, args, output_dir: Path) -> dict:
         print(f"  {row} ({family}): {result['updates']} updates in {result['seconds'] / 60:.1f} min", flush=True)
     return {
         "row": row_label(row, args),
+        "name": row,
+        "model": row_model(row, args.vit_config_overrides),
+        "config_overrides": args.vit_config_overrides if row != "cnn" else None,
+        "recipe": runs[-1][1].get("recipe", "none"),
+        "flags": " ".join(f"{k}={v}" for k, v in (args.vit_flags or {}).items()) if row != "cnn" else "",
+        "budget_minutes": args.minutes_per_row,
         "test_accuracy": metrics.get("accuracy"),
         "minutes": sum(seconds) / 60,
         "updates": updates,
@@ -205,6 +217,69 @@ def train_row(row: str, args, output_dir: Path) -> dict:
         "outputs": outputs,
         "seconds": seconds,
     }
+
+
+def row_model(row: str, vit_config_overrides: str | None = None) -> str:
+    """What a row trains: "ResNet", "transformers ViT", "ViTPlus", or "ViTPlus hybrid" where the overrides give the
+    ViT a convolutional stem (`conv_stem_layers`)."""
+    if row == "cnn":
+        return "ResNet"
+    model = "transformers ViT" if row == "transformers-vit-deit" else "ViTPlus"
+    fields = dict(item.partition("=")[::2] for item in (vit_config_overrides or "").split(",") if item)
+    return model + " hybrid" if fields.get("conv_stem_layers", "0").strip() not in ("", "0") else model
+
+
+RESULT_COLUMNS = (
+    "row", "model", "config_overrides", "recipe", "flags", "budget_minutes", "minutes", "updates", "epochs",
+    "test_accuracy_pct", "ema_last_accuracy_pct", "cls_head_accuracy_pct", "distillation_head_accuracy_pct", "note",
+)  # fmt: skip
+
+
+def result_rows(results: list[dict], args) -> list[dict]:
+    """The table's rows as result-file rows (the columns of `RESULT_COLUMNS`; `result_rows.write_rows` adds the run's
+    context): accuracies in percent, minutes of training, updates and epochs of each run of the row joined by " + ".
+    A results.json written before the rows kept their name and settings gives them from `args`."""
+    rows = []
+    for r in results:
+        name = r.get("name") or r["row"].split(" (")[0]
+        overrides = r.get("config_overrides", None if name == "cnn" else args.vit_config_overrides)
+        flags = r.get("flags")
+        if flags is None:
+            flags = "" if name == "cnn" else " ".join(f"{k}={v}" for k, v in (args.vit_flags or {}).items())
+        metrics = r.get("metrics") or {}
+
+        def percent(key, metrics=metrics):
+            return f"{100 * metrics[key]:.2f}" if metrics.get(key) is not None else ""
+
+        rows.append({
+            "row": name,
+            "model": r.get("model") or row_model(name, overrides),
+            "config_overrides": overrides or "",
+            "recipe": r.get("recipe") or "",
+            "flags": flags,
+            "budget_minutes": f"{r.get('budget_minutes', args.minutes_per_row):g}",
+            "minutes": f"{r['minutes']:.2f}",
+            "updates": " + ".join(str(u) for u in r["updates"]),
+            "epochs": " + ".join(f"{e:.2f}" for e in r["epochs"]),
+            "test_accuracy_pct": f"{100 * r['test_accuracy']:.2f}",
+            "ema_last_accuracy_pct": percent("online_accuracy"),
+            "cls_head_accuracy_pct": percent("cls_head_accuracy"),
+            "distillation_head_accuracy_pct": percent("distillation_head_accuracy"),
+            "note": "",
+        })  # fmt: skip
+    return rows
+
+
+def write_result_rows(results: list[dict], args) -> Path:
+    """`result_rows` written to `args.output` by `result_rows.write_rows`, with `args.threads` as the threads."""
+    return _write_rows(args.output, result_rows(results, args), threads=args.threads)
+
+
+def _write_rows(path: Path, rows: list[dict], threads: int | None) -> Path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from result_rows import write_rows
+
+    return write_rows(path, rows, threads=threads)
 
 
 def loss_curve(result: dict, output_dir: Path) -> tuple[list[float], list[float]]:
@@ -244,12 +319,23 @@ def plot_curves(results: list[dict], output_dir: Path, path: Path) -> Path:
     return path
 
 
-def augmentation_timing(batch: int = 128, repeats: int = 20, size: int = 28) -> str:
-    """A table: milliseconds per batch of `batch` grey `size` x `size` uint8 images on one thread, for the recipe's
-    crop (scale 0.83, its value at 18 epochs), flip and erasing (0.06), image by image with torchvision against
-    batched, and RandAugment (2 operations, magnitude 6) image by image against batched (`BatchAutoAugment`), on
-    every image and on the share of them that the recipe gives a 90-epoch run."""
-    return _on_threads(1, _augmentation_table, batch, repeats, size)
+def augmentation_timing(batch: int = 128, repeats: int = 20, size: int = 28) -> list[dict]:
+    """Rows (the columns of `results/small_data_augmentation.csv`: step, images, ms_per_batch, x_batched, note): the
+    milliseconds per batch of `batch` grey `size` x `size` uint8 images on one thread, for the recipe's crop (scale
+    0.83, its value at 18 epochs), flip and erasing (0.06), image by image with torchvision against batched, and
+    RandAugment (2 operations, magnitude 6) image by image against batched (`BatchAutoAugment`), on every image and on
+    the share of them that the recipe gives a 90-epoch run. `augmentation_table` prints them."""
+    return _on_threads(1, _augmentation_rows, batch, repeats, size)
+
+
+def augmentation_table(rows: list[dict], batch: int = 128, repeats: int = 20, size: int = 28) -> str:
+    """`augmentation_timing`'s rows as a markdown table, each time also as a multiple of the batched crop's."""
+    lines = [f"Augmentation of a batch of {batch} uint8 {size} x {size} images, one thread, mean of {repeats}", "",
+             "| step | ms per batch | x batched |", "|---|---|---|"]  # fmt: skip
+    for row in rows:
+        share = f", on {row['images']} of the images" if row["images"] != str(batch) else ""
+        lines.append(f"| {row['step']}{share} | {row['ms_per_batch']} | {row['x_batched']} |")
+    return "\n".join(lines)
 
 
 def _on_threads(threads: int | None, function, *args):
@@ -274,7 +360,7 @@ def _mean_ms(step, repeats: int, warmup: int = 1) -> float:
     return (time.perf_counter() - start) / repeats * 1000
 
 
-def _augmentation_table(batch: int, repeats: int, size: int) -> str:
+def _augmentation_rows(batch: int, repeats: int, size: int) -> list[dict]:
     import torch
     from torchvision.transforms import v2
 
@@ -296,25 +382,26 @@ def _augmentation_table(batch: int, repeats: int, size: int) -> str:
     def whole_batch():
         return batched_erase(batched(pixels).float())
 
-    rows = [
-        ("crop + flip + erasing, torchvision image by image (0.2)", _mean_ms(per_image, repeats)),
-        ("crop + flip + erasing, batched (`ImageAugmentation`, `BatchErasing`)", _mean_ms(whole_batch, repeats)),
-        ("RandAugment (2 ops, magnitude 6), torchvision image by image (0.2)",
+    share = round(0.3 * batch)  # the recipe's t at 90 epochs
+    timed = [
+        ("crop + flip + erasing, torchvision image by image", batch, _mean_ms(per_image, repeats)),
+        ("crop + flip + erasing, batched (ImageAugmentation, BatchErasing)", batch, _mean_ms(whole_batch, repeats)),
+        ("RandAugment (2 ops, magnitude 6), torchvision image by image", batch,
          _mean_ms(lambda: [*map(randaugment, pixels)], repeats)),
-        ("RandAugment (2 ops, magnitude 6), batched (`BatchAutoAugment`)",
+        ("RandAugment (2 ops, magnitude 6), batched (BatchAutoAugment)", batch,
          _mean_ms(lambda: batched_randaugment(pixels), repeats)),
-        (f"the same, on {round(0.3 * batch)} of the images (the recipe's t at 90 epochs)",
-         _mean_ms(lambda: batched_randaugment(pixels[: round(0.3 * batch)]), repeats)),
-        (f"the same, torchvision image by image on {round(0.3 * batch)} of the images",
-         _mean_ms(lambda: [*map(randaugment, pixels[: round(0.3 * batch)])], repeats)),
+        ("RandAugment (2 ops, magnitude 6), batched (BatchAutoAugment)", share,
+         _mean_ms(lambda: batched_randaugment(pixels[:share]), repeats)),
+        ("RandAugment (2 ops, magnitude 6), torchvision image by image", share,
+         _mean_ms(lambda: [*map(randaugment, pixels[:share])], repeats)),
     ]  # fmt: skip
-    lines = [f"Augmentation of a batch of {batch} uint8 {size} x {size} images, one thread, mean of {repeats}", "",
-             "| step | ms per batch | x batched |", "|---|---|---|"]  # fmt: skip
-    for name, ms in rows:
-        lines.append(f"| {name} | {ms:.1f} | {ms / rows[1][1]:.1f} |")
-    return "\n".join(lines)
+    unit = timed[1][2]  # the batched crop, flip and erasing
+    note = f"mean of {repeats} batches of {size} x {size} uint8 images"
+    return [dict(step=step, images=str(images), ms_per_batch=f"{ms:.1f}", x_batched=f"{ms / unit:.1f}", note=note)
+            for step, images, ms in timed]  # fmt: skip
 
 
+UPDATE = "bare training update (forward, backward, AdamW)"  # what `--time_precision` times
 # (name, config fields over the built-in Fashion-MNIST ViT) of the shapes `--time_precision` measures
 PRECISION_SHAPES = (
     ("width 96 (the built-in shape, 456k parameters)", {}),
@@ -323,14 +410,15 @@ PRECISION_SHAPES = (
 )
 
 
-def precision_timing(batch: int = 128, repeats: int = 20, threads: int | None = None) -> str:
-    """A table: milliseconds per training update (forward, backward, AdamW step; random pixels) of the built-in
-    Fashion-MNIST ViT and wider ones, fp32 against bf16 autocast (what `--recipe deit` trains in where the CPU's bf16
-    products are native, `recipes.recipe_mixed_precision`), side by side on this machine's CPU."""
+def precision_timing(batch: int = 128, repeats: int = 20, threads: int | None = None) -> tuple[str, list[dict]]:
+    """A table and its rows: milliseconds per training update (forward, backward, AdamW step; random pixels) of the
+    built-in Fashion-MNIST ViT and wider ones, fp32 against bf16 autocast (what `--recipe deit` trains in where the
+    CPU's bf16 products are native, `recipes.recipe_mixed_precision`), side by side on the CPU it runs on. The rows
+    have the columns of `results/small_data_update_time.csv`, one per shape and precision."""
     return _on_threads(threads, _precision_table, batch, repeats)
 
 
-def _precision_table(batch: int, repeats: int) -> str:
+def _precision_table(batch: int, repeats: int) -> tuple[str, list[dict]]:
     import torch
 
     from hf_vit_plus import ViTPlusConfig, ViTPlusForImageClassification
@@ -360,11 +448,19 @@ def _precision_table(batch: int, repeats: int) -> str:
         "| ViT (7 x 7 patches, 6 blocks) | fp32 ms | bf16 autocast ms | fp32 / bf16 |",
         "|---|---|---|---|",
     ]
+    rows = []
     for name, fields in PRECISION_SHAPES:
         config = ViTPlusConfig(**{**FASHION_VIT_CONFIG, **fields}, num_labels=10)
-        fp32, bf16 = (per_update(ViTPlusForImageClassification(config), dtype) for dtype in ("fp32", "bf16"))
+        models = [ViTPlusForImageClassification(config) for _ in range(2)]
+        fp32, bf16 = (per_update(model, dtype) for model, dtype in zip(models, ("fp32", "bf16")))
         lines.append(f"| {name} | {fp32:.1f} | {bf16:.1f} | {fp32 / bf16:.2f} |")
-    return "\n".join(lines)
+        common = dict(model="ViTPlus", config_overrides=",".join(f"{k}={v}" for k, v in fields.items()),
+                      parameters=str(models[0].num_parameters()), what=UPDATE)  # fmt: skip
+        note = f"batch {batch}, mean of {repeats}, CPU capability {torch.backends.cpu.get_cpu_capability()}"
+        rows += [dict(common, precision="fp32", ms=f"{fp32:.1f}", fp32_over_bf16="", note=note),
+                 dict(common, precision="bf16 autocast", ms=f"{bf16:.1f}", fp32_over_bf16=f"{fp32 / bf16:.2f}",
+                      note=note)]  # fmt: skip
+    return "\n".join(lines), rows
 
 
 def table(results: list[dict], args) -> str:
@@ -401,6 +497,9 @@ def main(argv: list[str] | None = None) -> None:
         help="config fields of every fresh ViT of the rows, e.g. 'patch_size=7' (7 x 7 patches: 16 tokens, not 49)",
     )
     parser.add_argument(
+        "--output", type=Path, default=None, help="write the table's rows to this CSV (results/small_data*.csv)"
+    )
+    parser.add_argument(
         "--plot_only", action="store_true", help="train nothing: print the table and curves of OUTPUT_DIR/results.json"
     )
     parser.add_argument(
@@ -416,10 +515,16 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     if args.time_augmentation:
-        print(augmentation_timing(args.batch_size))
+        rows = augmentation_timing(args.batch_size)
+        print(augmentation_table(rows, args.batch_size))
+        if args.output:
+            print(f"wrote {_write_rows(args.output, rows, threads=1)}")
         return
     if args.time_precision:
-        print(precision_timing(args.batch_size, threads=args.threads))
+        text, rows = precision_timing(args.batch_size, threads=args.threads)
+        print(text)
+        if args.output:
+            print(f"wrote {_write_rows(args.output, rows, threads=args.threads)}")
         return
     try:
         args.vit_flags = parse_flags(args.vit_flags)
@@ -429,6 +534,8 @@ def main(argv: list[str] | None = None) -> None:
         results = json.loads((args.output_dir / "results.json").read_text())
         print(table(results, args))
         print(f"curves: {plot_curves(results, args.output_dir, args.output_dir / 'curves.png')}")
+        if args.output:
+            print(f"wrote {write_result_rows(results, args)}")
         return
     if "vit-deit-distilled" in args.rows and "cnn" not in args.rows and not (args.output_dir / "cnn").is_dir():
         parser.error("the distilled row needs the CNN teacher: add the 'cnn' row (or train it into OUTPUT_DIR/cnn)")
@@ -445,6 +552,8 @@ def main(argv: list[str] | None = None) -> None:
     print(table(results, args))
     print(f"curves: {plot_curves(results, args.output_dir, args.output_dir / 'curves.png')}")
     print(f"(wall time {(time.time() - start) / 60:.1f} min, calibration and evaluation included)")
+    if args.output:
+        print(f"wrote {write_result_rows(results, args)}")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
 """The benchmarks write their rows to result files (scripts/benchmarks/result_rows.py): each row carries its
 measurements and the run's context. Tiny runs of bench_vit.py and bench_sparse_attention.py (speed itself is measured
-on a quiet machine, not asserted here)."""
+on a quiet machine, not asserted here), and bench_small_data.py's rows from a finished run's results.json."""
 
 from __future__ import annotations
 
 import csv
+import json
 import os
 import subprocess
 import sys
@@ -80,3 +81,63 @@ def test_bench_sharding_writes_its_rows(tmp_path):
     parts = ("parameters_bytes", "gradients_bytes", "optimizer_bytes")
     assert int(ddp["state_bytes"]) == sum(int(ddp[key]) for key in parts)
     _context_is_this_run(ddp, "bench_sharding.py")
+
+
+def test_bench_small_data_writes_the_rows_of_a_finished_run(tmp_path):
+    """`--plot_only --output` trains nothing: the rows of results.json become rows with the columns of
+    results/small_data.csv (accuracies in percent, a two-run row's updates joined), each with the run's context."""
+    for folder in ("cnn", "hybrid", "pre", "tuned"):
+        (tmp_path / folder).mkdir()
+        history = [{"step": 1, "loss": 2.0}, {"step": 2, "loss": 1.0}]
+        (tmp_path / folder / "log_history.json").write_text(json.dumps(history))
+    results = [
+        dict(row="cnn", name="cnn", model="ResNet", config_overrides=None, recipe="deit", flags="", budget_minutes=2.0,
+             test_accuracy=0.6391, minutes=1.3, updates=[121], epochs=[0.258], metrics={"online_accuracy": 0.6388},
+             outputs=[str(tmp_path / "cnn")], seconds=[78.0]),
+        dict(row="vit-deit-distilled (conv_stem_layers=3, auto_augment=none)", name="vit-deit-distilled",
+             model="ViTPlus hybrid", config_overrides="conv_stem_layers=3", recipe="deit", flags="auto_augment=none",
+             budget_minutes=2.0, test_accuracy=0.5, minutes=2.0, updates=[40], epochs=[0.085],
+             metrics={"cls_head_accuracy": 0.51, "distillation_head_accuracy": 0.49},
+             outputs=[str(tmp_path / "hybrid")], seconds=[120.0]),
+        # as an older results.json wrote it: the name and settings come from the command line
+        dict(row="vit-mpp-then-deit", test_accuracy=0.2051, minutes=1.5, updates=[40, 45], epochs=[0.09, 0.1],
+             metrics={}, outputs=[str(tmp_path / "pre"), str(tmp_path / "tuned")], seconds=[40.0, 50.0]),
+    ]  # fmt: skip
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    _run("bench_small_data.py", "--plot_only", "--output_dir", str(tmp_path), "--minutes_per_row", "2",
+         "--vit_config_overrides", "patch_size=4", "--output", str(tmp_path / "small.csv"), cwd=tmp_path)  # fmt: skip
+    rows = _rows(tmp_path / "small.csv")
+    with open(REPO_ROOT / "results" / "small_data.csv", newline="") as file:
+        assert list(rows[0]) == next(csv.reader(file))  # the committed file's columns, in its order
+    cnn, hybrid, mpp = rows
+    assert (cnn["row"], cnn["model"], cnn["config_overrides"], cnn["recipe"]) == ("cnn", "ResNet", "", "deit")
+    assert (cnn["test_accuracy_pct"], cnn["ema_last_accuracy_pct"], cnn["minutes"]) == ("63.91", "63.88", "1.30")
+    assert (hybrid["row"], hybrid["model"], hybrid["flags"]) == ("vit-deit-distilled", "ViTPlus hybrid",
+                                                                 "auto_augment=none")  # fmt: skip
+    assert (hybrid["cls_head_accuracy_pct"], hybrid["distillation_head_accuracy_pct"]) == ("51.00", "49.00")
+    assert (mpp["row"], mpp["model"], mpp["config_overrides"]) == ("vit-mpp-then-deit", "ViTPlus", "patch_size=4")
+    assert (mpp["updates"], mpp["epochs"], mpp["budget_minutes"]) == ("40 + 45", "0.09 + 0.10", "2")
+    for row in rows:
+        assert row["threads"] == "1"
+        _context_is_this_run(row, "bench_small_data.py")
+
+
+def test_bench_small_data_timings_write_their_rows(tmp_path):
+    """`--time_augmentation` and `--time_precision` write rows with the columns of the committed timing files."""
+    for flag, name in (("--time_augmentation", "small_data_augmentation.csv"),
+                       ("--time_precision", "small_data_update_time.csv")):  # fmt: skip
+        _run("bench_small_data.py", flag, "--batch_size", "4", "--threads", "1", "--output", str(tmp_path / name),
+             cwd=tmp_path)  # fmt: skip
+        rows = _rows(tmp_path / name)
+        with open(REPO_ROOT / "results" / name, newline="") as file:
+            assert list(rows[0]) == next(csv.reader(file)), name
+        assert all(float(row["ms_per_batch" if "augmentation" in name else "ms"]) > 0 for row in rows)
+        assert rows[0]["threads"] == "1"
+        _context_is_this_run(rows[0], "bench_small_data.py")
+    augmentation = _rows(tmp_path / "small_data_augmentation.csv")
+    assert len(augmentation) == 6 and augmentation[1]["x_batched"] == "1.0" and augmentation[4]["images"] == "1"
+    update = _rows(tmp_path / "small_data_update_time.csv")
+    assert [row["precision"] for row in update] == ["fp32", "bf16 autocast"] * 3
+    assert update[0]["config_overrides"] == ""  # the built-in shape
+    assert update[2]["config_overrides"] == "hidden_size=128,intermediate_size=256"
+    assert int(update[0]["parameters"]) > 0 and float(update[1]["fp32_over_bf16"]) > 0
