@@ -315,7 +315,11 @@ def _context(rows: list[dict]) -> str:
     if not keys:
         return ""
     seen = dict.fromkeys(tuple(row[key] for key in keys) for row in rows)
-    return "Measured with: " + "; ".join(", ".join(f"{k} {v}" for k, v in zip(keys, values) if v) for values in seen)
+    lines = [", ".join(f"{k} {v}" for k, v in zip(keys, values) if v) for values in seen]
+    lines = [line for line in lines if line]
+    if len(lines) > 1:  # one item per run
+        return "Measured with:\n\n" + "\n".join(f"- {line}" for line in lines)
+    return f"Measured with: {lines[0]}." if lines else ""
 
 
 def render(plots: bool = True) -> str:
@@ -353,7 +357,7 @@ def render(plots: bool = True) -> str:
         parts += [f"## {stem.replace('_', ' ').capitalize()}", "", f"`results/{entry.name}`: {entry.holds}.", ""]
         context = _context(rows)
         if context:
-            parts += [context + ".", ""]
+            parts += [context, ""]
         if entry.plot is not None:
             if plots:
                 entry.plot(rows, IMAGES / f"{stem}.png")
