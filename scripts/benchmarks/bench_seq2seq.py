@@ -51,8 +51,8 @@ outputs).
 `--output FILE` writes the rows of the run's table as CSV (`result_rows.write_rows`: each row followed by the command,
 the date, the versions, the CPU or GPU and the threads): the speed table (case, engine, tokens/s, ratio to marian and
 its range, compilation seconds, the model sizes, CTranslate2's version), or with `--quality` the quality table (mode,
-engine, BLEU, chrF, the shares of identical verses and equal tokens, seconds). The docs' Results page shows
-results/fast_decoding.csv and results/translation_quality.csv, written so.
+engine, BLEU, chrF, the shares of identical verses and equal tokens, seconds): the columns of
+results/fast_decoding.csv and results/translation_quality.csv, which the docs' Results page shows.
 
     python scripts/benchmarks/bench_seq2seq.py                       # small sizes, one thread, every engine
     python scripts/benchmarks/bench_seq2seq.py --preset opus-mt      # opus-mt sizes, two threads
