@@ -19,7 +19,11 @@ Each model is scored in fp32, then a copy of it with each int8 scheme ("int8-dyn
   (`apt-get install sword-text-kjv sword-text-sparv`) and a trained model, else the task says why it is skipped.
 
 The table goes to stdout and, with the per-variant decoding seconds (noisy on a shared machine), to
-OUTPUT_DIR/int8_quality.json.
+OUTPUT_DIR/int8_quality.json; `--output FILE` also writes its rows as CSV, each followed by the run's context
+(the command, the date, the versions, the CPU or GPU, the threads; `result_rows.write_rows`), as in
+results/int8_quality.csv:
+
+    python scripts/benchmarks/bench_int8_quality.py --output results/int8_quality.csv
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ from hf_vit_plus.cli_utils import CommandParser
 from hf_vit_plus.quantization import SCHEMES, quantize
 
 VARIANTS = ("fp32", *SCHEMES)
+# The columns of `--output`'s rows (before the run's context); a row leaves out those it has no value for.
+COLUMNS = ("task", "variant", "metric", "value", "examples", "changed_predictions", "max_logit_change", "seconds")
 
 
 def variants(model):
@@ -237,6 +243,15 @@ def print_table(rows: list[dict]) -> None:
         )
 
 
+def write_result_rows(path: Path, rows: list[dict], threads: int) -> Path:
+    """Write `rows` (the tasks' result dicts) to the CSV `path`: the columns of `COLUMNS`, empty where a row has no
+    value, then the run's context (`result_rows.write_rows`)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from result_rows import write_rows
+
+    return write_rows(path, [{column: row.get(column, "") for column in COLUMNS} for row in rows], threads=threads)
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = CommandParser(description=__doc__.split("\n")[0])
     parser.add_argument("--output_dir", type=Path, default=Path("outputs/int8_quality"), help="trained models go here")
@@ -250,6 +265,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max_sentences", type=int, default=None, help="SWORD: held-out verses decoded (default all)")
     parser.add_argument("--quick", action="store_true", help="train briefly: checks the script, not the numbers")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument("--output", type=Path, default=None, help="also write the rows to this CSV, with the context")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     note = "; --quick: short training, the numbers mean nothing" if args.quick else ""
@@ -274,6 +290,11 @@ def main(argv: list[str] | None = None) -> dict:
     results = {"rows": rows, "skipped": skipped, "quick": args.quick, "threads": args.threads}
     args.output_dir.mkdir(parents=True, exist_ok=True)
     (args.output_dir / "int8_quality.json").write_text(json.dumps(results, indent=2))
+    if args.output is not None:
+        if rows:
+            print(f"# wrote {write_result_rows(args.output, rows, args.threads)}")
+        else:
+            print(f"# no rows: {args.output} not written")
     return results
 
 

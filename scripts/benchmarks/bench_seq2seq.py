@@ -10,7 +10,8 @@ own converter (`ctranslate2.converters.TransformersConverter`) run on the same s
 - marian: transformers' MarianMTModel, eager (the reference of the ratios);
 - ours: our model, eager `generate`, dynamic cache;
 - ours-compiled: `generate(..., cache_implementation="static", compile_config=...)`: transformers' loop, the model's
-  step compiled by torch.compile with fixed shapes (the previous round's path);
+  step compiled by torch.compile with fixed shapes (the static-cache compiled `generate` of
+  `hf_vit_plus.generation.compiled_generation_config`);
 - ours-int8: our model quantized by `hf_vit_plus.quantization.quantize(model, "int8-dynamic")` (torchao), decoded
   as ours-compiled; ours-int8-eager (not in the default set): the same, eager;
 - ours-fast, ours-fast-bf16, ours-fast-int8, ours-fast-int8-wo: `generate(custom_generate=FastDecoding(precision))`
@@ -47,11 +48,18 @@ export, `--quality_ctranslate2`: float32 and int8), with sacreBLEU's BLEU and ch
 exactly as the reference, and the token agreement (tokens equal at the same position, over the longer of the two
 outputs).
 
+`--output FILE` writes the rows of the run's table as CSV (`result_rows.write_rows`: each row followed by the command,
+the date, the versions, the CPU or GPU and the threads): the speed table (case, engine, tokens/s, ratio to marian and
+its range, compilation seconds, the model sizes, CTranslate2's version), or with `--quality` the quality table (mode,
+engine, BLEU, chrF, the shares of identical verses and equal tokens, seconds): the columns of
+results/fast_decoding.csv and results/translation_quality.csv, which the docs' Results page shows.
+
     python scripts/benchmarks/bench_seq2seq.py                       # small sizes, one thread, every engine
     python scripts/benchmarks/bench_seq2seq.py --preset opus-mt      # opus-mt sizes, two threads
     python scripts/benchmarks/bench_seq2seq.py --profile             # + the batch-1 profile tables
     python scripts/benchmarks/bench_seq2seq.py --quick               # a short check that every engine runs
     python scripts/benchmarks/bench_seq2seq.py --quality outputs/translation/model   # BLEU / chrF per engine
+    python scripts/benchmarks/bench_seq2seq.py --output results/fast_decoding.csv    # + the rows as CSV
 """
 
 from __future__ import annotations
@@ -105,7 +113,7 @@ DEFAULT_ENGINES = (
 TRAINABLE = ("marian", "ours")
 COMPILED = ("ours-compiled", "ours-int8", *FAST)
 EOS, UNK = 0, 1  # Marian's ids; the pad token (also the decoder start) is the last id
-# Model sizes (and threads) of `--preset`: the defaults of the earlier rounds, and the opus-mt checkpoints'.
+# Model sizes (and threads) of `--preset`: small Marian-like sizes (the default), and the opus-mt checkpoints'.
 PRESETS = {
     "small": dict(vocab_size=8000, d_model=256, layers=3, heads=4, ffn_dim=1024, threads=1, train_batch=16),
     "opus-mt": dict(vocab_size=58000, d_model=512, layers=6, heads=8, ffn_dim=2048, threads=2, train_batch=0),
@@ -155,7 +163,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="short defaults: 1 repeat, 8 + 8 tokens, batch 1 2, beam 1 2")
     p.add_argument(
         "--output", type=Path, default=None,
-        help="write the speed table's rows to this CSV (e.g. results/seq2seq_speed_small.csv), with the run's context",
+        help="write the table's rows (speed, or --quality's) to this CSV (e.g. results/fast_decoding.csv), with the "
+        "run's context",
     )  # fmt: skip
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
     args = p.parse_args(argv)
@@ -450,16 +459,31 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, dict]]:
     return summary
 
 
-def write_speed_rows(args: argparse.Namespace, summary: dict) -> Path:
-    """The speed table (each case and engine: tokens/s, the median ratio to marian and its range, the compilation
-    seconds) as rows of `--output`, with the model sizes (`result_rows.write_rows` adds the run's context)."""
+def _version(package: str) -> str:
+    """The installed version of `package`, '' where it is not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return ""
+
+
+def _write_rows(path: Path, rows: list[dict], threads: int) -> Path:
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from result_rows import write_rows
 
+    return write_rows(path, rows, threads=threads)
+
+
+def write_speed_rows(args: argparse.Namespace, summary: dict) -> Path:
+    """The speed table (each case and engine: tokens/s, the median ratio to marian and its range, the compilation
+    seconds) as rows of `--output`, with the model sizes (`result_rows.write_rows` adds the run's context)."""
     sizes = dict(preset=args.preset, vocab_size=args.vocab_size, d_model=args.d_model, layers=args.layers,
-                 source_length=args.source_length, new_tokens=args.new_tokens, repeats=args.repeats)  # fmt: skip
+                 source_length=args.source_length, new_tokens=args.new_tokens, repeats=args.repeats,
+                 ctranslate2=_version("ctranslate2"))  # fmt: skip
     rows = []
     for case, by_engine in summary.items():
         if case in ("agreement", "screen", "profile"):
@@ -470,7 +494,7 @@ def write_speed_rows(args: argparse.Namespace, summary: dict) -> Path:
                              vs_marian=round(entry["ratio"], 4), vs_marian_min=round(low, 4),
                              vs_marian_max=round(high, 4), compile_s=round(entry.get("compile_s", 0.0), 2),
                              **sizes))  # fmt: skip
-    return write_rows(args.output, rows, threads=args.threads)
+    return _write_rows(args.output, rows, threads=args.threads)
 
 
 def report(args, rates, first_calls, agreement) -> dict[str, dict[str, dict]]:
@@ -811,6 +835,14 @@ def quality(args) -> dict:
                 flush=True,
             )
     workdir.cleanup()
+    if args.output is not None:
+        rows = [
+            dict(
+                mode=key.split(": ", 1)[0], engine=key.split(": ", 1)[1], **entry, ctranslate2=_version("ctranslate2")
+            )
+            for key, entry in results.items()
+        ]
+        print(f"wrote {_write_rows(args.output, rows, threads=args.threads)}")
     return results
 
 

@@ -83,15 +83,14 @@ def plot_memory_per_process(rows: list[dict], path: Path) -> None:
     _save(plt, figure, path)
 
 
-def plot_decoding_speed(rows: list[dict], path: Path) -> None:
-    """Each engine's speed as a multiple of transformers' Marian (eager), per case: the median over the rounds of the
-    file's after column, at the file's first preset."""
+def _plot_vs_marian(rows: list[dict], path: Path, column: str, title: str) -> None:
+    """Bars of each engine's `column` (its speed as a multiple of transformers' Marian, eager) per case: the median
+    over the rows of the same case and engine."""
     plt, figure, axis = _figure()
-    preset = rows[0]["preset"]
     values = defaultdict(list)
     for row in rows:
-        if row["preset"] == preset and row["after_vs_marian"]:
-            values[(row["case"], row["engine"])].append(float(row["after_vs_marian"]))
+        if row[column]:
+            values[(row["case"], row["engine"])].append(float(row[column]))
     cases = list(dict.fromkeys(case for case, _ in values))
     engines = list(dict.fromkeys(engine for _, engine in values))
     width = 0.8 / max(1, len(engines))
@@ -102,9 +101,25 @@ def plot_decoding_speed(rows: list[dict], path: Path) -> None:
     axis.set_xticks([c + 0.4 - width / 2 for c in range(len(cases))])
     axis.set_xticklabels([case.replace("generate ", "") for case in cases], fontsize=7)
     axis.set_ylabel("tokens/s / Marian's")
-    axis.set_title(f"Decoding speed per engine ({preset} preset)")
+    axis.set_title(title)
     axis.legend(fontsize=6, ncol=2)
     _save(plt, figure, path)
+
+
+def plot_decoding_speed(rows: list[dict], path: Path) -> None:
+    """Each engine's speed as a multiple of transformers' Marian (eager), per case: the median over the rounds of the
+    file's after column, at the file's first preset."""
+    preset = rows[0]["preset"]
+    chosen = [row for row in rows if row["preset"] == preset]
+    _plot_vs_marian(chosen, path, "after_vs_marian", f"Decoding speed per engine ({preset} preset)")
+
+
+def plot_fast_decoding(rows: list[dict], path: Path) -> None:
+    """Each engine's speed as a multiple of transformers' Marian (eager), per case, in the file's first run (its first
+    row's preset and command: bench_seq2seq.py's rows, ratios with their ranges in the table)."""
+    first = rows[0]
+    chosen = [row for row in rows if (row["preset"], row["command"]) == (first["preset"], first["command"])]
+    _plot_vs_marian(chosen, path, "vs_marian", f"Decoding speed per engine ({first['preset']} sizes)")
 
 
 def plot_learning(rows: list[dict], path: Path) -> None:
@@ -203,6 +218,71 @@ FILES = (
         ("preset", "round", "case", "engine", "before_vs_marian", "after_vs_marian"),
     ),
     ResultFile(
+        "fast_decoding.csv",
+        "`scripts/benchmarks/bench_seq2seq.py --engines marian,ours-fast,ours-fast-full,ours-fast-int8,ct2-fp32,"
+        "ct2-int8 --repeats 5 --output results/fast_decoding.csv` (add `--preset opus-mt` for opus-mt's sizes)",
+        "each decoding engine's tokens/s and its multiple of transformers' Marian (eager, the same weights), with the "
+        "range over the repetitions, per case, at the small and opus-mt sizes ([fast inference]"
+        "(guides/fast-inference.md#measuring))",
+        plot_fast_decoding,
+        ("preset", "threads", "case", "engine", "tokens_per_s", "vs_marian", "vs_marian_min", "vs_marian_max"),
+    ),
+    ResultFile(
+        "fast_decoding_history.csv",
+        "`scripts/benchmarks/bench_seq2seq.py`, with the engines as they were at each run (`run` says what changed)",
+        "earlier runs of the same comparison: compiled static-cache `generate` and torchao int8, then `FastDecoding` "
+        "before and after its int8 kernel, output screen and C++ kernels, on CPUs with AVX512-VNNI and with AVX2 only "
+        "([fast inference](guides/fast-inference.md#measuring))",
+        None,
+        ("run", "preset", "threads", "case", "engine", "tokens_per_s", "vs_marian", "vs_marian_min", "vs_marian_max"),
+    ),
+    ResultFile(
+        "fast_decoding_profile.csv",
+        "`scripts/benchmarks/bench_seq2seq.py --profile` (printed tables, copied here)",
+        "where the time of a token goes in `FastDecoding` and in compiled `generate`: milliseconds, megabytes read "
+        "and the rate per part of the step ([fast inference](guides/fast-inference.md#measuring))",
+        None,
+        ("run", "preset", "threads", "precision", "case", "part", "ms_per_token", "mb_per_token", "gb_per_s"),
+    ),
+    ResultFile(
+        "fast_decoding_details.csv",
+        "one-off timings beside `scripts/benchmarks/bench_seq2seq.py` runs (copied from the guide's notes)",
+        "compilation times, single-kernel timings, the plain read rate, the output screen's counts and the greedy "
+        "tokens' agreement ([fast inference](guides/fast-inference.md#measuring))",
+        None,
+        ("run", "topic", "quantity", "value", "unit", "preset", "threads", "date"),
+    ),
+    ResultFile(
+        "translation_quality.csv",
+        "`scripts/benchmarks/bench_seq2seq.py --quality MODEL_DIR --output results/translation_quality.csv`",
+        "BLEU, chrF and agreement with float32 `generate` of each engine and precision on the SWORD English -> "
+        "Spanish test verses ([fast inference](guides/fast-inference.md#quality))",
+        None,
+        ("mode", "engine", "note", "bleu", "chrf", "identical", "agreement"),
+    ),
+    ResultFile(
+        "int8_quality.csv",
+        "`scripts/benchmarks/bench_int8_quality.py --output results/int8_quality.csv`",
+        "held-out accuracy and exact match in fp32 and each torchao int8 scheme on the digits ViT and the "
+        "number-words model ([fast inference](guides/fast-inference.md#int8-with-torchao))",
+        None,
+    ),
+    ResultFile(
+        "int8_speed.csv",
+        "a one-off measurement (the command was not recorded)",
+        "torchao int8 against fp32 ViTs on a CPU, eager and compiled ([fast inference]"
+        "(guides/fast-inference.md#int8-with-torchao))",
+        None,
+    ),
+    ResultFile(
+        "seq2seq_vs_marian.csv",
+        "`scripts/benchmarks/bench_seq2seq.py` (eager engines; the paired-ratio rows from back-to-back pairs)",
+        "our model's eager `generate` and training step against transformers' Marian with the same dimensions "
+        "([fast inference](guides/fast-inference.md#measuring))",
+        None,
+        ("run", "preset", "threads", "repeats", "case", "engine", "tokens_per_s", "vs_marian"),
+    ),
+    ResultFile(
         "vit_throughput.csv",
         "`make bench` (`scripts/benchmarks/bench_vit.py --output results/vit_throughput.csv`)",
         "images/s of our ViT, timm's and transformers' with the same weights, measured in turn, per precision and "
@@ -291,9 +371,12 @@ def _context(rows: list[dict]) -> str:
     keys = [key for key in ("date", "before", "after", "torch", "transformers", "device", "machine") if key in rows[0]]
     if not keys:
         return ""
-    seen = dict.fromkeys(", ".join(f"{k} {row[k]}" for k in keys if row[k]) for row in rows)  # empty: not recorded
-    recorded = [values for values in seen if values]
-    return "Measured with: " + "; ".join(recorded) if recorded else ""
+    seen = dict.fromkeys(tuple(row[key] for key in keys) for row in rows)
+    lines = [", ".join(f"{k} {v}" for k, v in zip(keys, values) if v) for values in seen]
+    lines = [line for line in lines if line]
+    if len(lines) > 1:  # one item per run
+        return "Measured with:\n\n" + "\n".join(f"- {line}" for line in lines)
+    return f"Measured with: {lines[0]}." if lines else ""
 
 
 def render(plots: bool = True) -> str:
@@ -331,7 +414,7 @@ def render(plots: bool = True) -> str:
         parts += [f"## {stem.replace('_', ' ').capitalize()}", "", f"`results/{entry.name}`: {entry.holds}.", ""]
         context = _context(rows)
         if context:
-            parts += [context + ".", ""]
+            parts += [context, ""]
         if entry.plot is not None:
             if plots:
                 entry.plot(rows, IMAGES / f"{stem}.png")

@@ -141,3 +141,36 @@ def test_bench_small_data_timings_write_their_rows(tmp_path):
     assert update[0]["config_overrides"] == ""  # the built-in shape
     assert update[2]["config_overrides"] == "hidden_size=128,intermediate_size=256"
     assert int(update[0]["parameters"]) > 0 and float(update[1]["fp32_over_bf16"]) > 0
+
+
+def _bench_int8_quality():
+    import importlib.util
+
+    path = REPO_ROOT / "scripts" / "benchmarks" / "bench_int8_quality.py"
+    spec = importlib.util.spec_from_file_location("bench_int8_quality", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_int8_quality_writes_the_columns_of_its_result_file(tmp_path, monkeypatch):
+    """--output's rows have the columns of the committed results/int8_quality.csv, empty where a task has no value
+    (fp32 changes no prediction); with no rows (a skipped task) no file is written. No model is trained here."""
+    bench = _bench_int8_quality()
+    rows = [
+        {"task": "digits ViT", "variant": "fp32", "metric": "accuracy %", "value": 97.5, "examples": 360,
+         "seconds": 0.1},
+        {"task": "digits ViT", "variant": "int8-dynamic", "metric": "accuracy %", "value": 97.2, "examples": 360,
+         "seconds": 0.2, "changed_predictions": 1, "max_logit_change": 0.05},
+    ]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", ["scripts/benchmarks/bench_int8_quality.py", "--output", "x.csv"])
+    written = _rows(bench.write_result_rows(tmp_path / "int8.csv", rows, threads=1))
+    with open(REPO_ROOT / "results" / "int8_quality.csv", newline="") as file:
+        committed = next(csv.reader(file))
+    assert list(written[0]) == committed
+    assert written[0]["changed_predictions"] == "" and written[1]["changed_predictions"] == "1"
+    assert written[1]["value"] == "97.2" and written[1]["threads"] == "1"
+    _context_is_this_run(written[0], "bench_int8_quality.py")
+
+    bench.main(["--tasks", "sword", "--output_dir", str(tmp_path / "out"), "--output", str(tmp_path / "none.csv")])
+    assert not (tmp_path / "none.csv").exists()

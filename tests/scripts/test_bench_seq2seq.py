@@ -72,6 +72,9 @@ def test_quick_run_prints_the_tables(capsys, tmp_path):
     first = rows[0]
     assert first["torch"] == torch.__version__.split("+")[0] and first["threads"] == "1" and first["d_model"] == "32"
     assert first["command"].startswith("python ") and len(first["date"]) == 10 and first["device"]
+    # the columns of the committed result file the docs' Results page shows, so that a rerun with --output replaces it
+    with open(REPO_ROOT / "results" / "fast_decoding.csv", newline="") as file:
+        assert list(first) == next(csv.reader(file))
 
 
 def test_presets():
