@@ -136,20 +136,28 @@ def plot_learning(rows: list[dict], path: Path) -> None:
 
 
 def plot_vit_throughput(rows: list[dict], path: Path) -> None:
-    """Images per second against the batch, for ours, timm and transformers, one line per precision."""
+    """Images per second against the batch: ours per precision (solid), and the peers at the precisions they run
+    (timm dashed, transformers dotted; the int8 rows' peers run fp32, drawn once with the fp32 rows), one colour per
+    precision."""
     plt, figure, axis = _figure()
-    for precision in dict.fromkeys(row["precision"] for row in rows):
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for index, precision in enumerate(dict.fromkeys(row["precision"] for row in rows)):
         chosen = [row for row in rows if row["precision"] == precision]
         batches = [int(row["batch"]) for row in chosen]
-        for column, label, style in (("ours_images_per_s", "hf_vit_plus", "-"), ("timm_images_per_s", "timm", "--"),
-                                     ("transformers_images_per_s", "transformers", ":")):  # fmt: skip
+        series = [("ours_images_per_s", "hf_vit_plus", "-")]
+        if not precision.startswith("int8"):
+            series += [("timm_images_per_s", "timm", "--"), ("transformers_images_per_s", "transformers", ":")]
+        for column, label, style in series:
             values = [float(row[column]) for row in chosen]
-            axis.plot(batches, values, style, marker="o", label=f"{label}, {precision}")
+            colour = colours[index % len(colours)]
+            axis.plot(batches, values, style, color=colour, marker="o", markersize=3, label=f"{label}, {precision}")
     axis.set_xscale("log", base=2)
+    ticks = sorted({int(row["batch"]) for row in rows})
+    axis.set_xticks(ticks, [str(tick) for tick in ticks])
     axis.set_xlabel("batch")
     axis.set_ylabel("images/s")
-    axis.set_title(f"ViT throughput ({rows[0]['preset']})")
-    axis.legend(fontsize=6, ncol=2)
+    axis.set_title(f"ViT throughput ({rows[0]['preset']}, {rows[0].get('threads', '?')} threads)")
+    axis.legend(fontsize=6, loc="center left", bbox_to_anchor=(1.01, 0.5))
     _save(plt, figure, path)
 
 
