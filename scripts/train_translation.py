@@ -67,7 +67,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     data = p.add_argument_group("data")
     data.add_argument("--dataset_name", default="sword", help="'sword' (local SWORD modules) or a Hub dataset name")
     data.add_argument("--dataset_config_name", default=None, help="Hub dataset configuration, e.g. de-en")
-    data.add_argument("--dataset_config", dest="dataset_config_name", help=argparse.SUPPRESS)  # release 0.1's name
+    data.add_argument("--dataset_config", dest="dataset_config_name", help=argparse.SUPPRESS)  # its former name
     data.add_argument("--source_lang", default="en", help="source language code (SWORD: en or es)")
     data.add_argument("--target_lang", default="es", help="target language code")
     data.add_argument("--num_test", type=int, default=1000, help="held-out test pairs (SWORD split)")

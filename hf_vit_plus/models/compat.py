@@ -146,7 +146,7 @@ def _cpu_flags() -> frozenset[str] | None:
 
 
 def cpu_has_fast_int8_products() -> bool:
-    """Whether this CPU multiplies int8 matrices natively (VNNI or AMX), so that dynamic int8 pays."""
+    """Whether the running CPU multiplies int8 matrices natively (VNNI or AMX), so that dynamic int8 pays."""
     flags = _cpu_flags()
     if flags is None:
         return torch.backends.cpu.get_cpu_capability() not in ("DEFAULT", "NO AVX", "AVX2")
@@ -155,7 +155,7 @@ def cpu_has_fast_int8_products() -> bool:
 
 @functools.cache
 def cpu_has_native_bf16_products() -> bool:
-    """Whether this CPU's bf16 matrix products are native (oneDNN's own check), not slow reference loops."""
+    """Whether the running CPU's bf16 matrix products are native (oneDNN's own check), not slow reference loops."""
     check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
     if check is not None:
         try:

@@ -60,7 +60,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="random seed of the weights and the batches")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     for name in ("batch_size", "hidden_size", "summary_size", "train_bytes", "heldout_bytes", "eval_windows"):
-        # the dashed spellings of release 0.1, hidden
+        # the flags' former dashed spellings, hidden
         parser.add_argument(
             f"--{name.replace('_', '-')}", dest=name, type=int, default=argparse.SUPPRESS, help=argparse.SUPPRESS
         )
