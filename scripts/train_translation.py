@@ -4,7 +4,7 @@ Default data, no network needed: English -> Spanish Bible verses (King James Ver
 from the Debian SWORD modules; install them first:
 
     sudo apt-get install sword-text-kjv sword-text-sparv
-    # the README's run (its scores and timings are there); the malloc setting keeps freed memory in the process
+    # the documented run (results/translation_sword*.csv); the malloc setting keeps freed memory in the process
     GLIBC_TUNABLES=glibc.malloc.mmap_threshold=1000000000:glibc.malloc.trim_threshold=1000000000 \
     python scripts/train_translation.py --output_dir outputs/translation --max_train_minutes 105 \
         --warmup_steps 1000 --lr_factor 0.5 --eval_steps 400
