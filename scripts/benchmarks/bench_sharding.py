@@ -15,11 +15,11 @@ libraries (about 0.9 GB per process), activations, and, under DDP, the gradient 
 gradients); "RSS after set-up" is a process's resident size once the model is prepared (and, under FSDP2, split),
 before the first step. glibc's malloc keeps freed blocks resident: FSDP2 allocates and frees a layer's gathered
 weights and full gradients at every layer of every step, and with glibc's default (a mapping threshold that grows
-to 32 MiB) those blocks stay in its arenas, so that the peak RSS of FSDP2 came out above DDP's (2.90 GB against 2.67
-GB at 2 processes) although it holds half the state. The workers therefore run with MALLOC_MMAP_THRESHOLD_=1 MiB
+to 32 MiB) those blocks stay in its arenas, so that the peak RSS of FSDP2 can come out above DDP's although it holds
+half the state (`--malloc_default` shows it). The workers therefore run with MALLOC_MMAP_THRESHOLD_=1 MiB
 (each allocation of 1 MiB or more mapped on its own and returned when freed), so that the RSS follows the tensors
-alive; --malloc_default measures glibc's default. The README's section "Sharded training (FSDP2)" gives a measured
-table.
+alive; --malloc_default measures glibc's default. The measured rows: results/sharding_memory.csv
+(docs/guides/sharding.md).
 """
 
 from __future__ import annotations
