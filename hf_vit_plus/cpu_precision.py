@@ -29,7 +29,7 @@ _LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 
 def cpu_output_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype | None:
-    """The dtype to round to when the fp32 path should be taken for this CPU op, else None."""
+    """The dtype to round to when the fp32 path should be taken for this op on the CPU, else None."""
     if x.device.type != "cpu":
         return None
     if torch.is_autocast_enabled("cpu"):

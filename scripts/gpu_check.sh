@@ -135,7 +135,7 @@ if [[ $GPU == 1 ]]; then
             --parts decoding --repeats 3 --out_dir "$RESULTS"
     fi
 else
-    echo "gpu-check: no CUDA GPU on this machine (nvidia-smi lists none): nothing is installed; running the CPU"
+    echo "gpu-check: no CUDA GPU on the local host (nvidia-smi lists none): nothing is installed; running the CPU"
     echo "gpu-check: fallbacks (the gpu tests' CPU cells, a quick CPU run of the benchmarks) into $RESULTS"
     if [[ -x "$VENV/bin/python" ]]; then
         PY="$VENV/bin/python"

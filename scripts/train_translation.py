@@ -4,7 +4,7 @@ Default data, no network needed: English -> Spanish Bible verses (King James Ver
 from the Debian SWORD modules; install them first:
 
     sudo apt-get install sword-text-kjv sword-text-sparv
-    # the README's run (its scores and timings are there); the malloc setting keeps freed memory in the process
+    # the documented run (results/translation_sword*.csv); the malloc setting keeps freed memory in the process
     GLIBC_TUNABLES=glibc.malloc.mmap_threshold=1000000000:glibc.malloc.trim_threshold=1000000000 \
     python scripts/train_translation.py --output_dir outputs/translation --max_train_minutes 105 \
         --warmup_steps 1000 --lr_factor 0.5 --eval_steps 400
@@ -67,7 +67,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     data = p.add_argument_group("data")
     data.add_argument("--dataset_name", default="sword", help="'sword' (local SWORD modules) or a Hub dataset name")
     data.add_argument("--dataset_config_name", default=None, help="Hub dataset configuration, e.g. de-en")
-    data.add_argument("--dataset_config", dest="dataset_config_name", help=argparse.SUPPRESS)  # release 0.1's name
+    data.add_argument("--dataset_config", dest="dataset_config_name", help=argparse.SUPPRESS)  # its former name
     data.add_argument("--source_lang", default="en", help="source language code (SWORD: en or es)")
     data.add_argument("--target_lang", default="es", help="target language code")
     data.add_argument("--num_test", type=int, default=1000, help="held-out test pairs (SWORD split)")

@@ -4,16 +4,17 @@ images resolve, and the command-line reference is the one the parsers give today
 
 from __future__ import annotations
 
+import ast
+import io
 import os
 import re
 import subprocess
 import sys
+import tokenize
 
 import pytest
 
 from tests.utils import REPO_ROOT
-
-yaml = pytest.importorskip("yaml")
 
 DOCS = REPO_ROOT / "docs"
 CLI_PAGE = DOCS / "reference" / "cli.md"
@@ -30,6 +31,7 @@ def _nav_pages(node) -> list[str]:
 
 
 def _config() -> dict:
+    yaml = pytest.importorskip("yaml")  # only this check needs it: the others run without
     return yaml.safe_load((REPO_ROOT / "mkdocs.yml").read_text())
 
 
@@ -81,3 +83,47 @@ def test_the_api_reference_names_the_public_subpackages():
     for module in ("hf_vit_plus", "hf_vit_plus.hub", "hf_vit_plus.training", "hf_vit_plus.interpret",
                    "hf_vit_plus.conversion", "hf_vit_plus.serving", "hf_vit_plus.models.decoding_rules"):  # fmt: skip
         assert f"::: {module}\n" in text, module
+
+
+# Machine details belong in the result files' fields and release history in CHANGELOG.md: the docs, the docstrings
+# and the comments say how to measure and what is, not what one machine measured or what an old release did.
+_MACHINE_OR_HISTORY = re.compile(
+    r"this (release|cpu|machine|box|host)|previous round|last round|release 0\.[0-9]", re.IGNORECASE
+)
+
+
+def _python_texts(path):
+    """(line, text) of every comment and docstring of a Python file."""
+    source = path.read_text(encoding="utf-8")
+    texts = [
+        (token.start[0], token.string)
+        for token in tokenize.generate_tokens(io.StringIO(source).readline)
+        if token.type == tokenize.COMMENT
+    ]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            docstring = ast.get_docstring(node, clean=False)
+            if docstring is not None:
+                texts.append((node.body[0].lineno, docstring))
+    return texts
+
+
+def test_no_machine_or_release_history_phrasing_in_the_docs_docstrings_or_comments():
+    """No "this release / this CPU / this machine / this host / previous round / release 0.x" in README.md, the
+    docs' pages (the generated CLI reference included: its text is the parsers' help, to be fixed there) or the
+    comments and docstrings of the package and the scripts."""
+    found = []
+    for page in [REPO_ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]:
+        for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+            if _MACHINE_OR_HISTORY.search(line):
+                found.append(f"{page.relative_to(REPO_ROOT)}:{number}: {line.strip()}")
+    for folder in ("hf_vit_plus", "scripts"):
+        for path in sorted((REPO_ROOT / folder).rglob("*.py")):
+            for start, text in _python_texts(path):
+                for offset, line in enumerate(text.splitlines()):
+                    if _MACHINE_OR_HISTORY.search(line):
+                        found.append(f"{path.relative_to(REPO_ROOT)}:{start + offset}: {line.strip()}")
+    assert not found, (
+        "machine details or release history in the text (say how to measure; machine details go into the result "
+        "files' fields, history into CHANGELOG.md):\n" + "\n".join(found)
+    )

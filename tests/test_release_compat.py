@@ -1,5 +1,5 @@
-"""Checkpoints saved by release 0.1 (tests/fixtures/release_0_1, one tiny sparse model per family, saved with that
-release's code) load with today's package and give the outputs they gave then."""
+"""Checkpoints saved by version 0.1.0 (commit ded34c8; tests/fixtures/release_0_1, one tiny sparse model per family,
+saved with that version's code) load with today's package and give the outputs they gave then."""
 
 from __future__ import annotations
 

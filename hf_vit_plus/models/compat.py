@@ -126,8 +126,9 @@ def cpu_flash_attention_ops():
     return forward, backward
 
 
-# /proc/cpuinfo flags of native int8 dot products (VNNI, AMX). Without them `torch._int_mm` is a slow loop: on an
-# AVX2-only AMD EPYC it was 12-140x slower than the float32 product of the same shape (1 to 128 rows; the README).
+# /proc/cpuinfo flags of native int8 dot products (VNNI, AMX). Without them `torch._int_mm` is a slow loop, far
+# slower than the float32 product of the same shape (`bench_vit.py --precisions int8-dynamic` measures
+# both GEMM peaks).
 INT8_PRODUCT_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
 
 
@@ -146,7 +147,7 @@ def _cpu_flags() -> frozenset[str] | None:
 
 
 def cpu_has_fast_int8_products() -> bool:
-    """Whether this CPU multiplies int8 matrices natively (VNNI or AMX), so that dynamic int8 pays."""
+    """Whether the running CPU multiplies int8 matrices natively (VNNI or AMX), so that dynamic int8 pays."""
     flags = _cpu_flags()
     if flags is None:
         return torch.backends.cpu.get_cpu_capability() not in ("DEFAULT", "NO AVX", "AVX2")
@@ -155,7 +156,7 @@ def cpu_has_fast_int8_products() -> bool:
 
 @functools.cache
 def cpu_has_native_bf16_products() -> bool:
-    """Whether this CPU's bf16 matrix products are native (oneDNN's own check), not slow reference loops."""
+    """Whether the running CPU's bf16 matrix products are native (oneDNN's own check), not slow reference loops."""
     check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
     if check is not None:
         try:

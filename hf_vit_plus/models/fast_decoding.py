@@ -89,9 +89,9 @@ logger = logging.getLogger(__name__)
 # int8 products that do not pay on a CPU without native int8 products: "int8" takes FBGEMM's int8 linear there
 # (the measurements are in the results of scripts/benchmarks/bench_seq2seq.py).
 SLOW_INT8_WARNING = (
-    "FastDecoding(precision={precision!r}) decodes more slowly than precision='float32' on this CPU: it has no native "
-    "int8 products (VNNI or AMX), so weight-only int8 converts the weights inside every product and dynamic int8 "
-    "(torch._int_mm) runs a slow loop. For speed here use {advice}."
+    "FastDecoding(precision={precision!r}) decodes more slowly than precision='float32' on the running CPU: it has no "
+    "native int8 products (VNNI or AMX), so weight-only int8 converts the weights inside every product and dynamic "
+    "int8 (torch._int_mm) runs a slow loop. For speed here use {advice}."
 )
 SUPPORTED_PROCESSORS = (
     NoBadWordsLogitsProcessor,

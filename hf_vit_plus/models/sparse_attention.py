@@ -601,7 +601,7 @@ def flex_sparse_attention(
 ) -> torch.Tensor:
     """flex_attention with a per-head BlockMask built from the layer's parts (and padding), (B, H, T, D) ->
     (B, H, T, D). One call in natural order: blocks that no part touches are skipped (for the strided pattern only
-    the causal half: see "The Sparse Transformer" in the README); `compile=False` runs flex's eager reference (tests).
+    the causal half: see docs/families/sparse.md); `compile=False` runs flex's eager reference (tests).
 
     On CPU flex_attention has no backward: a call that needs gradients there raises ValueError (the registered
     kernel falls back to "sparse_block" instead)."""

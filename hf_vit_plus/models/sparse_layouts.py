@@ -6,7 +6,7 @@ predicates, the key positions one query needs during cached decoding, and the LA
 each part in. Everything else reads the registry and never branches on a kind's name: the configs validate their
 settings through `pattern_from_config`, the models build their pattern with it, the kernels (`sparse_attention.py`)
 run the layouts a kind returns, the figures (`interpret.patterns`) and the command line list `ATTENTION_TYPES`.
-Adding a pattern is one class in this file (see "Add a sparse pattern" in the README).
+Adding a pattern is one class in this file (see docs/contributing/extending.md).
 
 The kinds (0-indexed absolute positions, query i, key j; causal patterns also require j <= i):
 

@@ -24,8 +24,8 @@ other then finds the first one's. A lock is taken over, with one warning, when
 
 - its process is gone (killed by SIGKILL or the OOM killer, the machine crashed): same host, pid not alive;
 - it cannot be read as a lock (empty, truncated, not JSON);
-- `overwrite=True` (--overwrite_output_dir) and it belongs to a live run on this host, or to a run on another host,
-  whose process cannot be checked from here (without `overwrite`, such a lock is refused like a live one).
+- `overwrite=True` (--overwrite_output_dir) and it belongs to a live run on the local host, or to a run on another
+  host, whose process cannot be checked from here (without `overwrite`, such a lock is refused like a live one).
 
 On exit (normal, an exception, KeyboardInterrupt) the lock is removed if it is still this run's: a run whose lock
 was taken over leaves the new holder's alone.
@@ -87,7 +87,7 @@ def output_dir_lock(
 
     Args:
         output_dir: The run's output folder; created if missing (by the main process).
-        overwrite: Take the folder over from a live run on this host or a run on another host, with a warning,
+        overwrite: Take the folder over from a live run on the local host or a run on another host, with a warning,
             instead of refusing (--overwrite_output_dir). Stale and unreadable locks are taken over either way.
         is_main_process: Whether this is the run's main process (`accelerator.is_main_process`); other processes
             neither take nor check the lock.
@@ -96,7 +96,8 @@ def output_dir_lock(
         A context manager yielding the lock file's path on the main process, None on the others.
 
     Raises:
-        UsageError: Another live run on this host, or a run on another host, holds the lock and `overwrite` is False.
+        UsageError: Another live run on the local host, or a run on another host, holds the lock and `overwrite` is
+            False.
     """
     if not is_main_process:
         yield None
@@ -263,7 +264,7 @@ def _parse(raw: bytes) -> LockHolder | None:
 
 
 def _alive(holder: LockHolder) -> bool:
-    """Whether the lock's process (on this host) still runs: the pid exists, is not a zombie, and, where Linux
+    """Whether the lock's process (on the local host) still runs: the pid exists, is not a zombie, and, where Linux
     tells, started when the lock's process did (else the pid was reused by an unrelated process)."""
     if os.name == "nt":  # os.kill(pid, 0) would terminate the process there: assume alive, refusing is safe
         return True

@@ -85,7 +85,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.device not in ("cuda", "cpu") and not args.device.startswith("cuda:"):
         p.error(f"--device must be cuda or cpu, got {args.device!r}")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
-        p.error(f"--device {args.device}: this machine has no CUDA device (torch {torch.__version__}); use cpu")
+        p.error(f"--device {args.device}: the local host has no CUDA device (torch {torch.__version__}); use cpu")
     defaults = dict(repeats=(1, 5), lengths=([256], [4096, 8192, 16384]), vit_batch=(2, 64), new_tokens=(4, 32),
                     decode_batch=(2, 16))  # fmt: skip
     for name, (quick, full) in defaults.items():

@@ -18,7 +18,7 @@ weights and full gradients at every layer of every step, and with glibc's defaul
 to 32 MiB) those blocks stay in its arenas, and the peak RSS of FSDP2 can come out above DDP's although it holds
 half the state. The workers therefore run with MALLOC_MMAP_THRESHOLD_=1 MiB (each allocation of 1 MiB or more mapped
 on its own and returned when freed), so that the RSS follows the tensors alive; --malloc_default measures glibc's
-default. `--output FILE.csv` writes the table's rows, in bytes, with the run's context
+default. `--output FILE.csv` writes the table's rows (MiB) with the run's context
 (scripts/benchmarks/result_rows.py), for the docs' Results page.
 
     python scripts/benchmarks/bench_sharding.py --output results/sharding_memory.csv
@@ -33,6 +33,7 @@ import resource
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from hf_vit_plus.cli_utils import CommandParser
@@ -150,6 +151,11 @@ def launch(args: argparse.Namespace, mode: str, processes: int, report: Path) ->
     return rows
 
 
+def _mib(n: float) -> str:
+    """Bytes in MiB for the result file: whole MiB as the table prints them, three decimals below 10 MiB."""
+    return f"{n / 2**20:.0f}" if n >= 10 * 2**20 else f"{n / 2**20:.3f}"
+
+
 def _mb(n: float) -> str:
     return f"{n / 2**20:,.0f}"
 
@@ -171,6 +177,7 @@ def main(argv: list[str] | None = None) -> None:
     print(header)
     print("|" + "---|" * header.count(" | ") + "---|")
     table = []
+    start = time.perf_counter()
     with tempfile.TemporaryDirectory() as scratch:
         for processes in args.process_counts:
             ddp = None
@@ -190,15 +197,19 @@ def main(argv: list[str] | None = None) -> None:
                     flush=True,
                 )
                 table.append({
-                    "processes": processes, "run": name, "image_size": args.image_size,
-                    "batch_size": args.batch_size, "steps": args.steps,
-                    "config_overrides": args.config_overrides, "malloc_default": args.malloc_default,
-                    "parameters_total": worst["parameters_total"], "parameters_bytes": worst["parameters"],
-                    "gradients_bytes": worst["gradients"], "optimizer_bytes": worst["optimizer"],
-                    "state_bytes": state, "state_vs_ddp": f"{state / ddp[0]:.3f}",
-                    "set_up_rss_bytes": max(r["set_up_rss"] for r in rows), "peak_rss_bytes": rss,
-                    "peak_rss_vs_ddp": f"{rss / ddp[1]:.3f}",
+                    "processes": processes, "run": name,
+                    "malloc": "glibc defaults" if args.malloc_default else "MALLOC_MMAP_THRESHOLD_=1048576",
+                    "params_mib": _mib(worst["parameters"]), "grads_mib": _mib(worst["gradients"]),
+                    "adam_state_mib": _mib(worst["optimizer"]), "state_mib": _mib(state),
+                    "state_vs_ddp": f"{state / ddp[0]:.3f}",
+                    "rss_after_setup_mib": _mib(max(r["set_up_rss"] for r in rows)), "peak_rss_mib": _mib(rss),
+                    "peak_rss_vs_ddp": f"{rss / ddp[1]:.2f}",
+                    "model": f"ViT ({args.config_overrides or 'ViTPlusConfig defaults'})",
+                    "parameters": f"{worst['parameters_total'] / 1e6:.1f}M", "optimizer": "AdamW fp32",
+                    "image_size": args.image_size, "batch_per_process": args.batch_size, "updates": args.steps,
                 })  # fmt: skip
+    for row in table:
+        row["whole_table_minutes"] = f"{(time.perf_counter() - start) / 60:.1f}"
     if args.output is not None:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         from result_rows import write_rows

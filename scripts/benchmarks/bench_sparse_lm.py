@@ -147,7 +147,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for attention_type in args.patterns.split(","):
         start = time.perf_counter()
         result = train_one(args, accelerator, attention_type.strip(), text)
-        accelerator.print(f"{attention_type}: done in {time.perf_counter() - start:.0f} s")
+        result["seconds"] = time.perf_counter() - start
+        accelerator.print(f"{attention_type}: done in {result['seconds']:.0f} s")
         results.append(result)
 
     dense = next((r for r in results if r["attention"] == "dense"), None)
@@ -169,14 +170,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         from result_rows import write_rows
 
+        unigram = unigram_entropy_bits(text["heldout"])
         rows = [
             {
-                "attention": r["attention"], "context": args.context, "layers": args.layers,
-                "hidden_size": args.hidden_size, "heads": args.heads, "stride": args.stride,
-                "summary_size": args.summary_size, "mode": args.mode, "steps": args.steps,
-                "batch_size": args.batch_size, "params": r["params"], "train_bpb": f"{r['train_bpb']:.4f}",
-                "heldout_bpb": f"{r['heldout_bpb']:.4f}", "step_s": f"{r['step_s']:.4f}",
+                "attention": r["attention"], "held_out_bits_per_byte": f"{r['heldout_bpb']:.4f}",
+                "s_per_step": f"{r['step_s']:.4f}",
                 "speed_vs_dense": f"{dense['step_s'] / r['step_s']:.3f}" if dense else "",
+                "layers": args.layers, "hidden_size": args.hidden_size, "heads": args.heads, "steps": args.steps,
+                "context": args.context, "stride": args.stride, "summary_size": args.summary_size,
+                "pattern_mode": args.mode, "unigram_bits_per_byte": f"{unigram:.4f}",
+                "minutes_per_model": f"{r['seconds'] / 60:.2f}", "params": r["params"],
+                "train_bits_per_byte": f"{r['train_bpb']:.4f}", "batch_size": args.batch_size,
             }
             for r in results
         ]  # fmt: skip

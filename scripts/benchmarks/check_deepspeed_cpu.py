@@ -1,4 +1,4 @@
-"""DeepSpeed ZeRO-2 and ZeRO-3 on CPU processes through Accelerate, against DDP: what the README reports.
+"""DeepSpeed ZeRO-2 and ZeRO-3 on CPU processes through Accelerate, against DDP (docs/guides/sharding.md).
 
 Accelerate's CPU runs use `Accelerator(cpu=True)`, which sets up plain DDP (`MULTI_CPU`) and drops a DeepSpeed
 request, and without it each process trains alone (`num_processes` 1). This script checks, outside the library's

@@ -363,6 +363,85 @@ FILES = (
         "processes",
         plot_import_time,
     ),
+    ResultFile(
+        "vit_cpu_attention_lengths.csv",
+        "`scripts/benchmarks/bench_vit.py --attention_lengths 17 33 65 97 129 197 257 --threads 2`",
+        "one attention layer's forward + backward on the CPU, torch's sdpa against the reference kernel, by the keys "
+        "a row holds: the measurement behind `attention.SHORT_CPU_SEQUENCE` ([Vision Transformer](families/vit.md))",
+    ),
+    ResultFile(
+        "vit_cpu_attention_update.csv",
+        "a training update of the built-in Fashion-MNIST ViT, timed by hand",
+        "the model time of one training update with each CPU attention kernel ([Vision Transformer](families/vit.md))",
+    ),
+    ResultFile(
+        "cpu_bf16_gemm_fallback.csv",
+        "the GEMM peak of `scripts/benchmarks/bench_vit.py`",
+        "bf16 against fp32 GEMM throughput on a CPU without bf16 instructions ([Vision Transformer](families/vit.md))",
+    ),
+    ResultFile(
+        "demo.csv",
+        "`hf-vit-plus demo --output_dir outputs/demo`",
+        "the demo's held-out accuracy and time ([Getting started](getting-started.md))",
+    ),
+    ResultFile(
+        "sparse_lm.csv",
+        "`scripts/benchmarks/bench_sparse_lm.py --output results/sparse_lm.csv`",
+        "sparse against dense language models of equal size and steps: held-out bits per byte and time per step "
+        "([Sparse Transformer](families/sparse.md))",
+    ),
+    ResultFile(
+        "image_lm_patterns.csv",
+        "`scripts/benchmarks/bench_image_lm.py`",
+        "dense, strided and fixed image models on Fashion-MNIST trained in lockstep: time per step, test bits/dim, "
+        "the step that reaches dense's final bits/dim ([Sparse Transformer](families/sparse.md))",
+    ),
+    ResultFile(
+        "image_lm_depth.csv",
+        "`scripts/benchmarks/bench_image_lm_depth.py`",
+        "a 48-layer image model with and without recomputation: activations kept, peak memory, and a training run "
+        "([Sparse Transformer](families/sparse.md))",
+    ),
+    ResultFile(
+        "image_lm_sampling.csv",
+        "`hf-vit-plus sample`, timed",
+        "seconds to sample 16 images of 28 x 28, with and without the cache, compiled "
+        "([Sparse Transformer](families/sparse.md))",
+    ),
+    ResultFile(
+        "learning_tests.csv",
+        "the learning tests (`pytest`; each prints what it reached)",
+        "what the learning tests reached against their baselines and thresholds",
+    ),
+    ResultFile(
+        "translation_sword.csv",
+        "`scripts/train_translation.py` (English -> Spanish Bible verses)",
+        "test BLEU and chrF of the last and the averaged checkpoints, beside a copy-the-source floor "
+        "([encoder-decoder Transformer](families/seq2seq.md))",
+    ),
+    ResultFile(
+        "translation_sword_curve.csv",
+        "`scripts/train_translation.py` (its validation every 400 steps)",
+        "the validation loss and greedy BLEU along the translation run "
+        "([encoder-decoder Transformer](families/seq2seq.md))",
+    ),
+    ResultFile(
+        "translation_malloc.csv",
+        "`scripts/train_translation.py`, the same 10 batches with each malloc setting",
+        "a training step's time with glibc's default malloc and with GLIBC_TUNABLES's higher thresholds "
+        "([encoder-decoder Transformer](families/seq2seq.md))",
+    ),
+    ResultFile(
+        "sharding_memory.csv",
+        "`scripts/benchmarks/bench_sharding.py --output results/sharding_memory.csv`",
+        "per-process memory of DDP and FSDP2 fine-tuning ViT-B/16 on CPU processes: the state's tensors, RSS after "
+        "set-up, peak RSS ([sharding](guides/sharding.md))",
+    ),
+    ResultFile(
+        "adamw_update_time.csv",
+        "an AdamW update timed on the CPU",
+        "torch's default (per-tensor) AdamW against the fused kernel ([training](guides/training.md))",
+    ),
 )
 CONTEXT = {"command", "date", "hf_vit_plus", "python", "torch", "transformers", "device", "threads", "machine"}
 

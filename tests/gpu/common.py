@@ -13,7 +13,7 @@ import torch
 from tests.conftest import MODEL_CASES, ModelCase
 
 CUDA = torch.cuda.is_available()
-needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device (this machine has none)")
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device (the local host has none)")
 # The CUDA cell first: `make gpu-check` reads it; the CPU cell is the same code on the CPU's kernels.
 DEVICES = [pytest.param("cuda", marks=needs_cuda), "cpu"]
 

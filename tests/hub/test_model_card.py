@@ -325,8 +325,8 @@ def test_model_cards_folder_holds_the_packaged_templates():
 
 
 def test_one_family_id_everywhere_and_the_old_card_name_is_accepted(tmp_path):
-    """The card families are the training families (`hf-vit-plus train vit|seq2seq|sparse-lm`); release 0.1's card
-    name of the LM, "sparse_lm", still renders the same card."""
+    """The card families are the training families (`hf-vit-plus train vit|seq2seq|sparse-lm`); the card
+    name of the LM saved by version 0.1.0 (commit ded34c8), "sparse_lm", still renders the same card."""
     from hf_vit_plus.training import FAMILIES as TRAINING_FAMILIES
 
     assert sorted(FAMILIES) == sorted(TRAINING_FAMILIES)

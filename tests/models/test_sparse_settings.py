@@ -74,7 +74,7 @@ def test_vit_defaults_are_resolved_in_the_config_and_saved_as_numbers(tmp_path):
     config.save_pretrained(tmp_path)
     saved = json.loads((tmp_path / "config.json").read_text())
     assert (saved["sparse_stride"], saved["sparse_summary_size"]) == (4, 1)
-    # A config file of release 0.1 holds null: it resolves the same way.
+    # A config file saved by version 0.1.0 (commit ded34c8) holds null: it resolves the same way.
     old = json.loads((REPO_ROOT / "tests/fixtures/release_0_1/vit/config.json").read_text())
     assert old["sparse_stride"] is None and old["sparse_summary_size"] is None
     loaded = ViTPlusConfig.from_dict(old)

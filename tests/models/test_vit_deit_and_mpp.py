@@ -48,7 +48,7 @@ def test_the_defaults_add_no_weights_and_no_token():
 def test_a_fresh_classifier_head_has_the_truncated_normal_init_and_a_saved_one_loads(head, tmp_path):
     """Every linear layer, the heads included, starts from the truncated normal of `initializer_range`: a zero head
     (the paper's fine-tuning head, sec. 3.2) would pass no gradient to the encoder at the first updates and slow the
-    demo's training from scratch (release 0.1's heads were random too)."""
+    demo's training from scratch (the heads saved by version 0.1.0, commit ded34c8, were random too)."""
     torch.manual_seed(0)
     fresh = ViTPlusForImageClassification(ViTPlusConfig(**TINY, classifier_head=head))
     weight, std = fresh.classifier.weight, fresh.config.initializer_range

@@ -14,6 +14,8 @@ import torch
 
 from tests.utils import REPO_ROOT
 
+CONTEXT = {"command", "date", "hf_vit_plus", "python", "torch", "transformers", "device", "threads", "machine"}
+
 
 def _run(script: str, *argv: str, cwd) -> None:
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
@@ -63,9 +65,12 @@ def test_bench_sparse_lm_writes_its_rows(tmp_path):
     rows = _rows(tmp_path / "lm.csv")
     assert [row["attention"] for row in rows] == ["strided", "dense"]
     for row in rows:
-        assert 0 < float(row["heldout_bpb"]) < 9 and float(row["step_s"]) > 0 and row["context"] == "2048"
+        assert 0 < float(row["held_out_bits_per_byte"]) < 9 and float(row["s_per_step"]) > 0
+        assert row["context"] == "2048" and 0 < float(row["unigram_bits_per_byte"]) < 8
     assert float(rows[1]["speed_vs_dense"]) == 1.0
     _context_is_this_run(rows[0], "bench_sparse_lm.py")
+    committed = _rows(REPO_ROOT / "results" / "sparse_lm.csv")[0]  # a run with --output can replace the file
+    assert [key for key in committed if key not in CONTEXT] == [key for key in rows[0] if key not in CONTEXT]
 
 
 def test_bench_sharding_writes_its_rows(tmp_path):
@@ -77,9 +82,12 @@ def test_bench_sharding_writes_its_rows(tmp_path):
     ddp, fsdp = rows
     assert float(ddp["state_vs_ddp"]) == 1.0
     # FSDP2 on 2 processes holds about half the parameters, gradients and Adam state of DDP in each process
-    assert int(fsdp["state_bytes"]) < 0.7 * int(ddp["state_bytes"])
-    parts = ("parameters_bytes", "gradients_bytes", "optimizer_bytes")
-    assert int(ddp["state_bytes"]) == sum(int(ddp[key]) for key in parts)
+    assert float(fsdp["state_mib"]) < 0.7 * float(ddp["state_mib"])
+    parts = ("params_mib", "grads_mib", "adam_state_mib")
+    assert abs(float(ddp["state_mib"]) - sum(float(ddp[key]) for key in parts)) < 0.003
+    # the columns of the committed file, so that a run with --output can replace it
+    committed = _rows(REPO_ROOT / "results" / "sharding_memory.csv")[0]
+    assert [key for key in committed if key not in CONTEXT] == [key for key in ddp if key not in CONTEXT]
     _context_is_this_run(ddp, "bench_sharding.py")
 
 

@@ -1,5 +1,5 @@
 """A full disk while training: one line, status 3, nothing half-written, and `--resume_from_checkpoint latest`
-finishes the run once there is room. With real faults: a small tmpfs that fills (where this machine lets the test
+finishes the run once there is room. With real faults: a small tmpfs that fills (where the host lets the test
 mount one: root, Linux), and a file-size limit (RLIMIT_FSIZE, `ulimit -f`) everywhere on POSIX."""
 
 from __future__ import annotations

@@ -171,7 +171,7 @@ def _questionnaire(monkeypatch, answers: dict) -> object:
     return cluster.get_cluster_input()
 
 
-MULTI_GPU = {"Which type of machine": "multi-GPU", "How many GPU(s)": "2"}  # then `accelerate launch` on this CPU
+MULTI_GPU = {"Which type of machine": "multi-GPU", "How many GPU(s)": "2"}  # then `accelerate launch` on the CPU
 
 
 @pytest.mark.parametrize(
