@@ -1,12 +1,12 @@
 """Opt-in fp32 math for bf16/fp16 linear layers on CPUs without native low-precision matrix instructions.
 
-On CPUs without AVX512-BF16 / AMX (e.g. AVX2-only x86), PyTorch's bf16/fp16 GEMMs fall back to slow reference
-loops: about 1-5 GFLOP/s against ~55 GFLOP/s per core in fp32 (measured on this project's 2-core AMD EPYC CI
-machine). `use_fp32_matmul_for_low_precision(model)` makes every `nn.Linear` / `nn.Conv2d` of a model compute such
-products in fp32 from the low-precision inputs and weights (every bf16/fp16 value is exactly representable in
-fp32, and accumulating in fp32 is what the native kernels do too) and round the result back to the dtype the caller
-expects (the input dtype, or the autocast dtype). Everywhere else (GPUs, fp32, CPUs with native bf16) the layers
-behave exactly as `nn.Linear` / `nn.Conv2d`.
+On CPUs without AVX512-BF16 / AMX (e.g. AVX2-only x86), PyTorch's bf16/fp16 GEMMs fall back to slow reference loops,
+many times slower than fp32 (`scripts/benchmarks/bench_vit.py` prints the GEMM peaks;
+results/cpu_bf16_gemm_fallback.csv holds a measurement). `use_fp32_matmul_for_low_precision(model)` makes every
+`nn.Linear` / `nn.Conv2d` of a model compute such products in fp32 from the low-precision inputs and weights (every
+bf16/fp16 value is exactly representable in fp32, and accumulating in fp32 is what the native kernels do too) and round
+the result back to the dtype the caller expects (the input dtype, or the autocast dtype). Everywhere else (GPUs, fp32,
+CPUs with native bf16) the layers behave exactly as `nn.Linear` / `nn.Conv2d`.
 
 This lives outside the model definitions on purpose: the models use the standard layers, which quantizers
 (`torch.ao.quantization.quantize_dynamic`), PEFT and exporters recognise by exact type. Opting in changes the

@@ -26,9 +26,9 @@ from .attention_reference import eager_attention_forward, sparse_padding_mask
 # exact O(n sqrt(n)) CPU kernel and flex_attention (trains on GPU).
 SPARSE_KERNEL_NAMES = ("sparse_dense", "sparse_block", "sparse_flex")
 # Up to this many keys, dense attention on the CPU runs the reference (matmul-softmax-matmul) instead of sdpa: sdpa's
-# CPU kernel (flash attention, blocked for long sequences) trains a ViT's 17 tokens (Fashion-MNIST, 7 x 7 patches)
-# 2.5-4.3x slower (forward + backward of a layer at batch 128, 2 threads: 3.5-5.7 ms against 1.3-1.4 ms), 1.1x at
-# 97-129 keys, and wins from about 150 (scripts/benchmarks/bench_vit.py --attention_lengths prints the table).
+# CPU kernel (flash attention, blocked for long sequences) trains a ViT's short sequences (17 tokens for
+# Fashion-MNIST's 7 x 7 patches) slower, and wins from about 150 keys (`scripts/benchmarks/bench_vit.py
+# --attention_lengths` prints the table; results/vit_cpu_attention_lengths.csv holds the rows).
 SHORT_CPU_SEQUENCE = 128
 
 

@@ -10,8 +10,8 @@
   `CutMix`), and the loss on soft targets with label smoothing (`soft_cross_entropy`).
 
 Crop, flip and erasing run on the batch because image by image they cost a large share of a small model's update
-(for a batch of 128 Fashion-MNIST images: 53 ms image by image, 4 ms for the batch, on one thread; README, ViT
-section). Evaluation images are never augmented.
+(`scripts/benchmarks/bench_small_data.py --time_augmentation` times both; results/small_data_augmentation.csv holds
+the rows). Evaluation images are never augmented.
 """
 
 from __future__ import annotations
@@ -145,12 +145,12 @@ class BatchAutoAugment:
     images as the transform gives called image by image after the same seed. Each image draws its operations and
     magnitudes from torch's global generator as the transform's `forward` draws them (the same numbers in the same
     order: the operation, the magnitude's bin for TrivialAugment, its sign), then each operation and magnitude drawn
-    runs once, through the transform's own code, on all the images that drew it: at most 23 calls per operation slot
-    of RandAugment (14 operations, 9 of them with either sign), where image by image a batch of 128 makes 256
-    (README, ViT section: 6.3 against 22.1 ms a batch of 128 Fashion-MNIST images on one thread, 3.5 against 6.4 ms
-    for 38 of them). A transform without the torchvision internals this reads
-    (`_AUGMENTATION_SPACE`, `_apply_image_or_video_transform`: the project's torchvision 0.29 has them, and the tests
-    check the result against the public transform) runs image by image."""
+    runs once, through the transform's own code, on all the images that drew it: at most 23 calls per operation slot of
+    RandAugment (14 operations, 9 of them with either sign), where image by image a batch of 128 makes 256
+    (`bench_small_data.py --time_augmentation` times both ways; results/small_data_augmentation.csv). A transform
+    without the torchvision internals this reads (`_AUGMENTATION_SPACE`, `_apply_image_or_video_transform`: the
+    project's torchvision 0.29 has them, and the tests check the result against the public transform) runs image by
+    image."""
 
     def __init__(self, transform: v2.RandAugment | v2.TrivialAugmentWide):
         if not isinstance(transform, (v2.RandAugment, v2.TrivialAugmentWide)):

@@ -28,11 +28,10 @@ fit slower grow with the time it has to fit, and the step size shrinks to DeiT's
 300 epochs gets DeiT's values and a short run on a small data set is neither regularised into under-fitting nor
 starved of updates. The mild regularisers (crops, erasing, dropped blocks) grow with s; DeiT's strongest ones
 (RandAugment, Mixup / CutMix) and the step size with t, so that a run of 30 epochs gets a tenth of them and 10 x
-DeiT's step size (1.25e-3 at batch 128). Both exponents are choices, not DeiT's, fitted to measurements on
-Fashion-MNIST (28 x 28 px, 45 minutes on a 2-core CPU; README, ViT section): at 14 epochs RandAugment on every image
-cost a point (87.86% against 88.87% without it) and a fifth of the time per update; at 31 epochs the recipe without
-RandAugment or mixing and with plain training's 2e-3 was the best ViT (89.83%), where s scaled everything (a batch in
-three mixed, RandAugment on every image, a step size of 3.8e-4). The cap of the learning rate is the ViT family's
+DeiT's step size (1.25e-3 at batch 128). Both exponents are choices, not DeiT's, fitted to 45-minute Fashion-MNIST
+runs of `scripts/benchmarks/bench_small_data.py` (their rows: results/small_data.csv, the docs' Results page): on
+those runs full RandAugment cost accuracy and time per update, and the recipe without RandAugment or mixing did
+better than one where s scaled everything. The cap of the learning rate is the ViT family's
 plain 2e-3 at batch 128 (Lee et al. 2021, "Vision Transformer for Small-Size Datasets", train small ViTs with
 DeiT's augmentation at 1e-3). At first the crop and the learning rate were not scaled at all: crops of a third of the
 image cut away the sleeves and collars that tell shirts, pullovers and coats apart, and 1.25e-4 left both the ViT and
@@ -149,9 +148,9 @@ def resolve_recipe(args, context: RecipeContext):
 def recipe_mixed_precision(recipe: str, device_type: str, sharded: bool) -> str | None:
     """The --mixed_precision of `recipe` on a `device_type` ("cpu", "cuda", ...) device, or None to leave it to
     Accelerate. DeiT trains under automatic mixed precision (fp16 autocast in its training engine); "deit" takes bf16
-    autocast (no loss scaling) where the device multiplies bf16 natively: on a 2-core AVX512-BF16 CPU a training
-    update of the Fashion-MNIST ViT takes 53-58 ms against 71-79 in fp32, of a width-128 one 69-75 against 104-108
-    (`bench_small_data.py --time_precision`). On CPUs without native bf16 products (AVX2) they are slow reference
+    autocast (no loss scaling) where the device multiplies bf16 natively, which shortens a training update on CPUs
+    with AVX512-BF16 or AMX (`bench_small_data.py --time_precision` measures it; results/small_data_update_time.csv
+    holds the rows). On CPUs without native bf16 products (AVX2) they are slow reference
     loops (`cpu_precision`): fp32 there. Runs sharded by FSDP or DeepSpeed keep their own precision settings (None)."""
     if recipe != "deit" or sharded:
         return None
