@@ -61,7 +61,9 @@ def find_chromium(explicit: str | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from hf_vit_plus.cli_utils import CommandParser
+
+    parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pages", nargs="+", default=list(PAGES), help="pages under docs/ to capture")
     parser.add_argument("--width", type=int, default=1280, help="window width in CSS pixels")
     parser.add_argument("--height", type=int, default=900, help="window height in CSS pixels")
