@@ -3,20 +3,13 @@ with them, it shows every file under results/, and the plots it names exist."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 
-from tests.utils import REPO_ROOT
+from tests.utils import REPO_ROOT, load_script
 
 
 def _pages():
-    path = REPO_ROOT / "scripts" / "docs" / "results_pages.py"
-    spec = importlib.util.spec_from_file_location("results_pages", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks its module up
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/docs/results_pages.py")
 
 
 def test_the_results_page_is_what_the_result_files_give():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.util
 import io
 import json
 import logging
@@ -35,6 +36,17 @@ BLOCK_PACKAGE = textwrap.dedent(
     sys.path = [p for p in sys.path if p not in ("", ".") and "hf_vit_plus" not in p]
     """
 )
+
+
+def load_script(relative_path: str):
+    """A script of the repository (e.g. "scripts/benchmarks/bench_vit.py") loaded as a module, without running its
+    `main`: registered in sys.modules under its file name, since dataclasses look their module up while it runs."""
+    path = REPO_ROOT / relative_path
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def run_without_package(

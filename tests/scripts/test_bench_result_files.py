@@ -12,7 +12,7 @@ import sys
 
 import torch
 
-from tests.utils import REPO_ROOT
+from tests.utils import REPO_ROOT, load_script
 
 CONTEXT = {"command", "date", "hf_vit_plus", "python", "torch", "transformers", "device", "threads", "machine"}
 
@@ -152,13 +152,7 @@ def test_bench_small_data_timings_write_their_rows(tmp_path):
 
 
 def _bench_int8_quality():
-    import importlib.util
-
-    path = REPO_ROOT / "scripts" / "benchmarks" / "bench_int8_quality.py"
-    spec = importlib.util.spec_from_file_location("bench_int8_quality", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/benchmarks/bench_int8_quality.py")
 
 
 def test_bench_int8_quality_writes_the_columns_of_its_result_file(tmp_path, monkeypatch):

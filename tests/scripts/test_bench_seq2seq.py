@@ -3,21 +3,15 @@ script on a quiet machine, not asserted here). FastDecoding runs uncompiled to k
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
-from tests.utils import REPO_ROOT
+from tests.utils import REPO_ROOT, load_script
 
 pytest.importorskip("ctranslate2")
 
 
 def _bench():
-    path = REPO_ROOT / "scripts" / "benchmarks" / "bench_seq2seq.py"
-    spec = importlib.util.spec_from_file_location("bench_seq2seq", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/benchmarks/bench_seq2seq.py")
 
 
 def test_quick_run_prints_the_tables(capsys, tmp_path):

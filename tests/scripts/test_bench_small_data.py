@@ -4,21 +4,16 @@ asserted here.)"""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.utils import REPO_ROOT
+from tests.utils import load_script
 
 
 def _bench():
-    path = REPO_ROOT / "scripts" / "benchmarks" / "bench_small_data.py"
-    spec = importlib.util.spec_from_file_location("bench_small_data", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/benchmarks/bench_small_data.py")
 
 
 def test_every_row_is_a_train_run_of_the_issues_table():

@@ -4,7 +4,6 @@ the gpu tests: see the README, "GPU check")."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -13,17 +12,13 @@ import sys
 import pytest
 import torch
 
-from tests.utils import REPO_ROOT
+from tests.utils import REPO_ROOT, load_script
 
 SCRIPT = REPO_ROOT / "scripts" / "gpu_check.sh"
 
 
 def _bench():
-    path = REPO_ROOT / "scripts" / "benchmarks" / "bench_gpu.py"
-    spec = importlib.util.spec_from_file_location("bench_gpu", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/benchmarks/bench_gpu.py")
 
 
 def test_quick_cpu_run_writes_every_part(tmp_path, capsys):

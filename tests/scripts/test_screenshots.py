@@ -4,16 +4,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import struct
 
 import pytest
 
-from tests.utils import REPO_ROOT
+from tests.utils import load_script
 
-SPEC = importlib.util.spec_from_file_location("screenshots", REPO_ROOT / "scripts" / "docs" / "screenshots.py")
-screenshots = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(screenshots)
+screenshots = load_script("scripts/docs/screenshots.py")
 
 
 @pytest.mark.parametrize(

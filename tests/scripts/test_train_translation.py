@@ -8,7 +8,6 @@ numbers written as digits ("en") -> English words ("words"), no network.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -20,15 +19,11 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from hf_vit_plus.data.number_words import number_to_words
 from hf_vit_plus.hub.card import load_card_metadata, validate_card_metadata
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.utils import load_script
 
 
 def _load_script():
-    spec = importlib.util.spec_from_file_location("train_translation", REPO_ROOT / "scripts" / "train_translation.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/train_translation.py")
 
 
 def _write_wmt_layout(folder: Path) -> Path:

@@ -9,7 +9,6 @@ pytest-xdist: each matrix runs its one-thread cells two at a time on the two cor
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import os
 import subprocess
@@ -18,17 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.utils import REPO_ROOT
+from tests.utils import load_script
 
 pytestmark = pytest.mark.learning
 
 
 def _matrix():
-    spec = importlib.util.spec_from_file_location("learning_matrix", REPO_ROOT / "scripts" / "learning_matrix.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up while the module runs
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/learning_matrix.py")
 
 
 # The runs shortened to keep the pass within CI's time, through the same defaults (the schedule and warm-up follow
