@@ -243,7 +243,7 @@ class SparseTransformerAttention(nn.Module):
         value = split_heads(self.v_proj(hidden_states), self.num_heads)  # (B, H, Tq, Dh)
         if cache is not None:
             key, value = cache.update(key, value, self.layer_idx)
-            if context.static:
+            if is_static_cache(cache):
                 # A static cache returns its whole buffer; the slots after the current token are empty. (Only there:
                 # a dynamic cache's length is already Tk, and a slice by a traced length would make it data-dependent
                 # under torch.export.)
