@@ -308,6 +308,11 @@ class TrainingArguments:
         "Accelerate's FSDP plugin; on CPU too); start the run with accelerate launch or torchrun",
     )
     fsdp_config: str | None = _option(None, lambda family: _fsdp_config_help())
+    ddp_timeout: int = _option(
+        1800,
+        "seconds a process waits for the others in a collective operation (transformers' --ddp_timeout): a process "
+        "that stops answering ends the run after this long, naming it",
+    )
     seed: int = _option(42, "random seed of the initial weights and of the data order")
     # --- logging, evaluation, checkpoints
     logging_steps: int = _option(10, "log the mean training loss every N updates")
@@ -550,6 +555,7 @@ VALUE_CHECKS: dict[str, Callable[[str, Any], None]] = {
             "max_train_samples",
             "max_eval_samples",
             "save_total_limit",
+            "ddp_timeout",
         ),
         _positive,
     ),  # fmt: skip
@@ -581,7 +587,7 @@ REQUIRED_VALUES = {
     "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps", "logging_steps",
     "max_source_length", "max_target_length", "block_size", "vocab_size", "dataloader_num_workers", "seed",
     "learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm", "warmup_ratio",
-    "divergence_factor",
+    "divergence_factor", "ddp_timeout",
     "validation_split_percentage", "label_smoothing_factor",
 }  # fmt: skip
 # Required values that a family with recipes (`--recipe`) may leave unset: the recipe sets them when the run starts.
