@@ -418,10 +418,6 @@ class TrainingArguments:
                     "--lora_r trains an adapter of a pre-trained model: give it with --model_name_or_path (an adapter "
                     "of freshly initialised weights would be useless without them)."
                 )
-            if self.fsdp:
-                raise UsageError(  # the sharded save gathers into the model's own class, which has no adapter
-                    "--lora_r and --fsdp together are not supported: train the adapter without --fsdp."
-                )
         elif self.lora_alpha is not None or self.lora_target_modules is not None:
             raise UsageError("--lora_alpha and --lora_target_modules need --lora_r (the adapter's rank).")
         if self.lora_alpha is not None:
