@@ -393,3 +393,39 @@ def test_a_process_that_stops_answering_ends_the_run_within_the_timeout_naming_i
     assert complete and all(checkpoint_problem(path) is None for path in complete)
     assert str(complete[-1]) in lines[0]
     assert launcher.returncode != 0
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_a_two_machine_run_saves_its_checkpoints_quietly(tmp_path):
+    """Two `accelerate launch --num_machines 2` on loopback, one process each, a language model with tied weights and a
+    checkpoint at every update: no "Removed shared tensor {'lm_head.weight'} while saving" (accelerate's, once per
+    save and process: 600 lines in a 2-machine run) and no other per-save line."""
+    output_dir = tmp_path / "run"
+    port = str(_free_port())
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO_ROOT))
+    launchers = [
+        subprocess.Popen(
+            [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_machines", "2",
+             "--num_processes", "2", "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1",
+             "--main_process_port", port, "--mixed_precision", "no", "--dynamo_backend", "no",
+             "-m", "hf_vit_plus.cli", "train", "sparse-lm", "--output_dir", str(output_dir),
+             "--config_overrides", TINY["sparse-lm"], "--max_train_samples", "64", "--max_eval_samples", "8",
+             "--block_size", "32", "--per_device_train_batch_size", "4", "--max_steps", "3", "--save_steps", "1",
+             "--report_to", "none", "--write_card", "false"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+        )  # fmt: skip
+        for rank in (0, 1)
+    ]
+    outputs = [launcher.communicate(timeout=600)[0] for launcher in launchers]
+    for launcher, output in zip(launchers, outputs):
+        assert launcher.returncode == 0, output[-4000:]
+        assert "Removed shared tensor" not in output and "[RANK" not in output, output[-4000:]
+    assert "2 processes on 2 machines" in outputs[0], outputs[0][-3000:]
+    assert (output_dir / "checkpoints" / "checkpoint-3").is_dir() and (output_dir / "model.safetensors").is_file()
