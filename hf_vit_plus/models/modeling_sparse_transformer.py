@@ -466,13 +466,14 @@ class SparseTransformerModel(SparseTransformerPreTrainedModel):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of `input_ids` (batch, seq) and `inputs_embeds` (batch, seq, hidden).")
         if input_ids is not None:
-            check_token_ids("input_ids", input_ids, self.embeddings.embed_tokens.num_embeddings)
+            alongside = {"position_ids": position_ids, "attention_mask": attention_mask}
+            check_token_ids("input_ids", input_ids, self.embeddings.embed_tokens.num_embeddings, alongside=alongside)
         elif inputs_embeds.dim() != 3:
             raise ValueError(
                 f"`inputs_embeds` must have shape (batch, seq_len, hidden_size), got {tuple(inputs_embeds.shape)}."
             )
         else:
-            check_not_empty("inputs_embeds", tuple(inputs_embeds.shape))
+            check_not_empty("inputs_embeds", tuple(inputs_embeds.shape), {"position_ids": position_ids})
         output_attentions = config_flag(output_attentions, self.config, "output_attentions")
         output_hidden_states = config_flag(output_hidden_states, self.config, "output_hidden_states")
         return_dict = config_flag(return_dict, self.config, "return_dict", default=True)

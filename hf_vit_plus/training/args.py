@@ -308,6 +308,11 @@ class TrainingArguments:
         "Accelerate's FSDP plugin; on CPU too); start the run with accelerate launch or torchrun",
     )
     fsdp_config: str | None = _option(None, lambda family: _fsdp_config_help())
+    ddp_timeout: int = _option(
+        1800,
+        "seconds a process waits for the others in a collective operation (transformers' --ddp_timeout): a process "
+        "that stops answering ends the run after this long, naming it",
+    )
     seed: int = _option(42, "random seed of the initial weights and of the data order")
     # --- logging, evaluation, checkpoints
     logging_steps: int = _option(10, "log the mean training loss every N updates")
@@ -412,10 +417,6 @@ class TrainingArguments:
                 raise UsageError(
                     "--lora_r trains an adapter of a pre-trained model: give it with --model_name_or_path (an adapter "
                     "of freshly initialised weights would be useless without them)."
-                )
-            if self.fsdp:
-                raise UsageError(  # the sharded save gathers into the model's own class, which has no adapter
-                    "--lora_r and --fsdp together are not supported: train the adapter without --fsdp."
                 )
         elif self.lora_alpha is not None or self.lora_target_modules is not None:
             raise UsageError("--lora_alpha and --lora_target_modules need --lora_r (the adapter's rank).")
@@ -550,6 +551,7 @@ VALUE_CHECKS: dict[str, Callable[[str, Any], None]] = {
             "max_train_samples",
             "max_eval_samples",
             "save_total_limit",
+            "ddp_timeout",
         ),
         _positive,
     ),  # fmt: skip
@@ -581,7 +583,7 @@ REQUIRED_VALUES = {
     "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps", "logging_steps",
     "max_source_length", "max_target_length", "block_size", "vocab_size", "dataloader_num_workers", "seed",
     "learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm", "warmup_ratio",
-    "divergence_factor",
+    "divergence_factor", "ddp_timeout",
     "validation_split_percentage", "label_smoothing_factor",
 }  # fmt: skip
 # Required values that a family with recipes (`--recipe`) may leave unset: the recipe sets them when the run starts.

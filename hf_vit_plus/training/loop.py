@@ -31,6 +31,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,7 @@ from .ema import ModelEma
 from .families import TrainingData, TrainingFamily, get_family, weights_from_main_process
 from .learning import DivergenceGuard, LearningCheck, check_learning
 from .outputs import check_push_target, prefixed_metrics, save_final
+from .peers import peers_answer
 from .plan import ResumePoint, RunPlan, describe, plan_resume, plan_run
 from .run_lock import output_dir_lock
 from .sharding import (
@@ -201,7 +203,8 @@ def train(args: TrainingArguments, family: TrainingFamily | None = None) -> Trai
             refusal = broadcast_object_list([refusal])[0]
         if refusal is not None:
             raise UsageError(refusal)
-        return _train(plan, family, accelerator)
+        with peers_answer(accelerator, args.ddp_timeout, args.output_dir):
+            return _train(plan, family, accelerator)
 
 
 def _train(plan: RunPlan, family: TrainingFamily, accelerator: Accelerator) -> TrainResult:
@@ -249,11 +252,13 @@ def create_accelerator(plan: RunPlan | TrainingArguments) -> Accelerator:
     refuse_before_start(request, on_cpu)
     plugin = fsdp_plugin(request)
     zero = deepspeed_plugin(request, args, on_cpu)
-    handlers = []
+    # --ddp_timeout: how long a collective operation waits for a process that stopped answering
+    group = {"timeout": timedelta(seconds=args.ddp_timeout)}
     if zero is not None and on_cpu:
         # DeepSpeed on CPU processes: not Accelerator(cpu=True), which sets up DDP instead (so does a launcher's
         # use_cpu), but DeepSpeed's CPU accelerator over gloo
-        handlers = [InitProcessGroupKwargs(backend="gloo")]
+        group["backend"] = "gloo"
+    handlers = [InitProcessGroupKwargs(**group)]
     with keep_environment("ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED", "ACCELERATE_USE_CPU"):
         if zero is not None:
             os.environ.pop("ACCELERATE_USE_CPU", None)

@@ -4,7 +4,8 @@ A run's arguments leave some choices open, and the answers depend on the machine
 
 - precision: --mixed_precision, else the launcher's (`accelerate launch` sets ACCELERATE_MIXED_PRECISION from its
   config), else --recipe's (`recipes.recipe_mixed_precision`: "deit" takes bf16 autocast where the device multiplies
-  bf16 natively), else Accelerate's default;
+  bf16 natively, fp32 for a convolutional network whose feature maps shrink to 1 x 1 on the CPU), else Accelerate's
+  default;
 - sharding: what --fsdp / --fsdp_config and the launcher's environment ask for (`sharding.ParallelismRequest`);
 - activation checkpointing: --activation_checkpointing, or asked for by the FSDP config (the model's own
   checkpointing then, never the plugin's wrapper);
@@ -100,9 +101,21 @@ def _decide_precision(args: TrainingArguments, request: ParallelismRequest, on_c
     if is_initialized():
         return args, "an earlier run in this process"
     device = "cpu" if on_cpu else torch.accelerator.current_accelerator().type
-    value = recipe_mixed_precision(args.recipe, device, sharded=_sharded(request))
+    sharded = _sharded(request)
+    value = recipe_mixed_precision(args.recipe, device, sharded=sharded)
+    chosen_by = f"--recipe {args.recipe}"
+    if value == "bf16" and device == "cpu":  # unless the model's feature maps are too small for bf16's backward
+        from .families import get_family
+
+        side = get_family(args.family).smallest_feature_map(args)
+        if recipe_mixed_precision(args.recipe, device, sharded=sharded, smallest_feature_map=side) == "no":
+            value = "no"
+            chosen_by += (
+                f", not bf16: the {args.model_type}'s feature maps shrink to {side} x {side}, where torch's bf16 "
+                "backward on the CPU gives non-finite gradients"
+            )
     if value:
-        return dataclasses.replace(args, mixed_precision=value), f"--recipe {args.recipe}"
+        return dataclasses.replace(args, mixed_precision=value), chosen_by
     return args, "the default"
 
 

@@ -234,8 +234,6 @@ def test_lora_flags_are_checked_before_training(tmp_path):
         family_arguments("vit", output_dir=str(tmp_path), lora_r=4)
     with pytest.raises(UsageError, match="--lora_r must be a positive integer, got 0"):
         family_arguments("vit", output_dir=str(tmp_path), lora_r=0, model_name_or_path=str(tmp_path))
-    with pytest.raises(UsageError, match="--lora_r and --fsdp together are not supported"):
-        family_arguments("vit", output_dir=str(tmp_path), lora_r=4, model_name_or_path=str(tmp_path), fsdp=True)
     with pytest.raises(UsageError, match="--lora_target_modules need --lora_r"):
         family_arguments("vit", output_dir=str(tmp_path), lora_target_modules=["q_proj"])
     model = FAMILY_CASES["vit"].model()

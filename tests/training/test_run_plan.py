@@ -121,3 +121,72 @@ def test_resuming_reads_the_checkpoint_and_its_processor_into_the_plan(tmp_path)
     # a plain run plans no resume and no processor
     fresh = plan_resume(plan_run(args), get_family("seq2seq"))
     assert fresh.resume is None and fresh.processor_from is None and fresh.args.tokenizer_name is None
+
+
+FP32_FOR_1X1 = "--recipe deit, not bf16: the resnet's feature maps shrink to 1 x 1"
+
+
+@pytest.mark.parametrize(
+    "dataset, model_type, precision, reason",
+    [
+        ("digits", "resnet", "no", FP32_FOR_1X1),  # 8 x 8 images: 2 x 2 after the stem, 1 x 1 from the second stage
+        ("fashion-mnist", "resnet", "bf16", None),  # 28 x 28: the smallest map is 2 x 2
+        ("digits", None, "bf16", None),  # the ViT has no feature maps
+    ],
+)
+def test_the_recipe_trains_a_cnn_whose_maps_shrink_to_1x1_in_fp32_on_the_cpu(
+    tmp_path, monkeypatch, dataset, model_type, precision, reason
+):
+    """transformers' ResNet under the recipe's bf16 autocast on the 8 x 8 digits sometimes got non-finite gradients
+    on the CPU (BatchNorm over 1 x 1 maps); the divergence guard stopped the run. The recipe takes fp32 for it and
+    says why in the precision line; on CPUs with native bf16 products everything else keeps bf16."""
+    from accelerate.state import AcceleratorState
+
+    from hf_vit_plus.models import compat
+
+    AcceleratorState._reset_state(True)
+    monkeypatch.setattr(compat, "cpu_has_native_bf16_products", lambda: True)
+    overrides = dict(recipe="deit", dataset_name=dataset, model_type=model_type)
+    if model_type:
+        overrides["config_overrides"] = None  # the ResNet's own sizes (TRANSFORMERS_CONFIGS)
+    plan = plan_run(tiny(tmp_path, **overrides))
+    assert plan.args.mixed_precision == precision
+    if reason:
+        assert plan.precision_from.startswith(reason) and "non-finite gradients" in plan.precision_from
+    else:
+        assert plan.precision_from == "--recipe deit"
+
+
+@pytest.mark.parametrize("dataset, side", [("digits", 1), ("fashion-mnist", 2)])
+def test_the_smallest_feature_map_is_the_real_models(tmp_path, dataset, side):
+    """`smallest_feature_map` runs the fresh model on the meta device: the same sides as a real forward."""
+    import torch
+    from transformers import AutoModelForImageClassification
+
+    from hf_vit_plus.training.families import get_family
+
+    family = get_family("vit")
+    args = tiny(tmp_path, dataset_name=dataset, model_type="resnet", config_overrides=None)
+    assert family.smallest_feature_map(args) == side
+    shape = family.default_config(args)
+    model = AutoModelForImageClassification.from_config(family.transformers_config(args, {})).eval()
+    with torch.no_grad():
+        pixels = torch.zeros(1, shape["num_channels"], shape["image_size"], shape["image_size"])
+        hidden = model(pixel_values=pixels, output_hidden_states=True).hidden_states
+    assert min(min(h.shape[-2:]) for h in hidden) == side
+    assert family.smallest_feature_map(tiny(tmp_path, dataset_name=dataset)) is None  # the ViT
+
+
+def test_the_first_lines_say_why_the_cnn_trains_in_fp32(tmp_path, monkeypatch):
+    from accelerate.state import AcceleratorState
+
+    from hf_vit_plus.models import compat
+
+    AcceleratorState._reset_state(True)
+    monkeypatch.setattr(compat, "cpu_has_native_bf16_products", lambda: True)
+    args = tiny(tmp_path, recipe="deit", dataset_name="digits", model_type="resnet", config_overrides=None)
+    with run_report() as report:
+        result = train(args)
+    assert result.global_step == 1
+    precision = next(line for line in report.getvalue().splitlines() if line.startswith("Precision: "))
+    assert precision.startswith(f"Precision: fp32 (chosen by {FP32_FOR_1X1}"), precision
