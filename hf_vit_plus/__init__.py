@@ -95,7 +95,6 @@ if TYPE_CHECKING:
 __getattr__, __dir__ = lazy_attributes(__name__, _LAZY_NAMES)
 
 
-
 def _imported_by_the_command() -> bool:
     """Whether the `hf-vit-plus` command imports the package: the script installers write for it (pip, uv,
     setuptools: `hf-vit-plus`, `hf-vit-plus.exe` or `hf-vit-plus-script.py` on Windows) is the program, `argv[0]`."""

@@ -327,7 +327,7 @@ def test_a_missing_extra_stops_the_command_with_one_line(monkeypatch, tmp_path, 
         package_logging.reset_verbosity()  # the command set the package's level (info)
     assert code == 1
     assert capsys.readouterr().err.strip().splitlines() == [
-        'hf-vit-plus train vit: error: hf-vit-plus train needs tensorboard (not installed): '
+        "hf-vit-plus train vit: error: hf-vit-plus train needs tensorboard (not installed): "
         'pip install "hf_vit_plus[train]"'
     ]
     assert not (tmp_path / "run").exists()

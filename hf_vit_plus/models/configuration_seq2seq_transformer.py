@@ -41,14 +41,31 @@ SINUSOID_LAYOUTS = ("interleaved", "halves")
 # The kind of each field, checked before anything else (config_checks.check_fields); relations come after.
 FIELD_CHECKS = {
     **dict.fromkeys(
-        ("vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
-         "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "max_position_embeddings",
-         "encoder_sparse_stride", "encoder_sparse_num_summary_blocks"),
+        (
+            "vocab_size",
+            "d_model",
+            "encoder_layers",
+            "decoder_layers",
+            "encoder_attention_heads",
+            "decoder_attention_heads",
+            "encoder_ffn_dim",
+            "decoder_ffn_dim",
+            "max_position_embeddings",
+            "encoder_sparse_stride",
+            "encoder_sparse_num_summary_blocks",
+        ),
         check_positive_int,
     ),  # fmt: skip
     **dict.fromkeys(
-        ("scale_embedding", "normalize_before", "tie_word_embeddings", "use_cache", "is_encoder_decoder",
-         "share_encoder_decoder_embeddings", "add_final_logits_bias"),
+        (
+            "scale_embedding",
+            "normalize_before",
+            "tie_word_embeddings",
+            "use_cache",
+            "is_encoder_decoder",
+            "share_encoder_decoder_embeddings",
+            "add_final_logits_bias",
+        ),
         check_bool,
     ),  # fmt: skip
     **dict.fromkeys(("dropout", "attention_dropout", "activation_dropout", "label_smoothing"), check_probability),

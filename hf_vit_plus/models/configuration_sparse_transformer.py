@@ -38,8 +38,16 @@ PIXEL_LEVELS = 256  # an image model's tokens 0..255 are 8-bit intensities; its 
 # The kind of each field, checked before anything else (config_checks.check_fields); relations come after.
 FIELD_CHECKS = {
     **dict.fromkeys(
-        ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-         "max_position_embeddings", "sparse_stride", "sparse_num_summary_blocks"),
+        (
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "intermediate_size",
+            "max_position_embeddings",
+            "sparse_stride",
+            "sparse_num_summary_blocks",
+        ),
         check_positive_int,
     ),  # fmt: skip
     "hidden_act": check_activation,

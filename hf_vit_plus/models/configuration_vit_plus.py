@@ -69,8 +69,16 @@ POSITION_INTERPOLATIONS = ("bicubic_antialias", "bicubic")
 # The kind of each field, checked before anything else (config_checks.check_fields); relations come after.
 FIELD_CHECKS = {
     **dict.fromkeys(
-        ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "image_size", "patch_size",
-         "num_channels", "sparse_num_summary_blocks"),
+        (
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "intermediate_size",
+            "image_size",
+            "patch_size",
+            "num_channels",
+            "sparse_num_summary_blocks",
+        ),
         check_positive_int,
     ),  # fmt: skip
     "hidden_act": check_activation,

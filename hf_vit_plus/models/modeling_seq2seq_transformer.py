@@ -158,7 +158,11 @@ class Seq2SeqTransformerAttention(nn.Module):
 
         # A sparse self-attention's attention_mask is None or the (B, Tk) boolean padding mask (True = real token).
         implementation = select_attention_kernel(
-            self.config._attn_implementation, self.sparse_pattern, query.device.type, output_attentions, seq_len,
+            self.config._attn_implementation,
+            self.sparse_pattern,
+            query.device.type,
+            output_attentions,
+            seq_len,
             head_dim=query.shape[-1],
         )
         attention_fn = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
@@ -469,6 +473,7 @@ class Seq2SeqTransformerPreTrainedModel(HubMixin, PreTrainedModel):
     Args:
         config: the model's `Seq2SeqTransformerConfig`.
     """
+
     config_class = Seq2SeqTransformerConfig
     base_model_prefix = "model"
     main_input_name = "input_ids"
@@ -938,8 +943,6 @@ def _sparse_key_mask(attention_mask: torch.Tensor | None, batch_size: int, seq_l
             f"{seq_len}) (1 = real token, 0 = padding), got shape {tuple(attention_mask.shape)}."
         )
     return sparse_padding_mask(batch_size, seq_len, seq_len, attention_mask=attention_mask)
-
-
 
 
 __all__ = [

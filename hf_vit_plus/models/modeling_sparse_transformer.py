@@ -250,7 +250,11 @@ class SparseTransformerAttention(nn.Module):
                 key, value = key[:, :, : context.kv_length], value[:, :, : context.kv_length]  # (B, H, Tk, Dh)
         dropout = self.attention_dropout if self.training else 0.0
         implementation = select_attention_kernel(
-            self.config._attn_implementation, self.sparse_pattern, query.device.type, output_attentions, seq_len,
+            self.config._attn_implementation,
+            self.sparse_pattern,
+            query.device.type,
+            output_attentions,
+            seq_len,
             head_dim=query.shape[-1],
         )
         attention_fn = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
@@ -357,6 +361,7 @@ class SparseTransformerPreTrainedModel(HubMixin, PreTrainedModel):
     Args:
         config: the model's `SparseTransformerConfig`.
     """
+
     config_class = SparseTransformerConfig
     base_model_prefix = "model"
     main_input_name = "input_ids"
@@ -1004,8 +1009,6 @@ class SparseTransformerForImageGeneration(SparseTransformerForCausalLM):
             return logits
         not_pixel = torch.arange(logits.shape[-1], device=logits.device) >= PIXEL_LEVELS
         return logits.masked_fill(not_pixel, float("-inf"))
-
-
 
 
 __all__ = [

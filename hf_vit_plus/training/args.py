@@ -153,6 +153,7 @@ class TrainingArguments:
         family: the family the run trains (a key of `hf_vit_plus.families.FAMILIES`): which fields apply, and the
             defaults that depend on its built-in data set and recipe.
     """
+
     family: str = "vit"
     output_dir: str = _option("outputs/run", "where the final model, card, figures, logs and checkpoints/ go")
     overwrite_output_dir: bool = _option(

@@ -34,6 +34,7 @@ HEADS_TO_SAVE = {"vit": ("classifier",)}
 # task (our registration, or the checkpoint's remote code). PEFT has no task type of image classification.
 PEFT_TASK_TYPES = {"seq2seq": "SEQ_2_SEQ_LM", "sparse-lm": "CAUSAL_LM", "image-lm": "CAUSAL_LM"}
 
+
 def add_lora(
     model,
     family: str,

@@ -42,15 +42,21 @@ FAMILY_ARGS = {
     "seq2seq": dict(
         config_overrides="d_model=32,encoder_layers=2,decoder_layers=2,encoder_attention_heads=2,"
         "decoder_attention_heads=2,encoder_ffn_dim=64,decoder_ffn_dim=64",
-        max_train_samples=96, max_eval_samples=8, vocab_size=300,
+        max_train_samples=96,
+        max_eval_samples=8,
+        vocab_size=300,
     ),  # fmt: skip
     "sparse-lm": dict(
         config_overrides="hidden_size=32,num_hidden_layers=2,num_attention_heads=2,intermediate_size=64,sparse_stride=8",
-        max_train_samples=96, max_eval_samples=8, block_size=32, vocab_size=300,
+        max_train_samples=96,
+        max_eval_samples=8,
+        block_size=32,
+        vocab_size=300,
     ),  # fmt: skip
     "image-lm": dict(
         config_overrides="hidden_size=16,num_hidden_layers=2,num_attention_heads=2,intermediate_size=32",
-        max_train_samples=96, max_eval_samples=8,
+        max_train_samples=96,
+        max_eval_samples=8,
     ),  # fmt: skip
 }
 
@@ -348,10 +354,24 @@ def test_accelerate_config_shards_on_cpu_on_one_machine_and_on_two(tmp_path):
     port = str(_free_port())
     launchers = [
         subprocess.Popen(
-            _launch(config, "--num_machines", "2", "--num_processes", "2", "--machine_rank", str(rank),
-                    "--main_process_ip", "127.0.0.1", "--main_process_port", port)
+            _launch(
+                config,
+                "--num_machines",
+                "2",
+                "--num_processes",
+                "2",
+                "--machine_rank",
+                str(rank),
+                "--main_process_ip",
+                "127.0.0.1",
+                "--main_process_port",
+                port,
+            )
             + ["--output_dir", str(two), "--max_steps", "4", "--save_steps", "2", *LM_FLAGS],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=_env(),
         )  # fmt: skip
         for rank in (0, 1)
     ]

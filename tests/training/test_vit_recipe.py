@@ -171,9 +171,7 @@ def test_a_cnn_whose_maps_shrink_to_1x1_trains_in_fp32_on_the_cpu(monkeypatch):
         (dict(recipe="none"), {}, True, "no"),  # Accelerate's default
     ],
 )
-def test_the_run_trains_and_records_the_recipes_precision(
-    tmp_path, monkeypatch, flags, environ, native, expected
-):
+def test_the_run_trains_and_records_the_recipes_precision(tmp_path, monkeypatch, flags, environ, native, expected):
     from hf_vit_plus.models import compat
 
     monkeypatch.setattr(compat, "cpu_has_native_bf16_products", lambda: native)

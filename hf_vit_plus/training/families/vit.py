@@ -58,7 +58,10 @@ BUILTIN_VIT_CONFIGS = {"digits": DIGITS_VIT_CONFIG, "fashion-mnist": FASHION_VIT
 # transformers' ViT of the same shape as the ViTPlus).
 TRANSFORMERS_CONFIGS: dict[str, dict[str, Any]] = {
     "resnet": dict(
-        embedding_size=32, hidden_sizes=[32, 64, 128], depths=[2, 2, 2], layer_type="basic",
+        embedding_size=32,
+        hidden_sizes=[32, 64, 128],
+        depths=[2, 2, 2],
+        layer_type="basic",
         downsample_in_first_stage=False,
     ),  # fmt: skip
     "vit": dict(layer_norm_eps=1e-6),  # the paper's (and our) epsilon, not transformers' 1e-12
