@@ -372,24 +372,75 @@ def _build_cpp_kernels() -> None:
         builder_logger.removeFilter(chatter)
 
 
+def _linear_fake(x: torch.Tensor, weight: torch.Tensor, *_others) -> torch.Tensor:
+    """The C++ products' output for export: (rows of x, rows of weight)."""
+    return x.new_empty(x.shape[0], weight.shape[0])
+
+
 def _register_cpp_fakes() -> None:
     """The C++ ops' fake kernels (shapes for torch.export), registered once per process."""
     from torch._library.simple_registry import singleton
 
-    for name in ("int8_fbgemm_linear", "fp16_fbgemm_linear"):
-        if singleton.find(f"hf_vit_plus_cpp::{name}").fake_impl.kernel is None:
-            torch.library.register_fake(f"hf_vit_plus_cpp::{name}", _fbgemm_linear_fake)
+    fakes = dict.fromkeys(
+        ("int8_fbgemm_linear", "fp16_fbgemm_linear", "int8_vnni_linear", "fp32_packed_linear"), _linear_fake
+    )
+    fakes.update(cache_attention=_cache_attention_fake, source_attention=_source_attention_fake)
+    for name, fake in fakes.items():
+        if (
+            hasattr(torch.ops.hf_vit_plus_cpp, name)
+            and singleton.find(f"hf_vit_plus_cpp::{name}").fake_impl.kernel is None
+        ):
+            torch.library.register_fake(f"hf_vit_plus_cpp::{name}", fake)
+
+
+def _cache_attention_fake(query, keys, *_others) -> torch.Tensor:
+    return query.new_empty(keys.shape[0], keys.shape[2])
+
+
+def _source_attention_fake(query, *_others) -> torch.Tensor:
+    return query.new_empty(query.shape)
+
+
+@functools.cache
+def cpp_avx512_kernels() -> tuple[bool, bool]:
+    """Whether the C++ kernels' AVX-512 products run here: (dynamic int8 by VNNI, `int8_vnni_linear`; float32 by FMA
+    on weights packed in column blocks, `fp32_packed_linear`). Both False where the C++ kernels are not built
+    (`cpp_fbgemm_ops`) or the CPU lacks AVX512-VNNI / AVX-512. Asks the CPU's flags only (no tensor work)."""
+    if not cpp_fbgemm_ops() or not hasattr(torch.ops.hf_vit_plus_cpp, "cpu_kernels"):
+        return False, False
+    vnni, avx512 = torch.ops.hf_vit_plus_cpp.cpu_kernels()
+    return bool(vnni), bool(avx512)
 
 
 def fbgemm_pack_counts() -> dict[str, int]:
     """FBGEMM's packed weights of the kernels in use: how many packs this process made ("int8_made", "fp16_made")
     and how many it holds now ("int8_live", "fp16_live")."""
     if cpp_fbgemm_ops():
-        int8_made, int8_live, fp16_made, fp16_live = torch.ops.hf_vit_plus_cpp.pack_counts()
+        int8_made, int8_live, fp16_made, fp16_live = torch.ops.hf_vit_plus_cpp.pack_counts()[:4]
     else:
         int8_made, fp16_made = _PACKS_MADE["int8"], _PACKS_MADE["fp16"]
         int8_live, fp16_live = len(_FBGEMM_PACKED), len(_FBGEMM_FP16_PACKED)
     return dict(int8_made=int8_made, int8_live=int8_live, fp16_made=fp16_made, fp16_live=fp16_live)
+
+
+def fused_attention_available(weight: torch.Tensor, heads: int) -> bool:
+    """Whether a decoder layer of `heads` heads whose projections are `weight` (D, D) attends through the C++ kernels
+    `cache_attention` / `source_attention`: a CPU tensor, heads of a multiple of 16 dimensions, AVX-512 here."""
+    dim = weight.shape[0]
+    return weight.device.type == "cpu" and dim % heads == 0 and (dim // heads) % 16 == 0 and cpp_avx512_kernels()[1]
+
+
+def cache_attention(query, keys, values, position, history, heads: int, scaling: float) -> torch.Tensor:
+    """Masked self-attention of one new token per row (query (R, D)) over the positions 0..`position` of its cache
+    keys, values (R, L, D), one C++ kernel (`hf_vit_plus_cpp::cache_attention`): no score of a later position is
+    computed, and `history` (None, or (R, L) the slot holding each position of row r) is followed in place."""
+    return torch.ops.hf_vit_plus_cpp.cache_attention.default(query, keys, values, position, history, heads, scaling)
+
+
+def source_attention(query, keys, values, bias, heads: int, scaling: float) -> torch.Tensor:
+    """Attention of each row (query (R, D), R = B sources x R/B beams) over its source's keys, values (B, S, D), with
+    `bias` (B, S) 0 or -inf: one C++ kernel (`hf_vit_plus_cpp::source_attention`)."""
+    return torch.ops.hf_vit_plus_cpp.source_attention.default(query, keys, values, bias, heads, scaling)
 
 
 def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -414,6 +465,11 @@ class FastLinear(nn.Module):
         check = {"bfloat16": cpu_has_native_bf16_products, "int8": cpu_has_fast_int8_products}.get(precision)
         self.native_products = weight.device.type != "cpu" or check is None or check()
         self.fbgemm = weight.device.type == "cpu" and fbgemm_int8_available()
+        # The C++ kernels' AVX-512 products where this CPU runs them: dynamic int8 by VNNI (the Python definition's
+        # numbers, bit for bit), float32 products of more than `SMALL_ROWS` rows on packed weights (asked once,
+        # outside any traced graph; `cpp_avx512_kernels`)
+        on_cpu = weight.device.type == "cpu" and precision in ("float32", "int8", "int8-dynamic")
+        self.vnni, self.packed_float32 = cpp_avx512_kernels() if on_cpu else (False, False)
         if precision == "int8-fbgemm" and not self.fbgemm:
             raise ValueError(
                 f"precision='int8-fbgemm' needs FBGEMM's int8 linear on a CPU tensor: this is a {weight.device.type} "
@@ -456,7 +512,11 @@ class FastLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (M, K) float32 -> (M, N) float32
         kernel = self.kernel(x.shape[0])
         if kernel == "float32":
+            if self.packed_float32 and x.shape[0] > SMALL_ROWS:
+                return torch.ops.hf_vit_plus_cpp.fp32_packed_linear.default(x, self.weight, self.bias)
             return F.linear(x, self.weight, self.bias)
+        if kernel == "int8-dynamic" and self.vnni:
+            return torch.ops.hf_vit_plus_cpp.int8_vnni_linear.default(x, self.weight, self.scale, self.bias)
         if kernel == "bfloat16-rows":
             # Few rows: the conversion fuses into the vector-matrix loop (`row_matmul_pass`), which reads bf16 bytes;
             # more rows on a CPU without native bf16: float32 products of the converted weights.
