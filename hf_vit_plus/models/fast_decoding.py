@@ -67,7 +67,10 @@ from transformers.generation import (
     MinNewTokensLengthLogitsProcessor,
     NoBadWordsLogitsProcessor,
 )
+from transformers.modeling_outputs import BaseModelOutput
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from .attention import eager_attention_forward, select_attention_kernel
 from .compat import cache_from_kwargs, cpu_has_fast_int8_products, export_program
 from .compiled_decoding import row_matmul_pass
 from .decoding_rules import NEG_INF, DecodingRules, advance_greedy, beam_search_update, process_scores
@@ -77,12 +80,15 @@ from .fast_kernels import (
     SMALL_ROWS,
     FastLinear,
     OutputScreen,
+    cache_attention,
     fbgemm_fp16_available,
     fbgemm_int8_available,
+    fused_attention_available,
     quantize_rows,
+    source_attention,
     stacked_linear,
 )
-from .layers import residual_sublayer
+from .layers import residual_sublayer, split_heads
 
 logger = logging.getLogger(__name__)
 
@@ -140,6 +146,8 @@ class FastDecoderLayer(nn.Module):
         self.self_attn_layer_norm = layer.self_attn_layer_norm
         self.encoder_attn_layer_norm = layer.encoder_attn_layer_norm
         self.final_layer_norm = layer.final_layer_norm
+        # the new token's attention in one C++ kernel per layer where this CPU runs it (`fused_attention_available`)
+        self.fused_attention = fused_attention_available(attention.o_proj.weight, self.num_heads)
 
     def self_attention(self, hidden, position, keys, values, history):
         """Masked self-attention of one new token per row over the cached positions 0..position.
@@ -154,6 +162,8 @@ class FastDecoderLayer(nn.Module):
             query, key, value = self.q_proj(hidden), self.k_proj(hidden), self.v_proj(hidden)
         keys.index_copy_(1, position.view(1), key.unsqueeze(1))
         values.index_copy_(1, position.view(1), value.unsqueeze(1))
+        if self.fused_attention:
+            return self.o_proj(cache_attention(query, keys, values, position, history, heads, self.scaling))
         if history is not None:
             slots = history * length + torch.arange(length, device=history.device)  # (R, L)
             keys = keys.reshape(rows * length, dim)[slots]  # (R, L, D)
@@ -172,6 +182,9 @@ class FastDecoderLayer(nn.Module):
         rows, dim = hidden.shape
         batch, length, _ = keys.shape
         heads = self.num_heads
+        if self.fused_attention:
+            query = self.cross_q_proj(hidden)
+            return self.cross_o_proj(source_attention(query, keys, values, source_bias, heads, self.scaling))
         query = self.cross_q_proj(hidden).view(batch, rows // batch, 1, heads, dim // heads)
         keys = keys.view(batch, 1, length, heads, dim // heads)
         scores = (query * keys).sum(-1) * self.scaling + source_bias.view(batch, 1, length, 1)  # (B, N, S, H)
@@ -197,6 +210,88 @@ class FastDecoderLayer(nn.Module):
         hidden = residual_sublayer(hidden, self_attention, self.self_attn_layer_norm, norm_first)
         hidden = residual_sublayer(hidden, cross_attention, self.encoder_attn_layer_norm, norm_first)
         return residual_sublayer(hidden, feed_forward, self.final_layer_norm, norm_first)
+
+
+class FastEncoderLayer(nn.Module):
+    """An encoder layer of `Seq2SeqTransformerLayer` on (B, T, D) states: the layer's own norms, activation, order of
+    sub-layers (`layers.residual_sublayer`) and attention kernel (the model's choice, `select_attention_kernel`), its
+    projections as `FastLinear` in the decoding precision."""
+
+    def __init__(self, layer: nn.Module, precision: str):
+        super().__init__()
+        attention = layer.self_attn
+        self.attention = attention  # the model's module: its kernel reads its attributes (is_causal, training, ...)
+        self.normalize_before = layer.normalize_before
+        self.num_heads = attention.num_heads
+        self.scaling = attention.scaling
+        self.qkv_proj = None
+        if precision != "float32":  # one product of the converted weights (float32: the model's own tensors)
+            self.qkv_proj = FastLinear(stacked_linear(attention.q_proj, attention.k_proj, attention.v_proj), precision)
+        else:
+            self.q_proj = FastLinear(attention.q_proj, precision)
+            self.k_proj = FastLinear(attention.k_proj, precision)
+            self.v_proj = FastLinear(attention.v_proj, precision)
+        self.o_proj = FastLinear(attention.o_proj, precision)
+        self.fc1 = FastLinear(layer.fc1, precision)
+        self.fc2 = FastLinear(layer.fc2, precision)
+        self.activation_fn = layer.activation_fn
+        self.self_attn_layer_norm = layer.self_attn_layer_norm
+        self.final_layer_norm = layer.final_layer_norm
+
+    def forward(self, hidden: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """hidden: (B, T, D); mask: None or (B, 1, 1, T) boolean, True for real tokens."""
+        batch, length, dim = hidden.shape
+
+        def self_attention(states):
+            flat = states.reshape(batch * length, dim)
+            if self.qkv_proj is not None:
+                projected = self.qkv_proj(flat).split(dim, dim=1)
+            else:
+                projected = (self.q_proj(flat), self.k_proj(flat), self.v_proj(flat))
+            query, key, value = (split_heads(t.view(batch, length, dim), self.num_heads) for t in projected)
+            config = self.attention.config
+            kernel = select_attention_kernel(
+                config._attn_implementation, None, hidden.device.type, False, length, length, dim // self.num_heads
+            )
+            attention_fn = ALL_ATTENTION_FUNCTIONS.get_interface(kernel, eager_attention_forward)
+            out = attention_fn(self.attention, query, key, value, mask, dropout=0.0, scaling=self.scaling)[0]
+            return self.o_proj(out.reshape(batch * length, dim)).view(batch, length, dim)  # out: (B, T, H, Dh)
+
+        def feed_forward(states):
+            flat = states.reshape(batch * length, dim)
+            return self.fc2(self.activation_fn(self.fc1(flat))).view(batch, length, dim)
+
+        norm_first = self.normalize_before
+        hidden = residual_sublayer(hidden, self_attention, self.self_attn_layer_norm, norm_first)
+        return residual_sublayer(hidden, feed_forward, self.final_layer_norm, norm_first)
+
+
+class FastEncoder(nn.Module):
+    """The encoder of a `Seq2SeqTransformerForConditionalGeneration` with its linear layers in the decoding precision
+    (`FastDecoding.generate`): the stack's own embeddings, checks and final norm, `FastEncoderLayer`s. Dense encoders
+    only (`supports`)."""
+
+    def __init__(self, model: nn.Module, precision: str):
+        super().__init__()
+        self.stack = model.get_encoder()
+        self.layers = nn.ModuleList(FastEncoderLayer(layer, precision) for layer in self.stack.layers)
+
+    @staticmethod
+    def supports(model: nn.Module) -> bool:
+        """Whether this class runs `model`'s encoder: dense attention (a sparse encoder runs its own kernels)."""
+        return not getattr(model.get_encoder(), "sparse_encoder", False)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> BaseModelOutput:
+        """input_ids, attention_mask: (B, T) -> the encoder output, as `generate` passes it on (`encoder_outputs`)."""
+        hidden = self.stack.embed(input_ids, None)  # (B, T, D): the model's embeddings, positions and checks
+        if attention_mask is not None:
+            self.stack._check_masks(attention_mask, None, None, ("input_ids", tuple(input_ids.shape)), 0)
+        mask = None if attention_mask is None or bool(attention_mask.all()) else attention_mask.bool()[:, None, None]
+        for layer in self.layers:
+            hidden = layer(hidden, mask)
+        if self.stack.layer_norm is not None:
+            hidden = self.stack.layer_norm(hidden)
+        return BaseModelOutput(last_hidden_state=hidden)
 
 
 class FastDecoder(nn.Module):
@@ -258,7 +353,13 @@ class FastDecoder(nn.Module):
     def greedy_choice(self, hidden, position, unfinished, pad, controls):
         """`greedy_step`'s choice from the hidden states (R, D), through all float32 logits."""
         cur_len = position + 1  # the decoder start token is position 0
-        next_tokens = self.process(self.lm_head(hidden), cur_len, controls).argmax(dim=-1)
+        scores = self.process(self.lm_head(hidden), cur_len, controls)  # (R, V)
+        # argmax as two plain reductions (the first of the largest, as argmax takes it), which inductor vectorises
+        # better than its fused argmax
+        vocab = scores.shape[1]
+        ids = torch.arange(vocab, device=scores.device)
+        best = scores.amax(dim=1, keepdim=True)
+        next_tokens = torch.where(scores == best, ids, vocab).amin(dim=1).clamp(max=vocab - 1)
         return advance_greedy(next_tokens, cur_len, unfinished, pad, controls)
 
     def beam_step(self, position, cache, cross, source_bias, state, denominators, controls, keep: int):
@@ -424,6 +525,7 @@ class _ModelDecoding:
         self.precision = precision
         self.versions = self._versions(model)
         self.decoder = FastDecoder(model, precision, screen=screen).eval()
+        self.encoder = FastEncoder(model, precision).eval() if FastEncoder.supports(model) else None
         self.steps = _Steps(self.decoder, backend, options, skip_guards)
 
     def _versions(self, model: nn.Module) -> tuple:
@@ -501,6 +603,34 @@ class FastDecoding:
             self._models[model] = state
             self._warn_if_slower_than_float32(state.decoder)
         return state
+
+    @torch.no_grad()
+    def generate(
+        self, model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs
+    ) -> torch.LongTensor:
+        """`model.generate(input_ids, attention_mask=..., custom_generate=self, **kwargs)` with the encoder run by this
+        engine too: its linear layers in `precision` (`FastEncoder`; the model's own encoder for a sparse one). In
+        float32 the same tokens as `generate`'s own encoder gives; in the converted precisions the encoder's products
+        are converted as the decoder's are.
+
+        Args:
+            model: a `Seq2SeqTransformerForConditionalGeneration`.
+            input_ids: (B, S) source tokens.
+            attention_mask: (B, S), 1 for real tokens (None: all real).
+            **kwargs: `generate`'s settings (`num_beams`, `max_new_tokens`, ...).
+
+        Returns:
+            The sequences, as `generate` returns them.
+        """
+        encoder = self.decoding_state(model).encoder
+        if encoder is None:
+            return model.generate(input_ids, attention_mask=attention_mask, custom_generate=self, **kwargs)
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be (batch, source length), got shape {tuple(input_ids.shape)}.")
+        encoder_outputs = encoder(input_ids, attention_mask)
+        return model.generate(
+            encoder_outputs=encoder_outputs, attention_mask=attention_mask, custom_generate=self, **kwargs
+        )
 
     def _warn_if_slower_than_float32(self, decoder: FastDecoder) -> None:
         """On a CPU without native int8 products (VNNI / AMX), weight-only and dynamic int8 decode more slowly than

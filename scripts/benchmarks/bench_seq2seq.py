@@ -347,7 +347,7 @@ def generate(name: str, engine, input_ids: torch.Tensor, beams: int, args: argpa
         return engine.generate(input_ids, attention_mask=mask, **settings)[:, 1:]
     if name in FAST:
         model, fast = engine
-        return model.generate(input_ids=input_ids, attention_mask=mask, custom_generate=fast, **settings)[:, 1:]
+        return fast.generate(model, input_ids, attention_mask=mask, **settings)[:, 1:]
     if name in COMPILED:
         settings.update(cache_implementation="static", compile_config=args.compile_config)
     return engine.generate(input_ids=input_ids, attention_mask=mask, **settings)[:, 1:]  # without the start token
