@@ -177,7 +177,7 @@ def advance_greedy(next_tokens, cur_len, unfinished, pad, controls):
     return next_tokens, unfinished, unfinished.any()
 
 
-def beam_search_update(log_probs, cur_len, search, denominators, controls, keep: int, steps=None):
+def beam_search_update(log_probs, cur_len, search, denominators, controls, keep: int, steps=None, topk=torch.topk):
     """One step of transformers' vectorised beam search (`_beam_search` without sampling), after the model's
     processed log-probabilities of the next token.
 
@@ -190,6 +190,9 @@ def beam_search_update(log_probs, cur_len, search, denominators, controls, keep:
         controls: `DecodingRules.controls`.
         keep: candidates per source, `max(2, 1 + number of end tokens) x K`.
         steps: `torch.arange(T)` where the caller has it already (one fewer operation in a compiled step).
+        topk: the top-k of the candidates, `topk(scores (B, K x V), keep) -> (values, indices)`, largest first, as
+            `torch.topk` (the default) computes it; an engine may pass a faster kernel of the same result (the order
+            of exactly equal scores, which `torch.topk` leaves unspecified, may differ).
 
     Returns:
         The new `search`, the row each running row continues (B x K,) int64 (the cache follows it), and whether the
@@ -205,7 +208,7 @@ def beam_search_update(log_probs, cur_len, search, denominators, controls, keep:
     log_probs = (log_probs.view(batch, beams, vocab) + running_scores[:, :, None]).view(batch, beams * vocab)
 
     # _get_top_k_continuations
-    topk_log_probs, topk_indices = torch.topk(log_probs, k=keep)
+    topk_log_probs, topk_indices = topk(log_probs, keep)
     topk_beams = topk_indices // vocab
     topk_ids = topk_indices % vocab
     topk_running = running.gather(1, topk_beams[:, :, None].expand(batch, keep, total))

@@ -81,12 +81,14 @@ from .fast_kernels import (
     FastLinear,
     OutputScreen,
     cache_attention,
+    cpp_avx512_kernels,
     fbgemm_fp16_available,
     fbgemm_int8_available,
     fused_attention_available,
     quantize_rows,
     source_attention,
     stacked_linear,
+    topk_rows,
 )
 from .layers import residual_sublayer, split_heads
 
@@ -316,6 +318,8 @@ class FastDecoder(nn.Module):
         self.screen = OutputScreen(self.lm_head) if screened and fbgemm_fp16_available() else None
         self.num_layers = len(self.layers)
         self.d_model = self.embed_positions.shape[1]
+        # beam search's top-k of the candidates by the C++ kernel where this CPU runs it (`fast_kernels.topk_rows`)
+        self.fast_topk = self.lm_head.weight.device.type == "cpu" and cpp_avx512_kernels()[1]
 
     def new_cache(self, rows: int, length: int, device) -> list[torch.Tensor]:
         """Zeroed self-attention keys and values: layer 0's keys, its values, layer 1's keys, ..., each
@@ -377,8 +381,9 @@ class FastDecoder(nn.Module):
         history = torch.where(steps[: history.shape[1]] == position, own_slot, history)
         logits = self.logits(tokens, position, cache, cross, source_bias, history)
         log_probs = process_scores(F.log_softmax(logits, dim=-1), cur_len, controls)  # (R, V)
+        topk = topk_rows if self.fast_topk else torch.topk
         search, beam_idx, done = beam_search_update(
-            log_probs, cur_len, tuple(search), denominators, controls, keep, steps
+            log_probs, cur_len, tuple(search), denominators, controls, keep, steps, topk
         )
         # the cache follows the beams (transformers reorders it): row r continues row beam_idx[r]
         history = history.index_select(0, beam_idx)

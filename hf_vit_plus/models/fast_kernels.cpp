@@ -19,6 +19,7 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -177,6 +178,34 @@ c10::IValue pack_float(const at::Tensor& weight) {
   auto padded = at::zeros({np, k}, at::kFloat);
   padded.narrow(0, 0, n).copy_(weight);
   return padded.view({np / kGroup, kGroup, k}).permute({0, 2, 1}).contiguous();
+}
+
+// ------------------------------------------------------------------------------------------------------- top-k
+// The k largest values of each row (and their indices), largest first, equal values by smaller index first, NaN
+// above every number (as torch.topk ranks it). A heap of the k best so far; 16 values at a time are compared with
+// its worst and only those above it are looked at one by one, which after the first few hundred is rarely any.
+struct Candidate {
+  float value;
+  int64_t index;
+};
+
+// a ranks below b: smaller value (NaN is the largest), or the same value at a larger index
+inline bool ranks_below(const Candidate& a, const Candidate& b) {
+  const bool a_nan = std::isnan(a.value), b_nan = std::isnan(b.value);
+  if (a_nan != b_nan) return b_nan;
+  if (!a_nan && a.value != b.value) return a.value < b.value;
+  return a.index > b.index;
+}
+
+struct WorstFirst {  // std heap comparator: the heap's top is the candidate that ranks lowest
+  bool operator()(const Candidate& a, const Candidate& b) const { return ranks_below(b, a); }
+};
+
+inline void offer(std::vector<Candidate>& heap, Candidate c) {
+  if (!ranks_below(heap.front(), c)) return;
+  std::pop_heap(heap.begin(), heap.end(), WorstFirst());
+  heap.back() = c;
+  std::push_heap(heap.begin(), heap.end(), WorstFirst());
 }
 
 #ifdef HF_VIT_PLUS_X86
@@ -422,6 +451,21 @@ HF_AVX512 void source_attention_rows(int64_t first, int64_t last, const float* q
            scores.data(), out + r * dim + h * d);
   }
 }
+
+HF_AVX512 void topk_row_avx512(const float* row, int64_t n, int64_t k, std::vector<Candidate>& heap) {
+  int64_t i = k;
+  for (; i + 16 <= n; i += 16) {
+    // lanes not <= the worst kept value (greater, or NaN on either side): looked at one by one
+    const __m512 worst = _mm512_set1_ps(heap.front().value);
+    __mmask16 above = _mm512_cmp_ps_mask(_mm512_loadu_ps(row + i), worst, _CMP_NLE_UQ);
+    while (above) {
+      const int lane = __builtin_ctz(above);
+      above &= above - 1;
+      offer(heap, Candidate{row[i + lane], i + lane});
+    }
+  }
+  for (; i < n; ++i) offer(heap, Candidate{row[i], i});
+}
 #endif
 
 const float* bias_pointer(const c10::optional<at::Tensor>& bias, int64_t n) {
@@ -523,6 +567,44 @@ at::Tensor source_attention(const at::Tensor& query, const at::Tensor& keys, con
   return out;
 }
 
+// torch.topk(x, k, dim=1) of a 2-D float tensor, ties by smaller index (see `topk_row_avx512`); `vectorized`: the
+// AVX-512 comparisons where the CPU has them (false: the plain loop, as on other CPUs)
+std::tuple<at::Tensor, at::Tensor> topk_rows(const at::Tensor& x, int64_t k, bool vectorized) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "topk_rows: a 2-D float tensor");
+  const int64_t rows = x.size(0), n = x.size(1);
+  TORCH_CHECK(k >= 1 && k <= n, "topk_rows: k must be in [1, ", n, "]");
+  auto input = x.contiguous();
+  auto values = at::empty({rows, k}, x.options());
+  auto indices = at::empty({rows, k}, x.options().dtype(at::kLong));
+  const float* data = input.data_ptr<float>();
+  float* out_values = values.data_ptr<float>();
+  int64_t* out_indices = indices.data_ptr<int64_t>();
+  const bool vector = vectorized && avx512();
+  at::parallel_for(0, rows, std::max<int64_t>(1, 65536 / n), [&](int64_t first, int64_t last) {
+    std::vector<Candidate> heap(k);
+    for (int64_t r = first; r < last; ++r) {
+      const float* row = data + r * n;
+      for (int64_t i = 0; i < k; ++i) heap[i] = Candidate{row[i], i};
+      std::make_heap(heap.begin(), heap.end(), WorstFirst());
+#ifdef HF_VIT_PLUS_X86
+      if (vector) {
+        topk_row_avx512(row, n, k, heap);
+      } else {
+        for (int64_t i = k; i < n; ++i) offer(heap, Candidate{row[i], i});
+      }
+#else
+      for (int64_t i = k; i < n; ++i) offer(heap, Candidate{row[i], i});
+#endif
+      std::sort_heap(heap.begin(), heap.end(), WorstFirst());  // best first
+      for (int64_t i = 0; i < k; ++i) {
+        out_values[r * k + i] = heap[i].value;
+        out_indices[r * k + i] = heap[i].index;
+      }
+    }
+  });
+  return {values, indices};
+}
+
 std::vector<int64_t> cpu_kernels() { return {avx512_vnni(), avx512()}; }
 
 std::vector<int64_t> pack_counts() {
@@ -542,6 +624,7 @@ TORCH_LIBRARY(hf_vit_plus_cpp, m) {
   m.def("fp32_packed_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
   m.def("cache_attention(Tensor query, Tensor keys, Tensor values, Tensor position, Tensor? history, int heads, float scaling) -> Tensor");
   m.def("source_attention(Tensor query, Tensor keys, Tensor values, Tensor bias, int heads, float scaling) -> Tensor");
+  m.def("topk_rows(Tensor x, int k, bool vectorized=True) -> (Tensor values, Tensor indices)");
   m.def("pack_counts() -> int[]", pack_counts);
   m.def("cpu_kernels() -> int[]", cpu_kernels);
 }
@@ -553,4 +636,5 @@ TORCH_LIBRARY_IMPL(hf_vit_plus_cpp, CPU, m) {
   m.impl("fp32_packed_linear", fp32_packed_linear);
   m.impl("cache_attention", cache_attention);
   m.impl("source_attention", source_attention);
+  m.impl("topk_rows", topk_rows);
 }

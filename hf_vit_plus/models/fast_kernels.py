@@ -384,7 +384,7 @@ def _register_cpp_fakes() -> None:
     fakes = dict.fromkeys(
         ("int8_fbgemm_linear", "fp16_fbgemm_linear", "int8_vnni_linear", "fp32_packed_linear"), _linear_fake
     )
-    fakes.update(cache_attention=_cache_attention_fake, source_attention=_source_attention_fake)
+    fakes.update(cache_attention=_cache_attention_fake, source_attention=_source_attention_fake, topk_rows=_topk_fake)
     for name, fake in fakes.items():
         if (
             hasattr(torch.ops.hf_vit_plus_cpp, name)
@@ -399,6 +399,10 @@ def _cache_attention_fake(query, keys, *_others) -> torch.Tensor:
 
 def _source_attention_fake(query, *_others) -> torch.Tensor:
     return query.new_empty(query.shape)
+
+
+def _topk_fake(x, k, vectorized=True):
+    return x.new_empty(x.shape[0], k), x.new_empty(x.shape[0], k, dtype=torch.long)
 
 
 @functools.cache
@@ -441,6 +445,15 @@ def source_attention(query, keys, values, bias, heads: int, scaling: float) -> t
     """Attention of each row (query (R, D), R = B sources x R/B beams) over its source's keys, values (B, S, D), with
     `bias` (B, S) 0 or -inf: one C++ kernel (`hf_vit_plus_cpp::source_attention`)."""
     return torch.ops.hf_vit_plus_cpp.source_attention.default(query, keys, values, bias, heads, scaling)
+
+
+def topk_rows(x: torch.Tensor, k: int, vectorized: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """`torch.topk(x, k, dim=1)` of a 2-D float32 CPU tensor by the C++ kernel `hf_vit_plus_cpp::topk_rows`: the k
+    largest values of each row, largest first, NaN above every number, equal values by smaller index (torch.topk
+    leaves their order unspecified). With AVX-512 (and `vectorized`) 16 values at a time are compared with the k-th
+    best so far, so that most of a row is only read; without, a plain loop over a heap of the k best. Needs the C++
+    kernels (`cpp_fbgemm_ops`); the decoder calls it where `cpp_avx512_kernels()[1]`."""
+    return torch.ops.hf_vit_plus_cpp.topk_rows.default(x, k, vectorized)
 
 
 def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -665,5 +678,7 @@ __all__ = [
     "python_fp16_fbgemm_linear_op",
     "python_int8_fbgemm_linear_op",
     "quantize_rows",
+    "source_attention",
     "stacked_linear",
+    "topk_rows",
 ]
