@@ -137,6 +137,57 @@ def export_program(module, args: tuple, dynamic_shapes=None, **kwargs):
     return torch.export.export(module, args, dynamic_shapes=_auto_dims(dynamic_shapes), **kwargs)
 
 
+def _tensor_leaves(tree, out: list) -> list:
+    """The tensors of nested tuples and lists, depth first (pytree's order for them)."""
+    for item in tree:
+        if isinstance(item, (tuple, list)):
+            _tensor_leaves(item, out)
+        elif isinstance(item, torch.Tensor):
+            out.append(item)
+    return out
+
+
+def _filled(template, flat: list):
+    """`template` (tuples and lists of leaf numbers) with each number i replaced by `flat[i]`."""
+    if isinstance(template, int):
+        return flat[template]
+    return type(template)(_filled(item, flat) for item in template)
+
+
+def _plain_template(template) -> bool:
+    """Whether `template` is made of plain tuples and lists of ints only (what `_filled` rebuilds)."""
+    if isinstance(template, int):
+        return True
+    return type(template) in (tuple, list) and all(_plain_template(item) for item in template)
+
+
+def aoti_flat_call(runner):
+    """A callable `f(*args)` that runs an AOTInductor package loaded by `torch._inductor.aoti_load_package` as its
+    `__call__` does, for arguments that are tensors in nested tuples and lists, without its pytree flattening and
+    unflattening and its parsing of the call spec (Python work at every call, which a decoding step pays per token);
+    None where the loaded model lacks its loader's `boxed_run` and `get_call_spec` (torch 2.15's has them) or its
+    outputs are more than tuples and lists of leaves (a dict, a named tuple): call `runner`.
+    """
+    loader = getattr(runner, "loader", None)
+    if not (callable(getattr(loader, "boxed_run", None)) and callable(getattr(loader, "get_call_spec", None))):
+        return None
+    try:
+        from torch.utils import _pytree
+
+        out_spec = _pytree.treespec_loads(loader.get_call_spec()[1])
+        template = _pytree.tree_unflatten(list(range(out_spec.num_leaves)), out_spec)
+    except Exception:  # a spec this torch writes differently: the runner's own call
+        return None
+    if not _plain_template(template):  # dicts, named tuples: the runner's own call rebuilds them
+        return None
+    boxed_run = loader.boxed_run
+
+    def call(*args):
+        return _filled(template, boxed_run(_tensor_leaves(args, [])))
+
+    return call
+
+
 FLASH_FORWARD_SCHEMA = (
     "aten::_scaled_dot_product_flash_attention_for_cpu(Tensor query, Tensor key, Tensor value, float dropout_p=0., "
     "bool is_causal=False, *, Tensor? attn_mask=None, float? scale=None) -> (Tensor output, Tensor logsumexp)"
@@ -203,6 +254,7 @@ def cpu_has_native_bf16_products() -> bool:
 
 
 __all__ = [
+    "aoti_flat_call",
     "CACHE_NAME",
     "FLASH_BACKWARD_SCHEMA",
     "FLASH_FORWARD_SCHEMA",

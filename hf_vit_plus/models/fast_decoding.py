@@ -71,7 +71,7 @@ from transformers.modeling_outputs import BaseModelOutput
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .attention import eager_attention_forward, select_attention_kernel
-from .compat import cache_from_kwargs, cpu_has_fast_int8_products, export_program
+from .compat import aoti_flat_call, cache_from_kwargs, cpu_has_fast_int8_products, export_program
 from .compiled_decoding import row_matmul_pass
 from .decoding_rules import NEG_INF, DecodingRules, advance_greedy, beam_search_update, process_scores
 from .fast_kernels import (
@@ -467,6 +467,7 @@ class _Steps:
             module = _Step(self.decoder, method, **constants)
             if self.backend == "aoti":
                 runner = aoti_compile(module, args, _dynamic_shapes(method, args), self.options)
+                runner = aoti_flat_call(runner) or runner
             elif self.backend == "compile":
                 runner = _compiled_runner(module, args, self.options, len(self.runners))
             else:

@@ -150,6 +150,61 @@ def test_the_compiled_steps_give_the_tokens_of_generate_at_every_length(model, b
         assert fast.screened_steps > 0 and fast.screen_fallbacks == 0
 
 
+def test_aoti_flat_call_returns_what_the_loaded_package_returns():
+    """`compat.aoti_flat_call` (the compiled steps' call, without pytree's flattening per token) gives the loaded
+    package's own outputs, in the same nesting of tuples and lists, for inputs nested the same way."""
+    from hf_vit_plus.models.compat import aoti_flat_call
+    from hf_vit_plus.models.fast_decoding import aoti_compile
+
+    class Nested(torch.nn.Module):
+        def forward(self, x, pair):
+            y, rest = pair
+            return x + 1, [y * 2, (x @ rest[0], rest[0].sum())]
+
+    args = (torch.randn(3, 4), (torch.randn(4), [torch.randn(4, 5)]))
+    runner = aoti_compile(Nested(), args)
+    flat = aoti_flat_call(runner)
+    assert flat is not None  # torch 2.15's loader has boxed_run and get_call_spec
+    for _ in range(2):
+        out, expected = flat(*args), runner(*args)
+        assert type(out) is tuple and type(out[1]) is list and type(out[1][1]) is tuple
+        assert torch.utils._pytree.tree_structure(out) == torch.utils._pytree.tree_structure(expected)
+        for a, b in zip(torch.utils._pytree.tree_leaves(out), torch.utils._pytree.tree_leaves(expected)):
+            assert torch.equal(a, b)
+
+
+def test_aoti_flat_call_leaves_what_it_does_not_rebuild_to_the_runner():
+    """Inputs go to the loader as pytree orders them (tensors only); a runner without the loader's entry points, or
+    outputs other than tuples and lists of leaves (a dict), keep the runner's own call (None)."""
+    from torch.utils import _pytree
+
+    from hf_vit_plus.models.compat import aoti_flat_call
+
+    class Loader:
+        def __init__(self, outputs):
+            self.outputs, self.inputs = outputs, None
+
+        def get_call_spec(self):
+            return ["", _pytree.treespec_dumps(_pytree.tree_structure(self.outputs))]
+
+        def boxed_run(self, inputs):
+            self.inputs = list(inputs)
+            return _pytree.tree_leaves(self.outputs)
+
+    class Runner:
+        def __init__(self, outputs):
+            self.loader = Loader(outputs)
+
+    a, b, c = torch.zeros(1), torch.ones(2), torch.full((3,), 2.0)
+    runner = Runner((a, [b, (c,)]))
+    out = aoti_flat_call(runner)(a, (b, [c, 3]), [])
+    assert type(out) is tuple and type(out[1]) is list and type(out[1][1]) is tuple
+    assert out[0] is a and out[1][0] is b and out[1][1][0] is c
+    assert [t is u for t, u in zip(runner.loader.inputs, (a, b, c))] == [True] * 3
+    assert aoti_flat_call(Runner({"logits": a})) is None
+    assert aoti_flat_call(object()) is None
+
+
 @pytest.mark.slow
 def test_the_torch_compile_backend_gives_the_tokens_of_generate(model, batch):
     fast = FastDecoding(backend="compile")
