@@ -142,6 +142,13 @@ class FastDecoderLayer(nn.Module):
         self.o_proj = FastLinear(layer.self_attn.o_proj, precision)
         self.cross_q_proj = FastLinear(layer.encoder_attn.q_proj, precision)
         self.cross_o_proj = FastLinear(layer.encoder_attn.o_proj, precision)
+        cross = layer.encoder_attn  # its keys and values: once per input (`cross_keys_values`), not in the step
+        self.cross_kv_proj = None
+        if precision != "float32":
+            self.cross_kv_proj = FastLinear(stacked_linear(cross.k_proj, cross.v_proj), precision)
+        else:
+            self.cross_k_proj = FastLinear(cross.k_proj, precision)
+            self.cross_v_proj = FastLinear(cross.v_proj, precision)
         self.fc1 = FastLinear(layer.fc1, precision)
         self.fc2 = FastLinear(layer.fc2, precision)
         self.activation_fn = layer.activation_fn
@@ -177,6 +184,16 @@ class FastDecoderLayer(nn.Module):
         probs = scores.softmax(dim=1)
         out = (probs.unsqueeze(-1) * values.view(rows, length, heads, dim // heads)).sum(1)  # (R, H, Dh)
         return self.o_proj(out.reshape(rows, dim))
+
+    def cross_keys_values(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cross-attention's keys and values of the encoder output `states` (B, S, D), each (B, S, D)."""
+        batch, length, dim = states.shape
+        flat = states.reshape(batch * length, dim)
+        if self.cross_kv_proj is not None:
+            keys, values = self.cross_kv_proj(flat).split(dim, dim=1)
+        else:
+            keys, values = self.cross_k_proj(flat), self.cross_v_proj(flat)
+        return keys.view(batch, length, dim), values.view(batch, length, dim)
 
     def cross_attention(self, hidden, keys, values, source_bias):
         """Attention of each row over its source: keys, values (B, S, D), computed once per input; the R rows are
@@ -671,25 +688,24 @@ class FastDecoding:
         if synced_gpus:
             raise ValueError("FastDecoding does not run with synced_gpus=True (several processes): use generate().")
         state = self.decoding_state(model)
-        cross, source_bias = self._encoder_inputs(model, settings, model_kwargs)
+        cross, source_bias = self._encoder_inputs(state.decoder, settings, model_kwargs)
         if settings.num_beams == 1:
             return self._greedy(state, settings, input_ids, cross, source_bias)
         return self._beam_search(state, settings, input_ids, cross, source_bias)
 
-    def _encoder_inputs(self, model, settings, model_kwargs) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every decoder layer's cross-attention keys and values, once per source (not per beam), padded to a
-        multiple of `shape_multiple` positions and at least 2: (layers, 2, B, S, D), and the source bias (B, S): 0 or
-        -inf."""
+    def _encoder_inputs(self, decoder, settings, model_kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every decoder layer's cross-attention keys and values, once per source (not per beam), in the decoding
+        precision, padded to a multiple of `shape_multiple` positions and at least 2: (layers, 2, B, S, D), and the
+        source bias (B, S): 0 or -inf."""
         group = settings.expand
         encoder_states = model_kwargs["encoder_outputs"].last_hidden_state[::group]  # (B, S, D)
         mask = model_kwargs.get("attention_mask")
         batch, length, dim = encoder_states.shape
         padded = max(2, _round_up(length, self.shape_multiple))
-        layers = model.get_decoder().layers
+        layers = decoder.layers
         cross = encoder_states.new_zeros(len(layers), 2, batch, padded, dim)
         for i, layer in enumerate(layers):
-            cross[i, 0, :, :length] = layer.encoder_attn.k_proj(encoder_states)
-            cross[i, 1, :, :length] = layer.encoder_attn.v_proj(encoder_states)
+            cross[i, 0, :, :length], cross[i, 1, :, :length] = layer.cross_keys_values(encoder_states)
         real = torch.zeros(batch, padded, dtype=torch.bool, device=encoder_states.device)
         real[:, :length] = True if mask is None else mask[::group].bool()
         source_bias = torch.zeros(batch, padded, device=encoder_states.device).masked_fill(~real, NEG_INF)
