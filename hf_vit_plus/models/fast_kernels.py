@@ -47,6 +47,10 @@ PRECISIONS = ("float32", "bfloat16", "int8", "int8-weight-only", "int8-dynamic",
 # Products of at most this many rows (batch x beams) run as vector-matrix loops that read each weight once
 # (`compiled_decoding.row_matmul_pass`); larger ones as GEMMs.
 SMALL_ROWS = 4
+# float32 products of at least this many rows run on packed weights where the CPU has AVX-512
+# (`cpp_avx512_kernels`): from 2 rows on faster than inductor's vector-matrix loop (`row_matmul_pass`), timed
+# product by product, each compiled by AOTInductor; one row keeps the loop.
+PACKED_FLOAT32_MIN_ROWS = 2
 # "int8" runs weight-only int8 up to this many rows per step and dynamic int8 above, on CPUs with native int8
 # products; elsewhere FBGEMM's int8 (or weight-only) at every row count (`cpu_has_fast_int8_products`).
 INT8_WEIGHT_ONLY_MAX_ROWS = 0
@@ -479,8 +483,8 @@ class FastLinear(nn.Module):
         self.native_products = weight.device.type != "cpu" or check is None or check()
         self.fbgemm = weight.device.type == "cpu" and fbgemm_int8_available()
         # The C++ kernels' AVX-512 products where this CPU runs them: dynamic int8 by VNNI (the Python definition's
-        # numbers, bit for bit), float32 products of more than `SMALL_ROWS` rows on packed weights (asked once,
-        # outside any traced graph; `cpp_avx512_kernels`)
+        # numbers, bit for bit), float32 products of `PACKED_FLOAT32_MIN_ROWS` rows or more on packed weights (asked
+        # once, outside any traced graph; `cpp_avx512_kernels`)
         on_cpu = weight.device.type == "cpu" and precision in ("float32", "int8", "int8-dynamic")
         self.vnni, self.packed_float32 = cpp_avx512_kernels() if on_cpu else (False, False)
         if precision == "int8-fbgemm" and not self.fbgemm:
@@ -525,7 +529,7 @@ class FastLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (M, K) float32 -> (M, N) float32
         kernel = self.kernel(x.shape[0])
         if kernel == "float32":
-            if self.packed_float32 and x.shape[0] > SMALL_ROWS:
+            if self.packed_float32 and x.shape[0] >= PACKED_FLOAT32_MIN_ROWS:
                 return torch.ops.hf_vit_plus_cpp.fp32_packed_linear.default(x, self.weight, self.bias)
             return F.linear(x, self.weight, self.bias)
         if kernel == "int8-dynamic" and self.vnni:
@@ -665,6 +669,7 @@ class OutputScreen(nn.Module):
 
 __all__ = [
     "INT8_WEIGHT_ONLY_MAX_ROWS",
+    "PACKED_FLOAT32_MIN_ROWS",
     "PRECISIONS",
     "SMALL_ROWS",
     "FastLinear",
