@@ -434,14 +434,16 @@ class _Step(nn.Module):
 
 def _shape_key(method: str, args, constants: dict, dynamic: bool) -> tuple:
     """What selects a compiled step: the method, its fixed Python numbers and the shapes of its tensors, without the
-    cache and source lengths when those are dynamic (AOTInductor)."""
+    cache and source lengths when those are dynamic (AOTInductor), and torch's threads (inductor writes its loops for
+    the threads of the process that compiles them)."""
     leaves = torch.utils._pytree.tree_leaves(args)
     if dynamic:  # the rows (batch x beams) and the sources fix the step
         cache, cross = (args[2], args[3]) if method == "greedy_step" else (args[1], args[2])
         shapes = (cache[0].shape[0], cross.shape[2], len(cache))
     else:
         shapes = tuple(tuple(t.shape) for t in leaves)
-    return method, tuple(sorted(constants.items())), shapes, tuple(t.dtype for t in leaves)
+    dtypes = tuple(t.dtype for t in leaves)
+    return method, tuple(sorted(constants.items())), shapes, dtypes, torch.get_num_threads()
 
 
 def _dynamic_shapes(method: str, args) -> tuple:

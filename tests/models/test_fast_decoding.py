@@ -751,3 +751,20 @@ def test_the_kernel_cache_follows_the_ecosystems_variables():
     assert kernel_cache_dir({"XDG_CACHE_HOME": "/xdg", "HF_HOME": "/hf"}) == Path("/hf/hf_vit_plus/kernels")
     assert kernel_cache_dir({"HF_HOME": "/hf", "TORCH_EXTENSIONS_DIR": "/ext"}) == Path("/ext/hf_vit_plus")
     assert kernel_cache_dir({"TORCH_EXTENSIONS_DIR": "/ext", "HF_VIT_PLUS_KERNEL_CACHE": "/k"}) == Path("/k")
+
+
+def test_a_compiled_step_is_chosen_by_torch_threads_too():
+    """inductor writes its parallel loops for the threads of the process that compiles them: a step compiled at one
+    thread count is not reused at another (a benchmark switches between them)."""
+    from hf_vit_plus.models.fast_decoding import _shape_key
+
+    args = (torch.zeros(2), [torch.zeros(3, 4)])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = _shape_key("greedy_step", args, {"screened": False}, dynamic=False)
+        torch.set_num_threads(2)
+        two = _shape_key("greedy_step", args, {"screened": False}, dynamic=False)
+    finally:
+        torch.set_num_threads(threads)
+    assert one != two and one[:-1] == two[:-1]
