@@ -653,6 +653,7 @@ class FastDecoding:
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be (batch, source length), got shape {tuple(input_ids.shape)}.")
         encoder_outputs = encoder(input_ids, attention_mask)
+        kwargs.setdefault("use_cache", False)  # this loop keeps its own cache: generate need not build one
         return model.generate(
             encoder_outputs=encoder_outputs, attention_mask=attention_mask, custom_generate=self, **kwargs
         )
