@@ -155,7 +155,7 @@ class FastDecoderLayer(nn.Module):
         self.self_attn_layer_norm = layer.self_attn_layer_norm
         self.encoder_attn_layer_norm = layer.encoder_attn_layer_norm
         self.final_layer_norm = layer.final_layer_norm
-        # the new token's attention in one C++ kernel per layer where this CPU runs it (`fused_attention_available`)
+        # the new token's attention in one C++ kernel per layer where the CPU runs it (`fused_attention_available`)
         self.fused_attention = fused_attention_available(attention.o_proj.weight, self.num_heads)
 
     def self_attention(self, hidden, position, keys, values, history):
@@ -335,7 +335,7 @@ class FastDecoder(nn.Module):
         self.screen = OutputScreen(self.lm_head) if screened and fbgemm_fp16_available() else None
         self.num_layers = len(self.layers)
         self.d_model = self.embed_positions.shape[1]
-        # beam search's top-k of the candidates by the C++ kernel where this CPU runs it (`fast_kernels.topk_rows`)
+        # beam search's top-k of the candidates by the C++ kernel where the CPU runs it (`fast_kernels.topk_rows`)
         self.fast_topk = self.lm_head.weight.device.type == "cpu" and cpp_avx512_kernels()[1]
 
     def new_cache(self, rows: int, length: int, device) -> list[torch.Tensor]:

@@ -482,7 +482,7 @@ class FastLinear(nn.Module):
         check = {"bfloat16": cpu_has_native_bf16_products, "int8": cpu_has_fast_int8_products}.get(precision)
         self.native_products = weight.device.type != "cpu" or check is None or check()
         self.fbgemm = weight.device.type == "cpu" and fbgemm_int8_available()
-        # The C++ kernels' AVX-512 products where this CPU runs them: dynamic int8 by VNNI (the Python definition's
+        # The C++ kernels' AVX-512 products where the CPU runs them: dynamic int8 by VNNI (the Python definition's
         # numbers, bit for bit), float32 products of `PACKED_FLOAT32_MIN_ROWS` rows or more on packed weights (asked
         # once, outside any traced graph; `cpp_avx512_kernels`)
         on_cpu = weight.device.type == "cpu" and precision in ("float32", "int8", "int8-dynamic")
