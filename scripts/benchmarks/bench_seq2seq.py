@@ -27,9 +27,15 @@ Each engine generates exactly `--new_tokens` tokens (transformers: min = max new
 decoding length), so that all do the same work whatever they predict. Cases: greedy and beam 4, at each batch size;
 training (forward + backward + Adam step, dropout 0.1, on copies of the weights) for marian and ours only.
 
-Measurements rotate over the engines, repetition by repetition (each engine takes each place in the order in turn),
-on the same inputs, so that load on the machine affects all alike; the table gives median rates and the median of
-the per-repetition ratios to marian, with their range. A first untimed call of every engine and case warms up
+Each engine runs at every thread count of `--threads` (torch's threads, CTranslate2's `intra_threads`; default 1
+and 2: on a 2-core machine CTranslate2 runs faster on one thread than on two) and is reported at its fastest, per
+case, with that thread count in its row. Measurements rotate over the engines and thread counts, repetition by
+repetition (each takes each place in the order in turn), on the same inputs, so that load on the machine affects
+all alike; the table gives median rates and the median of the per-repetition ratios to marian (at its own best
+thread count), with their range, and the 1-minute load average (`os.getloadavg`, the run's own threads included)
+at the start of each repetition, lowest and highest. A summary line per case sets ours against CTranslate2 at the
+same precision: ours-fast against ct2-fp32 and ours-fast-int8 against ct2-int8, each at its best thread count (the
+median of the per-repetition ratios, with their range). A first untimed call of every engine and case warms up
 (and compiles). The greedy tokens of the first batch are compared with Marian's and with ours-fast's (float32): the
 float32 engines should agree, bf16 and int8 are expected to differ somewhat. torch keeps compiled kernels in an
 on-disk cache: a second run compiles faster; `TORCHINDUCTOR_FORCE_DISABLE_CACHES=1` measures a cold compilation.
@@ -50,12 +56,16 @@ outputs).
 
 `--output FILE` writes the rows of the run's table as CSV (`result_rows.write_rows`: each row followed by the command,
 the date, the versions, the CPU or GPU and the threads): the speed table (case, engine, tokens/s, ratio to marian and
-its range, compilation seconds, the model sizes, CTranslate2's version), or with `--quality` the quality table (mode,
+its range, compilation seconds, the model sizes, CTranslate2's version, the ratio to CTranslate2 at the same
+precision and its range, the load average; `threads`: the engine's best thread count), replacing the file's rows of
+the same preset and keeping the others (one file holds the small and the opus-mt run), or with `--quality` the
+quality table (mode,
 engine, BLEU, chrF, the shares of identical verses and equal tokens, seconds): the columns of
 results/fast_decoding.csv and results/translation_quality.csv, which the docs' Results page shows.
 
-    python scripts/benchmarks/bench_seq2seq.py                       # small sizes, one thread, every engine
-    python scripts/benchmarks/bench_seq2seq.py --preset opus-mt      # opus-mt sizes, two threads
+    python scripts/benchmarks/bench_seq2seq.py                       # small sizes, every engine at 1 and 2 threads
+    python scripts/benchmarks/bench_seq2seq.py --preset opus-mt      # opus-mt sizes
+    python scripts/benchmarks/bench_seq2seq.py --threads 1           # one thread count only
     python scripts/benchmarks/bench_seq2seq.py --profile             # + the batch-1 profile tables
     python scripts/benchmarks/bench_seq2seq.py --quick               # a short check that every engine runs
     python scripts/benchmarks/bench_seq2seq.py --quality outputs/translation/model   # BLEU / chrF per engine
@@ -66,6 +76,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import statistics
 import tempfile
 import time
@@ -113,11 +124,14 @@ DEFAULT_ENGINES = (
 TRAINABLE = ("marian", "ours")
 COMPILED = ("ours-compiled", "ours-int8", *FAST)
 EOS, UNK = 0, 1  # Marian's ids; the pad token (also the decoder start) is the last id
-# Model sizes (and threads) of `--preset`: small Marian-like sizes (the default), and the opus-mt checkpoints'.
+# Model sizes (and the thread counts each engine runs at) of `--preset`: small Marian-like sizes (the default), and
+# the opus-mt checkpoints'.
 PRESETS = {
-    "small": dict(vocab_size=8000, d_model=256, layers=3, heads=4, ffn_dim=1024, threads=1, train_batch=16),
-    "opus-mt": dict(vocab_size=58000, d_model=512, layers=6, heads=8, ffn_dim=2048, threads=2, train_batch=0),
+    "small": dict(vocab_size=8000, d_model=256, layers=3, heads=4, ffn_dim=1024, threads=[1, 2], train_batch=16),
+    "opus-mt": dict(vocab_size=58000, d_model=512, layers=6, heads=8, ffn_dim=2048, threads=[1, 2], train_batch=0),
 }
+# Ours against CTranslate2 at the same precision: the summary line of each case.
+CTRANSLATE2_PEERS = (("ours-fast", "ct2-fp32"), ("ours-fast-int8", "ct2-int8"))
 
 
 def _names(text: str) -> list[str]:
@@ -133,7 +147,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--layers", type=int, help="encoder and decoder layers (preset)")
     p.add_argument("--heads", type=int, help="attention heads (preset)")
     p.add_argument("--ffn_dim", type=int, help="feed-forward width (preset)")
-    p.add_argument("--threads", type=int, help="torch and CTranslate2 (intra_threads) threads (preset)")
+    p.add_argument(
+        "--threads", type=int, nargs="+",
+        help="torch and CTranslate2 (intra_threads) thread counts: each engine runs at each, reported at its fastest "
+        "(preset: 1 2); --quality and --profile run at the first",
+    )  # fmt: skip
     p.add_argument("--activation", default="swish", help="feed-forward activation (opus-mt: swish)")
     # Defaults of the full run; --quick replaces those not given.
     p.add_argument("--source_length", type=int, help="source tokens per sequence (32)")
@@ -233,6 +251,16 @@ class RandomVocabulary:
         return {token: i for i, token in enumerate(self.tokens)}
 
 
+class ByThreads(dict):
+    """An engine that is built per thread count (CTranslate2 takes its threads when it loads a model): thread count
+    -> engine. Other engines are one object, run after `torch.set_num_threads`."""
+
+
+def engine_at(engine, threads: int):
+    """`engine` as it runs at `threads` threads (see `ByThreads`); torch's threads are set by the caller."""
+    return engine[threads] if isinstance(engine, ByThreads) else engine
+
+
 class CTranslate2Engine:
     """A `ctranslate2.Translator` with the token strings of the random vocabulary (it translates token strings)."""
 
@@ -270,10 +298,18 @@ def build_ctranslate2(marian_dir: Path, out_dir: Path, args: argparse.Namespace)
         if name in args.engines:
             path = out_dir / name
             Converter(str(marian_dir)).convert(str(path), quantization=quantization, force=True)
-            translator = ctranslate2.Translator(
-                str(path), device=device, compute_type=quantization, intra_threads=args.threads, inter_threads=1
+            translators[name] = ByThreads(
+                (
+                    threads,
+                    CTranslate2Engine(
+                        ctranslate2.Translator(
+                            str(path), device=device, compute_type=quantization, intra_threads=threads, inter_threads=1
+                        ),
+                        vocabulary,
+                    ),
+                )
+                for threads in args.threads
             )
-            translators[name] = CTranslate2Engine(translator, vocabulary)
     return translators
 
 
@@ -287,7 +323,10 @@ def build_ctranslate2_exports(ours: nn.Module, out_dir: Path, args: argparse.Nam
         if name in args.engines:
             folder = export_ctranslate2(ours, out_dir / name, quantization=quantization)
             compute_type = quantization or "float32"
-            generators[name] = CTranslate2Generator(folder, compute_type=compute_type, intra_threads=args.threads)
+            generators[name] = ByThreads(
+                (threads, CTranslate2Generator(folder, compute_type=compute_type, intra_threads=threads))
+                for threads in args.threads
+            )
     return generators
 
 
@@ -353,8 +392,10 @@ def generate(name: str, engine, input_ids: torch.Tensor, beams: int, args: argpa
     return engine.generate(input_ids=input_ids, attention_mask=mask, **settings)[:, 1:]  # without the start token
 
 
-def timed_generate(name: str, engine, input_ids, beams: int, args) -> tuple[float, torch.Tensor]:
-    """(seconds, new tokens) of one `generate` call."""
+def timed_generate(name: str, engine, input_ids, beams: int, args, threads: int) -> tuple[float, torch.Tensor]:
+    """(seconds, new tokens) of one `generate` call at `threads` threads."""
+    torch.set_num_threads(threads)
+    engine = engine_at(engine, threads)
     sync(args.device)
     start = time.perf_counter()
     new_tokens = generate(name, engine, input_ids, beams, args)
@@ -384,7 +425,7 @@ def training_rate(model, optimizer, input_ids, labels, device: str, steps: int =
 
 def main(argv: list[str] | None = None) -> dict[str, dict[str, dict]]:
     args = parse_args(argv)
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads[0])
     if args.quality is not None:
         return quality(args)
     args.compile_config = compile_config(args)
@@ -406,15 +447,18 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, dict]]:
         for batch in args.batch_sizes
     ]
     names = list(engines)
-    rates = {label: {name: [] for name in names} for label, _, _ in cases}
-    first_calls: dict[str, dict[str, float]] = {label: {} for label, _, _ in cases}
+    # every engine at every thread count: (engine, threads) pairs, measured in turn
+    runs = [(name, threads) for name in names for threads in args.threads]
+    rates = {label: {name: {threads: [] for threads in args.threads} for name in names} for label, _, _ in cases}
+    first_calls: dict[str, dict[str, dict]] = {label: {name: {} for name in names} for label, _, _ in cases}
     agreement: dict[str, dict[str, float]] = {}
     for label, batch, beams in cases:  # untimed first calls: warm-up, and compilation of the compiled engines
         source = tokens(batch, args.source_length)
         outputs = {}
-        for name in names:
-            seconds, outputs[name] = timed_generate(name, engines[name], source, beams, args)
-            first_calls[label][name] = seconds
+        for name, threads in runs:
+            seconds, out = timed_generate(name, engines[name], source, beams, args, threads)
+            first_calls[label][name][threads] = seconds
+            outputs.setdefault(name, out)  # the first thread count's tokens
         if beams == 1 and not agreement:
             for reference in ("marian", "ours-fast"):
                 if reference in outputs:
@@ -424,25 +468,36 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, dict]]:
                         if name != reference
                     }
     graphs_before = compiled_graphs()
+    args.load_averages = []  # the 1-minute load average at the start of each repetition
     for repeat in range(args.repeats):
-        order = names[repeat % len(names) :] + names[: repeat % len(names)]
+        args.load_averages.append(os.getloadavg()[0])
+        order = runs[repeat % len(runs) :] + runs[: repeat % len(runs)]
         for label, batch, beams in cases:
             source = tokens(batch, args.source_length)  # the same inputs for every engine of this repetition
-            for name in order:
-                seconds, _ = timed_generate(name, engines[name], source, beams, args)
-                rates[label][name].append(batch * args.new_tokens / seconds)
+            for name, threads in order:
+                seconds, _ = timed_generate(name, engines[name], source, beams, args, threads)
+                rates[label][name][threads].append(batch * args.new_tokens / seconds)
     args.recompiled = compiled_graphs() - graphs_before
     if trainable:
         label = f"train fwd+bwd+step, batch {args.train_batch}"
-        rates[label] = {name: [] for name in trainable}
-        for name in trainable:  # warm-up
+        rates[label] = {name: {threads: [] for threads in args.threads} for name in trainable}
+        train_runs = [(name, threads) for name in trainable for threads in args.threads]
+        for name, threads in train_runs:  # warm-up
+            torch.set_num_threads(threads)
             training_rate(trainable[name], optimizers[name], tokens(2, 8), tokens(2, 8), args.device, steps=1)
         for repeat in range(args.repeats):
             source, target = tokens(args.train_batch, args.source_length), tokens(args.train_batch, args.new_tokens)
-            for name in list(trainable) if repeat % 2 == 0 else list(trainable)[::-1]:
+            for name, threads in train_runs if repeat % 2 == 0 else train_runs[::-1]:
+                torch.set_num_threads(threads)
                 rate = training_rate(trainable[name], optimizers[name], source, target, args.device)
-                rates[label][name].append(rate)
-    summary = report(args, rates, first_calls, agreement)
+                rates[label][name][threads].append(rate)
+    torch.set_num_threads(args.threads[0])
+    best = best_threads(rates)
+    summary = report(args, {label: {name: rates[label][name][best[label][name]] for name in rates[label]}
+                            for label in rates},
+                     {label: {name: by_threads[best[label][name]] for name, by_threads in firsts.items()}
+                      for label, firsts in first_calls.items()},
+                     agreement, best, rates)  # fmt: skip
     for name in [name for name in FAST if name in engines]:
         fast = engines[name][1]
         if fast.screened_steps:
@@ -480,7 +535,12 @@ def _write_rows(path: Path, rows: list[dict], threads: int) -> Path:
 
 def write_speed_rows(args: argparse.Namespace, summary: dict) -> Path:
     """The speed table (each case and engine: tokens/s, the median ratio to marian and its range, the compilation
-    seconds) as rows of `--output`, with the model sizes (`result_rows.write_rows` adds the run's context)."""
+    seconds, the ratio to CTranslate2 at the same precision and its range, the load average over the repetitions)
+    as rows of `--output`, with the model sizes and the engine's best thread count (`result_rows.write_rows` adds
+    the run's context). The file's rows of other presets are kept (the small and the opus-mt run in one file)."""
+    import csv
+
+    loads = getattr(args, "load_averages", [])
     sizes = dict(preset=args.preset, vocab_size=args.vocab_size, d_model=args.d_model, layers=args.layers,
                  source_length=args.source_length, new_tokens=args.new_tokens, repeats=args.repeats,
                  ctranslate2=_version("ctranslate2"))  # fmt: skip
@@ -490,16 +550,57 @@ def write_speed_rows(args: argparse.Namespace, summary: dict) -> Path:
             continue
         for engine, entry in by_engine.items():
             low, high = entry["range"]
+            peer_low, peer_high = entry.get("vs_ctranslate2_range", ("", ""))
             rows.append(dict(case=case, engine=engine, tokens_per_s=round(entry["rate"], 2),
                              vs_marian=round(entry["ratio"], 4), vs_marian_min=round(low, 4),
                              vs_marian_max=round(high, 4), compile_s=round(entry.get("compile_s", 0.0), 2),
-                             **sizes))  # fmt: skip
-    return _write_rows(args.output, rows, threads=args.threads)
+                             **sizes, vs_ctranslate2=_rounded(entry.get("vs_ctranslate2", "")),
+                             vs_ctranslate2_min=_rounded(peer_low), vs_ctranslate2_max=_rounded(peer_high),
+                             load_average=f"{min(loads):.2f}-{max(loads):.2f}" if loads else "",
+                             threads=str(entry.get("threads", args.threads[0]))))  # fmt: skip
+    kept = []
+    if args.output.is_file():  # other presets' rows, each with its own run's context, the columns of this run's
+        import sys
+
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from result_rows import CONTEXT_FIELDS
+
+        with args.output.open(newline="", encoding="utf-8") as file:
+            kept = [row for row in csv.DictReader(file) if row.get("preset") != args.preset]
+        columns = [*rows[0], *(field for field in CONTEXT_FIELDS if field not in rows[0])]
+        kept = [{key: row.get(key) or "" for key in columns} for row in kept]
+    order = list(PRESETS)
+    ordered = sorted(kept + rows, key=lambda row: order.index(row["preset"]) if row["preset"] in order else len(order))
+    return _write_rows(args.output, ordered, threads=args.threads[0])
 
 
-def report(args, rates, first_calls, agreement) -> dict[str, dict[str, dict]]:
+def _rounded(value):
+    return round(value, 4) if isinstance(value, float) else value
+
+
+def best_threads(rates: dict) -> dict[str, dict[str, int]]:
+    """Each engine's fastest thread count per case (the highest median rate): case -> engine -> threads."""
+
+    def fastest(by_threads: dict) -> int:
+        return max(by_threads, key=lambda threads: statistics.median(by_threads[threads]))
+
+    return {label: {name: fastest(by_threads) for name, by_threads in by.items()} for label, by in rates.items()}
+
+
+def _paired(values: list[float], reference: list[float]) -> tuple[float, float, float]:
+    """The median of the per-repetition ratios of `values` to `reference`, and their range."""
+    ratios = [a / b for a, b in zip(values, reference)]
+    return statistics.median(ratios), min(ratios), max(ratios)
+
+
+def report(args, rates, first_calls, agreement, best=None, all_rates=None) -> dict[str, dict[str, dict]]:
+    """The speed table. rates, first_calls: case -> engine -> the rates (each repetition's) and the first call's
+    seconds at the engine's best thread count (`best`: case -> engine -> threads; `all_rates`: every thread
+    count's rates, case -> engine -> threads -> rates)."""
+    threads_text = " or ".join(map(str, args.threads))
     print(
-        f"device {args.device}, {args.threads} thread(s), attn {args.attn_implementation}; preset {args.preset}: "
+        f"device {args.device}, {threads_text} thread(s), each engine at its fastest; "
+        f"attn {args.attn_implementation}; preset {args.preset}: "
         f"vocab {args.vocab_size}, d_model {args.d_model}, {args.layers}+{args.layers} layers, {args.heads} heads, "
         f"ffn {args.ffn_dim}, {args.activation}; source {args.source_length} tokens, {args.new_tokens} new tokens; "
         f"median of {args.repeats}; FastDecoding backend {args.fast_backend}"
@@ -509,21 +610,55 @@ def report(args, rates, first_calls, agreement) -> dict[str, dict[str, dict]]:
             f"greedy tokens equal to {reference}'s (first batch): "
             + ", ".join(f"{name} {share:.1%}" for name, share in shares.items())
         )
-    print("vs marian: median of the per-repetition ratios to marian eager (measured in turn), with their range")
-    header = f"| {'case':<30} | {'engine':<16} | {'tok/s':>9} | {'vs marian':>9} | {'range':>11} |"
+    loads = getattr(args, "load_averages", [])
+    if loads:
+        print(f"load average (1 minute, at the start of each repetition): {min(loads):.2f}-{max(loads):.2f}")
+    print(
+        "vs marian: median of the per-repetition ratios to marian eager (measured in turn, at its fastest thread "
+        "count), with their range; threads: the engine's fastest (tok/s at each thread count in the last column)"
+    )
+    header = (
+        f"| {'case':<30} | {'engine':<16} | {'threads':>7} | {'tok/s':>9} | {'vs marian':>9} | {'range':>11} "
+        f"| {'tok/s by threads':<24} |"
+    )
     print(header)
     print("|" + "|".join("-" * len(cell) for cell in header.split("|")[1:-1]) + "|")
     summary: dict[str, dict[str, dict]] = {"agreement": agreement}
     for label, by_engine in rates.items():
         summary[label] = {}
         for i, (name, values) in enumerate(by_engine.items()):
-            paired = [a / b for a, b in zip(values, by_engine["marian"])]
-            entry = {"rate": statistics.median(values), "ratio": statistics.median(paired)}
-            entry["range"] = (min(paired), max(paired))
+            ratio, low, high = _paired(values, by_engine["marian"])
+            entry = {"rate": statistics.median(values), "ratio": ratio, "range": (low, high)}
+            entry["threads"] = best[label][name] if best else args.threads[0]
+            by_threads = (all_rates or {}).get(label, {}).get(name, {})
+            entry["rates_by_threads"] = {t: statistics.median(v) for t, v in by_threads.items() if v}
             summary[label][name] = entry
-            spread = "" if name == "marian" else f"{entry['range'][0]:.2f}-{entry['range'][1]:.2f}"
+            spread = "" if name == "marian" else f"{low:.2f}-{high:.2f}"
             case = label if i == 0 else ""
-            print(f"| {case:<30} | {name:<16} | {entry['rate']:>9.1f} | {entry['ratio']:>8.2f}x | {spread:>11} |")
+            each = ", ".join(f"{t}: {rate:.1f}" for t, rate in entry["rates_by_threads"].items())
+            print(
+                f"| {case:<30} | {name:<16} | {entry['threads']:>7} | {entry['rate']:>9.1f} | {ratio:>8.2f}x "
+                f"| {spread:>11} | {each:<24} |"
+            )
+    peers = [(ours, ct2) for ours, ct2 in CTRANSLATE2_PEERS if ours in args.engines and ct2 in args.engines]
+    if peers:
+        print(
+            "ours against CTranslate2 at the same precision, each at its fastest thread count: the median of the "
+            "per-repetition ratios of tokens/s, with their range"
+        )
+    for label, by_engine in rates.items():
+        for ours, ct2 in peers:
+            if ours not in by_engine or ct2 not in by_engine:
+                continue
+            ratio, low, high = _paired(by_engine[ours], by_engine[ct2])
+            entry = summary[label][ours]
+            entry.update(vs_ctranslate2=ratio, vs_ctranslate2_range=(low, high), ctranslate2_peer=ct2)
+            peer = summary[label][ct2]
+            verdict = "ahead" if ratio >= 1 else "behind"
+            print(
+                f"summary | {label} | {ours} {entry['rate']:.1f} tok/s ({entry['threads']} thr) against {ct2} "
+                f"{peer['rate']:.1f} tok/s ({peer['threads']} thr) | {ratio:.2f}x ({low:.2f}-{high:.2f}) | {verdict}"
+            )
     compiled = [name for name in COMPILED if name in args.engines]
     if compiled:
         print(
@@ -791,7 +926,7 @@ def quality(args) -> dict:
     compute_types = args.quality_ctranslate2
     folder = export_ctranslate2(model, Path(workdir.name) / "ct2", tokenizer=tokenizer) if compute_types else None
     for compute_type in compute_types:
-        generator = CTranslate2Generator(folder, compute_type=compute_type, intra_threads=args.threads)
+        generator = CTranslate2Generator(folder, compute_type=compute_type, intra_threads=args.threads[0])
         engines[f"ctranslate2 {compute_type}"] = ("ctranslate2", generator)
     metric = load_translation_metric()
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
@@ -842,7 +977,7 @@ def quality(args) -> dict:
             )
             for key, entry in results.items()
         ]
-        print(f"wrote {_write_rows(args.output, rows, threads=args.threads)}")
+        print(f"wrote {_write_rows(args.output, rows, threads=args.threads[0])}")
     return results
 
 

@@ -44,13 +44,15 @@ def context(threads: int | None = None) -> dict[str, str]:
 
 
 def write_rows(path: str | Path, rows: list[dict], threads: int | None = None) -> Path:
-    """Write `rows` (dicts with the same keys) to the CSV `path`, each followed by this run's `context`; the file is
-    replaced (written next to it, then moved), so a file holds one run's rows."""
+    """Write `rows` (dicts with the same keys) to the CSV `path`, each followed by this run's `context` (a row's own
+    value of a context field, e.g. rows kept from an earlier run, wins); the file is replaced (written next to it,
+    then moved)."""
     if not rows:
         raise ValueError(f"no rows to write to {path}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fields = list(rows[0]) + [field for field in CONTEXT_FIELDS if field not in rows[0]]
+    # the context's columns last, in their order, whether or not the rows carry their own values (they win)
+    fields = [field for field in rows[0] if field not in CONTEXT_FIELDS] + list(CONTEXT_FIELDS)
     extra = context(threads)
     partial = path.with_name(path.name + ".partial")
     with partial.open("w", newline="", encoding="utf-8") as file:

@@ -228,12 +228,26 @@ FILES = (
     ResultFile(
         "fast_decoding.csv",
         "`scripts/benchmarks/bench_seq2seq.py --engines marian,ours-fast,ours-fast-full,ours-fast-int8,ct2-fp32,"
-        "ct2-int8 --repeats 5 --output results/fast_decoding.csv` (add `--preset opus-mt` for opus-mt's sizes)",
-        "each decoding engine's tokens/s and its multiple of transformers' Marian (eager, the same weights), with the "
-        "range over the repetitions, per case, at the small and opus-mt sizes ([fast inference]"
+        "ct2-int8 --repeats 5 --output results/fast_decoding.csv`, then again with `--preset opus-mt` (each run "
+        "replaces its preset's rows)",
+        "each decoding engine's tokens/s at its fastest of 1 and 2 threads (`threads`) and its multiple of "
+        "transformers' Marian (eager, the same weights), with the range over the repetitions, per case, at the small "
+        "and opus-mt sizes; `vs_ctranslate2`: ours-fast against ct2-fp32 and ours-fast-int8 against ct2-int8 (the "
+        "same precision); `load_average`: the machine's 1-minute load during the run ([fast inference]"
         "(guides/fast-inference.md#measuring))",
         plot_fast_decoding,
-        ("preset", "threads", "case", "engine", "tokens_per_s", "vs_marian", "vs_marian_min", "vs_marian_max"),
+        (
+            "preset",
+            "threads",
+            "case",
+            "engine",
+            "tokens_per_s",
+            "vs_marian",
+            "vs_marian_min",
+            "vs_marian_max",
+            "vs_ctranslate2",
+            "load_average",
+        ),
     ),
     ResultFile(
         "fast_decoding_history.csv",
