@@ -29,8 +29,10 @@ One `FastDecoding` object keeps, per model, the converted weights and the compil
 compiled by AOTInductor at its first use for a number of rows (batch x beams) and decoding mode, and serves every
 source and output length (both are dynamic in the compiled code); the compilation takes seconds per step.
 
-Precisions (`fast_kernels.py`: the decoder's linear layers and the output projection; embeddings, layer norms,
-attention and the encoder stay in float32): "float32" gives the tokens of eager decoding (tested): its greedy steps of
+Precisions (`fast_kernels.py`: the decoder's linear layers, the projections of its cross-attention keys and values,
+and the output projection; the encoder's linear layers too under `FastDecoding.generate`, not under
+`generate(custom_generate=...)`, which runs the model's encoder; embeddings, layer norms and attention stay in
+float32): "float32" gives the tokens of eager decoding (tested): its greedy steps of
 at most `SMALL_ROWS` rows choose each token through `OutputScreen`, a float16 pass over the output projection with an
 error bound on every logit, the few candidates it leaves recomputed in float32, so that the token is float32's by
 proof; a token the bound cannot prove (counted in `FastDecoding.screen_fallbacks`) is chosen from all float32 logits

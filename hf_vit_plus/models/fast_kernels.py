@@ -1,8 +1,9 @@
 """The kernels of the fused decoding step (`fast_decoding.py`): the linear layers in each precision, FBGEMM's
 products as custom torch operators, their C++ kernels, and the float16 screen of greedy decoding's output projection.
 
-- `FastLinear`: `x @ W^T + b` with W in one of `PRECISIONS` (the decoder's linear layers and the output projection;
-  embeddings, layer norms, attention and the encoder stay in float32):
+- `FastLinear`: `x @ W^T + b` with W in one of `PRECISIONS` (the decoder's linear layers, its cross-attention keys'
+  and values' projections and the output projection, and the encoder's under `FastDecoding.generate`; embeddings,
+  layer norms and attention stay in float32):
   - "float32": the model's own weights (no copy);
   - "bfloat16": weights in bfloat16; a product of at most `SMALL_ROWS` rows reads them and accumulates in float32,
     larger products run in bfloat16 where the device multiplies it natively (AVX512_BF16, AMX), else in float32;
