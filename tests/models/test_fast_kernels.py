@@ -1,5 +1,7 @@
-"""The C++ kernel of `hf_vit_plus.models.fast_kernels` that beam search calls outside the products: the top-k of the
-candidates (`topk_rows`), against `torch.topk`, with the AVX-512 comparisons and with the plain loop."""
+"""The C++ kernels of `hf_vit_plus.models.fast_kernels` against what they replace: beam search's top-k of the
+candidates (`topk_rows`) against `torch.topk`, with the AVX-512 comparisons and with the plain loop; the AVX-512
+products (`int8_vnni_linear`, `fp32_packed_linear`) against their Python definitions; the fused attention kernels
+(`cache_attention`, `source_attention`) against the decoder layer's Python attention."""
 
 from __future__ import annotations
 
@@ -87,3 +89,64 @@ def test_beam_search_takes_the_kernel_where_the_cpu_runs_it(kernels):
 
     decoder = FastDecoder(Seq2SeqTransformerForConditionalGeneration(_config()).eval())
     assert decoder.fast_topk == fast_kernels.cpp_avx512_kernels()[1]
+
+
+needs_avx512 = pytest.mark.skipif(
+    not fast_kernels.cpp_avx512_kernels()[1], reason="the C++ AVX-512 kernels run on CPUs with AVX-512 only"
+)
+
+
+@needs_avx512
+@pytest.mark.parametrize("rows", [1, 2, 3, 17, 64])
+def test_the_avx512_products_compute_the_python_definitions(kernels, rows):
+    """`int8_vnni_linear`: FastLinear's Python definition of dynamic int8 (each row quantized over its own range),
+    bit for bit; `fp32_packed_linear`: F.linear's products (another order of the sums), for widths that are not a
+    multiple of the 64-column groups too."""
+    torch.manual_seed(rows)
+    for out_features, in_features in ((64, 32), (100, 48), (8000 // 50, 256)):
+        linear = torch.nn.Linear(in_features, out_features)
+        x = torch.randn(rows, in_features)
+        with torch.no_grad():
+            if fast_kernels.cpp_avx512_kernels()[0]:
+                int8 = fast_kernels.FastLinear(linear, "int8-dynamic")
+                assert int8.vnni
+                vnni = int8(x)
+                int8.vnni = False  # the Python definition
+                assert torch.equal(vnni, int8(x)), (rows, out_features, in_features)
+            packed = torch.ops.hf_vit_plus_cpp.fp32_packed_linear.default(x, linear.weight, linear.bias)
+            torch.testing.assert_close(packed, torch.nn.functional.linear(x, linear.weight, linear.bias))
+
+
+@needs_avx512
+@pytest.mark.parametrize("beams", [1, 4])
+def test_the_fused_attention_kernels_compute_the_python_attention(kernels, beams):
+    """`cache_attention` (over positions 0..position only, through beam search's cache history) and
+    `source_attention` (padded sources masked) against the decoder layer's Python attention."""
+    from hf_vit_plus import Seq2SeqTransformerForConditionalGeneration
+    from hf_vit_plus.models.fast_decoding import FastDecoderLayer
+    from tests.models.test_fast_decoding import _config
+
+    torch.manual_seed(beams)
+    model = Seq2SeqTransformerForConditionalGeneration(_config()).eval()
+    layer = FastDecoderLayer(model.model.decoder.layers[0], "float32")
+    assert layer.fused_attention
+    batch, length, source, dim = 3, 9, 7, model.config.d_model
+    rows = batch * beams
+    hidden = torch.randn(rows, dim)
+    keys, values = torch.randn(rows, length, dim), torch.randn(rows, length, dim)
+    history = torch.randint(0, rows, (rows, length)) if beams > 1 else None
+    cross_keys, cross_values = torch.randn(batch, source, dim), torch.randn(batch, source, dim)
+    bias = torch.zeros(batch, source)
+    bias[0, 5:] = float("-inf")
+    with torch.no_grad():
+        for position in (0, 4, length - 1):
+            outputs = []
+            for fused in (True, False):
+                layer.fused_attention = fused
+                cache = (keys.clone(), values.clone())
+                own = layer.self_attention(hidden, torch.tensor(position), *cache, history)
+                outputs.append((own, layer.cross_attention(hidden, cross_keys, cross_values, bias), cache))
+            (fused_own, fused_cross, fused_cache), (own, cross, cache) = outputs
+            torch.testing.assert_close(fused_own, own, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(fused_cross, cross, rtol=1e-5, atol=1e-5)
+            assert torch.equal(fused_cache[0], cache[0]) and torch.equal(fused_cache[1], cache[1])
