@@ -165,8 +165,8 @@ def aoti_flat_call(runner):
     """A callable `f(*args)` that runs an AOTInductor package loaded by `torch._inductor.aoti_load_package` as its
     `__call__` does, for arguments that are tensors in nested tuples and lists, without its pytree flattening and
     unflattening and its parsing of the call spec (Python work at every call, which a decoding step pays per token);
-    None where the loaded model lacks its loader's `boxed_run` and `get_call_spec` (torch 2.15's has them) or its
-    outputs are more than tuples and lists of leaves (a dict, a named tuple): call `runner`.
+    None where the loaded model lacks its loader's `boxed_run` and `get_call_spec` (torch 2.14's and 2.15's have
+    them) or its outputs are more than tuples and lists of leaves (a dict, a named tuple): call `runner`.
     """
     loader = getattr(runner, "loader", None)
     if not (callable(getattr(loader, "boxed_run", None)) and callable(getattr(loader, "get_call_spec", None))):

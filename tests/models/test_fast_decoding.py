@@ -164,7 +164,7 @@ def test_aoti_flat_call_returns_what_the_loaded_package_returns():
     args = (torch.randn(3, 4), (torch.randn(4), [torch.randn(4, 5)]))
     runner = aoti_compile(Nested(), args)
     flat = aoti_flat_call(runner)
-    assert flat is not None  # torch 2.15's loader has boxed_run and get_call_spec
+    assert flat is not None  # torch 2.14's and 2.15's loaders have boxed_run and get_call_spec
     for _ in range(2):
         out, expected = flat(*args), runner(*args)
         assert type(out) is tuple and type(out[1]) is list and type(out[1][1]) is tuple
