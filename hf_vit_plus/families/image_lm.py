@@ -32,7 +32,7 @@ IMAGE_LM = Family(
             "sparse_num_summary_blocks", "sparse_pattern_mode",
         ),
     ),  # fmt: skip
-    trainer="hf_vit_plus.training.families.image_lm:ImageLMFamily",
+    task="hf_vit_plus.training.tasks.image_lm:ImageLMTask",
     data="images",
     builtin_data="digits",
     user_data=False,

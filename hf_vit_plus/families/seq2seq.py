@@ -26,7 +26,7 @@ SEQ2SEQ = Family(
             "label_smoothing",
         ),  # fmt: skip
     ),
-    trainer="hf_vit_plus.training.families.seq2seq:Seq2SeqFamily",
+    task="hf_vit_plus.training.tasks.seq2seq:Seq2SeqTask",
     data="text",
     builtin_data="numbers -> English words",
     flags=(

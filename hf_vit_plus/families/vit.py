@@ -58,7 +58,7 @@ VIT = Family(
         # the hybrid's stem (sec. 3.1), in the table only where the model has one
         architecture_when=(("conv_stem_layers", "conv_stem_layers"), ("conv_stem_channels", "conv_stem_layers")),
     ),
-    trainer="hf_vit_plus.training.families.vit:ViTFamily",
+    task="hf_vit_plus.training.tasks.vit:ViTTask",
     data="images",
     builtin_data="8x8 digits",
     flags=(
@@ -105,7 +105,7 @@ VIT_MPP = Family(
             *ENCODER_CARD_FIELDS, "mpp_mask_ratio", "mpp_num_bits", "mpp_value_range",
         ),
     ),  # fmt: skip
-    trainer="hf_vit_plus.training.families.vit:ViTMaskedPatchFamily",
+    task="hf_vit_plus.training.tasks.vit:ViTMaskedPatchTask",
     data="images",
     builtin_data="8x8 digits",
     flags=("image_column_name", *MPP_RECIPE_FLAGS),

@@ -98,7 +98,7 @@ def check_inputs(args: TrainingArguments) -> None:
     """Check what the arguments point to before any work starts: data and model paths, the checkpoint to resume
     from, and the --config_overrides keys (against the config class the run builds). Raises `UsageError`."""
     from .checkpoints import resolve_checkpoint
-    from .families import check_config_overrides, get_family, parse_overrides
+    from .tasks import check_config_overrides, get_task, parse_overrides
 
     args.check_paths()
     if args.resume_from_checkpoint:
@@ -106,7 +106,7 @@ def check_inputs(args: TrainingArguments) -> None:
             resolve_checkpoint(args.resume_from_checkpoint, args.output_dir)
         except (FileNotFoundError, ValueError) as error:  # missing folder, or not a training checkpoint
             raise UsageError(str(error)) from error
-    config_class = get_family(args.family).config_class_for(args)  # also checks --model_name_or_path / --config_name
+    config_class = get_task(args.family).config_class_for(args)  # also checks --model_name_or_path / --config_name
     check_config_overrides(config_class, parse_overrides(args.config_overrides))
 
 

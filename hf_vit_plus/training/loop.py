@@ -59,7 +59,6 @@ from .checkpoints import (
 )
 from .disk import UNLIMITED_CHECKPOINTS_CHECKED, checkpoint_bytes, tensor_bytes, warn_if_short_of_space
 from .ema import ModelEma
-from .families import TrainingData, TrainingFamily, get_family, weights_from_main_process
 from .learning import DivergenceGuard, LearningCheck, check_learning
 from .outputs import check_push_target, prefixed_metrics, save_final
 from .plan import ResumePoint, RunPlan, describe, plan_resume, plan_run
@@ -81,6 +80,7 @@ from .sharding import (
     trained_model,
     units,
 )
+from .tasks import TrainingData, TrainingTask, get_task, weights_from_main_process
 
 
 class _LocalMainProcessLogger(logging.LoggerAdapter):
@@ -126,7 +126,7 @@ class Run:
     accelerator: Accelerator
     plan: RunPlan  # the run's decisions (`plan.py`); `args` are its arguments, with the family's data values added
     args: TrainingArguments
-    family: TrainingFamily
+    family: TrainingTask
     data: TrainingData
     model: Any
     processor: Any  # image processor or tokenizer saved with the model; None when the model needs none (image-lm)
@@ -181,9 +181,9 @@ class Progress:
     last_saved_step: int = -1
 
 
-def train(args: TrainingArguments, family: TrainingFamily | None = None) -> TrainResult:
+def train(args: TrainingArguments, family: TrainingTask | None = None) -> TrainResult:
     """Train `args.family` as `args` says; returns the final evaluation and where things were written."""
-    family = family or get_family(args.family)
+    family = family or get_task(args.family)
     with user_errors():  # before the first update, a bad value is the user's: the tracker, data, config, sizes
         check_push_target(args)  # the final push's target, before hours of training (as transformers' Trainer)
         plan = plan_run(args)  # precision, sharding, activation checkpointing: decided once, before the Accelerator
@@ -204,7 +204,7 @@ def train(args: TrainingArguments, family: TrainingFamily | None = None) -> Trai
         return _train(plan, family, accelerator)
 
 
-def _train(plan: RunPlan, family: TrainingFamily, accelerator: Accelerator) -> TrainResult:
+def _train(plan: RunPlan, family: TrainingTask, accelerator: Accelerator) -> TrainResult:
     with user_errors():
         set_seed(plan.args.seed)
         plan = plan_resume(plan, family)  # the folder is ours now: the checkpoint to resume, its processor
@@ -275,7 +275,7 @@ def create_accelerator(plan: RunPlan | TrainingArguments) -> Accelerator:
     return accelerator
 
 
-def prepare_run(accelerator: Accelerator, plan: RunPlan | TrainingArguments, family: TrainingFamily) -> Run:
+def prepare_run(accelerator: Accelerator, plan: RunPlan | TrainingArguments, family: TrainingTask) -> Run:
     """Data, model and processor (on the main process first, so that caches are written once), then the loaders,
     optimiser and schedule, all through `accelerator.prepare`. Given arguments, it plans them first (no resume)."""
     if isinstance(plan, TrainingArguments):
@@ -665,7 +665,7 @@ def evaluate_run(run: Run) -> dict[str, float]:
     return averaged | online
 
 
-def evaluate(accelerator: Accelerator, model, dataloader, family: TrainingFamily) -> dict[str, float]:
+def evaluate(accelerator: Accelerator, model, dataloader, family: TrainingTask) -> dict[str, float]:
     """Per-example outputs of every process, gathered without the padding `even_batches` adds."""
     model.eval()
     chunks: dict[str, list[torch.Tensor]] = defaultdict(list)

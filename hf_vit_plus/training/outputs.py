@@ -19,8 +19,8 @@ from ..models.compat import disable_activation_checkpointing
 from .args import TrainingArguments
 from .checkpoints import checkpoint_dirs
 from .disk import SAVE_ERRORS, OutOfSpaceError, is_out_of_space, out_of_space_message, tensor_bytes
-from .families import TrainingData, TrainingFamily
 from .sharding import trained_model
+from .tasks import TrainingData, TrainingTask
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ def save_final(
     model,
     processor,
     args: TrainingArguments,
-    family: TrainingFamily,
+    family: TrainingTask,
     data: TrainingData,
     eval_metrics: dict[str, float],
     log_history: list[dict],
@@ -122,7 +122,7 @@ def _write_model_folder(accelerator, unwrapped, state_dict, processor, output_di
 
 def write_card_and_figures(
     args: TrainingArguments,
-    family: TrainingFamily,
+    family: TrainingTask,
     data: TrainingData,
     model,
     processor,
@@ -174,7 +174,7 @@ def write_card_and_figures(
 def run_record(
     accelerator: Accelerator,
     args: TrainingArguments,
-    family: TrainingFamily,
+    family: TrainingTask,
     data: TrainingData,
     processor,
     train_seconds: float | None,
@@ -205,11 +205,11 @@ def run_record(
 
 
 def card_hyperparameters(
-    args: TrainingArguments, log_history: list[dict] | None = None, family: TrainingFamily | None = None
+    args: TrainingArguments, log_history: list[dict] | None = None, family: TrainingTask | None = None
 ) -> dict:
     """The hyperparameters shown in the model card (`CARD_FIELDS`; the image recipe's flags, `RECIPE_FLAGS`, where the
     run resolved them). The scheduler is the one the run used: --lr_scheduler_type auto is resolved to `family`'s
-    (`TrainingFamily.default_scheduler`, e.g. "cosine", "noam"). The epochs are left out when --max_steps decided the
+    (`TrainingTask.default_scheduler`, e.g. "cosine", "noam"). The epochs are left out when --max_steps decided the
     length. Under --max_train_minutes the updates and epochs the run made (`log_history`'s last) stand beside those
     foreseen: the budget may end it first."""
     values = {k: getattr(args, k) for k in CARD_FIELDS if getattr(args, k) is not None}

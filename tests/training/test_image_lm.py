@@ -17,8 +17,8 @@ from hf_vit_plus.data.pixel_baselines import pixel_floors, pixel_histogram_bits_
 from hf_vit_plus.errors import UsageError
 from hf_vit_plus.hub.card import load_card_metadata, validate_card_metadata
 from hf_vit_plus.training.args import family_arguments
-from hf_vit_plus.training.families.image_lm import ImageLMFamily, load_image_arrays
 from hf_vit_plus.training.loop import train
+from hf_vit_plus.training.tasks.image_lm import ImageLMTask, load_image_arrays
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")  # tests/conftest.py
 
@@ -129,7 +129,7 @@ def test_cli_writes_weights_bits_per_dim_a_valid_card_and_the_curves(tmp_path, c
 
 def test_the_default_model_is_for_images_sized_from_the_data():
     args = family_arguments("image-lm", output_dir="unused", max_train_samples=8, max_eval_samples=4)
-    family = ImageLMFamily()
+    family = ImageLMTask()
     data = family.load_data(args)
     model, processor = family.build(args, data)
     assert processor is None and type(model) is SparseTransformerForImageGeneration

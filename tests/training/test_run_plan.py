@@ -101,7 +101,7 @@ def test_a_run_asks_for_its_parallelism_once_and_prints_its_plan(tmp_path, monke
 
 def test_resuming_reads_the_checkpoint_and_its_processor_into_the_plan(tmp_path):
     """The seq2seq family trains its tokenizer: a resumed run must use the checkpoint's, chosen by the plan."""
-    from hf_vit_plus.training.families import get_family
+    from hf_vit_plus.training.tasks import get_task
 
     args = family_arguments(
         "seq2seq", output_dir=str(tmp_path / "s2s"), report_to="none", write_card=False, max_steps=2, save_steps=1,
@@ -111,7 +111,7 @@ def test_resuming_reads_the_checkpoint_and_its_processor_into_the_plan(tmp_path)
     )  # fmt: skip
     train(args)
     resumed = dataclasses.replace(args, resume_from_checkpoint="latest", max_steps=3)
-    plan = plan_resume(plan_run(resumed), get_family("seq2seq"))
+    plan = plan_resume(plan_run(resumed), get_task("seq2seq"))
     assert plan.resume is not None and plan.resume.path.name == "checkpoint-2"
     assert plan.processor_from == str(plan.resume.path / "processor") == plan.args.tokenizer_name
     with run_report() as report:
@@ -119,5 +119,5 @@ def test_resuming_reads_the_checkpoint_and_its_processor_into_the_plan(tmp_path)
     assert result.global_step == 3
     assert f"Processor: the one saved with the checkpoint resumed ({plan.processor_from})" in report.getvalue()
     # a plain run plans no resume and no processor
-    fresh = plan_resume(plan_run(args), get_family("seq2seq"))
+    fresh = plan_resume(plan_run(args), get_task("seq2seq"))
     assert fresh.resume is None and fresh.processor_from is None and fresh.args.tokenizer_name is None

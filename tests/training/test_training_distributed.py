@@ -134,9 +134,9 @@ def _trainer_losses(family_name: str, output_dir: str, batch: int) -> None:
     from transformers import Trainer, set_seed
     from transformers import TrainingArguments as HFTrainingArguments
 
-    from hf_vit_plus.training.families import get_family
+    from hf_vit_plus.training.tasks import get_task
 
-    family = get_family(family_name)
+    family = get_task(family_name)
     args = family_arguments(family_name, output_dir=output_dir, config_overrides=TINY[family_name],
                             max_train_samples=64, max_eval_samples=8, block_size=32, vocab_size=300)  # fmt: skip
     set_seed(0)
@@ -279,9 +279,9 @@ def _diverge_on_rank_1(output_dir: str) -> None:
 
     from accelerate import PartialState
 
-    from hf_vit_plus.training.families import get_family
+    from hf_vit_plus.training.tasks import get_task
 
-    family = get_family("vit")
+    family = get_task("vit")
     original, calls = family.training_loss, []
 
     def poisoned(model, batch, extras):  # the loss of process 1 becomes NaN at its third update

@@ -97,8 +97,8 @@ def test_adamw_is_fused_on_plain_parameters_and_updates_as_the_per_tensor_loop(t
     import copy
 
     from hf_vit_plus import ViTPlusConfig, ViTPlusForImageClassification
-    from hf_vit_plus.training.families import get_family, weight_decay_groups
-    from hf_vit_plus.training.families.base import fused_optimizer_supported
+    from hf_vit_plus.training.tasks import get_task, weight_decay_groups
+    from hf_vit_plus.training.tasks.base import fused_optimizer_supported
 
     config = ViTPlusConfig(image_size=8, patch_size=4, num_channels=1, hidden_size=16, num_hidden_layers=1,
                            num_attention_heads=2, intermediate_size=32, num_labels=3)  # fmt: skip
@@ -106,7 +106,7 @@ def test_adamw_is_fused_on_plain_parameters_and_updates_as_the_per_tensor_loop(t
     model = ViTPlusForImageClassification(config)
     reference = copy.deepcopy(model)
     args = tiny_vit(tmp_path, learning_rate=1e-2)
-    fused = get_family("vit").create_optimizer(model, args)
+    fused = get_task("vit").create_optimizer(model, args)
     assert fused.defaults["fused"] is True
     betas, eps = (args.adam_beta1, args.adam_beta2), args.adam_epsilon
     groups = weight_decay_groups(reference, args.weight_decay)
@@ -421,14 +421,14 @@ def test_a_seq2seq_config_folder_gets_the_runs_label_smoothing_and_vocabulary(tm
     """A fresh seq2seq model from a --config_name folder is sized for the tokenizer and uses
     --label_smoothing_factor, as one from a preset or the default config does (the folder's values were kept)."""
     from hf_vit_plus import Seq2SeqTransformerConfig
-    from hf_vit_plus.training.families import get_family
+    from hf_vit_plus.training.tasks import get_task
 
     Seq2SeqTransformerConfig(d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
                              decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, vocab_size=5000,
                              label_smoothing=0.0).save_pretrained(tmp_path / "config")  # fmt: skip
     args = family_arguments("seq2seq", output_dir=str(tmp_path / "run"), config_name=str(tmp_path / "config"),
                             label_smoothing_factor=0.2, max_train_samples=200, vocab_size=300)  # fmt: skip
-    family = get_family("seq2seq")
+    family = get_task("seq2seq")
     model, tokenizer = family.build(args, family.load_data(args))
     assert model.config.label_smoothing == 0.2 and model.config.vocab_size == len(tokenizer)
     assert model.config.d_model == 32

@@ -1,4 +1,4 @@
-"""What every family's training recipe shares: the `TrainingFamily` base class the loop (`loop.py`) calls, the raw
+"""What every family's training task shares: the `TrainingTask` base class the loop (`loop.py`) calls, the raw
 data it returns (`TrainingData`), the optimiser groups and the data helpers.
 
 A recipe holds no state: each step takes what it needs and returns values. The loop calls
@@ -126,7 +126,7 @@ def warmup_steps(args: TrainingArguments, total_steps: int) -> int:
 # ---------------------------------------------------------------------------------------------------- the family
 @dataclass(frozen=True)
 class TrainingData:
-    """The raw splits of a run, as `TrainingFamily.load_data` returns them.
+    """The raw splits of a run, as `TrainingTask.load_data` returns them.
 
     Attributes:
         raw: "train" and "validation", with the family's column names.
@@ -150,7 +150,7 @@ class TrainingData:
     languages: tuple[str, ...] = ()
 
 
-class TrainingFamily:
+class TrainingTask:
     """The per-family pieces of the loop.
 
     Subclasses set `name` (the id of their `hf_vit_plus.families` record) and implement the data and evaluation

@@ -6,7 +6,7 @@ On top of plain training (`--recipe none`, as before 0.3), the data-efficient re
 `training/recipes.py`): augmentation of each image and Mixup/CutMix of each batch (`training/augment.py`), label
 smoothing, stochastic depth, an average of the weights; DeiT's hard-label distillation from a teacher (`--teacher`,
 `training/distillation.py`); fresh transformers models of another type for comparison (`--model_type resnet|vit`).
-The masked patch prediction of the ViT paper (sec. 4.6) is the "vit-mpp" family (`ViTMaskedPatchFamily`).
+The masked patch prediction of the ViT paper (sec. 4.6) is the "vit-mpp" family (`ViTMaskedPatchTask`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from ..learning import LearningMetric, majority_accuracy
 from ..recipes import RecipeContext, recipe_drop_path_rate, resolve_recipe, updates_per_epoch
 from .base import (
     TrainingData,
-    TrainingFamily,
+    TrainingTask,
     builtin_card_record,
     builtin_data,
     limit_samples,
@@ -81,7 +81,7 @@ def _cell_list(values) -> str:
     return "not set" if values is None else ", ".join(f"{value:g}" for value in values)
 
 
-class ViTFamily(TrainingFamily):
+class ViTTask(TrainingTask):
     name = "vit"
     learning_metric = LearningMetric(
         "accuracy", "majority_class_accuracy", True, "always answering the majority class"
@@ -192,7 +192,7 @@ class ViTFamily(TrainingFamily):
         )
 
     def run_config(self, args, data, extra: dict | None = None) -> PretrainedConfig:
-        """The config of the run's model (see `TrainingFamily.build_config`), with the data's labels and `extra`."""
+        """The config of the run's model (see `TrainingTask.build_config`), with the data's labels and `extra`."""
         fields = {**self.label_fields(data), **(extra or {})}
         if args.model_type and not (args.model_name_or_path or args.config_name):
             return self.transformers_config(args, fields)
@@ -398,7 +398,7 @@ class ViTFamily(TrainingFamily):
         return list(write_vit_figures(model, images, output_dir, processor=processor, max_images=4))
 
 
-class ViTMaskedPatchFamily(ViTFamily):
+class ViTMaskedPatchTask(ViTTask):
     learning_metric = LearningMetric(
         "mpp_accuracy", "baseline_commonest_colour_accuracy", True, "always answering the commonest colour"
     )

@@ -15,7 +15,7 @@ from ...data.images import IMAGE_DATASETS, ImageDataset
 from ...errors import UsageError
 from ...models.configuration_sparse_transformer import SparseTransformerConfig
 from ..learning import LearningMetric
-from .base import TrainingData, TrainingFamily, builtin_card_record
+from .base import TrainingData, TrainingTask, builtin_card_record
 
 # A fresh image model, on top of what the images fix (`IMAGE_CONFIG_FIELDS`): 4 blocks of width 64, untied embeddings
 # (as `SparseTransformerConfig.for_images`), the strided pattern (stride: one image row) with its two parts (the row
@@ -34,7 +34,7 @@ IMAGE_CONFIG_FIELDS = (
 )  # fmt: skip
 
 
-class ImageLMFamily(TrainingFamily):
+class ImageLMTask(TrainingTask):
     """The Sparse Transformer as an image model (sec. 7.1 of the paper): pixels in raster order as tokens, the loss in
     nats per dim, evaluated in bits per dim on the test split beside two floors (uniform, per-pixel histogram)."""
 

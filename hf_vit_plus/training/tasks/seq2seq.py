@@ -12,7 +12,7 @@ from datasets import DatasetDict
 from ..learning import LearningMetric, majority_accuracy, sequence_keys
 from .base import (
     TrainingData,
-    TrainingFamily,
+    TrainingTask,
     builtin_data,
     limit_samples,
     load_user_data,
@@ -39,7 +39,7 @@ NUMBER_WORDS_DESCRIPTION = (
 )
 
 
-class Seq2SeqFamily(TrainingFamily):
+class Seq2SeqTask(TrainingTask):
     name = "seq2seq"
     trains_its_processor = True
     learning_metric = LearningMetric(

@@ -11,7 +11,7 @@ from datasets import Dataset, DatasetDict
 from ..learning import LearningMetric, unigram_bits
 from .base import (
     TrainingData,
-    TrainingFamily,
+    TrainingTask,
     builtin_data,
     limit_samples,
     load_user_data,
@@ -36,7 +36,7 @@ STDLIB_DESCRIPTION = (
 )
 
 
-class SparseLMFamily(TrainingFamily):
+class SparseLMTask(TrainingTask):
     name = "sparse-lm"
     learning_metric = LearningMetric("bits_per_token", "unigram_bits_per_token", False, "a unigram model")
 
