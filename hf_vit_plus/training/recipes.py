@@ -145,6 +145,30 @@ def resolve_recipe(args, context: RecipeContext):
     return dataclasses.replace(args, **unset) if unset else args
 
 
+def recipe_flag_help(name: str, family: str = "vit") -> str | None:
+    """The help of the flag of a setting whose default the recipes decide and state here (the learning rate, the
+    warm-up, the label smoothing), worded from the recipes' own values; None for the other flags (whose help says
+    "default: the recipe's")."""
+    none, deit = RECIPE_NONE, static_recipe_values("deit", family)
+    if name == "learning_rate":
+        return (
+            f"peak learning rate (default: the --recipe's: {none['learning_rate']:g} with none; deit: "
+            f"{DEIT_LEARNING_RATE_PER_512:g} x global batch / 512 / the run's share of DeiT's {DEIT_EPOCHS} "
+            f"epochs, at most {MAX_LEARNING_RATE_BOOST:g}x)"
+        )
+    if name == "warmup_ratio":
+        return (
+            f"share of the updates spent warming up (default: the --recipe's: {none['warmup_ratio']:g} with none; "
+            f"deit: {DEIT_WARMUP_EPOCHS} of {DEIT_EPOCHS} epochs, at most {DEIT_MAX_WARMUP_RATIO:g} of the run)"
+        )
+    if name == "label_smoothing_factor":
+        return (
+            f"label smoothing of the training loss (default: the --recipe's: {none['label_smoothing_factor']:g} with "
+            f"none, {deit['label_smoothing_factor']:g} with deit)"
+        )
+    return None
+
+
 def recipe_mixed_precision(recipe: str, device_type: str, sharded: bool) -> str | None:
     """The --mixed_precision of `recipe` on a `device_type` ("cpu", "cuda", ...) device, or None to leave it to
     Accelerate. DeiT trains under automatic mixed precision (fp16 autocast in its training engine); "deit" takes bf16
@@ -192,6 +216,7 @@ __all__ = [
     "budget_share",
     "epochs_of_run",
     "recipe_drop_path_rate",
+    "recipe_flag_help",
     "recipe_mixed_precision",
     "resolve_recipe",
     "run_recipe_values",

@@ -34,11 +34,13 @@ pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")  # tests/conftest
 def _save_pretrained(root: Path) -> Path:
     """A tiny seq2seq model, its weights drawn with a seed of their own, saved with its tokenizer (the 'pretrained'
     checkpoint). Built in the test's process: no autograd, so the processes can still be forked."""
+    from hf_vit_plus.training.plan import preview_plan
     from hf_vit_plus.training.tasks import get_task
 
     family = get_task(FAMILY)
     args = run_args(FAMILY, root / "unused")
-    model, tokenizer = family.build(args, family.load_data(args))
+    data = family.load_data(args)
+    model, tokenizer = family.build(preview_plan(args, family, data), data)
     generator = torch.Generator().manual_seed(1234)
     with torch.no_grad():
         for value in model.state_dict().values():  # the tied matrix once per name: the last draw stays

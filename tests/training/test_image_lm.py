@@ -129,9 +129,11 @@ def test_cli_writes_weights_bits_per_dim_a_valid_card_and_the_curves(tmp_path, c
 
 def test_the_default_model_is_for_images_sized_from_the_data():
     args = family_arguments("image-lm", output_dir="unused", max_train_samples=8, max_eval_samples=4)
+    from hf_vit_plus.training.plan import preview_plan
+
     family = ImageLMTask()
     data = family.load_data(args)
-    model, processor = family.build(args, data)
+    model, processor = family.build(preview_plan(args, family, data), data)
     assert processor is None and type(model) is SparseTransformerForImageGeneration
     config = model.config
     # what 8 x 8 grey images fix (the paper's image layout, sec. 7.1): 256 intensities and a start token, one position

@@ -1,5 +1,6 @@
 """The run's decisions, made once into a frozen plan (`training/plan.py`): precision, sharding, activation
-checkpointing, the checkpoint to resume and its processor; the loop, the Accelerator and the first lines read it."""
+checkpointing (the launch the Accelerator is built from), the checkpoint to resume and its processor; the loop, the
+Accelerator and the first lines read it."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 from hf_vit_plus.training import sharding
 from hf_vit_plus.training.args import family_arguments
 from hf_vit_plus.training.loop import train
-from hf_vit_plus.training.plan import RunPlan, plan_resume, plan_run
+from hf_vit_plus.training.plan import Launch, RunPlan, decide_launch, preview_plan, resume_point
 from tests.utils import TINY_VIT_OVERRIDES, run_report
 
 
@@ -53,30 +54,37 @@ def test_the_plan_decides_the_precision_and_says_who_chose_it(
     monkeypatch.setattr(compat, "cpu_has_native_bf16_products", lambda: native)
     for name, value in environ.items():
         monkeypatch.setenv(name, value)
-    plan = plan_run(tiny(tmp_path, **flags))
-    assert plan.args.mixed_precision == precision and plan.precision_from == chosen_by
-    assert plan.on_cpu and not plan.sharded
+    launch = decide_launch(tiny(tmp_path, **flags))
+    assert launch.mixed_precision == precision and launch.precision_from == chosen_by
+    assert launch.on_cpu and not launch.sharded
 
 
 def test_fsdp_activation_checkpointing_is_decided_into_the_arguments(tmp_path, monkeypatch):
-    plan = plan_run(tiny(tmp_path, fsdp=True, fsdp_config='{"activation_checkpointing": true}'))
-    assert plan.args.activation_checkpointing and plan.checkpointing_from == "--fsdp_config"
-    assert plan.request.fsdp and plan.sharded
+    launch = decide_launch(tiny(tmp_path, fsdp=True, fsdp_config='{"activation_checkpointing": true}'))
+    assert launch.activation_checkpointing and launch.checkpointing_from == "--fsdp_config"
+    assert launch.request.fsdp and launch.sharded
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     monkeypatch.setenv("FSDP_ACTIVATION_CHECKPOINTING", "true")
-    plan = plan_run(tiny(tmp_path))
-    assert plan.args.activation_checkpointing and plan.checkpointing_from == "the accelerate config"
-    assert plan.request.fsdp_from == sharding.LAUNCHER_FSDP
+    launch = decide_launch(tiny(tmp_path))
+    assert launch.activation_checkpointing and launch.checkpointing_from == "the accelerate config"
+    assert launch.request.fsdp_from == sharding.LAUNCHER_FSDP
     monkeypatch.delenv("ACCELERATE_USE_FSDP")
-    plain = plan_run(tiny(tmp_path))
-    assert not plain.args.activation_checkpointing and plain.checkpointing_from is None
+    plain = decide_launch(tiny(tmp_path))
+    assert not plain.activation_checkpointing and plain.checkpointing_from is None
 
 
 def test_the_plan_is_frozen(tmp_path):
-    plan = plan_run(tiny(tmp_path))
-    assert isinstance(plan, RunPlan)
+    from hf_vit_plus.training.tasks import get_task
+
+    args = tiny(tmp_path)
+    plan = preview_plan(args, get_task("vit"))
+    assert isinstance(plan, RunPlan) and isinstance(plan.launch, Launch)
     with pytest.raises(dataclasses.FrozenInstanceError):
-        plan.on_cpu = False
+        plan.total_steps = 2
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.options.learning_rate = 1.0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        args.max_steps = 2
 
 
 def test_a_run_asks_for_its_parallelism_once_and_prints_its_plan(tmp_path, monkeypatch):
@@ -111,13 +119,14 @@ def test_resuming_reads_the_checkpoint_and_its_processor_into_the_plan(tmp_path)
     )  # fmt: skip
     train(args)
     resumed = dataclasses.replace(args, resume_from_checkpoint="latest", max_steps=3)
-    plan = plan_resume(plan_run(resumed), get_task("seq2seq"))
+    plan = preview_plan(resumed, get_task("seq2seq"))
     assert plan.resume is not None and plan.resume.path.name == "checkpoint-2"
-    assert plan.processor_from == str(plan.resume.path / "processor") == plan.args.tokenizer_name
+    assert plan.processor_from == str(plan.resume.path / "processor") == plan.processor_location
+    assert plan.options.tokenizer_name is None  # the options stay what was given; the plan says where it reads
     with run_report() as report:
         result = train(resumed)
     assert result.global_step == 3
     assert f"Processor: the one saved with the checkpoint resumed ({plan.processor_from})" in report.getvalue()
     # a plain run plans no resume and no processor
-    fresh = plan_resume(plan_run(args), get_task("seq2seq"))
-    assert fresh.resume is None and fresh.processor_from is None and fresh.args.tokenizer_name is None
+    fresh = resume_point(args, get_task("seq2seq"))
+    assert fresh == (None, None)

@@ -139,10 +139,13 @@ def _trainer_losses(family_name: str, output_dir: str, batch: int) -> None:
     family = get_task(family_name)
     args = family_arguments(family_name, output_dir=output_dir, config_overrides=TINY[family_name],
                             max_train_samples=64, max_eval_samples=8, block_size=32, vocab_size=300)  # fmt: skip
+    from hf_vit_plus.training.plan import preview_plan
+
     set_seed(0)
     data = family.load_data(args)
-    model, processor = family.build(args, data)
-    datasets = family.transform(data, processor, model, args)
+    plan = preview_plan(args, family, data)
+    model, processor = family.build(plan, data)
+    datasets = family.transform(data, processor, model, plan)
     trainer_args = HFTrainingArguments(
         output_dir=output_dir,
         per_device_train_batch_size=batch,

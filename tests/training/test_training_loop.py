@@ -105,8 +105,10 @@ def test_adamw_is_fused_on_plain_parameters_and_updates_as_the_per_tensor_loop(t
     torch.manual_seed(0)
     model = ViTPlusForImageClassification(config)
     reference = copy.deepcopy(model)
+    from hf_vit_plus.training.plan import preview_plan
+
     args = tiny_vit(tmp_path, learning_rate=1e-2)
-    fused = get_task("vit").create_optimizer(model, args)
+    fused = get_task("vit").create_optimizer(model, preview_plan(args, get_task("vit")))
     assert fused.defaults["fused"] is True
     betas, eps = (args.adam_beta1, args.adam_beta2), args.adam_epsilon
     groups = weight_decay_groups(reference, args.weight_decay)
@@ -428,7 +430,10 @@ def test_a_seq2seq_config_folder_gets_the_runs_label_smoothing_and_vocabulary(tm
                              label_smoothing=0.0).save_pretrained(tmp_path / "config")  # fmt: skip
     args = family_arguments("seq2seq", output_dir=str(tmp_path / "run"), config_name=str(tmp_path / "config"),
                             label_smoothing_factor=0.2, max_train_samples=200, vocab_size=300)  # fmt: skip
+    from hf_vit_plus.training.plan import preview_plan
+
     family = get_task("seq2seq")
-    model, tokenizer = family.build(args, family.load_data(args))
+    data = family.load_data(args)
+    model, tokenizer = family.build(preview_plan(args, family, data), data)
     assert model.config.label_smoothing == 0.2 and model.config.vocab_size == len(tokenizer)
     assert model.config.d_model == 32

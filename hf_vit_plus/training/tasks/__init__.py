@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 
 from ...families import get_family as get_record
-from .base import TrainingData, TrainingTask, warmup_steps, weight_decay_groups, weights_from_main_process
+from .base import TrainingData, TrainingTask, weight_decay_groups, weights_from_main_process
 from .overrides import check_config_overrides, config_fields, config_value_errors, parse_overrides
 
 
@@ -41,7 +41,6 @@ __all__ = [
     "config_value_errors",
     "get_task",
     "parse_overrides",
-    "warmup_steps",
     "weight_decay_groups",
     "weights_from_main_process",
 ]
