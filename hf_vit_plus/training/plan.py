@@ -363,16 +363,19 @@ def build_plan(
     record = task.spec
     flags = [flag.name for flag in flag_fields(options.family)]
     values: dict[str, Any] = {name: getattr(options, name) for name in flags}
-    natural = _natural_choices(options)  # what each option would be if it were not given
+    natural = default_choices(options)  # what each option would be if it were not given
     chosen: dict[str, str] = {}
 
+    own_defaults = {flag.name: option_default(flag) for flag in flag_fields(options.family)}
+
     def settle(name: str, value: Any, source: str) -> None:
-        """Option `name` with the plan's choice (`value`, chosen by `source`) where it has none; where it has one,
-        who chose it: the user (a run file's value equal to the plan's choice is the plan's), or the choice itself
-        for a default the arguments were made with."""
+        """Option `name` with the plan's choice (`value`, chosen by `source`) where it has none (None given for an
+        option whose own default is a value means that value: e.g. no limit); where it has one, who chose it: the
+        user (a run file's value equal to the plan's choice is the plan's), or the choice itself for a default the
+        arguments were made with."""
         current = values[name]
         label = options.given.get(name)
-        if current is None:
+        if current is None and (label is None or own_defaults[name] is None):
             values[name], chosen[name] = value, source
         elif label is None:
             chosen[name] = source if current == value else f"--{name}"
@@ -445,10 +448,18 @@ def build_plan(
     )
 
 
-def _natural_choices(options: TrainingArguments) -> dict[str, tuple[Any, str]]:
-    """Option -> (value, who chose it) if the option were not given: the family's default, else the option's own;
-    the epochs of a built-in data set, the schedule of --lr_scheduler_type auto. (The recipe's settings are left None
-    here: `build_plan` decides them once the run's length is known.)"""
+def default_choices(options: TrainingArguments) -> dict[str, tuple[Any, str]]:
+    """What the plan chooses for each option that is not given, before the data is read.
+
+    The family's default, else the option's own; the epochs of a built-in data set; the schedule --lr_scheduler_type
+    auto names. The recipe's settings are left None here: `build_plan` decides them once the run's length is known.
+
+    Args:
+        options: the run's options (their family and data set).
+
+    Returns:
+        Option -> (value, who chose it).
+    """
     record = get_family(options.family)
     choices = {}
     for flag in flag_fields(options.family):
@@ -528,7 +539,7 @@ def describe(plan: RunPlan, accelerator, weights_from_main: bool = False) -> lis
 
 def chosen_lines(plan: RunPlan) -> list[str]:
     """One line per chooser of values the user did not give, besides the options' own defaults and the precision
-    and checkpointing the lines before state: e.g. "Chosen by --recipe none: learning_rate 0.002, ...".
+    and checkpointing the lines before state: "Chosen by --recipe none: learning_rate ..., warmup_ratio ...".
 
     Args:
         plan: the run's plan.
@@ -560,6 +571,7 @@ __all__ = [
     "build_plan",
     "chosen_lines",
     "decide_launch",
+    "default_choices",
     "describe",
     "preview_plan",
     "resume_point",

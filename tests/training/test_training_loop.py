@@ -263,11 +263,14 @@ def test_bad_arguments(tmp_path, overrides, message):
 
 def test_cli_parser_uses_family_defaults():
     vit = parse_args("vit", ["--output_dir", "x", "--max_steps", "5", "--activation_checkpointing"])
-    assert (vit.family, vit.max_steps, vit.activation_checkpointing, vit.learning_rate) == ("vit", 5, True, 2e-3)
+    assert (vit.family, vit.max_steps, vit.activation_checkpointing, vit.num_train_epochs) == ("vit", 5, True, 30.0)
+    assert vit.learning_rate is None  # the --recipe's, when the run is planned
+    assert set(vit.given) == {"output_dir", "max_steps", "activation_checkpointing"}
     s2s = parse_args("seq2seq", [])
     assert (s2s.adam_beta2, s2s.adam_epsilon, s2s.label_smoothing_factor) == (0.98, 1e-9, 0.1)  # the paper's
-    # the paper's schedule scaled to the run (issue: the paper's factor with 200 warm-up updates learned nothing)
-    assert (s2s.learning_rate, s2s.warmup_steps, s2s.warmup_ratio, s2s.max_grad_norm) == (0.25, None, 0.1, 1.0)
+    # the paper's schedule scaled to the run (issue: the paper's factor with 200 warm-up updates learned nothing):
+    # its peak learning rate, reached after a tenth of the updates
+    assert (s2s.learning_rate, s2s.warmup_steps, s2s.warmup_ratio, s2s.max_grad_norm) == (1.25e-3, None, 0.1, 1.0)
 
 
 def test_image_folder_user_data(tmp_path):
