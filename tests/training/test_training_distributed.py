@@ -134,13 +134,13 @@ def _trainer_losses(family_name: str, output_dir: str, batch: int) -> None:
     from transformers import Trainer, set_seed
     from transformers import TrainingArguments as HFTrainingArguments
 
+    from hf_vit_plus.training.plan import preview_plan
     from hf_vit_plus.training.tasks import get_task
 
     family = get_task(family_name)
     args = family_arguments(family_name, output_dir=output_dir, config_overrides=TINY[family_name],
-                            max_train_samples=64, max_eval_samples=8, block_size=32, vocab_size=300)  # fmt: skip
-    from hf_vit_plus.training.plan import preview_plan
-
+                            max_train_samples=64, max_eval_samples=8, block_size=32, vocab_size=300,
+                            per_device_train_batch_size=batch)  # fmt: skip
     set_seed(0)
     data = family.load_data(args)
     plan = preview_plan(args, family, data)
