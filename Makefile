@@ -12,7 +12,7 @@ export TOKENIZERS_PARALLELISM := false
 PYTEST_ARGS ?= -n 2 --dist loadfile --durations=15
 
 .PHONY: demo test test-learning test-oldest test-slow test-deepspeed lint format bench bench-import clean venv venv-test env \
-	gpu-check docs docs-serve results screenshots
+	gpu-check gpu-wheelhouse gpu-rehearsal docs docs-serve results screenshots
 
 # The oldest releases the package supports (pyproject's lower bounds), in an environment of their own.
 OLDEST_VENV ?= .venv-oldest
@@ -119,10 +119,21 @@ screenshots: $(VENV)/.stamp-docs
 bench-import: $(VENV)/.stamp-test
 	$(PY) scripts/benchmarks/bench_import.py
 
-# The prepared GPU check (README, "GPU check"): with a CUDA GPU it creates .venv-gpu, runs the gpu tests and
-# scripts/benchmarks/bench_gpu.py, JSON in $OUT or results/gpu/; without one, the CPU fallbacks in the existing .venv.
+# The GPU check in one command (docs/contributing/testing.md, "The GPU check"): with a CUDA GPU it makes .venv-gpu over
+# $(PYTHON)'s packages, installs offline from wheelhouse/ where it is here, runs the gpu tests and
+# scripts/benchmarks/bench_gpu.py, JSON in $OUT or results/gpu/; without one, the CPU fallbacks (creating what it needs).
 gpu-check:
 	VENV=$(VENV) PYTHON=$(PYTHON) bash scripts/gpu_check.sh
 
+# wheelhouse/ for the lent GPU machine, which has no network: the package's wheel and the Python 3.12 wheels of what
+# its image lacks (.ci/gpu-image.txt says what it holds). Needs the package registry; prints the folder's size.
+gpu-wheelhouse:
+	PYTHON=$(PYTHON) bash scripts/gpu_wheelhouse.sh
+
+# `make gpu-check` rehearsed here as the lent machine runs it: a Python 3.12 venv with the image's releases and no
+# datasets or evaluate, a fresh copy of the checkout with wheelhouse/, the check run there offline on the CPU.
+gpu-rehearsal:
+	PYTHON=$(PYTHON) bash scripts/gpu_rehearsal.sh
+
 clean:
-	rm -rf $(VENV) $(OLDEST_VENV) .cache outputs .pytest_cache site
+	rm -rf $(VENV) $(OLDEST_VENV) .venv-gpu .venv-image wheelhouse .cache outputs .pytest_cache site

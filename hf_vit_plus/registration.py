@@ -14,6 +14,7 @@ import transformers
 from transformers import AutoConfig, AutoImageProcessor, AutoVideoProcessor
 
 from .families import FAMILIES
+from .models.compat import register_video_processor
 
 _REGISTERED = False
 
@@ -51,8 +52,7 @@ def register_auto_classes() -> None:
             # any video processor class". The family's video processor class (e.g. `ViTPlusVideoProcessor`) says
             # that there is none; the pipeline goes on without one.
             if family.video_processor_class is not None:
-                video = {"torchvision": family.video_processor_class}
-                AutoVideoProcessor.register(config_class, video_processor_classes=video, exist_ok=True)
+                register_video_processor(AutoVideoProcessor, config_class, family.video_processor_class)
     # Families that share a config class (the Sparse Transformer's text and image models) map an Auto class to all
     # their heads: transformers picks the one the saved config's `architectures` names (the first by default).
     for (config_class, auto_name), classes in heads.items():

@@ -20,7 +20,7 @@ import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
-from .attention_reference import eager_attention_forward, sparse_padding_mask
+from .attention_reference import eager_attention_forward, flex_attention_refusal, sparse_padding_mask
 
 # The Sparse Transformer kernels of `sparse_attention.py`: the dense masked reference (returns the weights), the
 # exact O(n sqrt(n)) CPU kernel and flex_attention (trains on GPU).
@@ -39,13 +39,14 @@ def select_attention_kernel(
     output_attentions: bool,
     query_length: int | None = None,
     key_length: int | None = None,
+    head_dim: int | None = None,
 ) -> str:
     """The name of the kernel an attention layer runs (look it up with `ALL_ATTENTION_FUNCTIONS.get_interface`).
 
     requested: `config._attn_implementation` (None: the eager reference); pattern: the layer's `SparsePattern`, or
     None for dense attention; device_type: of the inputs ("cpu", "cuda", ...); output_attentions: whether the
     caller wants the attention probabilities, which only the reference kernels return; query_length / key_length:
-    the number of queries / keys per row, when known.
+    the number of queries / keys per row, when known; head_dim: the dimensions per head, when known.
 
     - dense attention: "eager" when the probabilities are asked for; "sdpa" when a sparse kernel is requested
       (those need a pattern); "eager" instead of "sdpa" for one query per row (a decoding step) traced by
@@ -56,7 +57,8 @@ def select_attention_kernel(
       requested kernel.
     - sparse attention: "sparse_dense" (the masked reference) when the probabilities are asked for; the requested
       sparse kernel; otherwise the fast one for the device: "sparse_flex" on CUDA (flex_attention trains there),
-      "sparse_block" elsewhere (forward and backward on CPU).
+      unless its GPU kernels refuse the head size (`flex_attention_refusal`: under 16 dimensions), "sparse_block"
+      elsewhere (forward and backward on CPU).
     """
     if pattern is None:
         if output_attentions or requested is None:
@@ -72,7 +74,9 @@ def select_attention_kernel(
         return "sparse_dense"
     if requested in SPARSE_KERNEL_NAMES:
         return requested
-    return "sparse_flex" if device_type == "cuda" else "sparse_block"
+    if device_type == "cuda" and (head_dim is None or flex_attention_refusal(device_type, head_dim, True) is None):
+        return "sparse_flex"
+    return "sparse_block"
 
 
 def _lazy_sparse_kernel(name: str) -> Callable:

@@ -55,4 +55,31 @@ def sparse_padding_mask(
     return None if bool(mask.all()) else mask
 
 
-__all__ = ["eager_attention_forward", "sparse_padding_mask"]
+# flex_attention's GPU kernels (triton's tl.dot) take heads of at least this many dimensions; torch's inductor raises
+# NotImplementedError for smaller ones, while its CPU kernel takes any size.
+FLEX_MIN_HEAD_DIM = 16
+
+
+def flex_attention_refusal(device_type: str, head_dim: int, needs_grad: bool) -> str | None:
+    """Why flex_attention cannot run these inputs (a sentence for the log), or None when it can.
+
+    Args:
+        device_type: The inputs' device type ("cpu", "cuda", ...).
+        head_dim: The query's, key's and value's last dimension.
+        needs_grad: Whether a backward pass will follow.
+
+    Returns:
+        None where flex_attention runs, else the reason: no backward on the CPU, or heads under `FLEX_MIN_HEAD_DIM`
+        dimensions on a GPU.
+    """
+    if device_type == "cpu":
+        return "flex_attention has no backward on CPU" if needs_grad else None
+    if head_dim < FLEX_MIN_HEAD_DIM:
+        return (
+            f"flex_attention's {device_type} kernels need heads of at least {FLEX_MIN_HEAD_DIM} dimensions, "
+            f"these have {head_dim}"
+        )
+    return None
+
+
+__all__ = ["FLEX_MIN_HEAD_DIM", "eager_attention_forward", "flex_attention_refusal", "sparse_padding_mask"]

@@ -1,4 +1,4 @@
-"""The one place where the models meet differences between the transformers releases they support (5.20 onwards).
+"""The one place where the models meet differences between the transformers releases they support (5.17 onwards).
 
 A checkpoint carries this file with the model code (remote code), so a model saved under one release runs under
 whatever release the loading user has. Nothing here compares version numbers: each item asks the installed
@@ -11,6 +11,9 @@ helpers below and never look at `transformers.__version__`.
   deprecation message on every call. Our `forward` methods take the cache under either name (`resolve_cache`), return
   it in the field the installed release reads (`cache_field`, `output_cache`), and call the mask builders with the
   keyword they declare (`mask_cache_argument`).
+- 5.20 gave `AutoVideoProcessor.register` a `video_processor_classes={backend: class}` argument in place of one
+  `video_processor_class` (5.17 takes only that one): `register_video_processor` passes whichever the installed
+  release declares.
 - 5.23 renamed `gradient_checkpointing_enable` / `_disable` to `activation_checkpointing_enable` / `_disable` (the
   old names warn since): `enable_activation_checkpointing` and `disable_activation_checkpointing` call whichever the
   installed release has.
@@ -78,6 +81,15 @@ def output_cache(outputs):
 def mask_cache_argument(cache) -> dict:
     """`{keyword: cache}` for `masking_utils.create_causal_mask` and its siblings."""
     return {_MASK_CACHE_NAME: cache}
+
+
+def register_video_processor(auto_class, config_class: type, processor_class: type, backend: str = "torchvision"):
+    """`auto_class.register(config_class, ...)` for `AutoVideoProcessor`: with `video_processor_classes={backend:
+    processor_class}` where the installed release takes it, else with `video_processor_class=processor_class`."""
+    if "video_processor_classes" in inspect.signature(auto_class.register).parameters:
+        auto_class.register(config_class, video_processor_classes={backend: processor_class}, exist_ok=True)
+    else:
+        auto_class.register(config_class, video_processor_class=processor_class, exist_ok=True)
 
 
 def enable_activation_checkpointing(model, checkpointing_kwargs: dict | None = None) -> None:
@@ -181,5 +193,6 @@ __all__ = [
     "enable_activation_checkpointing",
     "mask_cache_argument",
     "output_cache",
+    "register_video_processor",
     "resolve_cache",
 ]

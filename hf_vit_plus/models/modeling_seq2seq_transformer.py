@@ -158,7 +158,8 @@ class Seq2SeqTransformerAttention(nn.Module):
 
         # A sparse self-attention's attention_mask is None or the (B, Tk) boolean padding mask (True = real token).
         implementation = select_attention_kernel(
-            self.config._attn_implementation, self.sparse_pattern, query.device.type, output_attentions, seq_len
+            self.config._attn_implementation, self.sparse_pattern, query.device.type, output_attentions, seq_len,
+            head_dim=query.shape[-1],
         )
         attention_fn = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
         dropout = self.attention_dropout if self.training else 0.0

@@ -247,7 +247,8 @@ class SparseTransformerAttention(nn.Module):
             key, value = key[:, :, : context.kv_length], value[:, :, : context.kv_length]  # (B, H, Tk, Dh)
         dropout = self.attention_dropout if self.training else 0.0
         implementation = select_attention_kernel(
-            self.config._attn_implementation, self.sparse_pattern, query.device.type, output_attentions, seq_len
+            self.config._attn_implementation, self.sparse_pattern, query.device.type, output_attentions, seq_len,
+            head_dim=query.shape[-1],
         )
         attention_fn = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
 

@@ -263,6 +263,7 @@ class ViTPlusAttention(nn.Module):
             output_attentions,
             query_length=seq_len,
             key_length=seq_len,
+            head_dim=query.shape[-1],
         )
         attention_fn = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
         dropout = self.attention_dropout if self.training else 0.0

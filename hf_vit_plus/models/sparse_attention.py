@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention_reference import eager_attention_forward, sparse_padding_mask
+from .attention_reference import eager_attention_forward, flex_attention_refusal, sparse_padding_mask
 from .compat import FLASH_BACKWARD_SCHEMA, FLASH_FORWARD_SCHEMA, cpu_flash_attention_ops
 from .sparse_layouts import (
     Band,
@@ -691,10 +691,12 @@ def sparse_flex_attention_forward(
     attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
     is_causal: bool | None = None, **kwargs,
 ) -> tuple[torch.Tensor, None]:  # fmt: skip
-    """flex_attention kernel; on CPU with gradients (or with attention dropout) it falls back to sparse_block."""
+    """flex_attention kernel; where flex cannot run the inputs (on CPU with gradients, heads under 16 dimensions on a
+    GPU: `flex_attention_refusal`) it falls back to sparse_block, and with attention dropout to sparse_dense."""
     needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (query, key, value))
-    if query.device.type == "cpu" and needs_grad:
-        _log_once("sparse_flex: flex_attention has no backward on CPU, falling back to sparse_block.")
+    refusal = flex_attention_refusal(query.device.type, query.shape[-1], needs_grad)
+    if refusal is not None:
+        _log_once(f"sparse_flex: {refusal}, falling back to sparse_block.")
         return sparse_block_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     if dropout > 0.0 and module.training:
         _log_once("sparse_flex: flex_attention has no attention dropout, falling back to sparse_dense.")

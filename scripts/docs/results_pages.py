@@ -485,7 +485,8 @@ def render(plots: bool = True) -> str:
     parts += [f"| `results/{e.name}` | {e.written_by} | {e.holds} |" for e in FILES if (RESULTS / e.name).is_file()]
     parts += [f"| `results/{name}` | | |" for name in unknown]
     parts += [
-        "| `results/gpu/` (written when a GPU check runs; not kept in git) | `make gpu-check` (see "
+        "| `results/gpu/` (a lent GPU machine's check, committed after it; the CPU fallback's are not kept) | "
+        "`make gpu-check` (see "
         "[the GPU check](contributing/testing.md#gpu-check)) | `gpu_check.json`, the gpu tests' log and the GPU "
         "benchmarks' JSON |",
         "",

@@ -28,6 +28,8 @@ from tests.gpu.common import (
     DENSE_CASES,
     DEVICES,
     FAMILY_CASES,
+    WIDE_HEADS,
+    case_ids,
     gradients,
     relative_error,
     tiny_model,
@@ -178,3 +180,26 @@ def test_each_kernel_gives_the_reference_loss_and_gradients(case, kernel, device
     if grad:
         assert relative_error(grads, ref_grads) <= MODEL_GRAD_RTOL
         assert sum(float(g.abs().sum()) for g in grads.values()) > 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", FAMILY_CASES, ids=case_ids(FAMILY_CASES))
+def test_heads_too_narrow_for_flex_train_on_the_block_kernel(case, device):
+    """Heads of 8 dimensions (the common suite's tiny configs), which flex_attention's CUDA kernels refuse: the model
+    chooses `sparse_block` by itself (and `sparse_flex`, asked for, falls back to it), with the reference's loss and
+    gradients."""
+    narrow = {key: 2 * value for key, value in WIDE_HEADS[case.family].items()}  # width 32 over 4 heads: 8 dims
+
+    def step(kernel):
+        model = tiny_model(case, device, **narrow)
+        if kernel is not None:
+            model.set_attn_implementation(kernel)
+        loss = model(**make_batch(case, device)).loss
+        loss.backward()
+        return loss.item(), gradients(model)
+
+    ref_loss, ref_grads = step("sparse_dense")
+    for kernel in ("sdpa", "sparse_flex"):
+        loss, grads = step(kernel)
+        assert abs(loss - ref_loss) <= MODEL_LOSS_RTOL * max(1.0, abs(ref_loss)), (kernel, loss, ref_loss)
+        assert relative_error(grads, ref_grads) <= MODEL_GRAD_RTOL, kernel

@@ -167,6 +167,52 @@ def test_short_cpu_sequences_take_the_reference_kernel(requested, device, querie
     assert select_attention_kernel(requested, SparsePattern("strided", 4), "cpu", False, queries, keys) != "eager"
 
 
+@pytest.mark.parametrize(
+    ("requested", "device", "head_dim", "expected"),
+    [
+        (None, "cuda", 8, "sparse_block"),  # flex's CUDA kernels refuse heads under 16 dimensions
+        ("sdpa", "cuda", 15, "sparse_block"),
+        ("sdpa", "cuda", 16, "sparse_flex"),
+        ("sdpa", "cuda", 64, "sparse_flex"),
+        ("sdpa", "cpu", 64, "sparse_block"),
+        ("sparse_flex", "cuda", 8, "sparse_flex"),  # asked for by name: the kernel itself falls back (below)
+    ],
+)
+def test_the_automatic_sparse_kernel_respects_flex_head_sizes(requested, device, head_dim, expected):
+    pattern = SparsePattern("strided", 4)
+    assert select_attention_kernel(requested, pattern, device, False, 64, 64, head_dim=head_dim) == expected
+
+
+def test_flex_attention_refusal_names_the_head_size():
+    from hf_vit_plus.models.attention_reference import FLEX_MIN_HEAD_DIM, flex_attention_refusal
+
+    assert FLEX_MIN_HEAD_DIM == 16
+    assert "at least 16 dimensions, these have 8" in flex_attention_refusal("cuda", 8, needs_grad=False)
+    assert flex_attention_refusal("cuda", 16, needs_grad=True) is None
+    assert flex_attention_refusal("cpu", 8, needs_grad=False) is None  # the CPU kernel takes any size, forward only
+    assert "no backward on CPU" in flex_attention_refusal("cpu", 64, needs_grad=True)
+
+
+def test_sparse_flex_falls_back_to_the_block_kernel_where_flex_refuses(monkeypatch, caplog):
+    """`sparse_flex` asked for by name on inputs flex cannot run (a CUDA device with 8-dimensional heads, faked here
+    on the CPU by the device check): it runs `sparse_block`, says so once, and never calls flex_attention."""
+    from hf_vit_plus.models import sparse_attention as sa
+
+    def no_flex(*args, **kwargs):
+        raise AssertionError("flex_attention was called")
+
+    monkeypatch.setattr(sa, "flex_sparse_attention", no_flex)
+    monkeypatch.setattr(sa, "flex_attention_refusal", lambda device, head_dim, grad: f"refused {head_dim}")
+    module = torch.nn.Module()
+    module.sparse_pattern, module.layer_idx = SparsePattern("strided", 4), 0
+    q, k, v = (torch.randn(1, 2, 16, 8) for _ in range(3))
+    with caplog.at_level("WARNING", logger=sa.logger.name):
+        out, _ = sa.sparse_flex_attention_forward(module, q, k, v, None, scaling=8**-0.5)
+    expected, _ = sa.sparse_block_attention_forward(module, q, k, v, None, scaling=8**-0.5)
+    torch.testing.assert_close(out, expected)
+    assert "sparse_flex: refused 8, falling back to sparse_block." in caplog.text
+
+
 def test_the_block_kernel_uses_the_cpu_flash_ops_only_for_cpu_tensors(monkeypatch):
     """The private flash ops have only a CPU kernel: other devices take the public path (meta tensors stand in)."""
     from hf_vit_plus.models import sparse_attention as sa

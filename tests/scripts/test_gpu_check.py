@@ -101,3 +101,30 @@ def test_a_gpu_that_torch_cannot_use_is_a_failed_step(tmp_path):
     assert [(s["name"], s["outcome"]) for s in summary["steps"]] == [("torch sees the GPU", "failed")]
     assert "step 'torch sees the GPU': failed" in summary["skipped"]
     assert not (out / "pytest_gpu.xml").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU machine this would run the whole check")
+@pytest.mark.skipif(sys.prefix == sys.base_prefix, reason="needs to run from a venv (as the GPU image's python3 is)")
+def test_the_gpu_venv_sees_the_packages_of_the_venv_python_belongs_to(tmp_path):
+    """The lent machine's python3 is a venv's (/opt/torch/.venv): a venv made from it with --system-site-packages
+    would see the base interpreter's packages, not that venv's CUDA torch. The check's venv sees them (a .pth file),
+    before its own; offline with nothing to install from, the install fails fast and the check goes on."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "nvidia-smi").write_text('#!/bin/sh\necho "GPU 0: Test GPU (UUID: GPU-0)"\n')
+    (fake / "nvidia-smi").chmod(0o755)
+    gpu_venv, out = tmp_path / "gpu-venv", tmp_path / "results"
+    proc = _check(
+        tmp_path, PATH=f"{fake}:{os.environ['PATH']}", PYTHON=sys.executable, GPU_VENV=str(gpu_venv),
+        WHEELHOUSE=str(tmp_path / "no-wheelhouse"), OUT=str(out), PIP_NO_INDEX="1", GPU_CHECK_INSTALL_TIMEOUT="60",
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "no " in proc.stdout and "installing from the package index" in proc.stdout
+    found = subprocess.run(
+        [str(gpu_venv / "bin" / "python"), "-c", "import sys, torch; print(sys.prefix); print(torch.__file__)"],
+        capture_output=True, text=True, check=True,
+    ).stdout.split("\n")  # fmt: skip
+    assert found[0] == str(gpu_venv)
+    assert found[1].startswith(sys.prefix), found  # the torch of the venv the check was given, not the base's
+    steps = [(s["name"], s["outcome"]) for s in json.loads((out / "gpu_check.json").read_text())["steps"]]
+    assert steps == [("install", "failed"), ("torch sees the GPU", "failed")]

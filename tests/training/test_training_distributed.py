@@ -57,10 +57,15 @@ def vit_args(output_dir: Path, batch: int, **overrides):
     return family_arguments("vit", **values)
 
 
+# 32 examples, 2 global batches of 16: the 6 updates see each example 3 times, so the loss falls by more than the noise
+# between batches (with 6 batches never seen before, whether the last loss is below the first is a coin toss).
+REPEATED_SAMPLES = 32
+
+
 def _train_on_each_rank(output_dir: str) -> None:
     from accelerate import PartialState
 
-    result = train(vit_args(Path(output_dir), batch=8))
+    result = train(vit_args(Path(output_dir), batch=8, max_train_samples=REPEATED_SAMPLES))
     rank = PartialState().process_index
     weights = {k: v.detach().contiguous() for k, v in result.model.state_dict().items()}
     save_file(weights, str(Path(output_dir) / f"rank{rank}.safetensors"))
@@ -76,7 +81,7 @@ def test_two_processes_equal_one_process_with_the_same_global_batch(tmp_path):
     for key in rank0:  # DDP keeps the replicas identical, bit for bit
         assert torch.equal(rank0[key], rank1[key]), key
 
-    single = train(vit_args(tmp_path / "single", batch=16))
+    single = train(vit_args(tmp_path / "single", batch=16, max_train_samples=REPEATED_SAMPLES))
     single_weights = single.model.state_dict()
     worst = max((rank0[k] - single_weights[k]).abs().max().item() for k in rank0)
     assert worst < WEIGHT_ATOL, f"2 processes vs 1: max |diff| = {worst:.2e}"
@@ -89,7 +94,7 @@ def test_two_processes_equal_one_process_with_the_same_global_batch(tmp_path):
     assert ddp["eval"]["samples"] == single.eval_metrics["samples"] == 63
     assert ddp["eval"]["accuracy"] == pytest.approx(single.eval_metrics["accuracy"], abs=1e-6)
     # the curve went down: the runs learned something (same data, same order)
-    assert ddp["losses"][-1] < ddp["losses"][0]
+    assert sum(ddp["losses"][-2:]) < sum(ddp["losses"][:2]), ddp["losses"]
 
 
 def _budgeted_on_each_rank(output_dir: str) -> None:
