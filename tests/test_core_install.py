@@ -153,6 +153,24 @@ COMMANDS = {
 }
 
 
+def build_requirements_installed() -> bool:
+    """Whether this environment holds releases of everything pyproject's [build-system] requires (setuptools with
+    the SPDX license string, say): a venv's bundled setuptools is often older."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        return False
+    requires = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["build-system"]["requires"]
+    for requirement in map(Requirement, requires):
+        try:
+            installed = importlib.metadata.version(requirement.name)
+        except importlib.metadata.PackageNotFoundError:
+            return False
+        if not requirement.specifier.contains(installed, prereleases=True):
+            return False
+    return True
+
+
 @pytest.fixture(scope="module")
 def core_env(tmp_path_factory):
     root = tmp_path_factory.mktemp("core_install")
@@ -164,8 +182,9 @@ def core_env(tmp_path_factory):
     link_distributions(core_closure(), root / "core")
     (site / "core_dependencies.pth").write_text(str(root / "core") + "\n")
     wheels = root / "wheels"
-    # with this environment's setuptools where it has one (no download), else in pip's own build environment
-    isolation = [] if importlib.util.find_spec("setuptools") is None else ["--no-build-isolation"]
+    # with this environment's build tools where they meet pyproject's [build-system] (no download), else in pip's own
+    # build environment
+    isolation = ["--no-build-isolation"] if build_requirements_installed() else []
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", *isolation, "-q", "-w", str(wheels), str(REPO_ROOT)],
         check=True, timeout=300, capture_output=True,

@@ -18,7 +18,10 @@ helpers below and never look at `transformers.__version__`.
   old names warn since): `enable_activation_checkpointing` and `disable_activation_checkpointing` call whichever the
   installed release has.
 
-And one from torch: the block-sparse CPU kernel calls torch's private flash-attention-for-CPU ops (the only CPU
+From torch: torch 2.11's shape solver cannot prove some guards that hold over a named `Dim`'s whole range (the fast
+beam step's `min(L + 1, 3L + 3) == L + 1`) and `torch.export` refuses the named dims (a constraint violation);
+`export_program` then exports with the same axes marked `Dim.AUTO`, which keeps them symbolic. And the block-sparse CPU
+kernel calls torch's private flash-attention-for-CPU ops (the only CPU
 attention ops that return the log-sum-exp) only while their schemas are exactly those it was written for
 (`cpu_flash_attention_ops`); otherwise it runs the same computation on public ops. And what the CPU multiplies
 natively: bf16 and int8 products are slow loops on CPUs without AVX512-BF16 / AMX or VNNI / AMX
@@ -113,6 +116,29 @@ def disable_activation_checkpointing(model) -> None:
 
 
 
+def _auto_dims(dynamic_shapes):
+    """`dynamic_shapes` with every dim (named or derived) replaced by `Dim.AUTO`."""
+    if isinstance(dynamic_shapes, dict):
+        return {key: _auto_dims(value) for key, value in dynamic_shapes.items()}
+    if isinstance(dynamic_shapes, (list, tuple)):
+        return type(dynamic_shapes)(_auto_dims(value) for value in dynamic_shapes)
+    if dynamic_shapes is None or isinstance(dynamic_shapes, int):
+        return dynamic_shapes
+    return torch.export.Dim.AUTO
+
+
+def export_program(module, args: tuple, dynamic_shapes=None, **kwargs):
+    """`torch.export.export(module, args, dynamic_shapes=..., **kwargs)`; where the installed torch refuses the named
+    dims as a constraint violation it cannot prove (torch 2.11), the same axes again as `Dim.AUTO`."""
+    try:
+        return torch.export.export(module, args, dynamic_shapes=dynamic_shapes, **kwargs)
+    except RuntimeError as error:
+        kind = getattr(getattr(error, "error_type", None), "name", None)
+        if dynamic_shapes is None or kind != "CONSTRAINT_VIOLATION":
+            raise
+    return torch.export.export(module, args, dynamic_shapes=_auto_dims(dynamic_shapes), **kwargs)
+
+
 FLASH_FORWARD_SCHEMA = (
     "aten::_scaled_dot_product_flash_attention_for_cpu(Tensor query, Tensor key, Tensor value, float dropout_p=0., "
     "bool is_causal=False, *, Tensor? attn_mask=None, float? scale=None) -> (Tensor output, Tensor logsumexp)"
@@ -191,6 +217,7 @@ __all__ = [
     "cpu_has_native_bf16_products",
     "disable_activation_checkpointing",
     "enable_activation_checkpointing",
+    "export_program",
     "mask_cache_argument",
     "output_cache",
     "register_video_processor",

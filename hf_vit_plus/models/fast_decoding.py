@@ -68,7 +68,7 @@ from transformers.generation import (
     NoBadWordsLogitsProcessor,
 )
 
-from .compat import cache_from_kwargs, cpu_has_fast_int8_products
+from .compat import cache_from_kwargs, cpu_has_fast_int8_products, export_program
 from .compiled_decoding import row_matmul_pass
 from .decoding_rules import NEG_INF, DecodingRules, advance_greedy, beam_search_update, process_scores
 from .fast_kernels import (
@@ -385,7 +385,7 @@ def aoti_compile(module: nn.Module, args: tuple, dynamic_shapes=None, options: d
     import torch._inductor
 
     options = compile_options() if options is None else options
-    exported = torch.export.export(module, args, dynamic_shapes=dynamic_shapes, strict=False)
+    exported = export_program(module, args, dynamic_shapes=dynamic_shapes, strict=False)
     configs = {**options, "aot_inductor.package_constants_in_so": False}
     with tempfile.TemporaryDirectory(prefix="hf_vit_plus_fast_decoding_") as folder:
         path = torch._inductor.aoti_compile_and_package(

@@ -243,8 +243,11 @@ class SparseTransformerAttention(nn.Module):
         value = split_heads(self.v_proj(hidden_states), self.num_heads)  # (B, H, Tq, Dh)
         if cache is not None:
             key, value = cache.update(key, value, self.layer_idx)
-            # A static cache returns its whole buffer; the slots after the current token are empty.
-            key, value = key[:, :, : context.kv_length], value[:, :, : context.kv_length]  # (B, H, Tk, Dh)
+            if is_static_cache(cache):
+                # A static cache returns its whole buffer; the slots after the current token are empty. (Only there:
+                # a dynamic cache's length is already Tk, and a slice by a traced length would make it data-dependent
+                # under torch.export.)
+                key, value = key[:, :, : context.kv_length], value[:, :, : context.kv_length]  # (B, H, Tk, Dh)
         dropout = self.attention_dropout if self.training else 0.0
         implementation = select_attention_kernel(
             self.config._attn_implementation, self.sparse_pattern, query.device.type, output_attentions, seq_len,
