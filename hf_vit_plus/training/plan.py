@@ -308,7 +308,8 @@ def resume_point(options: TrainingArguments, task) -> tuple[ResumePoint | None, 
         (the resume point or None, the processor's folder or None).
 
     Raises:
-        ValueError: a checkpoint of another family, or one that this release cannot resume.
+        ValueError: a checkpoint of another family, or one saved when --learning_rate was the factor of the paper's
+            schedule (its saved schedule would train at the factor).
     """
     if not options.resume_from_checkpoint:
         return None, None
@@ -316,9 +317,8 @@ def resume_point(options: TrainingArguments, task) -> tuple[ResumePoint | None, 
     state = read_training_state(path)
     if state["family"] != task.name:
         check_same_model(state, task.name, {}, path)
-    if "schedule" not in state and state.get("args", {}).get("lr_scheduler_type") in ("auto", "noam") and (
-        task.spec.lr_scheduler == "noam"
-    ):
+    scheduler = state.get("args", {}).get("lr_scheduler_type")
+    if "schedule" not in state and (scheduler == "noam" or (scheduler == "auto" and task.spec.lr_scheduler == "noam")):
         raise ValueError(
             f"Checkpoint {str(path)!r} was saved when the {task.name} family's --learning_rate was a factor of the "
             "paper's schedule; it is now the peak learning rate, and the saved schedule would train at the factor: "

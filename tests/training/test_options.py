@@ -369,3 +369,21 @@ def test_redirected_stdout_is_the_run_file(tmp_path):
     assert text.startswith("# The resolved options of a `hf-vit-plus train image-lm` run.")
     assert "num_train_epochs: " in text and "  # --dataset digits" in text
     assert Path(tmp_path).exists() and not any(Path(tmp_path).iterdir())
+
+
+def test_a_training_state_saved_with_the_old_seq2seq_factor_is_refused(tmp_path):
+    """A seq2seq training state from before --learning_rate was the peak holds a schedule at the old factor (its
+    base rate 0.25): resuming it would train at that rate. It is refused in one line, naming why."""
+    from hf_vit_plus.training.checkpoints import STATE_FILE, STATE_FORMAT
+    from hf_vit_plus.training.plan import resume_point
+
+    old = tmp_path / "checkpoint-2"
+    old.mkdir()
+    state = {"format": STATE_FORMAT, "family": "seq2seq", "args": {"lr_scheduler_type": "auto", "learning_rate": 0.25}}
+    (old / STATE_FILE).write_text(json.dumps(state))
+    args = family_arguments("seq2seq", output_dir=str(tmp_path), resume_from_checkpoint=str(old))
+    with pytest.raises(ValueError, match="was a factor of the paper's schedule; it is now the peak learning rate"):
+        resume_point(args, get_task("seq2seq"))
+    vit = family_arguments("vit", output_dir=str(tmp_path), resume_from_checkpoint=str(old))
+    (old / STATE_FILE).write_text(json.dumps({"format": STATE_FORMAT, "family": "vit", "args": {}}))
+    assert resume_point(vit, get_task("vit"))[0].path == old  # a cosine schedule's state resumes as it did
