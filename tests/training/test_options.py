@@ -75,6 +75,20 @@ def test_help_shows_the_option_groups(capsys):
     assert "peak learning rate of the paper's schedule" in out and "(default: 0.00125)" in out
 
 
+def test_the_arguments_are_the_union_of_small_frozen_groups():
+    from hf_vit_plus.training.options import OPTION_GROUPS, OptimizationArguments, group_fields, option_fields
+
+    assert all(issubclass(TrainingArguments, group) for group in OPTION_GROUPS)
+    assert all(dataclasses.fields(group) and group.__dataclass_params__.frozen for group in OPTION_GROUPS)
+    names = [flag.name for flag in option_fields()]
+    assert len(names) == len(set(names))  # each option in one group
+    assert max(len(group_fields(group)) for group in OPTION_GROUPS) <= 25
+    args = family_arguments("seq2seq", max_steps=3)
+    optimization = args.group(OptimizationArguments)
+    assert isinstance(optimization, OptimizationArguments) and optimization.learning_rate == 1.25e-3
+    assert optimization.max_steps == 3
+
+
 def test_flags_take_dashes_or_underscores(tmp_path):
     from hf_vit_plus.cli import build_parser
     from hf_vit_plus.training.args import args_from_namespace
