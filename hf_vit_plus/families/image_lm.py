@@ -8,7 +8,7 @@ from .record import CardSpec, Family
 IMAGE_LM = Family(
     id="image-lm",
     help="the Sparse Transformer as an image model, pixels in raster order, scored in bits per dim "
-    f"(--dataset {' or '.join(IMAGE_DATASETS)})",
+    f"(--dataset {' or '.join(IMAGE_DATASETS)}, or your grey images)",
     model_type="sparse_transformer",
     config="configuration_sparse_transformer:SparseTransformerConfig",
     models={
@@ -35,8 +35,8 @@ IMAGE_LM = Family(
     task="hf_vit_plus.training.tasks.image_lm:ImageLMTask",
     data="images",
     builtin_data="digits",
-    user_data=False,
     datasets=IMAGE_DATASETS,
+    flags=("image_column_name",),
     flag_help={
         "config_name": "config folder or Hub id of a fresh model (the image size, pixel vocabulary and a stride of "
         "one row are set from the data); default: a small 4-layer strided model",

@@ -31,9 +31,12 @@ SEQ2SEQ = Family(
     builtin_data="numbers -> English words",
     flags=(
         "source_column", "target_column", "max_source_length", "max_target_length", "vocab_size",
-        "label_smoothing_factor", "source_lang", "target_lang",
+        "label_smoothing_factor", "source_lang", "target_lang", "max_tokens_per_batch",
     ),  # fmt: skip
     flag_help={
+        "max_tokens_per_batch": "batches by a token budget per process instead of a number of pairs, as fairseq's "
+        "--max-tokens: a batch of n pairs whose longest source or target has L tokens counts n x L (the padded "
+        "batch); pairs of about one length batched together (sorted by length in pools); needs --max_steps",
         "config_name": "preset ('base' or 'big', the paper's) or config folder of a fresh model; default: a small "
         "2+2-layer model",
         "tokenizer_name": "saved tokenizer (folder or Hub id); default: the model's own, else a byte-level BPE "

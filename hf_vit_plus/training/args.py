@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..cli_utils import CommandParser, HelpFormatter, one_of, parse_bool
+from ..data.files import is_glob, matching_files
 from ..errors import UsageError, check_exists, check_model_location
 from ..families import FAMILIES as FAMILY_RECORDS
 from ..families import Family
@@ -47,6 +48,7 @@ from .options import (
     CheckpointArguments,
     DataArguments,
     HubArguments,
+    LoaderArguments,
     LoggingArguments,
     LoraArguments,
     ModelArguments,
@@ -75,6 +77,7 @@ class TrainingArguments(
     ParallelismArguments,
     RecipeArguments,
     OptimizationArguments,
+    LoaderArguments,
     DataArguments,
     ModelArguments,
 ):
@@ -184,6 +187,50 @@ class TrainingArguments(
             raise UsageError("--validation_file needs --train_file.")
         if self.validation_dir and not self.train_dir:
             raise UsageError("--validation_dir needs --train_dir.")
+        self._validate_loading()
+
+    def _validate_loading(self) -> None:
+        """--streaming, --max_tokens_per_batch and the loader's workers: what each needs and refuses (a run file holds
+        every option of its run: only values given as flags conflict)."""
+        given = {name for name, label in self.given.items() if label == f"--{name}"}
+        if self.streaming:
+            if not (self.dataset_name or self.train_dir or self.train_file):
+                raise UsageError(
+                    "--streaming reads --dataset_name, --train_dir or --train_file as a stream; the built-in data is "
+                    "small and read whole: give your data, or leave out --streaming."
+                )
+            if self.max_steps is None:
+                raise UsageError(
+                    "--streaming needs --max_steps: the length of a stream is not known before it is read, so the "
+                    "run's length (and its learning-rate schedule) is given in updates."
+                )
+            if self.max_train_samples is not None:
+                raise UsageError(
+                    "--max_train_samples cuts a data set read whole; a stream's run is as long as --max_steps says."
+                )
+            if "validation_split_percentage" in given:
+                raise UsageError(
+                    "--validation_split_percentage splits a data set read whole; a stream without a validation split "
+                    "holds out its first --max_eval_samples examples."
+                )
+        elif "shuffle_buffer_size" in given:
+            raise UsageError("--shuffle_buffer_size is the shuffle buffer of a stream: it needs --streaming.")
+        if self.max_tokens_per_batch is not None:
+            if self.family == "seq2seq" and self.max_steps is None:
+                raise UsageError(
+                    "--max_tokens_per_batch needs --max_steps: how many batches a token budget makes of an epoch is "
+                    "known only once the examples are tokenized, so the run's length is given in updates."
+                )
+            if "per_device_train_batch_size" in given:
+                raise UsageError(
+                    "Give either --max_tokens_per_batch (a budget of tokens per batch) or "
+                    "--per_device_train_batch_size (a number of examples), not both."
+                )
+        if self.dataloader_num_workers == 0:
+            for name in ("dataloader_persistent_workers", "dataloader_prefetch_factor"):
+                if getattr(self, name):
+                    raise UsageError(f"--{name} sets the loader's worker processes: it needs --dataloader_num_workers "
+                                     ">= 1.")  # fmt: skip
 
     def _validate_data_choice(self, family: Family) -> None:
         """--dataset names the built-in images of the families that have some (`Family.datasets`); the other
@@ -204,6 +251,10 @@ class TrainingArguments(
                 f"The {self.family} family trains on built-in images ({', '.join(given)} given): choose them with "
                 f"--dataset ({', '.join(family.datasets)})."
             )
+        if given and self.given.get("dataset") == "--dataset":  # a run file holds every option: not its own
+            raise UsageError(
+                f"Give either --dataset (built-in images) or your own data ({', '.join(given)}), not both."
+            )
 
     def check_paths(self) -> None:
         """Raise a `UsageError` naming the option whose local data or model path does not exist, or an output folder
@@ -211,8 +262,12 @@ class TrainingArguments(
         check_output_dir(self.output_dir)
         for name, kind in (("train_dir", "dir"), ("validation_dir", "dir"), ("train_file", "file"),
                            ("validation_file", "file")):  # fmt: skip
-            if getattr(self, name):
-                check_exists(getattr(self, name), f"--{name}", kind)
+            value = getattr(self, name)
+            if value and kind == "file" and is_glob(value):  # shards: "data/train-*.parquet"
+                if not matching_files(value):
+                    raise UsageError(f"--{name} {value!r} matches no file.")
+            elif value:
+                check_exists(value, f"--{name}", kind)
         for name in ("model_name_or_path", "tokenizer_name"):
             if getattr(self, name):
                 check_model_location(getattr(self, name), f"--{name}")
@@ -299,10 +354,12 @@ VALUE_CHECKS: dict[str, Callable[[str, Any], None]] = {
             "max_train_samples",
             "max_eval_samples",
             "save_total_limit",
+            "max_tokens_per_batch",
+            "dataloader_prefetch_factor",
         ),
         _positive,
     ),  # fmt: skip
-    **dict.fromkeys(("dataloader_num_workers", "warmup_steps"), _non_negative),
+    **dict.fromkeys(("dataloader_num_workers", "warmup_steps", "shuffle_buffer_size"), _non_negative),
     "vocab_size": lambda option, value: integer(option, value, 260, MAX_VOCAB_SIZE),  # BPE: 4 specials + 256 bytes
     "seed": lambda option, value: integer(option, value, 0, 2**32 - 1),  # numpy's seeds
     # 0 trains nothing: the initial weights evaluated and saved (a run's own untrained baseline)

@@ -17,7 +17,13 @@ resolved options), never the arguments it was given. What differs between the fa
 checkpoints on disk are `checkpoints.py`'s, the model folder, card and push at the end `outputs.py`'s.
 
 Data order depends only on (seed, epoch), so a run resumed from a checkpoint sees the same batches as an
-uninterrupted one.
+uninterrupted one. A data set read whole goes through a DataLoader that Accelerate prepares (its seedable sampler,
+its split between the processes, and `skip_first_batches` on resume); a stream, batches cut by a token budget and
+images read from files go through a `data.pipeline.ResumableLoader` (each process reads its own part; batches made
+unit by unit in the loader's workers, in an order independent of their number; its position, per process, saved in
+each training state and restored on resume). Where the epoch's length is not known in advance (a stream, a token
+budget), it ends for every process when one of them runs out of batches (an all-reduce per micro-batch), and the run
+goes from epoch to epoch until its last update.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from itertools import count
 from pathlib import Path
 from typing import Any
 
@@ -43,10 +50,13 @@ from accelerate.utils import (
     InitProcessGroupKwargs,
     ProjectConfiguration,
     broadcast_object_list,
+    gather_object,
+    send_to_device,
     set_seed,
 )
 from torch.utils.data import DataLoader
 
+from ..data.pipeline import IndexSource, ResumableLoader, StreamSource
 from ..errors import UsageError
 from ..models.compat import enable_activation_checkpointing
 from ..utils.logging import tqdm
@@ -84,6 +94,7 @@ from .sharding import (
     units,
 )
 from .tasks import TrainingData, TrainingTask, get_task, weights_from_main_process
+from .tasks.base import UnitBatches
 
 
 class _LocalMainProcessLogger(logging.LoggerAdapter):
@@ -152,12 +163,40 @@ class Run:
         return self.plan.total_steps
 
     @property
-    def num_epochs(self) -> int:
+    def num_epochs(self) -> int | None:
         return self.plan.num_epochs
+
+    @property
+    def batches_per_epoch(self) -> int | None:
+        """The training batches of an epoch per process; None when not known in advance (a stream, token budgets)."""
+        loader = self.train_dataloader
+        if isinstance(loader, ResumableLoader):
+            return loader.batches_per_epoch
+        return len(loader)
 
     @property
     def output_dir(self) -> Path:
         return Path(self.plan.options.output_dir)
+
+
+class RunningTokens:
+    """The real and padded tokens of the training batches since the last log line, summed over processes when read:
+    the padding fraction the run logs for text."""
+
+    def __init__(self, device: torch.device):
+        self.counts = torch.zeros(2, dtype=torch.float64, device=device)
+        self.seen = False
+
+    def add(self, counts: tuple[int, int] | None) -> None:
+        if counts is not None:
+            self.counts[0] += counts[0]
+            self.counts[1] += counts[1]
+            self.seen = True
+
+    def padding_and_reset(self, accelerator: Accelerator) -> float:
+        real, padded = accelerator.reduce(self.counts, reduction="sum").tolist()
+        self.counts.zero_()
+        return 1.0 - real / padded if padded else 0.0
 
 
 class RunningLoss:
@@ -183,9 +222,11 @@ class Progress:
 
     loss: RunningLoss
     guard: DivergenceGuard  # stops a run whose loss diverged, before anything more is saved
+    tokens: RunningTokens | None = None  # text batches' real and padded tokens (the padding fraction logged)
     global_step: int = 0
     start_epoch: int = 0
     skip_batches: int = 0  # batches of `start_epoch` already trained before a resume
+    epoch: int = 0  # the epoch being trained
     log_history: list[dict] = field(default_factory=list)
     eval_metrics: dict[str, float] = field(default_factory=dict)
     stop_reason: str = ""  # "finished", "stop_after_steps", "SIGTERM" or "diverged" once the loop stops
@@ -369,14 +410,18 @@ def prepare_run(
     if accelerator.is_fsdp2:
         prepare_model(accelerator, model)  # the units, and the tied weights sharded together: before the optimiser
 
-    loaders = make_dataloaders(options, datasets, family.collate_fn(processor))
+    unit_recipe = family.unit_batches(data, processor, model, plan)
     optimizer = family.create_optimizer(model, plan)
-    train_dataloader, eval_dataloader = accelerator.prepare(*loaders)
+    if unit_recipe is None:
+        loaders = make_dataloaders(options, datasets, family.collate_fn(processor))
+        train_dataloader, eval_dataloader = accelerator.prepare(*loaders)
+    else:  # a stream, a token budget, images from files: batches made in the workers, placed on the device here
+        train_dataloader = resumable_loader(plan, data, unit_recipe, accelerator)
+        eval_dataloader = accelerator.prepare(make_eval_dataloader(options, datasets, family.collate_fn(processor)))
     # the plan counted the updates from the examples: the loader's batches give the same
-    assert math.ceil(len(train_dataloader) / options.gradient_accumulation_steps) == plan.updates_per_epoch, (
-        len(train_dataloader),
-        plan.updates_per_epoch,
-    )
+    batches = len(train_dataloader) if unit_recipe is None else train_dataloader.batches_per_epoch
+    per_epoch = None if batches is None else math.ceil(batches / options.gradient_accumulation_steps)
+    assert per_epoch == plan.updates_per_epoch, (batches, plan.updates_per_epoch)
     scheduler = family.create_scheduler(optimizer, plan)
     clock = TrainingClock(options.max_train_minutes)
     if options.max_train_minutes:
@@ -428,13 +473,51 @@ def make_dataloaders(args: TrainingArguments, datasets, collate) -> tuple[DataLo
         num_workers=args.dataloader_num_workers,
         generator=torch.Generator().manual_seed(args.seed),
     )
-    eval_dataloader = DataLoader(
+    return train_dataloader, make_eval_dataloader(args, datasets, collate)
+
+
+def make_eval_dataloader(args: TrainingArguments, datasets, collate) -> DataLoader:
+    """The evaluation loader: the validation split in order, every example once."""
+    return DataLoader(
         datasets["validation"],
         batch_size=args.per_device_eval_batch_size,
         collate_fn=collate,
         num_workers=args.dataloader_num_workers,
     )
-    return train_dataloader, eval_dataloader
+
+
+def resumable_loader(
+    plan: RunPlan, data: TrainingData, recipe: UnitBatches, accelerator: Accelerator
+) -> ResumableLoader:
+    """The training loader of a stream, a token budget or images from files (`data.pipeline.ResumableLoader`): this
+    process's part of the data (`StreamSource` of the stream, or `IndexSource` of the training split with its images
+    undecoded) made into batches unit by unit, with the plan's loader settings.
+
+    Args:
+        plan: the run's plan.
+        data: the run's data.
+        recipe: how the family makes the batches (`TrainingTask.unit_batches`).
+        accelerator: the run's Accelerator (this process's rank, the processes).
+
+    Returns:
+        The loader.
+    """
+    from ..data.image_files import undecoded
+
+    options, settings = plan.options, plan.data
+    rank, world = accelerator.process_index, accelerator.num_processes
+    if data.stream is not None:
+        source = StreamSource(data.stream.dataset, seed=options.seed, buffer_size=settings.shuffle_buffer_size,
+                              rank=rank, world_size=world, unit_size=recipe.unit_size, drop_last=recipe.whole_batches,
+                              held_out=data.stream.held_out)  # fmt: skip
+        batches = None
+    else:
+        source = IndexSource(undecoded(data.raw["train"]), seed=options.seed, rank=rank, world_size=world,
+                             unit_size=recipe.unit_size, whole_batches=recipe.whole_batches)  # fmt: skip
+        batches = source.units_per_epoch if recipe.whole_batches else None
+    return ResumableLoader(source, recipe.make, seed=options.seed, num_workers=settings.num_workers,
+                           pin_memory=settings.pin_memory, persistent_workers=settings.persistent_workers,
+                           prefetch_factor=settings.prefetch_factor, batches_per_epoch=batches)  # fmt: skip
 
 
 def restore_progress(run: Run, resume: ResumePoint | None) -> Progress:
@@ -442,7 +525,7 @@ def restore_progress(run: Run, resume: ResumePoint | None) -> Progress:
     accelerator = run.accelerator
     # under fp16 loss scaling a non-finite loss is the scaler's to skip; the growth of the loss is still watched
     guard = DivergenceGuard(accelerator.device, run.options.divergence_factor, check_finite=accelerator.scaler is None)
-    progress = Progress(loss=RunningLoss(accelerator.device), guard=guard)
+    progress = Progress(loss=RunningLoss(accelerator.device), guard=guard, tokens=RunningTokens(accelerator.device))
     if resume is None:
         return progress
     check_same_layout(resume.state, checkpoint_layout(run.accelerator), resume.path, CHECKPOINT_LAYOUTS)
@@ -454,6 +537,16 @@ def restore_progress(run: Run, resume: ResumePoint | None) -> Progress:
         reload_sharded_optimizer(run.accelerator, run.model, run.optimizer, resume.path)  # accelerate 1.10 lost it
     progress.global_step = resume.state["global_step"]
     progress.start_epoch, progress.skip_batches = resume.state["epoch"], resume.state["batches_in_epoch"]
+    positions = resume.state.get("data_positions")
+    if isinstance(run.train_dataloader, ResumableLoader):
+        if not positions or len(positions) != accelerator.num_processes:
+            raise ValueError(
+                f"Checkpoint {str(resume.path)!r} does not say where each of this run's {accelerator.num_processes} "
+                "process(es) stood in its data (it was saved by a run that read its data otherwise, or by "
+                f"{len(positions or [])} process(es)): resume it as it was run."
+            )
+        # the loader starts where this process stood (the epoch and the batches before it count as saved)
+        run.train_dataloader.load_state_dict(positions[accelerator.process_index])
     progress.log_history = list(resume.state.get("log_history", []))
     run.clock.elapsed = float(resume.state.get("train_seconds", 0.0))  # a time budget counts the earlier sessions too
     logger.info(
@@ -474,10 +567,15 @@ def announce(run: Run) -> None:
         sharded = f" (FSDP units: {units(run.model)}; this process holds {local_share(run.model):.1%} of them)"
     elif is_zero3(accelerator):
         sharded = f" (ZeRO-3: this process holds {local_share(run.model):.1%} of them)"
+    examples = "a stream of" if run.data.stream is not None else f"{len(run.data.raw['train'])}"
+    batch = (
+        f"up to {run.plan.data.max_tokens_per_batch} tokens per process"
+        if run.plan.data.batch_by_tokens
+        else f"global batch {run.plan.global_batch}"
+    )
     logger.info(
-        f"Training {run.family.name}: {_count(run.model)} parameters{sharded}, {len(run.train_dataloader.dataset)} "
-        f"train / {len(run.eval_dataloader.dataset)} eval examples, {world} process(es), global batch "
-        f"{run.plan.global_batch}, {run.total_steps} updates."
+        f"Training {run.family.name}: {_count(run.model)} parameters{sharded}, {examples} train / "
+        f"{len(run.eval_dataloader.dataset)} eval examples, {world} process(es), {batch}, {run.total_steps} updates."
     )
     if options.torch_compile:
         logger.info("torch.compile: the first update compiles the model (tens of seconds on a CPU).")
@@ -510,8 +608,10 @@ def run_epochs(run: Run, progress: Progress) -> None:
         progress.stop_reason = "finished"
     run.clock.start()
     hidden = not run.accelerator.is_local_main_process
+    # an epoch of unknown length (a stream, a token budget): epochs follow one another until the last update
+    epochs = range(progress.start_epoch, run.num_epochs) if run.num_epochs is not None else count(progress.start_epoch)
     with tqdm(total=run.total_steps, initial=progress.global_step, disable=hidden) as bar:
-        for epoch in range(progress.start_epoch, run.num_epochs):
+        for epoch in epochs:
             if progress.stop_reason:
                 break
             skip = progress.skip_batches if epoch == progress.start_epoch else 0
@@ -522,13 +622,19 @@ def run_epochs(run: Run, progress: Progress) -> None:
 
 
 def train_epoch(run: Run, progress: Progress, epoch: int, skip: int, bar) -> bool:
-    """One pass over the training batches after the first `skip` (those a resumed run has trained already).
-    Returns False when the run stopped within the epoch."""
+    """One pass over the training batches after the first `skip` (those a resumed run has trained already; a
+    `ResumableLoader` starts where its restored position says instead). Returns False when the run stopped within
+    the epoch."""
     accelerator = run.accelerator
     run.model.train()
+    progress.epoch = epoch
     run.train_dataloader.set_epoch(epoch)
     batches = run.train_dataloader
-    if skip:
+    if isinstance(batches, ResumableLoader):
+        batches = _on_device(batches, accelerator, run.plan.data.pin_memory)
+        if run.batches_per_epoch is None:  # every process stops where the first runs out
+            batches = _while_every_process_has_a_batch(batches, accelerator)
+    elif skip:
         batches = accelerator.skip_first_batches(run.train_dataloader, skip)
         # The skipping loader must shuffle as this epoch does: before accelerate 1.15 it started again at epoch 0.
         batches.set_epoch(epoch)
@@ -538,6 +644,8 @@ def train_epoch(run: Run, progress: Progress, epoch: int, skip: int, bar) -> boo
         batches_in_epoch += 1
         progress.loss.add(loss)
         progress.guard.note(loss, progress.global_step + 1)
+        if progress.tokens is not None:
+            progress.tokens.add(run.family.token_counts(batch))
         if not accelerator.sync_gradients:  # inside a gradient accumulation: no update yet
             continue
         progress.global_step += 1
@@ -545,13 +653,40 @@ def train_epoch(run: Run, progress: Progress, epoch: int, skip: int, bar) -> boo
         after_update(run, progress, epoch, batches_in_epoch, bar)
         if progress.stop_reason:
             return False
+    if batches_in_epoch == skip == 0 and run.batches_per_epoch is None:
+        raise ValueError(
+            f"Epoch {epoch} of the training data gave no batch: the data (this process's part of it) is too small "
+            "for one batch."
+        )
     return True
+
+
+def _on_device(batches, accelerator: Accelerator, non_blocking: bool) -> Iterator[dict]:
+    """The batches of a loader that Accelerate did not prepare, on the run's device."""
+    for batch in batches:
+        yield send_to_device(batch, accelerator.device, non_blocking=non_blocking)
+
+
+def _while_every_process_has_a_batch(batches, accelerator: Accelerator) -> Iterator[dict]:
+    """The batches while every process has one: an epoch of unknown length ends for all at once (one all-reduce of a
+    flag per micro-batch), as DDP needs every process in every update."""
+    iterator = iter(batches)
+    while True:
+        batch = next(iterator, None)
+        if accelerator.num_processes > 1:
+            have = torch.tensor([0 if batch is None else 1], device=accelerator.device)
+            if accelerator.reduce(have, reduction="sum").item() < accelerator.num_processes:
+                return
+        elif batch is None:
+            return
+        yield batch
 
 
 def training_step(run: Run, batch: dict) -> torch.Tensor:
     """Forward and backward of one micro-batch; on the last one of an accumulation, clipping, the optimiser step
     and the schedule step. Returns the loss."""
     accelerator, options = run.accelerator, run.options
+    batch = run.family.on_device(batch, run.extras)
     with accelerator.accumulate(run.model):
         loss = run.family.training_loss(run.model, batch, run.extras)
         accelerator.backward(loss)
@@ -576,15 +711,19 @@ def after_update(run: Run, progress: Progress, epoch: int, batches_in_epoch: int
     evaluates = bool(options.eval_steps) and step % options.eval_steps == 0
     saves = bool(options.save_every) and step % options.save_every == 0
     mean_loss = None
+    per_epoch = run.batches_per_epoch
     if logs:
         mean_loss = progress.loss.mean_and_reset(accelerator)
-        entry = {"step": step, "epoch": round(epoch + batches_in_epoch / len(run.train_dataloader), 4)}
+        position = epoch if per_epoch is None else round(epoch + batches_in_epoch / per_epoch, 4)
+        entry = {"step": step, "epoch": position}
         entry.update(loss=mean_loss, learning_rate=run.scheduler.get_last_lr()[0])
+        if progress.tokens is not None and progress.tokens.seen:  # text: the share of the batches that is padding
+            entry["padding_fraction"] = round(progress.tokens.padding_and_reset(accelerator), 6)
         _log(accelerator, progress.log_history, entry, "train")
         bar.set_postfix(loss=f"{mean_loss:.4f}", refresh=False)  # shown with the next update (not before the delay)
     # a diverged loss stops the run before it evaluates or saves anything (the updates where the loss is read anyway,
     # and the ends of epochs)
-    if logs or evaluates or saves or batches_in_epoch >= len(run.train_dataloader):
+    if logs or evaluates or saves or (per_epoch is not None and batches_in_epoch >= per_epoch):
         stop = progress.guard.diverged(accelerator, step, mean_loss)
         if stop:
             progress.stop_reason, progress.stop_message = "diverged", stop
@@ -618,8 +757,16 @@ def save_training_state(run: Run, progress: Progress, epoch: int, batches_in_epo
     if checkpoint_layout(run.accelerator) == "deepspeed":  # only SIGTERM gets here (see sharding.deepspeed_plugin)
         logger.info(f"No training state saved: {DEEPSPEED_STATE_REFUSAL}.")
         return
-    if batches_in_epoch >= len(run.train_dataloader):
+    if run.batches_per_epoch is not None and batches_in_epoch >= run.batches_per_epoch:
         epoch, batches_in_epoch = epoch + 1, 0
+    positions = None
+    if isinstance(run.train_dataloader, ResumableLoader):  # where each process stands in its own part of the data
+        position = run.train_dataloader.state_dict()
+        if batches_in_epoch == 0 or position["epoch"] < epoch:  # the epoch is over (for this process too)
+            position = {"epoch": epoch, "unit": 0, "batch": 0}
+        positions = [position]
+        if run.accelerator.num_processes > 1:
+            positions = gather_object(positions)
     state = {
         "format": STATE_FORMAT,
         "version": 1,
@@ -639,6 +786,8 @@ def save_training_state(run: Run, progress: Progress, epoch: int, batches_in_epo
         "args": run.options.to_dict(),
         "schedule": dataclasses.asdict(run.plan.schedule),
     }
+    if positions is not None:
+        state["data_positions"] = positions
     progress.last_checkpoint = save_checkpoint(
         run.accelerator, run.output_dir, state, run.options.save_total_limit, run.processor
     )
@@ -664,7 +813,7 @@ def stop_early(run: Run, progress: Progress, train_seconds: float) -> TrainResul
 def finish(run: Run, progress: Progress, train_seconds: float) -> TrainResult:
     """The last training state, the final evaluation, then the model folder (and the Hub push)."""
     if run.options.save_steps != "none" and progress.global_step != progress.last_saved_step:
-        save_training_state(run, progress, run.num_epochs, 0)
+        save_training_state(run, progress, run.num_epochs if run.num_epochs is not None else progress.epoch + 1, 0)
     progress.eval_metrics = evaluate_run(run)
     history = progress.log_history
     if not history or history[-1].get("step") != progress.global_step or "eval_loss" not in history[-1]:

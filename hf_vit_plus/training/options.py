@@ -210,7 +210,43 @@ class DataArguments:
     target_lang: str | None = option(None, "language code of the targets (e.g. de), for the model card", OWN)
     block_size: int = option(128, "tokens per training sequence: the text is cut into blocks", OWN)
     vocab_size: int = option(1000, "size of the BPE vocabulary trained on the data", OWN)
+
+
+@dataclass(frozen=True)
+class LoaderArguments:
+    """How the training data is read and batched: whole or as a stream, in batches of examples or of tokens, by how
+    many worker processes (`hf_vit_plus.data.pipeline`). None: the plan decides it from the run (`plan.DataPlan`)."""
+
+    _argument_group_name: ClassVar[str] = "data loading"
+    streaming: bool = option(
+        False,
+        "read the training data as a stream (`datasets` streaming) instead of loading it whole: Hub data sets, local "
+        "parquet / arrow / jsonl / csv shards, WebDataset tars, image folders; each process reads its own part; needs "
+        "--max_steps; evaluation on the validation split or file, else on the first --max_eval_samples examples, held "
+        "out",
+        reads_user_data,
+    )
+    shuffle_buffer_size: int = option(
+        10_000,
+        "with --streaming: examples (undecoded) in the seeded shuffle buffer of each process and worker (0: the "
+        "stream's own order)",
+        reads_user_data,
+    )
+    max_tokens_per_batch: int | None = option(
+        None,
+        "batches by a token budget per process instead of a number of examples (fairseq's --max-tokens)",
+        OWN,
+    )
     dataloader_num_workers: int = option(0, "worker processes per data loader (0: the main process loads)")
+    dataloader_pin_memory: bool | None = option(
+        None, "copy batches to page-locked memory for faster transfers (default: on an accelerator)"
+    )
+    dataloader_persistent_workers: bool | None = option(
+        None, "keep the worker processes between epochs (default: when there are workers)"
+    )
+    dataloader_prefetch_factor: int | None = option(
+        None, "batches each worker prepares ahead (default: torch's, when there are workers)"
+    )
 
 
 @dataclass(frozen=True)
@@ -396,6 +432,7 @@ class HubArguments:
 OPTION_GROUPS: tuple[type, ...] = (
     ModelArguments,
     DataArguments,
+    LoaderArguments,
     OptimizationArguments,
     RecipeArguments,
     ParallelismArguments,
@@ -475,6 +512,7 @@ __all__ = [
     "CheckpointArguments",
     "DataArguments",
     "HubArguments",
+    "LoaderArguments",
     "LoggingArguments",
     "LoraArguments",
     "ModelArguments",

@@ -12,8 +12,9 @@ value (`RunPlan.chosen_by`, the first lines of the run):
 - the checkpoint to resume and its processor (`resume_point`, once the run holds its output folder);
 - the rest (`build_plan`, once the data is loaded, before any model is built): a built-in data set's epochs, the run's
   length, the recipe's values for this data and run (`recipes.run_recipe_values`), the schedule 'auto' names, the
-  warm-up, the optimizer and the schedule (transformers' `get_scheduler`, its peak at --learning_rate), and the model
-  config fields the recipe sets.
+  warm-up, the optimizer and the schedule (transformers' `get_scheduler`, its peak at --learning_rate), the model
+  config fields the recipe sets, and how the data is read (`DataPlan`: a stream or not, batches of examples or of
+  tokens, the loader's workers and their settings).
 
 The Accelerator needs a process group before the folder is locked and the data read (under `main_process_first`), so
 the launch is decided first and the rest with it in `build_plan`; `preview_plan` plans without an Accelerator
@@ -36,7 +37,7 @@ from ..families import get_family
 from .args import REQUIRED_VALUES, TrainingArguments, check_values, flag_fields
 from .checkpoints import PROCESSOR_DIR, check_same_model, read_training_state, resolve_checkpoint
 from .options import SCHEDULE_FUNCTIONS, option_default
-from .recipes import recipe_mixed_precision, run_recipe_values, updates_per_epoch
+from .recipes import DEIT_EPOCHS, recipe_mixed_precision, run_recipe_values, updates_per_epoch
 from .sharding import ParallelismRequest, parallelism_request
 
 # Who chose a value the user did not give: never listed in a run's first lines (the help and --print_config say it).
@@ -123,6 +124,83 @@ class ScheduleSpec:
 
 
 @dataclass(frozen=True)
+class DataPlan:
+    """How a run reads its training data (`hf_vit_plus.data.pipeline`).
+
+    Attributes:
+        streaming: whether the training examples are read as a stream (--streaming).
+        shuffle_buffer_size: a stream's shuffle buffer (0: its own order).
+        split: how the processes share a stream: "shards" (whole shards each) or "examples" (every N-th example);
+            "" for data read whole.
+        shards: a stream's shards.
+        max_tokens_per_batch: the token budget of a batch (per process), or None for batches of examples.
+        batch_by_tokens: whether batches hold any number of examples within the budget (pairs of any length); False
+            for batches of examples (a budget of fixed-length blocks is a number of them).
+        num_workers: the loader's worker processes.
+        pin_memory: whether batches are copied to page-locked memory.
+        persistent_workers: whether the workers live from one epoch to the next.
+        prefetch_factor: batches (units) each worker prepares ahead; None without workers.
+        eval_from: where the evaluation examples come from, in words ("" when the split says it).
+    """
+
+    streaming: bool = False
+    shuffle_buffer_size: int = 0
+    split: str = ""
+    shards: int = 0
+    max_tokens_per_batch: int | None = None
+    batch_by_tokens: bool = False
+    num_workers: int = 0
+    pin_memory: bool = False
+    persistent_workers: bool = False
+    prefetch_factor: int | None = None
+    eval_from: str = ""
+
+
+def fixed_length_examples(family: str) -> bool:
+    """Whether a family's training examples all have one length (the language model's blocks of --block_size): a
+    token budget is then a number of them, and an epoch's batches are known in advance."""
+    return "block_size" in get_family(family).flags
+
+
+# torch's DataLoader prefetches this many batches per worker when not told
+TORCH_PREFETCH_FACTOR = 2
+
+
+def decide_data(options: TrainingArguments, data, world_size: int, on_cpu: bool) -> DataPlan:
+    """How the run reads its data: the stream's split between the processes, and the loader's settings that were not
+    given: pinned memory on an accelerator, persistent workers and torch's prefetch when there are workers (as
+    transformers' `Trainer` reads its --dataloader_* options).
+
+    Args:
+        options: the run's options.
+        data: the run's data (`TrainingTask.load_data`).
+        world_size: the processes.
+        on_cpu: whether the run trains on the CPU.
+
+    Returns:
+        The data plan.
+    """
+    stream = getattr(data, "stream", None)
+    workers = options.dataloader_num_workers
+    pin = options.dataloader_pin_memory
+    persistent = options.dataloader_persistent_workers
+    prefetch = options.dataloader_prefetch_factor
+    return DataPlan(
+        streaming=stream is not None,
+        shuffle_buffer_size=options.shuffle_buffer_size if stream is not None else 0,
+        split="" if stream is None else ("shards" if stream.shards % world_size == 0 else "examples"),
+        shards=0 if stream is None else stream.shards,
+        max_tokens_per_batch=options.max_tokens_per_batch,
+        batch_by_tokens=options.max_tokens_per_batch is not None and not fixed_length_examples(options.family),
+        num_workers=workers,
+        pin_memory=(not on_cpu) if pin is None else bool(pin),
+        persistent_workers=workers > 0 if persistent is None else bool(persistent),
+        prefetch_factor=(prefetch or TORCH_PREFETCH_FACTOR) if workers > 0 else None,
+        eval_from=getattr(data, "eval_from", ""),
+    )
+
+
+@dataclass(frozen=True)
 class RunPlan:
     """What a run does, decided once (`build_plan`).
 
@@ -132,8 +210,10 @@ class RunPlan:
             none", "the default", ...).
         launch: the decisions the Accelerator is built from.
         world_size: the processes of the run.
-        train_examples: the training examples of an epoch (before the loaders drop an incomplete batch).
-        updates_per_epoch: the optimizer updates of an epoch.
+        train_examples: the training examples of an epoch (before the loaders drop an incomplete batch); for a stream,
+            those of the sample read from its head.
+        updates_per_epoch: the optimizer updates of an epoch; None when not known before the data is read (a stream,
+            batches by a token budget).
         total_steps: the updates of the run.
         optimizer: the optimizer to build.
         schedule: the learning-rate schedule to build.
@@ -141,6 +221,7 @@ class RunPlan:
         config_fields_from: config field -> who chose it.
         resume: the training state to resume from, if any.
         processor_from: where the processor comes from when the plan chose it (the resumed checkpoint's).
+        data: how the training data is read.
     """
 
     options: TrainingArguments
@@ -148,7 +229,7 @@ class RunPlan:
     launch: Launch
     world_size: int
     train_examples: int
-    updates_per_epoch: int
+    updates_per_epoch: int | None
     total_steps: int
     optimizer: OptimizerSpec
     schedule: ScheduleSpec
@@ -156,6 +237,7 @@ class RunPlan:
     config_fields_from: Mapping[str, str] = field(default_factory=dict)
     resume: ResumePoint | None = None
     processor_from: str | None = None
+    data: DataPlan = field(default_factory=DataPlan)
 
     @property
     def request(self) -> ParallelismRequest:
@@ -178,14 +260,15 @@ class RunPlan:
         return bool(self.request.fsdp and self.request.ram_efficient_loading and self.options.model_name_or_path)
 
     @property
-    def num_epochs(self) -> int:
-        """The passes over the training data the loop makes (the last one may stop early)."""
-        return math.ceil(self.total_steps / self.updates_per_epoch)
+    def num_epochs(self) -> int | None:
+        """The passes over the training data the loop makes (the last one may stop early); None when an epoch's
+        length is not known in advance (the loop then runs epochs until its last update)."""
+        return None if self.updates_per_epoch is None else math.ceil(self.total_steps / self.updates_per_epoch)
 
     @property
-    def epochs(self) -> float:
-        """The run's length in passes over the training data."""
-        return self.total_steps / self.updates_per_epoch
+    def epochs(self) -> float | None:
+        """The run's length in passes over the training data; None when an epoch's length is not known."""
+        return None if self.updates_per_epoch is None else self.total_steps / self.updates_per_epoch
 
     @property
     def global_batch(self) -> int:
@@ -385,23 +468,44 @@ def build_plan(
     for name in flags:
         settle(name, *natural[name])
 
+    # a token budget of fixed-length sequences (the language model's blocks) is a number of sequences
+    budget = values.get("max_tokens_per_batch")
+    if budget is not None and fixed_length_examples(options.family):
+        if budget < values["block_size"]:
+            raise ValueError(f"--max_tokens_per_batch {budget} holds no block of --block_size {values['block_size']} "
+                             "tokens.")  # fmt: skip
+        values["per_device_train_batch_size"] = budget // values["block_size"]
+        chosen["per_device_train_batch_size"] = "--max_tokens_per_batch"
+    elif budget is not None:
+        longest = max(values.get("max_source_length", 0), values.get("max_target_length", 0))
+        if budget < longest:
+            raise ValueError(
+                f"--max_tokens_per_batch {budget} is smaller than the longest example can be (--max_source_length / "
+                f"--max_target_length {longest}): every example must fit in a batch alone."
+            )
+    stream = getattr(data, "stream", None)
+
     # the run's length
     batch, accumulation = values["per_device_train_batch_size"], values["gradient_accumulation_steps"]
     examples = len(data.raw["train"])
-    if examples < batch * world_size:
+    if stream is None and examples < batch * world_size:
         raise ValueError(
             f"The training set has {examples} examples, fewer than one global batch ({batch} x {world_size} "
             "processes)."
         )
-    per_epoch = updates_per_epoch(examples, batch, world_size, accumulation)
+    # an epoch of a stream, or of batches cut by a token budget, is as long as the data makes it
+    known_epochs = stream is None and not (budget is not None and not fixed_length_examples(options.family))
+    per_epoch = updates_per_epoch(examples, batch, world_size, accumulation) if known_epochs else None
     if values["max_steps"] is None and values["num_train_epochs"] is None:
         raise ValueError("--num_train_epochs must be a number > 0 when --max_steps is not given.")
     total_steps = values["max_steps"] or math.ceil(values["num_train_epochs"] * per_epoch)
+    # the recipe scales with the run's share of DeiT's epochs: a stream's run counts as large data, DeiT's whole budget
+    epochs = total_steps / per_epoch if per_epoch else DEIT_EPOCHS
 
     # the recipe's values for this data and run
     if "recipe" in record.flags:
         context = task.recipe_context(options, data, batch * world_size * accumulation, total_steps,
-                                      total_steps / per_epoch)  # fmt: skip
+                                      epochs)  # fmt: skip
         for name, value in run_recipe_values(values["recipe"], context).items():
             if name in values:
                 settle(name, value, f"--recipe {values['recipe']}")
@@ -430,7 +534,7 @@ def build_plan(
     )
     name = resolved.lr_scheduler_type
     schedule = ScheduleSpec(name, SCHEDULE_FUNCTIONS[name], warmup, total_steps, resolved.learning_rate)
-    fields = task.planned_config_fields(resolved, data, total_steps / per_epoch)
+    fields = task.planned_config_fields(resolved, data, epochs)
     return RunPlan(
         options=resolved,
         chosen_by=chosen,
@@ -445,6 +549,7 @@ def build_plan(
         config_fields_from={key: source for key, (_, source) in fields.items()},
         resume=resume,
         processor_from=processor_from,
+        data=decide_data(resolved, data, world_size, launch.on_cpu),
     )
 
 
@@ -519,21 +624,68 @@ def describe(plan: RunPlan, accelerator, weights_from_main: bool = False) -> lis
     checkpointing = "off" if launch.checkpointing_from is None else "on"
     if launch.checkpointing_from is not None and not plan.given_by_user("activation_checkpointing"):
         checkpointing += f" (asked for by {launch.checkpointing_from})"
-    lines.append(
-        f"Global batch: {options.per_device_train_batch_size * world * options.gradient_accumulation_steps} = "
-        f"{options.per_device_train_batch_size} per process x {world} process{'es' if world > 1 else ''} x "
-        f"{options.gradient_accumulation_steps} accumulation step"
-        f"{'s' if options.gradient_accumulation_steps > 1 else ''}; activation checkpointing: {checkpointing}"
-    )
+    processes = f"{world} process{'es' if world > 1 else ''}"
+    accumulation = options.gradient_accumulation_steps
+    steps = f"{accumulation} accumulation step{'s' if accumulation > 1 else ''}"
+    if plan.data.batch_by_tokens:  # batches of any number of examples
+        lines.append(
+            f"Global batch: up to {plan.data.max_tokens_per_batch * world * options.gradient_accumulation_steps} "
+            f"tokens = {plan.data.max_tokens_per_batch} per process (source and target, padded: fairseq's "
+            f"--max-tokens) x {processes} x {steps}; activation checkpointing: {checkpointing}"
+        )
+    else:
+        lines.append(
+            f"Global batch: {options.per_device_train_batch_size * world * options.gradient_accumulation_steps} = "
+            f"{options.per_device_train_batch_size} per process x {processes} x {steps}; activation checkpointing: "
+            f"{checkpointing}"
+        )
     schedule = plan.schedule
+    length = (
+        f"{plan.epochs:.3g} epochs of {plan.updates_per_epoch}"
+        if plan.updates_per_epoch is not None
+        else "epochs as long as the data makes them"
+    )
     lines.append(
         f"Schedule: {schedule.name} (transformers' {schedule.function}), peak learning rate {schedule.peak:g} after "
         f"{schedule.warmup_steps} warm-up update{'s' if schedule.warmup_steps != 1 else ''}, {plan.total_steps} "
-        f"updates ({plan.epochs:.3g} epochs of {plan.updates_per_epoch})"
+        f"updates ({length})"
     )
+    lines += data_lines(plan)
     lines += chosen_lines(plan)
     if plan.processor_from:
         lines.append(f"Processor: the one saved with the checkpoint resumed ({plan.processor_from})")
+    return lines
+
+
+def data_lines(plan: RunPlan) -> list[str]:
+    """The lines of a run that say how it reads its data: a stream (its split between the processes, its shuffle
+    buffer), where the evaluation examples come from, and the loader's workers when there are some.
+
+    Args:
+        plan: the run's plan.
+
+    Returns:
+        The lines (none for data read whole by the main process, evaluated on its own split).
+    """
+    data, world = plan.data, plan.world_size
+    lines = []
+    if data.streaming:
+        by = "whole shards" if data.split == "shards" else f"every {world}-th example"
+        split = "one process" if world == 1 else f"split between {world} processes by {by}"
+        shuffle = (
+            f"shuffled in a buffer of {data.shuffle_buffer_size} examples (seed {plan.options.seed}, again each epoch)"
+            if data.shuffle_buffer_size
+            else "in its own order"
+        )
+        lines.append(f"Data: a stream of {data.shards} shard{'s' if data.shards != 1 else ''}, {split}, {shuffle}")
+    if data.eval_from:
+        lines.append(f"Evaluation: {data.eval_from}")
+    if data.num_workers:
+        lines.append(
+            f"Loader: {data.num_workers} worker process{'es' if data.num_workers > 1 else ''} (prefetch "
+            f"{data.prefetch_factor}, persistent: {'yes' if data.persistent_workers else 'no'}), pinned memory: "
+            f"{'yes' if data.pin_memory else 'no'}"
+        )
     return lines
 
 
@@ -563,6 +715,7 @@ def _shown(value: Any) -> str:
 
 
 __all__ = [
+    "DataPlan",
     "Launch",
     "OptimizerSpec",
     "ResumePoint",
@@ -570,6 +723,8 @@ __all__ = [
     "ScheduleSpec",
     "build_plan",
     "chosen_lines",
+    "data_lines",
+    "decide_data",
     "decide_launch",
     "default_choices",
     "describe",

@@ -13,6 +13,11 @@ and then, with the plan (`RunPlan`, the resolved options in `plan.options`), whi
     build(plan, data)                      -> (model, processor): image processor or tokenizer
     transform(data, processor, model, plan)-> the datasets the loaders read, processed on the fly
     collate_fn(processor)                  -> batches
+    unit_batches(data, processor, model, plan) -> how training batches are made in the loader's workers, unit by
+                                              unit (a stream, a token budget, images read from files), or None
+    on_device(batch, extras)               -> a training batch on the device, finished (e.g. uint8 images
+                                              normalised and erased)
+    token_counts(batch)                    -> (real, padded) tokens of a text batch, for the padding fraction
     extras(plan, model, accelerator)       -> what the loss needs besides the model (e.g. a teacher), or {}
     training_loss(model, batch, extras)    -> the loss of one micro-batch (default: the model's own)
     eval_outputs(model, batch), metrics(gathered)
@@ -20,6 +25,11 @@ and then, with the plan (`RunPlan`, the resolved options in `plan.options`), whi
                                               says which one the final evaluation must beat: `learning.py`)
     create_optimizer(model, plan), create_scheduler(optimizer, plan): the plan's optimizer and schedule
     preprocessing(plan, processor), figures(model, processor, raw, output_dir)   for the model card
+
+With --streaming, `load_data` returns the training examples as a stream (`TrainingData.stream`, read by the loader's
+workers: `hf_vit_plus.data.pipeline`), the evaluation split read whole (from the source's validation split or files,
+else the stream's first --max_eval_samples examples, held out) and a sample of the stream's first examples as "train"
+(`stream_data`): what the baselines, the label names and a tokenizer trained on the data are taken from.
 
 `load_data` may also return reference numbers measured on the evaluation split (`TrainingData.baselines`, e.g. the
 image model's floors), which the loop writes beside the model's results.
@@ -47,7 +57,7 @@ import torch
 from datasets import DatasetDict
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig
 
-from ...data.loading import load_user_dataset, pick_column
+from ...data.loading import load_user_dataset, load_user_stream, pick_column
 from ...errors import UsageError, load_config
 from ...families import Family, get_family
 from ..args import TrainingArguments
@@ -114,6 +124,51 @@ def fused_optimizer_supported(model: torch.nn.Module) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------------- the family
+# The columns of images and of their classes: the names to guess from (WebDataset shards name them by the files'
+# extensions: "jpg", "cls")
+IMAGE_COLUMNS = ("image", "img", "picture", "jpg", "jpeg", "png", "webp")
+LABEL_COLUMNS = ("label", "labels", "fine_label", "cls")
+
+# With --streaming: the evaluation examples held out of the stream's head when it has no validation split (unless
+# --max_eval_samples says how many), and the examples after them read into memory as a sample of the training data
+# (the baselines, the label names, a tokenizer trained on the data).
+STREAM_HELD_OUT_EXAMPLES = 1000
+STREAM_SAMPLE_EXAMPLES = 1000
+
+
+@dataclass(frozen=True)
+class TrainingStream:
+    """The training examples of a run read as a stream (--streaming).
+
+    Attributes:
+        dataset: the raw examples (a `datasets.IterableDataset`) with the family's columns, images undecoded.
+        held_out: fingerprints of the examples held out of its head for evaluation (`pipeline.example_fingerprint`).
+        shards: its shards (files, or the Hub's).
+    """
+
+    dataset: Any
+    held_out: frozenset[bytes] = frozenset()
+    shards: int = 1
+
+
+@dataclass(frozen=True)
+class UnitBatches:
+    """How a family's training batches are made in the loader's workers, unit by unit (`pipeline.ResumableLoader`).
+
+    Attributes:
+        make: a unit's raw examples (columns) and a numpy generator -> its batches (picklable).
+        unit_size: raw examples per unit.
+        whole_batches: a unit is one batch, its examples a process's share of a global batch (the epoch's batches
+            are then known for data read whole); else a pool of examples that becomes any number of batches.
+        description: how batches are made, for the run's first lines.
+    """
+
+    make: Callable[[dict[str, list], Any], list[dict]]
+    unit_size: int
+    whole_batches: bool
+    description: str = ""
+
+
 @dataclass(frozen=True)
 class TrainingData:
     """The raw splits of a run, as `TrainingTask.load_data` returns them.
@@ -128,6 +183,10 @@ class TrainingData:
         hub_id: the data set's Hub id, where it has one (the card's `datasets` and model-index).
         description: what the model card says of the data's source and splits (markdown).
         languages: the texts' language codes (a translation card's source then target).
+        stream: with --streaming, the training examples as a stream ("train" of `raw` is then a sample of its
+            head); None for data read whole.
+        eval_from: where the evaluation examples come from, in words, for the run's first lines ("" when the data
+            says nothing more than its split).
     """
 
     raw: DatasetDict
@@ -138,6 +197,8 @@ class TrainingData:
     hub_id: str | None = None
     description: str = ""
     languages: tuple[str, ...] = ()
+    stream: TrainingStream | None = None
+    eval_from: str = ""
 
 
 class TrainingTask:
@@ -362,6 +423,47 @@ class TrainingTask:
         """
         raise NotImplementedError
 
+    def unit_batches(self, data: TrainingData, processor, model, plan: RunPlan) -> UnitBatches | None:
+        """How the training batches are made in the loader's workers, unit by unit (`pipeline.ResumableLoader`):
+        for a stream, a token budget, or images read from files; None (the default): the training split of
+        `transform` through a plain DataLoader with `collate_fn`.
+
+        Args:
+            data: the run's data.
+            processor: the image processor or tokenizer.
+            model: the model.
+            plan: the run's plan.
+
+        Returns:
+            The recipe of the units, or None.
+        """
+        return None
+
+    def on_device(self, batch: dict, extras: dict[str, Any]) -> dict:
+        """A training batch on the device, before the loss: finished where that is cheaper per batch (e.g. uint8
+        images normalised and erased); as it is by default.
+
+        Args:
+            batch: the micro-batch, on the device.
+            extras: what `extras` returned.
+
+        Returns:
+            The batch the loss reads.
+        """
+        return batch
+
+    def token_counts(self, batch: dict) -> tuple[int, int] | None:
+        """(real tokens, tokens after padding) of a text batch, for the padding fraction the run logs; None for a
+        family that reads no text.
+
+        Args:
+            batch: a training micro-batch.
+
+        Returns:
+            The two counts, or None.
+        """
+        return None
+
     # --- training
     def extras(self, plan: RunPlan, model, accelerator) -> dict[str, Any]:
         """What `training_loss` needs besides the model and the batch (e.g. a teacher model on the device).
@@ -542,6 +644,80 @@ def load_user_data(options: TrainingArguments) -> DatasetDict:
         validation_split_percentage=options.validation_split_percentage,
         seed=options.seed,
     )
+
+
+def stream_data(options: TrainingArguments, **roles: tuple[str | None, tuple[str, ...], str]):
+    """The user's data with --streaming (`data.loading.load_user_stream`): one column per role (as `select_columns`),
+    images left undecoded in the stream; the evaluation split from the source's validation split or files (its first
+    --max_eval_samples examples, if given), else the stream's first --max_eval_samples examples
+    (`STREAM_HELD_OUT_EXAMPLES` when not given), held out of training by their fingerprints; and the
+    `STREAM_SAMPLE_EXAMPLES` examples that follow, read into memory as a sample of the training data.
+
+    Args:
+        options: the run's options.
+        **roles: as `select_columns`.
+
+    Returns:
+        (raw splits: the sample as "train" and the evaluation split as "validation"; the stream; where the evaluation
+        examples come from, in words; the chosen column of each role).
+
+    Raises:
+        ValueError: data that cannot be read, a missing column, a stream too short to hold its evaluation examples out.
+    """
+    from datasets import Dataset, Image
+
+    from ...data.image_files import image_feature_columns, undecoded
+    from ...data.pipeline import example_fingerprint
+
+    user = load_user_stream(
+        dataset_name=options.dataset_name,
+        dataset_config_name=options.dataset_config_name,
+        train_dir=options.train_dir,
+        validation_dir=options.validation_dir,
+        train_file=options.train_file,
+        validation_file=options.validation_file,
+    )
+    stream = user.train
+    names = list(stream.column_names or next(iter(stream.take(1)), {}))
+    chosen = {role: pick_column(names, requested, candidates, flag) for role, (requested, candidates, flag)
+              in roles.items()}  # fmt: skip
+    renames = {column: role for role, column in chosen.items() if column != role}
+    stream = undecoded(stream.select_columns(list(chosen.values())))
+    if renames:
+        stream = stream.rename_columns(renames)
+    held = 0 if user.validation is not None else (options.max_eval_samples or STREAM_HELD_OUT_EXAMPLES)
+    head = list(stream.take(held + STREAM_SAMPLE_EXAMPLES))
+    if len(head) <= held:
+        raise ValueError(
+            f"The stream has {len(head)} examples: too few to hold {held} out for evaluation and train on the rest "
+            "(give --validation_file / --validation_dir, or a smaller --max_eval_samples)."
+        )
+    features = stream.features
+
+    def as_dataset(rows: list[dict]) -> Dataset:
+        dataset = Dataset.from_list(rows, features=features)
+        for column in image_feature_columns(features):  # decoded again, as the evaluation reads them
+            dataset = dataset.cast_column(column, Image())
+        return dataset
+
+    if user.validation is not None:
+        for role, column in chosen.items():
+            pick_column(user.validation.column_names, column, (), roles[role][2])
+        validation = user.validation.select_columns(list(chosen.values()))
+        if renames:
+            validation = validation.rename_columns(renames)
+        if options.max_eval_samples is not None:
+            validation = validation.select(range(min(options.max_eval_samples, len(validation))))
+        eval_from = user.validation_from + (f", its first {len(validation)} examples"
+                                            if options.max_eval_samples is not None else "")  # fmt: skip
+        held_out: frozenset[bytes] = frozenset()
+    else:
+        validation = as_dataset(head[:held])
+        first = f"the first {held} examples" if held > 1 else "the first example"
+        eval_from = f"{first} of the stream, held out of training"
+        held_out = frozenset(example_fingerprint(row) for row in head[:held])
+    raw = DatasetDict(train=as_dataset(head[held:]), validation=validation)
+    return raw, TrainingStream(stream, held_out, stream.num_shards), eval_from, chosen
 
 
 def select_columns(raw: DatasetDict, **roles: tuple[str | None, tuple[str, ...], str]):

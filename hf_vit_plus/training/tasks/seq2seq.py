@@ -6,19 +6,23 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from datasets import DatasetDict
 
+from ...data.pipeline import token_budget_batches
 from ..learning import LearningMetric, majority_accuracy, sequence_keys
 from .base import (
     TrainingData,
     TrainingTask,
+    UnitBatches,
     builtin_data,
     limit_samples,
     load_user_data,
     pad_sequences,
     saved_tokenizer,
     select_columns,
+    stream_data,
     user_data_record,
 )
 
@@ -28,6 +32,12 @@ SMALL_SEQ2SEQ_CONFIG = dict(
     encoder_ffn_dim=256, decoder_ffn_dim=256, dropout=0.1, max_position_embeddings=256,
 )  # fmt: skip
 
+
+# With --max_tokens_per_batch: the examples sorted by length together, in pools of this many (fairseq sorts the whole
+# data set; a pool bounds what one worker tokenizes at once, and what a resume tokenizes again)
+TOKEN_POOL_EXAMPLES = 8192
+SOURCE_COLUMNS = ("source", "src", "input")
+TARGET_COLUMNS = ("target", "tgt", "output")
 
 # What the model card says of the built-in task's data.
 NUMBER_WORDS_DESCRIPTION = (
@@ -58,17 +68,24 @@ class Seq2SeqTask(TrainingTask):
             raw, name = DatasetDict(train=words["train"], validation=words["test"]), "number-words"
             record = dict(description=NUMBER_WORDS_DESCRIPTION, eval_split="test", languages=("en",))
         else:
-            raw, record = load_user_data(options), user_data_record(options, options.train_file)
+            record = user_data_record(options, options.train_file or options.train_dir)
             name = record.pop("name")
             record["languages"] = tuple(
                 dict.fromkeys(code for code in (options.source_lang, options.target_lang) if code)
             )
-        raw, _ = select_columns(
-            raw,
-            source=(options.source_column, ("source", "src", "input"), "--source_column"),
-            target=(options.target_column, ("target", "tgt", "output"), "--target_column"),
-        )
+            if options.streaming:
+                raw, stream, eval_from, _ = stream_data(options, **self.columns(options))
+                return TrainingData(raw, name, stream=stream, eval_from=eval_from, **record)
+            raw = load_user_data(options)
+        raw, _ = select_columns(raw, **self.columns(options))
         return TrainingData(limit_samples(raw, options), name, **record)
+
+    def columns(self, options) -> dict:
+        """The columns `select_columns` keeps, by role."""
+        return dict(
+            source=(options.source_column, SOURCE_COLUMNS, "--source_column"),
+            target=(options.target_column, TARGET_COLUMNS, "--target_column"),
+        )
 
     def preprocessing(self, plan, processor) -> str:
         options = plan.options
@@ -118,17 +135,26 @@ class Seq2SeqTask(TrainingTask):
         return data.raw.with_transform(tokenize)
 
     def collate_fn(self, tokenizer):
-        pad = tokenizer.pad_token_id
+        return PairCollator(tokenizer.pad_token_id)
 
-        def collate(examples):
-            input_ids = pad_sequences([e["input_ids"] for e in examples], pad)
-            return {
-                "input_ids": input_ids,
-                "attention_mask": (input_ids != pad).long(),
-                "labels": pad_sequences([e["labels"] for e in examples], -100),
-            }
+    def unit_batches(self, data, tokenizer, model, plan):
+        """A stream, or a token budget: the pairs tokenized in the loader's workers, in pools of
+        `TOKEN_POOL_EXAMPLES` cut into batches by the budget (`pipeline.token_budget_batches`), or in units of one
+        batch of the per-device batch's pairs."""
+        options = plan.options
+        budget = options.max_tokens_per_batch
+        if data.stream is None and budget is None:
+            return None
+        make = PairBatches(tokenizer, options.max_source_length, options.max_target_length, budget)
+        if budget is None:
+            return UnitBatches(make, options.per_device_train_batch_size, whole_batches=True)
+        return UnitBatches(make, TOKEN_POOL_EXAMPLES, whole_batches=False,
+                           description=f"token budget {budget}, pools of {TOKEN_POOL_EXAMPLES}")  # fmt: skip
 
-        return collate
+    def token_counts(self, batch):
+        """Source and target tokens, real and padded: fairseq's tokens of a batch."""
+        real = int(batch["attention_mask"].sum()) + int((batch["labels"] != -100).sum())
+        return real, batch["input_ids"].numel() + batch["labels"].numel()
 
     def eval_outputs(self, model, batch):
         from accelerate.utils import extract_model_from_parallel
@@ -202,3 +228,49 @@ class Seq2SeqTask(TrainingTask):
             "bleu": sacrebleu.corpus_bleu(outputs, [references]).score,
             "chrf": sacrebleu.corpus_chrf(outputs, [references]).score,
         }
+
+
+class PairCollator:
+    """Tokenized pairs -> a batch: the sources right-padded with the pad token (and their attention mask), the targets
+    with -100 (ignored by the loss)."""
+
+    def __init__(self, pad_token_id: int):
+        self.pad = pad_token_id
+
+    def __call__(self, examples: list[dict]) -> dict[str, torch.Tensor]:
+        input_ids = pad_sequences([e["input_ids"] for e in examples], self.pad)
+        return {
+            "input_ids": input_ids,
+            "attention_mask": (input_ids != self.pad).long(),
+            "labels": pad_sequences([e["labels"] for e in examples], -100),
+        }
+
+
+class PairBatches:
+    """A unit of raw pairs -> its batches, in the loader's worker: the sources and targets tokenized (cut to their
+    maximum lengths), then one batch of all of them, or with `max_tokens` the batches a token budget makes of them
+    (`pipeline.token_budget_batches`: an example counts the longer of its source and target, a batch its examples
+    times its longest).
+
+    Args:
+        tokenizer: the run's tokenizer.
+        max_source_length: source tokens kept.
+        max_target_length: target tokens kept.
+        max_tokens: the token budget of a batch, or None for one batch per unit.
+    """
+
+    def __init__(self, tokenizer, max_source_length: int, max_target_length: int, max_tokens: int | None = None):
+        self.tokenizer, self.max_tokens = tokenizer, max_tokens
+        self.max_source_length, self.max_target_length = max_source_length, max_target_length
+        self.collate = PairCollator(tokenizer.pad_token_id)
+
+    def __call__(self, columns: dict[str, list], rng: np.random.Generator) -> list[dict[str, torch.Tensor]]:
+        sources = self.tokenizer(columns["source"], truncation=True, max_length=self.max_source_length)["input_ids"]
+        targets = self.tokenizer(text_target=columns["target"], truncation=True,
+                                 max_length=self.max_target_length)["input_ids"]  # fmt: skip
+        if self.max_tokens is None:
+            groups = [list(range(len(sources)))]
+        else:
+            lengths = [max(len(source), len(target)) for source, target in zip(sources, targets)]
+            groups = token_budget_batches(lengths, self.max_tokens, rng)
+        return [self.collate([{"input_ids": sources[i], "labels": targets[i]} for i in group]) for group in groups]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from datasets import Dataset, DatasetDict
 
@@ -12,11 +13,13 @@ from ..learning import LearningMetric, unigram_bits
 from .base import (
     TrainingData,
     TrainingTask,
+    UnitBatches,
     builtin_data,
     limit_samples,
     load_user_data,
     saved_tokenizer,
     select_columns,
+    stream_data,
     user_data_record,
 )
 
@@ -25,6 +28,9 @@ SMALL_SPARSE_LM_CONFIG = dict(
     hidden_size=128, num_hidden_layers=4, num_attention_heads=4, intermediate_size=512, attention_type="strided",
     sparse_stride=16, max_position_embeddings=1024,
 )  # fmt: skip
+# With --streaming: the texts tokenized, concatenated and cut into blocks together (the tokens left over from a group
+# dropped, as transformers' run_clm groups 1,000 texts at a time)
+STREAM_TEXTS_PER_UNIT = 1000
 STDLIB_TRAIN_BYTES = 2_000_000
 STDLIB_HELDOUT_BYTES = 100_000
 # What the model card says of the built-in text.
@@ -57,14 +63,17 @@ class SparseLMTask(TrainingTask):
             }
             about = STDLIB_DESCRIPTION.format(train=STDLIB_TRAIN_BYTES, heldout=STDLIB_HELDOUT_BYTES)
             return TrainingData(limit_samples(DatasetDict(windows), options), "python-stdlib-bytes", description=about)
-        raw, _ = select_columns(
-            load_user_data(options), text=(options.text_column, ("text", "content"), "--text_column")
-        )
-        record = user_data_record(options, options.train_file)
+        column = dict(text=(options.text_column, ("text", "content"), "--text_column"))
+        record = user_data_record(options, options.train_file or options.train_dir)
+        tokenizer = self.tokenizer(options.tokenizer_name or options.model_name_or_path)
+        if options.streaming:  # the evaluation texts and the sample in blocks; the stream's, unit by unit
+            raw, stream, eval_from, _ = stream_data(options, **column)
+            return TrainingData(group_in_blocks(raw, tokenizer, options.block_size), record.pop("name"), stream=stream,
+                                eval_from=eval_from, **record)  # fmt: skip
+        raw, _ = select_columns(load_user_data(options), **column)
         # tokenised, concatenated and cut into blocks here, so that the plan knows the run's examples: the tokenizer
         # is the one `build` gives the model (--tokenizer_name or --model_name_or_path's, else the byte tokenizer)
-        blocks = group_in_blocks(raw, self.tokenizer(options.tokenizer_name or options.model_name_or_path),
-                                 options.block_size)  # fmt: skip
+        blocks = group_in_blocks(raw, tokenizer, options.block_size)
         return TrainingData(limit_samples(blocks, options), record.pop("name"), **record)
 
     def tokenizer(self, location: str | None):
@@ -105,11 +114,21 @@ class SparseLMTask(TrainingTask):
         return data.raw.with_format("torch")
 
     def collate_fn(self, tokenizer):
-        def collate(examples):
-            input_ids = torch.stack([torch.as_tensor(e["input_ids"]) for e in examples])
-            return {"input_ids": input_ids, "labels": input_ids.clone()}
+        return collate_blocks
 
-        return collate
+    def unit_batches(self, data, tokenizer, model, plan):
+        """A stream: `STREAM_TEXTS_PER_UNIT` texts at a time tokenized and cut into blocks in the loader's workers,
+        their blocks in a random order, in batches of the per-device batch (a token budget's blocks: the plan made it
+        a number of blocks)."""
+        if data.stream is None:
+            return None
+        options = plan.options
+        make = BlockBatches(tokenizer, options.block_size, options.per_device_train_batch_size)
+        return UnitBatches(make, STREAM_TEXTS_PER_UNIT, whole_batches=False)
+
+    def token_counts(self, batch):
+        """Blocks of text: every token is real (no padding)."""
+        return batch["input_ids"].numel(), batch["input_ids"].numel()
 
     def eval_outputs(self, model, batch):
         logits = model(input_ids=batch["input_ids"]).logits.float()
@@ -127,14 +146,48 @@ class SparseLMTask(TrainingTask):
         }
 
 
+def collate_blocks(examples: list[dict]) -> dict[str, torch.Tensor]:
+    """Blocks of token ids -> a batch whose labels are its inputs (the model shifts them)."""
+    input_ids = torch.stack([torch.as_tensor(e["input_ids"]) for e in examples])
+    return {"input_ids": input_ids, "labels": input_ids.clone()}
+
+
+def text_blocks(texts: list[str], tokenizer, block: int) -> list[list[int]]:
+    """The texts tokenized, concatenated and cut into blocks of `block` tokens (the shorter rest dropped)."""
+    ids = [i for text in texts for i in tokenizer(text)["input_ids"]]
+    usable = len(ids) // block * block
+    return [ids[i : i + block] for i in range(0, usable, block)]
+
+
+class BlockBatches:
+    """A unit of raw texts -> its batches, in the loader's worker: the texts in blocks (`text_blocks`), the blocks in
+    a random order, in batches of `batch_size` blocks (the rest, fewer than a batch, dropped).
+
+    Args:
+        tokenizer: the run's tokenizer.
+        block: tokens per block (--block_size).
+        batch_size: blocks per batch.
+    """
+
+    def __init__(self, tokenizer, block: int, batch_size: int):
+        self.tokenizer, self.block, self.batch_size = tokenizer, block, batch_size
+
+    def __call__(self, columns: dict[str, list], rng: np.random.Generator) -> list[dict[str, torch.Tensor]]:
+        blocks = text_blocks(columns["text"], self.tokenizer, self.block)
+        order = rng.permutation(len(blocks)).tolist()
+        size = self.batch_size
+        return [
+            collate_blocks([{"input_ids": blocks[i]} for i in order[start : start + size]])
+            for start in range(0, len(order) - size + 1, size)
+        ]
+
+
 def group_in_blocks(raw: DatasetDict, tokenizer, block: int) -> DatasetDict:
     """The "text" column of each split tokenised, concatenated and cut into blocks of `block` tokens (the last,
     shorter one dropped); a `ValueError` when a split is shorter than one block."""
 
     def group(examples):
-        ids = [i for text in examples["text"] for i in tokenizer(text)["input_ids"]]
-        usable = len(ids) // block * block
-        return {"input_ids": [ids[i : i + block] for i in range(0, usable, block)]}
+        return {"input_ids": text_blocks(examples["text"], tokenizer, block)}
 
     blocks = raw.map(group, batched=True, remove_columns=["text"], desc="tokenizing and grouping")
     for split, rows in blocks.items():

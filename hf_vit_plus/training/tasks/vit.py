@@ -23,17 +23,29 @@ from ...data.loading import check_labels, label_names
 from ...errors import UsageError, load_config
 from ...models.configuration_vit_plus import ViTPlusConfig
 from ...models.image_processing_vit_plus import ViTPlusImageProcessor
-from ..augment import BatchMixer, erasing, image_augmentation, mixes_batches, soft_cross_entropy
+from ..augment import (
+    BatchMixer,
+    PixelNormalizer,
+    erasing,
+    example_augmentation,
+    image_augmentation,
+    mixes_batches,
+    soft_cross_entropy,
+)
 from ..learning import LearningMetric, majority_accuracy
 from ..recipes import RecipeContext, recipe_drop_path_rate
 from .base import (
+    IMAGE_COLUMNS,
+    LABEL_COLUMNS,
     TrainingData,
     TrainingTask,
+    UnitBatches,
     builtin_card_record,
     builtin_data,
     limit_samples,
     load_user_data,
     select_columns,
+    stream_data,
     user_data_record,
 )
 
@@ -110,6 +122,13 @@ class ViTTask(TrainingTask):
             dataset = builtin[options.dataset_name]
             raw = DatasetDict(train=_array_dataset(dataset, "train"), validation=_array_dataset(dataset, "test"))
             name, extra = builtin_card_record(dataset)
+        elif options.streaming:
+            raw, stream, eval_from, chosen = stream_data(options, **self.columns(options))
+            record = user_data_record(options, options.train_dir or options.train_file)
+            if "label" in raw["train"].features and not isinstance(raw["train"].features["label"], ClassLabel):
+                raw = raw.cast_column("label", ClassLabel(names=label_names(raw, "label")))
+            return TrainingData(raw, record.pop("name"), label_column=chosen.get("label"), stream=stream,
+                                eval_from=eval_from, **record)  # fmt: skip
         else:
             raw, record = load_user_data(options), user_data_record(options, options.train_dir)
             name, extra = record.pop("name"), record
@@ -139,8 +158,8 @@ class ViTTask(TrainingTask):
     def columns(self, options) -> dict:
         """The columns `select_columns` keeps, by role."""
         return dict(
-            image=(options.image_column_name, ("image", "img", "picture"), "--image_column_name"),
-            label=(options.label_column_name, ("label", "labels", "fine_label"), "--label_column_name"),
+            image=(options.image_column_name, IMAGE_COLUMNS, "--image_column_name"),
+            label=(options.label_column_name, LABEL_COLUMNS, "--label_column_name"),
         )
 
     def recipe_context(self, options, data, global_batch, total_steps, epochs):
@@ -313,6 +332,28 @@ class ViTTask(TrainingTask):
     def collate_fn(self, processor):
         return collate_images
 
+    def unit_batches(self, data, processor, model, plan):
+        """Images read from files (a stream, or an image column of a data set read whole): each decoded and augmented
+        alone in the loader's workers, one batch per unit of the per-device batch's examples, reaching the device as
+        uint8 (`on_device` normalises and erases them)."""
+        if data.stream is None and isinstance(data.raw["train"].features["image"], Array2D):
+            return None  # the built-in arrays: `ArrayImages`
+        options = plan.options
+        labels = "labels" in self.example_keys(data)
+        names = data.raw["train"].features["label"].names if labels else None
+        augmentation = example_augmentation(options, processor_size(processor))
+        make = ImageBatches(augmentation, model_channels(model.config, processor), names if labels else None)
+        return UnitBatches(make, options.per_device_train_batch_size, whole_batches=True,
+                           description="each image decoded and augmented alone in the loader, normalised on the "
+                           "device")  # fmt: skip
+
+    def on_device(self, batch, extras):
+        """uint8 images (read from files) normalised and randomly erased on the device, the whole batch at once."""
+        pixels = batch["pixel_values"]
+        if pixels.dtype != torch.uint8:
+            return batch
+        return {**batch, "pixel_values": extras["pixels"](pixels)}
+
     # ------------------------------------------------------------------------------------------------ training
     def extras(self, plan, model, accelerator) -> dict[str, Any]:
         """The batch mixer, the label smoothing and the teacher of the run."""
@@ -320,7 +361,8 @@ class ViTTask(TrainingTask):
 
         options = plan.options
         config = extract_model_from_parallel(model).config
-        extras: dict[str, Any] = {"label_smoothing": options.label_smoothing_factor or 0.0}
+        extras: dict[str, Any] = {"label_smoothing": options.label_smoothing_factor or 0.0,
+                                  "pixels": self.pixel_normalizer(options, config)}  # fmt: skip
         if mixes_batches(options):
             extras["mixer"] = BatchMixer(
                 config.num_labels, options.mixup_alpha, options.cutmix_alpha, options.mixup_prob
@@ -335,6 +377,12 @@ class ViTTask(TrainingTask):
 
     def _processor_of(self, options, config):
         return self.image_processor(options, config)
+
+    def pixel_normalizer(self, options, config) -> PixelNormalizer:
+        """What `on_device` does to uint8 images: the processor's normalisation, then the run's random erasing."""
+        processor = self._processor_of(options, config)
+        mean, std = _processor_stats(processor, model_channels(config, processor))
+        return PixelNormalizer(mean, std, erasing(options))
 
     def training_loss(self, model, batch, extras):
         """The model's own loss for plain training; with mixing, smoothing or a teacher: soft-target cross-entropy
@@ -407,7 +455,7 @@ class ViTMaskedPatchTask(ViTTask):
     eval_seed = 0
 
     def columns(self, options) -> dict:
-        return dict(image=(options.image_column_name, ("image", "img", "picture"), "--image_column_name"))
+        return dict(image=(options.image_column_name, IMAGE_COLUMNS, "--image_column_name"))
 
     def label_fields(self, data) -> dict:
         return {}
@@ -428,7 +476,9 @@ class ViTMaskedPatchTask(ViTTask):
         return fields
 
     def extras(self, plan, model, accelerator) -> dict[str, Any]:
-        return {}
+        from accelerate.utils import extract_model_from_parallel
+
+        return {"pixels": self.pixel_normalizer(plan.options, extract_model_from_parallel(model).config)}
 
     def training_loss(self, model, batch, extras):
         from accelerate.utils import extract_model_from_parallel
@@ -511,6 +561,43 @@ class ArrayImages(torch.utils.data.Dataset):
                 example["labels"] = labels[position]
             examples.append(example)
         return examples
+
+
+class ImageBatches:
+    """A unit of raw images (undecoded: bytes or path) and labels -> one batch of uint8 pixels (B, C, H, W) at the
+    model's size and class indices: each image decoded (`data.image_files.open_image`) and augmented alone
+    (`augment.ExampleAugmentation`), in the loader's worker.
+
+    Args:
+        augmentation: the per-image crop / resize, flip and automatic augmentation.
+        channels: the model's input channels (1: grey, 3: RGB).
+        label_names: the class names (labels given as names are looked up in them), or None for images without
+            labels (masked patch prediction).
+    """
+
+    def __init__(self, augmentation, channels: int, label_names: list[str] | None = None):
+        self.augmentation, self.channels = augmentation, channels
+        self.label_ids = None if label_names is None else {name: index for index, name in enumerate(label_names)}
+
+    def __call__(self, columns: dict[str, list], rng=None) -> list[dict[str, torch.Tensor]]:
+        from ...data.image_files import open_image
+
+        pixels = torch.stack([self.augmentation(open_image(value, self.channels)) for value in columns["image"]])
+        batch = {"pixel_values": pixels}
+        if self.label_ids is not None:
+            batch["labels"] = torch.tensor([self._label(value) for value in columns["label"]], dtype=torch.long)
+        return [batch]
+
+    def _label(self, value) -> int:
+        if isinstance(value, str):
+            if value not in self.label_ids:
+                raise ValueError(f"Label {value!r} is not one of the {len(self.label_ids)} classes of the run.")
+            return self.label_ids[value]
+        index = int(value)
+        if not 0 <= index < len(self.label_ids):
+            raise ValueError(f"Label {index} is not one of the {len(self.label_ids)} classes of the run (0..."
+                             f"{len(self.label_ids) - 1}).")  # fmt: skip
+        return index
 
 
 def augmented_pixels(pixels: torch.Tensor, augment, erase, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
