@@ -255,16 +255,19 @@ def test_missing_fashion_mnist_is_one_line_naming_the_package(tmp_path, capsys, 
 
 
 def test_data_options_belong_to_their_families(capsys):
-    for flag in ("--dataset_name", "--train_file", "--train_dir", "--tokenizer_name", "--block_size"):
+    # the image model reads the user's images (--dataset_name, --train_dir: issue 58), never text
+    for flag in ("--train_file", "--tokenizer_name", "--block_size", "--text_column"):
         with pytest.raises(SystemExit):
             main(["train", "image-lm", flag, "x"])
         assert "unrecognized arguments" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["train", "vit", "--dataset", "digits"])
-    assert "hf-vit-plus train vit: error: unrecognized arguments: --dataset digits (--dataset: did you mean " \
+    assert (
+        "hf-vit-plus train vit: error: unrecognized arguments: --dataset digits (--dataset: did you mean "
         "--dataset_name?)" in capsys.readouterr().err
-    with pytest.raises(UsageError, match="The image-lm family trains on built-in images"):
-        family_arguments("image-lm", dataset_name="mnist")
+    )
+    with pytest.raises(UsageError, match="Give either --dataset .built-in images. or your own data"):
+        family_arguments("image-lm", dataset="fashion-mnist", dataset_name="mnist")
     with pytest.raises(UsageError, match=r"--dataset \('digits'\) chooses the images of the image-lm family"):
         family_arguments("vit", dataset="digits")
     from hf_vit_plus.training.plan import default_choices
