@@ -92,9 +92,27 @@ class UnitSource(Protocol):
 
     units_per_epoch: int | None
 
-    def refs(self, epoch: int) -> Iterator[Any]: ...
+    def refs(self, epoch: int) -> Iterator[Any]:
+        """The references of the units of `epoch`, in order.
 
-    def fetch(self, ref: Any) -> dict[str, list]: ...
+        Args:
+            epoch: the epoch.
+
+        Returns:
+            An iterator of references.
+        """
+        ...
+
+    def fetch(self, ref: Any) -> dict[str, list]:
+        """The raw examples of the unit that `ref` names.
+
+        Args:
+            ref: a reference `refs` gave.
+
+        Returns:
+            Column -> values.
+        """
+        ...
 
 
 class IndexSource:
@@ -131,6 +149,14 @@ class IndexSource:
             self.units_per_epoch = math.ceil(mine / unit_size)
 
     def refs(self, epoch: int) -> Iterator[list[int]]:
+        """This process's units of `epoch`: lists of indices.
+
+        Args:
+            epoch: the epoch (the permutation's seed is the run's seed plus it).
+
+        Returns:
+            An iterator of index lists.
+        """
         generator = torch.Generator().manual_seed(self.seed + epoch)
         order = torch.randperm(len(self.dataset), generator=generator).tolist()
         size = self.unit_size
@@ -144,6 +170,14 @@ class IndexSource:
                 yield mine[start : start + size]
 
     def fetch(self, ref: list[int]) -> dict[str, list]:
+        """The examples of a unit.
+
+        Args:
+            ref: its indices.
+
+        Returns:
+            Column -> values, as `Dataset.__getitem__` gives them.
+        """
         return self.dataset[ref]
 
 
@@ -185,6 +219,14 @@ class StreamSource:
         return "shards" if self.shards % self.world_size == 0 else "examples"
 
     def refs(self, epoch: int) -> Iterator[dict[str, list]]:
+        """This process's units of `epoch`, read from the stream: their raw examples themselves.
+
+        Args:
+            epoch: the epoch (`IterableDataset.set_epoch`: the shards' order and the buffer's draws).
+
+        Returns:
+            An iterator of columns (column -> values).
+        """
         self.stream.set_epoch(epoch)
         rows: list[dict] = []
         # `iter`, not `__iter__`: inside a DataLoader worker `__iter__` would hand this worker only some shards
@@ -200,6 +242,14 @@ class StreamSource:
             yield columns_of(rows)
 
     def fetch(self, ref: dict[str, list]) -> dict[str, list]:
+        """A unit's raw examples (read already by `refs`).
+
+        Args:
+            ref: what `refs` gave.
+
+        Returns:
+            The same columns.
+        """
         return ref
 
 

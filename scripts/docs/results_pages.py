@@ -203,6 +203,25 @@ def plot_small_data(rows: list[dict], path: Path) -> None:
     _save(plt, figure, path)
 
 
+def plot_input_pipeline(rows: list[dict], path: Path) -> None:
+    """Images per second of each image loader, by the workers it has: ours (read whole, streamed) next to timm's."""
+    plt, figure, axis = _figure()
+    images = [row for row in rows if row["part"] == "images"]
+    cases = list(dict.fromkeys(row["case"] for row in images))
+    workers = sorted({int(row["workers"]) for row in images})
+    width = 0.8 / max(1, len(cases))
+    for i, case in enumerate(cases):
+        heights = [next((float(r["images_per_s"]) for r in images if r["case"] == case and int(r["workers"]) == w), 0)
+                   for w in workers]  # fmt: skip
+        axis.bar([x + i * width for x in range(len(workers))], heights, width, label=case)
+    axis.set_xticks([x + 0.4 - width / 2 for x in range(len(workers))])
+    axis.set_xticklabels([f"{w} worker{'s' if w > 1 else ''}" for w in workers])
+    axis.set_ylabel("images / s")
+    axis.set_title("Image loaders, DeiT's augmentations at 224 px")
+    axis.legend(fontsize=7)
+    _save(plt, figure, path)
+
+
 def plot_import_time(rows: list[dict], path: Path) -> None:
     plt, figure, axis = _figure()
     labels = [row["row"] for row in rows]
@@ -341,6 +360,18 @@ FILES = (
         "small_data_recipe_none.csv",
         "`hf-vit-plus train vit --max_steps 150`, timed by hand",
         "`--recipe none` against the training before `--recipe` existed: accuracy and seconds of one short run",
+    ),
+    ResultFile(
+        "input_pipeline.csv",
+        "`scripts/benchmarks/bench_input_pipeline.py --output results/input_pipeline.csv`",
+        "the training loaders alone, no model ([training on large data](guides/large-data.md)): images per second "
+        "of ours (read whole and streamed) against timm's `create_loader`, DeiT's augmentations at 224 px from "
+        "20,000 JPEGs, at 1 and 2 workers; tokens per second and padding fraction of the token-budget loader against "
+        "fixed-size batches (SWORD's verse pairs); the cost of an exact resume half-way through an epoch against "
+        "reading the batches before it; the peak memory of a run that streams 10 times as much data",
+        plot_input_pipeline,
+        ("part", "case", "workers", "images_per_s", "startup_s", "tokens_per_s", "padding_fraction", "examples",
+         "skipped_per_s", "peak_rss_mb", "vs_reference", "reference", "load_average", "threads", "date", "device"),
     ),
     ResultFile(
         "ram_efficient_loading.csv",
