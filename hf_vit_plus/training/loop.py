@@ -538,6 +538,16 @@ def restore_progress(run: Run, resume: ResumePoint | None) -> Progress:
     progress.global_step = resume.state["global_step"]
     progress.start_epoch, progress.skip_batches = resume.state["epoch"], resume.state["batches_in_epoch"]
     positions = resume.state.get("data_positions")
+    if isinstance(run.train_dataloader, ResumableLoader) and positions is None and run.batches_per_epoch is not None:
+        # a state saved by a run whose loader was a plain DataLoader (images from files read whole): its batch counts
+        # the same units, in another order
+        logger.warning(
+            f"Checkpoint {resume.path} does not say where the run stood in its data (its loader was another one): "
+            f"resuming at batch {progress.skip_batches} of epoch {progress.start_epoch} in this loader's order; the "
+            "run continues but does not reproduce an uninterrupted one exactly."
+        )
+        positions = [{"epoch": progress.start_epoch, "unit": progress.skip_batches, "batch": 0}]
+        positions *= accelerator.num_processes
     if isinstance(run.train_dataloader, ResumableLoader):
         if not positions or len(positions) != accelerator.num_processes:
             raise ValueError(
@@ -567,14 +577,14 @@ def announce(run: Run) -> None:
         sharded = f" (FSDP units: {units(run.model)}; this process holds {local_share(run.model):.1%} of them)"
     elif is_zero3(accelerator):
         sharded = f" (ZeRO-3: this process holds {local_share(run.model):.1%} of them)"
-    examples = "a stream of" if run.data.stream is not None else f"{len(run.data.raw['train'])}"
+    examples = "a training stream" if run.data.stream is not None else f"{len(run.data.raw['train'])} train"
     batch = (
         f"up to {run.plan.data.max_tokens_per_batch} tokens per process"
         if run.plan.data.batch_by_tokens
         else f"global batch {run.plan.global_batch}"
     )
     logger.info(
-        f"Training {run.family.name}: {_count(run.model)} parameters{sharded}, {examples} train / "
+        f"Training {run.family.name}: {_count(run.model)} parameters{sharded}, {examples} / "
         f"{len(run.eval_dataloader.dataset)} eval examples, {world} process(es), {batch}, {run.total_steps} updates."
     )
     if options.torch_compile:

@@ -182,7 +182,7 @@ def test_each_family_trains_from_local_shards_as_a_stream(tmp_path, family):
     assert any(line.startswith("Data: a stream of ") and "shuffled in a buffer of 10000 examples" in line
                for line in lines), lines  # fmt: skip
     assert f"Evaluation: the first {options['max_eval_samples']} examples of the stream, held out of training" in lines
-    assert "a stream of train" in report.getvalue()
+    assert "parameters, a training stream / " in report.getvalue()
     if family in ("seq2seq", "sparse-lm"):
         fractions = [entry["padding_fraction"] for entry in result.log_history if "padding_fraction" in entry]
         assert len(fractions) == 4 and all(0 <= f < 1 for f in fractions)
