@@ -160,13 +160,11 @@ class UnitBatches:
         unit_size: raw examples per unit.
         whole_batches: a unit is one batch, its examples a process's share of a global batch (the epoch's batches
             are then known for data read whole); else a pool of examples that becomes any number of batches.
-        description: how batches are made, for the run's first lines.
     """
 
     make: Callable[[dict[str, list], Any], list[dict]]
     unit_size: int
     whole_batches: bool
-    description: str = ""
 
 
 @dataclass(frozen=True)

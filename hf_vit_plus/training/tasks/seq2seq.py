@@ -148,8 +148,7 @@ class Seq2SeqTask(TrainingTask):
         make = PairBatches(tokenizer, options.max_source_length, options.max_target_length, budget)
         if budget is None:
             return UnitBatches(make, options.per_device_train_batch_size, whole_batches=True)
-        return UnitBatches(make, TOKEN_POOL_EXAMPLES, whole_batches=False,
-                           description=f"token budget {budget}, pools of {TOKEN_POOL_EXAMPLES}")  # fmt: skip
+        return UnitBatches(make, TOKEN_POOL_EXAMPLES, whole_batches=False)
 
     def token_counts(self, batch):
         """Source and target tokens, real and padded: fairseq's tokens of a batch."""

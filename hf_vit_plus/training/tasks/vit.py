@@ -343,9 +343,7 @@ class ViTTask(TrainingTask):
         names = data.raw["train"].features["label"].names if labels else None
         augmentation = example_augmentation(options, processor_size(processor))
         make = ImageBatches(augmentation, model_channels(model.config, processor), names if labels else None)
-        return UnitBatches(make, options.per_device_train_batch_size, whole_batches=True,
-                           description="each image decoded and augmented alone in the loader, normalised on the "
-                           "device")  # fmt: skip
+        return UnitBatches(make, options.per_device_train_batch_size, whole_batches=True)
 
     def on_device(self, batch, extras):
         """uint8 images (read from files) normalised and randomly erased on the device, the whole batch at once."""
