@@ -225,7 +225,12 @@ TINY_CONFIGS = {
     ),
     # the same encoder pre-trained by masked patch prediction (8 x 8 patches of 3 channels: 512 colour classes)
     "vit-mpp": dict(
-        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, image_size=32, patch_size=4,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        image_size=32,
+        patch_size=4,
     ),  # fmt: skip
     "seq2seq": dict(
         vocab_size=20,

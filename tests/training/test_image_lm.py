@@ -261,8 +261,10 @@ def test_data_options_belong_to_their_families(capsys):
         assert "unrecognized arguments" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["train", "vit", "--dataset", "digits"])
-    assert "hf-vit-plus train vit: error: unrecognized arguments: --dataset digits (--dataset: did you mean " \
+    assert (
+        "hf-vit-plus train vit: error: unrecognized arguments: --dataset digits (--dataset: did you mean "
         "--dataset_name?)" in capsys.readouterr().err
+    )
     with pytest.raises(UsageError, match="The image-lm family trains on built-in images"):
         family_arguments("image-lm", dataset_name="mnist")
     with pytest.raises(UsageError, match=r"--dataset \('digits'\) chooses the images of the image-lm family"):
