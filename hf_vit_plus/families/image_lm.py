@@ -48,7 +48,7 @@ IMAGE_LM = Family(
             "sparse_pattern_mode",
         ),
     ),  # fmt: skip
-    trainer="hf_vit_plus.training.families.image_lm:ImageLMFamily",
+    task="hf_vit_plus.training.tasks.image_lm:ImageLMTask",
     data="images",
     builtin_data="digits",
     user_data=False,
@@ -58,15 +58,13 @@ IMAGE_LM = Family(
         "one row are set from the data); default: a small 4-layer strided model",
         "num_train_epochs": "passes over the training images (unless --max_steps is given)",
     },
-    # num_train_epochs None: the data set's own (`ImageDataset.default_epochs`)
+    # the epochs: the data set's own (`ImageDataset.default_epochs`)
     training_defaults=dict(
         output_dir="outputs/image-lm",
         dataset="digits",
         learning_rate=2e-3,
         weight_decay=0.01,
         adam_beta2=0.95,
-        num_train_epochs=None,
-        per_device_train_batch_size=32,
         per_device_eval_batch_size=100,
         warmup_ratio=0.05,
     ),

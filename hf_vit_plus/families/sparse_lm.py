@@ -36,7 +36,7 @@ SPARSE_LM = Family(
         ),  # fmt: skip
         aliases=("sparse_lm",),
     ),
-    trainer="hf_vit_plus.training.families.sparse_lm:SparseLMFamily",
+    task="hf_vit_plus.training.tasks.sparse_lm:SparseLMTask",
     data="text",
     builtin_data="the Python standard library's sources",
     flags=("text_column", "block_size"),

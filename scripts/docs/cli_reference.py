@@ -88,14 +88,18 @@ def _section(parser: argparse.ArgumentParser, common: set[str], level: int) -> l
     if parser.description:
         lines += _description(parser)
     lines += ["```text", parser.format_usage().strip(), "```", ""]
-    options = [
-        action
-        for action in parser._actions
-        if action.help != argparse.SUPPRESS
-        and not isinstance(action, (argparse._HelpAction, argparse._SubParsersAction))
-        and not (set(action.option_strings) & common)
-    ]
-    if options:
+    for group in parser._action_groups:  # argparse has no public accessor for its groups either
+        options = [
+            action
+            for action in group._group_actions
+            if action.help != argparse.SUPPRESS
+            and not isinstance(action, (argparse._HelpAction, argparse._SubParsersAction))
+            and not (set(action.option_strings) & common)
+        ]
+        if not options:
+            continue
+        if group.title not in ("positional arguments", "options", "optional arguments"):  # a section of --help
+            lines += [f"*{group.title}*", ""]
         lines += [_option(action, parser.prog) for action in options] + [""]
     for subparser in _subcommands(parser).values():
         lines += _section(subparser, common, min(level + 1, 4))

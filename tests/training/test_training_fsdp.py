@@ -142,13 +142,13 @@ def _four_runs_and_a_look(family: str, root: str) -> None:
 def _look_at_a_sharded_step(family: str, output_dir: Path) -> dict:
     """One update of a prepared FSDP run: what this process holds of each parameter, gradient and optimizer state;
     whether the tied weights are still one; and the gathered model against the full view of the shards."""
-    from hf_vit_plus.training.families import get_family
     from hf_vit_plus.training.loop import create_accelerator, prepare_run
     from hf_vit_plus.training.sharding import local_bytes, local_numel, tied_module_groups, trained_model
+    from hf_vit_plus.training.tasks import get_task
 
     args = run_args(family, output_dir, fsdp=True)
     accelerator = create_accelerator(args)
-    run = prepare_run(accelerator, args, get_family(family))
+    run = prepare_run(accelerator, args, get_task(family))
     batch = next(iter(run.train_dataloader))
     loss = run.model(**batch).loss
     accelerator.backward(loss)

@@ -11,7 +11,7 @@ from datasets import Dataset, DatasetDict
 from ..learning import LearningMetric, unigram_bits
 from .base import (
     TrainingData,
-    TrainingFamily,
+    TrainingTask,
     builtin_data,
     limit_samples,
     load_user_data,
@@ -36,7 +36,7 @@ STDLIB_DESCRIPTION = (
 )
 
 
-class SparseLMFamily(TrainingFamily):
+class SparseLMTask(TrainingTask):
     name = "sparse-lm"
     learning_metric = LearningMetric("bits_per_token", "unigram_bits_per_token", False, "a unigram model")
 
@@ -45,66 +45,64 @@ class SparseLMFamily(TrainingFamily):
         vocab = int(max(train.max(), validation.max())) + 1
         return {"unigram_bits_per_token": unigram_bits([train], [validation], vocab)}
 
-    def load_data(self, args):
-        if builtin_data(args):
+    def load_data(self, options):
+        if builtin_data(options):
             from ...data.text import load_stdlib_text, sequential_windows
 
             text = load_stdlib_text(max_train_bytes=STDLIB_TRAIN_BYTES, max_heldout_bytes=STDLIB_HELDOUT_BYTES)
             # Byte ids already: non-overlapping windows of block_size, shuffled by the sampler each epoch.
             windows = {
-                split: Dataset.from_dict({"input_ids": sequential_windows(text[key], args.block_size).tolist()})
+                split: Dataset.from_dict({"input_ids": sequential_windows(text[key], options.block_size).tolist()})
                 for split, key in (("train", "train"), ("validation", "heldout"))
             }
             about = STDLIB_DESCRIPTION.format(train=STDLIB_TRAIN_BYTES, heldout=STDLIB_HELDOUT_BYTES)
-            return TrainingData(limit_samples(DatasetDict(windows), args), "python-stdlib-bytes", description=about)
-        raw, _ = select_columns(load_user_data(args), text=(args.text_column, ("text", "content"), "--text_column"))
-        record = user_data_record(args, args.train_file)
-        return TrainingData(raw, record.pop("name"), **record)  # limited once grouped in blocks
+            return TrainingData(limit_samples(DatasetDict(windows), options), "python-stdlib-bytes", description=about)
+        raw, _ = select_columns(
+            load_user_data(options), text=(options.text_column, ("text", "content"), "--text_column")
+        )
+        record = user_data_record(options, options.train_file)
+        # tokenised, concatenated and cut into blocks here, so that the plan knows the run's examples: the tokenizer
+        # is the one `build` gives the model (--tokenizer_name or --model_name_or_path's, else the byte tokenizer)
+        blocks = group_in_blocks(raw, self.tokenizer(options.tokenizer_name or options.model_name_or_path),
+                                 options.block_size)  # fmt: skip
+        return TrainingData(limit_samples(blocks, options), record.pop("name"), **record)
 
-    def preprocessing(self, args, processor) -> str:
+    def tokenizer(self, location: str | None):
+        """The tokenizer saved in `location`, else the byte tokenizer."""
+        from ...data.text import byte_tokenizer
+
+        return saved_tokenizer(location) or byte_tokenizer()
+
+    def preprocessing(self, plan, processor) -> str:
+        options = plan.options
         name = type(processor).__name__ if processor is not None else "bytes"
         size = f", {len(processor):,} tokens" if processor is not None and hasattr(processor, "__len__") else ""
         return (
             f"The text is tokenized by the tokenizer saved with the model ({name}{size}) and cut into blocks of "
-            f"{args.block_size} tokens, one training sequence each."
+            f"{options.block_size} tokens, one training sequence each."
         )
 
-    def build(self, args, data):
-        from ...data.text import byte_tokenizer
-
-        tokenizer = saved_tokenizer(args) or byte_tokenizer()
+    def build(self, plan, data):
+        options = plan.options
+        tokenizer = self.tokenizer(options.tokenizer_name or options.model_name_or_path)
         # The small default is sized for the tokenizer and --block_size; a saved model or config is taken as it is.
         defaults = dict(
             SMALL_SPARSE_LM_CONFIG,
             vocab_size=len(tokenizer),
-            max_position_embeddings=args.block_size,
+            max_position_embeddings=options.block_size,
             pad_token_id=tokenizer.pad_token_id,
             eos_token_id=tokenizer.eos_token_id,
         )
-        model = self.load_or_create_model(args, self.build_config(args, defaults, {}))
-        if args.block_size > model.config.max_position_embeddings:
+        model = self.load_or_create_model(options, self.build_config(options, defaults, {}))
+        if options.block_size > model.config.max_position_embeddings:
             raise ValueError(
-                f"--block_size {args.block_size} exceeds the model's max_position_embeddings "
+                f"--block_size {options.block_size} exceeds the model's max_position_embeddings "
                 f"({model.config.max_position_embeddings})."
             )
         return model, tokenizer
 
-    def transform(self, data, tokenizer, model, args):
-        raw = data.raw
-        if "text" in raw["train"].column_names:  # user text: tokenised, concatenated and cut into blocks
-            block = args.block_size
-
-            def group(examples):
-                ids = [i for text in examples["text"] for i in tokenizer(text)["input_ids"]]
-                usable = len(ids) // block * block
-                return {"input_ids": [ids[i : i + block] for i in range(0, usable, block)]}
-
-            raw = raw.map(group, batched=True, remove_columns=["text"], desc="tokenizing and grouping")
-            raw = limit_samples(raw, args)
-            for split, blocks in raw.items():
-                if len(blocks) == 0:
-                    raise ValueError(f"The {split} text is shorter than one --block_size ({block} tokens).")
-        return raw.with_format("torch")
+    def transform(self, data, tokenizer, model, plan):
+        return data.raw.with_format("torch")
 
     def collate_fn(self, tokenizer):
         def collate(examples):
@@ -127,3 +125,19 @@ class SparseLMFamily(TrainingFamily):
             "bits_per_token": loss / math.log(2),
             "samples": len(gathered["tokens"]),
         }
+
+
+def group_in_blocks(raw: DatasetDict, tokenizer, block: int) -> DatasetDict:
+    """The "text" column of each split tokenised, concatenated and cut into blocks of `block` tokens (the last,
+    shorter one dropped); a `ValueError` when a split is shorter than one block."""
+
+    def group(examples):
+        ids = [i for text in examples["text"] for i in tokenizer(text)["input_ids"]]
+        usable = len(ids) // block * block
+        return {"input_ids": [ids[i : i + block] for i in range(0, usable, block)]}
+
+    blocks = raw.map(group, batched=True, remove_columns=["text"], desc="tokenizing and grouping")
+    for split, rows in blocks.items():
+        if len(rows) == 0:
+            raise ValueError(f"The {split} text is shorter than one --block_size ({block} tokens).")
+    return blocks

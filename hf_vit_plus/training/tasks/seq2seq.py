@@ -12,7 +12,7 @@ from datasets import DatasetDict
 from ..learning import LearningMetric, majority_accuracy, sequence_keys
 from .base import (
     TrainingData,
-    TrainingFamily,
+    TrainingTask,
     builtin_data,
     limit_samples,
     load_user_data,
@@ -20,7 +20,6 @@ from .base import (
     saved_tokenizer,
     select_columns,
     user_data_record,
-    weight_decay_groups,
 )
 
 # A fresh encoder-decoder for the built-in number -> words task (post-norm, as in the paper).
@@ -39,9 +38,10 @@ NUMBER_WORDS_DESCRIPTION = (
 )
 
 
-class Seq2SeqFamily(TrainingFamily):
+class Seq2SeqTask(TrainingTask):
     name = "seq2seq"
     trains_its_processor = True
+    optimizer_name = "adam"  # the paper's Adam (sec. 5.3; `plan.OptimizerSpec`)
     learning_metric = LearningMetric(
         "exact_match", "most_common_target_exact_match", True, "always answering the commonest training target"
     )
@@ -50,42 +50,46 @@ class Seq2SeqFamily(TrainingFamily):
         targets = data.raw["train"]["target"]
         return {"most_common_target_exact_match": majority_accuracy(targets, data.raw["validation"]["target"])}
 
-    def load_data(self, args):
-        if builtin_data(args):
+    def load_data(self, options):
+        if builtin_data(options):
             from ...data.number_words import load_number_words_dataset
 
             words = load_number_words_dataset(max_number=9999, num_test=500, seed=0)
             raw, name = DatasetDict(train=words["train"], validation=words["test"]), "number-words"
             record = dict(description=NUMBER_WORDS_DESCRIPTION, eval_split="test", languages=("en",))
         else:
-            raw, record = load_user_data(args), user_data_record(args, args.train_file)
+            raw, record = load_user_data(options), user_data_record(options, options.train_file)
             name = record.pop("name")
-            record["languages"] = tuple(dict.fromkeys(code for code in (args.source_lang, args.target_lang) if code))
+            record["languages"] = tuple(
+                dict.fromkeys(code for code in (options.source_lang, options.target_lang) if code)
+            )
         raw, _ = select_columns(
             raw,
-            source=(args.source_column, ("source", "src", "input"), "--source_column"),
-            target=(args.target_column, ("target", "tgt", "output"), "--target_column"),
+            source=(options.source_column, ("source", "src", "input"), "--source_column"),
+            target=(options.target_column, ("target", "tgt", "output"), "--target_column"),
         )
-        return TrainingData(limit_samples(raw, args), name, **record)
+        return TrainingData(limit_samples(raw, options), name, **record)
 
-    def preprocessing(self, args, processor) -> str:
-        fresh = args.model_name_or_path is None and args.tokenizer_name is None
+    def preprocessing(self, plan, processor) -> str:
+        options = plan.options
+        fresh = options.model_name_or_path is None and options.tokenizer_name is None
         origin = "trained on the training split" if fresh else "that of the base model"
         return (
             f"Sources and targets are tokenized by the tokenizer saved with the model ({type(processor).__name__}, "
-            f"{len(processor):,} tokens, {origin}), then cut to {args.max_source_length} source and "
-            f"{args.max_target_length} target tokens."
+            f"{len(processor):,} tokens, {origin}), then cut to {options.max_source_length} source and "
+            f"{options.max_target_length} target tokens."
         )
 
-    def build(self, args, data):
-        tokenizer = saved_tokenizer(args)
+    def build(self, plan, data):
+        options = plan.options
+        tokenizer = saved_tokenizer(plan.processor_location or options.model_name_or_path)
         if tokenizer is None:
             from ...tokenization import train_bpe_tokenizer
 
             texts = list(data.raw["train"]["source"]) + list(data.raw["train"]["target"])
-            tokenizer = train_bpe_tokenizer(texts, vocab_size=args.vocab_size, split_digits=True)
-        fields = dict(label_smoothing=args.label_smoothing_factor)
-        if not args.model_name_or_path:  # a fresh model is sized for the tokenizer
+            tokenizer = train_bpe_tokenizer(texts, vocab_size=options.vocab_size, split_digits=True)
+        fields = dict(label_smoothing=options.label_smoothing_factor)
+        if not options.model_name_or_path:  # a fresh model is sized for the tokenizer
             fields.update(
                 vocab_size=len(tokenizer),
                 pad_token_id=tokenizer.pad_token_id,
@@ -93,21 +97,22 @@ class Seq2SeqFamily(TrainingFamily):
                 eos_token_id=tokenizer.eos_token_id,
                 decoder_start_token_id=tokenizer.bos_token_id,
             )
-        model = self.load_or_create_model(args, self.build_config(args, SMALL_SEQ2SEQ_CONFIG, fields))
+        model = self.load_or_create_model(options, self.build_config(options, SMALL_SEQ2SEQ_CONFIG, fields))
         if model.config.vocab_size < len(tokenizer):
             raise ValueError(
                 f"The tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {model.config.vocab_size}."
             )
         return model, tokenizer
 
-    def transform(self, data, tokenizer, model, args):
+    def transform(self, data, tokenizer, model, plan):
+        options = plan.options
         # the evaluation decodes its outputs to score them with sacreBLEU (`metrics`): the tokenizer, and one width
         # for the outputs of every batch and process (targets are cut to max_target_length, outputs may run 5 on)
-        self._tokenizer, self._output_width = tokenizer, args.max_target_length + 6
+        self._tokenizer, self._output_width = tokenizer, options.max_target_length + 6
 
         def tokenize(examples):
-            inputs = tokenizer(examples["source"], truncation=True, max_length=args.max_source_length)
-            labels = tokenizer(text_target=examples["target"], truncation=True, max_length=args.max_target_length)
+            inputs = tokenizer(examples["source"], truncation=True, max_length=options.max_source_length)
+            labels = tokenizer(text_target=examples["target"], truncation=True, max_length=options.max_target_length)
             return {"input_ids": inputs["input_ids"], "labels": labels["input_ids"]}
 
         return data.raw.with_transform(tokenize)
@@ -124,17 +129,6 @@ class Seq2SeqFamily(TrainingFamily):
             }
 
         return collate
-
-    def create_optimizer(self, model, args):
-        from ..schedules import paper_adam
-
-        # The paper's Adam (sec. 5.3); with the default learning rate 1.0 the schedule gives the absolute rate.
-        return paper_adam(
-            weight_decay_groups(model, args.weight_decay),
-            lr=args.learning_rate,
-            betas=(args.adam_beta1, args.adam_beta2),
-            eps=args.adam_epsilon,
-        )
 
     def eval_outputs(self, model, batch):
         from accelerate.utils import extract_model_from_parallel

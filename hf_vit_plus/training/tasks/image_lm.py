@@ -15,7 +15,7 @@ from ...data.images import IMAGE_DATASETS, ImageDataset
 from ...errors import UsageError
 from ...models.configuration_sparse_transformer import SparseTransformerConfig
 from ..learning import LearningMetric
-from .base import TrainingData, TrainingFamily, builtin_card_record
+from .base import TrainingData, TrainingTask, builtin_card_record
 
 # A fresh image model, on top of what the images fix (`IMAGE_CONFIG_FIELDS`): 4 blocks of width 64, untied embeddings
 # (as `SparseTransformerConfig.for_images`), the strided pattern (stride: one image row) with its two parts (the row
@@ -34,7 +34,7 @@ IMAGE_CONFIG_FIELDS = (
 )  # fmt: skip
 
 
-class ImageLMFamily(TrainingFamily):
+class ImageLMTask(TrainingTask):
     """The Sparse Transformer as an image model (sec. 7.1 of the paper): pixels in raster order as tokens, the loss in
     nats per dim, evaluated in bits per dim on the test split beside two floors (uniform, per-pixel histogram)."""
 
@@ -43,33 +43,34 @@ class ImageLMFamily(TrainingFamily):
         "bits_per_dim", "pixel_histogram_bits_per_dim", False, "each pixel's own histogram"
     )
 
-    def load_data(self, args):
+    def load_data(self, options):
         from ...data.pixel_baselines import pixel_floors
 
-        train, test = load_image_arrays(args.dataset, self.spec.datasets)
-        train, test = train[: args.max_train_samples], test[: args.max_eval_samples]  # as `limit_samples`
+        train, test = load_image_arrays(options.dataset, self.spec.datasets)
+        train, test = train[: options.max_train_samples], test[: options.max_eval_samples]  # as `limit_samples`
         raw = DatasetDict(train=pixel_dataset(train), validation=pixel_dataset(test))
         # the floors of exactly the images the model trains and is evaluated on
         floors = pixel_floors(train, test)
-        name, record = builtin_card_record(self.spec.datasets[args.dataset])
+        name, record = builtin_card_record(self.spec.datasets[options.dataset])
         return TrainingData(raw, name, baselines=floors, **record)
 
-    def preprocessing(self, args, processor) -> str:
+    def preprocessing(self, plan, processor) -> str:
         return (
             "Each image is one sequence: its grey values (0-255), row by row from the top left, are the tokens "
             "(`SparseTransformerConfig.for_images`); the model learns each pixel from those before it. No "
             "augmentation."
         )
 
-    def build(self, args, data):
+    def build(self, plan, data):
+        options = plan.options
         height, width = data.raw["train"].features["pixel_values"].shape
         # A fresh model or a --config_name gets the fields the images fix; a saved model must already fit them.
-        fields = {} if args.model_name_or_path else image_config_fields(height, width)
-        config = self.build_config(args, SMALL_IMAGE_LM_CONFIG, fields)
-        check_image_config(config, height, width, args.model_name_or_path or args.config_name)
-        return self.load_or_create_model(args, config), None
+        fields = {} if options.model_name_or_path else image_config_fields(height, width)
+        config = self.build_config(options, SMALL_IMAGE_LM_CONFIG, fields)
+        check_image_config(config, height, width, options.model_name_or_path or options.config_name)
+        return self.load_or_create_model(options, config), None
 
-    def transform(self, data, processor, model, args):
+    def transform(self, data, processor, model, plan):
         return data.raw.select_columns(["pixel_values"]).with_format("torch")
 
     def collate_fn(self, processor):
