@@ -88,6 +88,7 @@ test-slow: $(VENV)/.stamp-test
 
 lint: $(VENV)/.stamp-test
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 
 # The site (mkdocs.yml, docs/) into site/: the command-line reference is regenerated from the parsers first, and the

@@ -11,11 +11,13 @@ it off, is listed in `hf_vit_plus.integrations`.
 from __future__ import annotations
 
 import os
+import re
+import sys
 from typing import TYPE_CHECKING
 
 from ._lazy import lazy_attributes
 
-__version__ = "0.3.0"
+__version__ = "0.4.0.dev0"
 
 # public name -> the module (relative to this package) that defines it
 _LAZY_NAMES = {
@@ -93,10 +95,18 @@ if TYPE_CHECKING:
 __getattr__, __dir__ = lazy_attributes(__name__, _LAZY_NAMES)
 
 
-# The `hf-vit-plus` command's launcher (`_hf_vit_plus_cli`) sets this for its own import of the package, so that
-# `hf-vit-plus --help` answers without importing torch; the command registers the classes once it runs
-# (`hf_vit_plus.cli.main`). The variable is removed here, so processes started later register as usual.
-if os.environ.pop("_HF_VIT_PLUS_DEFER_REGISTRATION", None) != "1":
+def _imported_by_the_command() -> bool:
+    """Whether the `hf-vit-plus` command imports the package: the script installers write for it (pip, uv,
+    setuptools: `hf-vit-plus`, `hf-vit-plus.exe` or `hf-vit-plus-script.py` on Windows) is the program, `argv[0]`."""
+    name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    return re.sub(r"(-script\.pyw?|\.exe)$", "", name) == "hf-vit-plus"
+
+
+# The `hf-vit-plus` command registers the classes itself once its arguments are parsed (`hf_vit_plus.cli.main`), so
+# that `hf-vit-plus --help` answers without importing torch. Other programs may ask for the same with this variable
+# (the docs' command-line reference does); it is removed here, so processes started later register as usual.
+_deferred = os.environ.pop("_HF_VIT_PLUS_DEFER_REGISTRATION", None) == "1"
+if not (_deferred or _imported_by_the_command()):
     from .integrations import integrate
 
     integrate()

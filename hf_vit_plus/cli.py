@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.exit(2, f"{args.command_prog}: error: {unrecognized_arguments(extras, args.command_flags)}\n")
     try:
         with command_logging(args):
-            # What `import hf_vit_plus` does, unless the launcher left it to the command (`_hf_vit_plus_cli`): the
+            # What `import hf_vit_plus` does, unless it left it to the command (the `hf-vit-plus` script): the
             # usage and argparse's own errors come before torch is imported.
             from hf_vit_plus.integrations import integrate
 

@@ -51,8 +51,7 @@ def check_model_location(location: str | Path, option: str) -> None:
         validate_repo_id(str(location))
     except HFValidationError:
         raise UsageError(
-            f"{option} {str(location)!r} does not exist (expected a saved model folder or a Hub id "
-            "'namespace/name')."
+            f"{option} {str(location)!r} does not exist (expected a saved model folder or a Hub id 'namespace/name')."
         ) from None
 
 

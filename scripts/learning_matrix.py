@@ -122,8 +122,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     executable = Path(sys.executable).with_name("hf-vit-plus")
     cells = [
-        Cell(family, seed, threads, [str(executable), "train", family, "--seed", str(seed), "--save_steps", "none",
-                                     *shlex.split(args.extra)])  # fmt: skip
+        Cell(
+            family,
+            seed,
+            threads,
+            [str(executable), "train", family, "--seed", str(seed), "--save_steps", "none", *shlex.split(args.extra)],
+        )  # fmt: skip
         for family in args.families
         for threads in sorted(args.threads)
         for seed in args.seeds

@@ -13,7 +13,7 @@ import pytest
 
 from hf_vit_plus.cli import main
 from hf_vit_plus.errors import UsageError
-from tests.utils import REPO_ROOT, TINY_VIT_OVERRIDES
+from tests.utils import COMMAND_CODE, REPO_ROOT, TINY_VIT_OVERRIDES
 
 QUICK_RUN = [
     "--max_steps", "2", "--max_train_samples", "64", "--max_eval_samples", "32",
@@ -211,7 +211,7 @@ def test_the_command_prints_one_line_and_no_notice(tmp_path):
     """Through the `hf-vit-plus` launcher (the installed command) the command hides torch's notice about torchao's
     enums: the error is the only line."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO_ROOT))
-    launcher = "import sys, _hf_vit_plus_cli; sys.exit(_hf_vit_plus_cli.main())"
+    launcher = COMMAND_CODE
     proc = subprocess.run(
         [sys.executable, "-c", launcher, "push", str(tmp_path / "missing"), "user/repo"],
         capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path,

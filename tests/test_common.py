@@ -7,8 +7,10 @@ apply (generation for the ViT, for instance). The README's "Entry points" matrix
 
 from __future__ import annotations
 
+import collections
 import copy
 import json
+import re
 
 import pytest
 import torch
@@ -94,6 +96,44 @@ def test_remote_code_loads_every_case_without_the_package_and_refuses_without_tr
         assert not results[case.id]["module"].startswith("hf_vit_plus"), results[case.id]
         remote = torch.load(root / case.id / "remote_logits.pt", weights_only=True)
         torch.testing.assert_close(remote, expected[case.id], rtol=0, atol=0, msg=case.id)
+
+
+def test_a_checkpoint_without_weights_reports_every_parameter_missing(model_case, tmp_path):
+    """transformers' `test_model_weights_reload_no_missing_tied_weights`, for every class of the case: a folder whose
+    weights file holds none of the model's tensors reloads with each parameter in `missing_keys` (none silently
+    taken as loaded) and none named there that the model lacks, tied copies aside; and every parameter is
+    initialised on the CPU. The seq2seq model's shared embedding was left out of the missing keys and on the meta
+    device ("ignores keys {'shared.weight'} but they look like real parameters")."""
+    from safetensors.torch import save_file
+
+    classes = {model_case.base_class, *model_case.record.model_classes.values()}
+    for model_class in sorted(classes, key=lambda cls: cls.__name__):
+        folder = tmp_path / model_class.__name__
+        torch.manual_seed(0)
+        model_class(model_case.config()).save_pretrained(folder)
+        save_file({"tensor": torch.tensor([1, 2])}, folder / "model.safetensors", metadata={"format": "pt"})
+        reloaded, info = model_class.from_pretrained(folder, output_loading_info=True)
+        tensors = dict(reloaded.named_parameters()) | dict(reloaded.named_buffers())
+        missing = set(info["missing_keys"])
+        # the names of one tensor (tied weights, a shared module): one of them missing stands for all
+        aliases = collections.defaultdict(set)
+        for name, tensor in reloaded.state_dict().items():
+            aliases[tensor.untyped_storage().data_ptr()].add(name)
+        extra = missing - tensors.keys()
+        for group in (group for group in aliases.values() if len(group) > 1):
+            if group - extra:
+                extra -= group
+        assert extra == set(), (model_class.__name__, extra)
+        persistent = {name for name in tensors if name in reloaded.state_dict()}
+        ignored = {
+            name
+            for name in persistent
+            for pattern in reloaded._keys_to_ignore_on_load_missing or ()
+            if re.search(pattern, name)
+        }
+        assert persistent - missing == ignored, f"{model_class.__name__} ignores {persistent - missing - ignored}"
+        placed = {name: t.device.type for name, t in tensors.items() if t.device.type != "cpu"}
+        assert not placed, (model_class.__name__, placed)
 
 
 # ------------------------------------------------------------------------------------------ Auto classes from a config

@@ -57,8 +57,15 @@ def _blocks(page: Path) -> list[Block]:
         end = next(i for i in range(index + 1, len(lines)) if lines[i].strip() == "```")
         marker = _MARKER.match(lines[index - 1].strip()) if index else None
         kind = marker.group(1).split()[0] if marker else None
-        block = Block(page, index + 1, fence.group(1), "\n".join(lines[index + 1 : end]) + "\n", kind,
-                      marker.group("reason") if marker else None, blocks[-1] if blocks else None)
+        block = Block(
+            page,
+            index + 1,
+            fence.group(1),
+            "\n".join(lines[index + 1 : end]) + "\n",
+            kind,
+            marker.group("reason") if marker else None,
+            blocks[-1] if blocks else None,
+        )
         blocks.append(block)
         index = end + 1
     return blocks
@@ -77,8 +84,13 @@ def _python_source(block: Block) -> str:
 
 
 def _run(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
+    env = dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        OMP_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+    )
     return subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
 
 
@@ -91,8 +103,9 @@ def test_example_runs(block: Block, tmp_path: Path):
         assert result.returncode == 0, f"{block.id} raised:\n{result.stderr[-4000:]}"
         return
     assert block.marker == "run", f"{block.id}: a bash block needs <!-- example: run --> or a skip with a reason"
-    commands = [line for line in block.code.replace("\\\n", " ").splitlines()
-                if line.split(" ", 1)[0] in _RUNNABLE_COMMANDS]
+    commands = [
+        line for line in block.code.replace("\\\n", " ").splitlines() if line.split(" ", 1)[0] in _RUNNABLE_COMMANDS
+    ]
     assert commands, f"{block.id}: marked runnable but has no hf-vit-plus, python or make line"
     for command in commands:
         args = shlex.split(command, comments=True)

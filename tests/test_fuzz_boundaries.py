@@ -331,7 +331,8 @@ def _empty_config_folder(tmp_path):
 FOUND = {
     "vit labels as a list": (lambda tmp: _vit()(**CASES["vit-dense"].inputs(), labels=[0, 1]).loss, None),
     "vit empty width": (
-        lambda tmp: _vit()(pixel_values=torch.randn(1, 3, 20, 0), interpolate_pos_encoding=True), "pixel_values"
+        lambda tmp: _vit()(pixel_values=torch.randn(1, 3, 20, 0), interpolate_pos_encoding=True),
+        "pixel_values",
     ),
     "lm empty sequence, a position": (
         lambda tmp: _lm()(input_ids=torch.zeros(2, 0, dtype=torch.long), position_ids=torch.zeros(2, 1).long()),
@@ -348,7 +349,8 @@ FOUND = {
     ),
     "huge initializer_range": (lambda tmp: SparseTransformerConfig(initializer_range=2**31), "initializer_range"),
     "an encoder-decoder that is not one": (
-        lambda tmp: Seq2SeqTransformerConfig(is_encoder_decoder=False), "is_encoder_decoder"
+        lambda tmp: Seq2SeqTransformerConfig(is_encoder_decoder=False),
+        "is_encoder_decoder",
     ),
     "a config.json of {}": (_empty_config_folder, "model_type"),
 }

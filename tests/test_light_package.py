@@ -20,7 +20,7 @@ import textwrap
 
 import pytest
 
-from tests.utils import REPO_ROOT, run_without_package
+from tests.utils import COMMAND_CODE, REPO_ROOT, run_without_package
 
 # Libraries a user who only loads and runs a model must not pay for. transformers' own model classes may import some
 # of them themselves (transformers 5 imports accelerate in `modeling_utils` where it is installed): a module is only
@@ -169,12 +169,12 @@ def test_help_answers_without_importing_torch():
     code = """
     import contextlib, io, json, sys
     argv = json.loads(sys.argv[1])
-    sys.argv = ["hf-vit-plus", *argv, "--help"]
-    import _hf_vit_plus_cli
+    sys.argv = ["hf-vit-plus", *argv, "--help"]  # the installed script's program name
+    from hf_vit_plus.cli import main
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         try:
-            _hf_vit_plus_cli.main()
+            main()
         except SystemExit as stop:
             code = stop.code
     print(json.dumps({"torch": "torch" in sys.modules, "code": code, "usage": out.getvalue().startswith("usage:")}))
@@ -184,13 +184,26 @@ def test_help_answers_without_importing_torch():
         assert report == {"torch": False, "code": 0, "usage": True}, argv
 
 
+@pytest.mark.parametrize(
+    "program, command",
+    [("/venv/bin/hf-vit-plus", True), ("hf-vit-plus.exe", True), ("/venv/Scripts/hf-vit-plus-script.py", True),
+     ("-c", False), ("/usr/bin/python3", False), ("/venv/bin/hf-vit-plus-demo", False), ("", False)],
+)  # fmt: skip
+def test_the_package_knows_the_command_by_its_script(monkeypatch, program, command):
+    """The `hf-vit-plus` script (pip's, uv's, setuptools', on Windows too) is what leaves the registration to the
+    command; any other program registers at import."""
+    import hf_vit_plus
+
+    monkeypatch.setattr(sys, "argv", [program])
+    assert hf_vit_plus._imported_by_the_command() is command
+
+
 def test_the_command_registers_the_classes_once_it_runs(tmp_path):
-    """The launcher defers the registration to the command: a command that loads a model still finds the Auto
-    classes, and the variable that deferred it does not reach the processes the command starts."""
+    """The installed command defers the registration to the command: a command that loads a model still finds the
+    Auto classes, and the variable that defers it too does not reach the processes the command starts."""
     code = """
     import json, os, sys
     sys.argv = ["hf-vit-plus", "env"]
-    import _hf_vit_plus_cli
     os.environ["_HF_VIT_PLUS_DEFER_REGISTRATION"] = "1"
     from hf_vit_plus.cli import main
     from transformers import CONFIG_MAPPING
@@ -290,7 +303,7 @@ def test_progress_bars_follow_transformers_switch(capsys):
 
 def test_cli_log_flags_are_read_before_or_after_the_command():
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
-    command = [sys.executable, "-c", "import sys, _hf_vit_plus_cli; sys.exit(_hf_vit_plus_cli.main())"]
+    command = [sys.executable, "-c", COMMAND_CODE]
     both = subprocess.run([*command, "env", "-q", "--log_level", "info"], capture_output=True, text=True, env=env)
     assert both.returncode == 2
     assert both.stderr.strip().splitlines() == ["hf-vit-plus env: error: Give one of --log_level, -q and -v."]
@@ -314,7 +327,7 @@ def test_a_missing_extra_stops_the_command_with_one_line(monkeypatch, tmp_path, 
         package_logging.reset_verbosity()  # the command set the package's level (info)
     assert code == 1
     assert capsys.readouterr().err.strip().splitlines() == [
-        'hf-vit-plus train vit: error: hf-vit-plus train needs tensorboard (not installed): '
+        "hf-vit-plus train vit: error: hf-vit-plus train needs tensorboard (not installed): "
         'pip install "hf_vit_plus[train]"'
     ]
     assert not (tmp_path / "run").exists()

@@ -134,6 +134,10 @@ def folder_snapshot(folder: Path) -> dict[str, tuple[str, int]]:
 
 # ------------------------------------------------------------------------------------------------- tiny models
 # --config_overrides of a tiny ViT for the command line and the training loop (the data sets the image size)
+# What the installed `hf-vit-plus` script runs, for `python -c`: the command, with the script's name as the program
+# (which `import hf_vit_plus` reads to leave the Auto registration to the command: hf_vit_plus/__init__.py).
+COMMAND_CODE = "import sys; sys.argv[0] = 'hf-vit-plus'; from hf_vit_plus.cli import main; sys.exit(main())"
+
 TINY_VIT_OVERRIDES = "hidden_size=32,num_hidden_layers=2,num_attention_heads=2,intermediate_size=64"
 # the width and depth of the tiny image models (`tiny_image_model`)
 TINY_IMAGE_MODEL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)

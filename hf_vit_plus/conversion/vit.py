@@ -205,4 +205,3 @@ def vit_plus_from_transformers(hf_model: nn.Module, **config_overrides) -> ViTPl
         state.pop("classifier.bias", None)
     _load_exact(model, state)
     return model.to(next(hf_model.parameters()).dtype).eval()
-

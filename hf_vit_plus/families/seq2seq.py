@@ -20,9 +20,20 @@ SEQ2SEQ = Family(
         task_name="Translation",
         tags=("translation", "seq2seq", "transformer", "hf_vit_plus", "custom_code"),
         architecture=(
-            "vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
-            "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "activation_function",
-            "max_position_embeddings", "normalize_before", "scale_embedding", "tie_word_embeddings", "dropout",
+            "vocab_size",
+            "d_model",
+            "encoder_layers",
+            "decoder_layers",
+            "encoder_attention_heads",
+            "decoder_attention_heads",
+            "encoder_ffn_dim",
+            "decoder_ffn_dim",
+            "activation_function",
+            "max_position_embeddings",
+            "normalize_before",
+            "scale_embedding",
+            "tie_word_embeddings",
+            "dropout",
             "label_smoothing",
         ),  # fmt: skip
     ),
@@ -30,8 +41,15 @@ SEQ2SEQ = Family(
     data="text",
     builtin_data="numbers -> English words",
     flags=(
-        "source_column", "target_column", "max_source_length", "max_target_length", "vocab_size",
-        "label_smoothing_factor", "source_lang", "target_lang", "max_tokens_per_batch",
+        "source_column",
+        "target_column",
+        "max_source_length",
+        "max_target_length",
+        "vocab_size",
+        "label_smoothing_factor",
+        "source_lang",
+        "target_lang",
+        "max_tokens_per_batch",
     ),  # fmt: skip
     flag_help={
         "max_tokens_per_batch": "batches by a token budget per process instead of a number of pairs, as fairseq's "

@@ -43,10 +43,17 @@ VIT = Family(
         task_name="Image Classification",
         tags=("vision", "image-classification", "vit", "hf_vit_plus", "custom_code"),
         architecture=(
-            *ENCODER_CARD_FIELDS, "conv_stem_layers", "conv_stem_channels", "classifier_head",
-            "use_distillation_token", "num_labels",
+            *ENCODER_CARD_FIELDS,
+            "conv_stem_layers",
+            "conv_stem_channels",
+            "classifier_head",
+            "use_distillation_token",
+            "num_labels",
             # a CNN trained for comparison (train vit --model_type resnet): its own fields
-            "embedding_size", "hidden_sizes", "depths", "layer_type",
+            "embedding_size",
+            "hidden_sizes",
+            "depths",
+            "layer_type",
         ),  # fmt: skip
         # the hybrid's stem (sec. 3.1), in the table only where the model has one
         architecture_when=(("conv_stem_layers", "conv_stem_layers"), ("conv_stem_channels", "conv_stem_layers")),
@@ -55,8 +62,13 @@ VIT = Family(
     data="images",
     builtin_data="8x8 digits",
     flags=(
-        "ignore_mismatched_sizes", "image_column_name", "label_column_name", "label_smoothing_factor", "teacher",
-        "model_type", *RECIPE_FLAGS,
+        "ignore_mismatched_sizes",
+        "image_column_name",
+        "label_column_name",
+        "label_smoothing_factor",
+        "teacher",
+        "model_type",
+        *RECIPE_FLAGS,
     ),  # fmt: skip
     flag_help={
         "config_name": "preset ({tiny,small,base,large,huge}-patch{14,16,32}-{224,384}, e.g. 'tiny-patch16-224') or "
@@ -84,7 +96,10 @@ VIT_MPP = Family(
         task_name="Masked Patch Prediction",
         tags=("vision", "image-feature-extraction", "vit", "masked-image-modeling", "hf_vit_plus", "custom_code"),
         architecture=(
-            *ENCODER_CARD_FIELDS, "mpp_mask_ratio", "mpp_num_bits", "mpp_value_range",
+            *ENCODER_CARD_FIELDS,
+            "mpp_mask_ratio",
+            "mpp_num_bits",
+            "mpp_value_range",
         ),
     ),  # fmt: skip
     task="hf_vit_plus.training.tasks.vit:ViTMaskedPatchTask",

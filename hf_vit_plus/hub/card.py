@@ -234,10 +234,53 @@ def _eval_results(
     return results, rows, baselines
 
 
+# The builders of the `datasets` library (`load_dataset("json", data_files=...)`, `"imagefolder"`, ...): a data set
+# loaded with one reports the builder's name as its `info.dataset_name`, but it is made of local (or remote) files,
+# not a data set of the Hub. (transformers' Trainer cards leave out csv, json, pandas, parquet and text likewise.)
+DATASETS_BUILDERS = frozenset({
+    "arrow", "audiofolder", "cache", "conll", "csv", "eval", "fasta", "fastq", "folder_based_builder", "genbank",
+    "generator", "harbor", "hdf5", "iceberg", "imagefolder", "json", "lance", "meshfolder", "mmcif", "niftifolder",
+    "pandas", "parquet", "pdb", "pdffolder", "spark", "sql", "text", "tsfile", "videofolder", "vortex", "webdataset",
+    "xml",
+})  # fmt: skip
+# Names that end like a data file are files (a relative path that does not exist here), not Hub ids.
+_DATA_FILE_SUFFIXES = (
+    ".json", ".jsonl", ".csv", ".tsv", ".txt", ".parquet", ".arrow", ".xml", ".h5", ".hdf5", ".npy", ".npz", ".zip",
+    ".tar", ".gz", ".bz2", ".xz", ".zst",
+)  # fmt: skip
+
+
+def is_datasets_builder(name: str | None) -> bool:
+    """Whether `name` is one of the `datasets` library's builders (`DATASETS_BUILDERS`: json, csv, imagefolder, ...).
+
+    Args:
+        name: a data set name, e.g. a `Dataset`'s `info.dataset_name`.
+
+    Returns:
+        True for a builder's name.
+    """
+    return isinstance(name, str) and name.strip().lower() in DATASETS_BUILDERS
+
+
+def local_data_name(name: str) -> str:
+    """What a card calls data known by a builder's name: the files it read, which are not on the Hub.
+
+    Args:
+        name: a builder's name (`is_datasets_builder`).
+
+    Returns:
+        E.g. "local files (read by the datasets `json` builder)".
+    """
+    return f"local files (read by the datasets `{name.strip().lower()}` builder)"
+
+
 def hub_dataset_id(dataset: str | None) -> str | None:
-    """`dataset` when it is a Hub data set id ("namespace/name" or "name"), None for a local folder or file (an
-    existing path, an absolute or relative path) or anything that is not a valid repo id."""
-    if not dataset or Path(dataset).expanduser().exists() or _repo_id_problem(dataset):
+    """`dataset` when it is a Hub data set id ("namespace/name" or "name"); None for a builder of the `datasets`
+    library (`json`, `csv`, `imagefolder`, ...: `DATASETS_BUILDERS`), a local folder or file (an existing path, an
+    absolute or relative path, a name ending in a data file's suffix) or anything that is not a valid repo id."""
+    if not dataset or is_datasets_builder(dataset) or dataset.lower().endswith(_DATA_FILE_SUFFIXES):
+        return None
+    if Path(dataset).expanduser().exists() or _repo_id_problem(dataset):
         return None
     return dataset
 
@@ -410,11 +453,16 @@ def write_model_card(
     config = _config_dict(model_config)
     _check_family_matches(family, config)
 
-    if dataset_id == _NAME_IS_ID:
-        dataset_id = dataset_name
+    if dataset_id == _NAME_IS_ID:  # a builder's name or a path is no Hub id: the card names the files
+        dataset_id = hub_dataset_id(dataset_name)
     elif dataset_id is not None and (not isinstance(dataset_id, str) or _repo_id_problem(dataset_id)):
         raise ValueError(f"dataset_id must be a Hub data set id such as 'zalando-datasets/fashion_mnist' or None, "
                          f"got {dataset_id!r}.")  # fmt: skip
+    elif dataset_id is not None and (is_datasets_builder(dataset_id) or dataset_id.endswith(_DATA_FILE_SUFFIXES)):
+        raise ValueError(f"dataset_id {dataset_id!r} names local files (a builder of the datasets library or a "
+                         "file), not a Hub data set: pass dataset_id=None.")  # fmt: skip
+    if is_datasets_builder(dataset_name):
+        dataset_name = local_data_name(dataset_name)
     model_id = repo_id or output_dir.resolve().name
     results, rows, baselines = _eval_results(
         eval_results, family, dataset_name, dataset_config, eval_split, dataset_id

@@ -105,7 +105,6 @@ def enable_activation_checkpointing(model, checkpointing_kwargs: dict | None = N
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpointing_kwargs)
 
 
-
 def disable_activation_checkpointing(model) -> None:
     """Undo `enable_activation_checkpointing`."""
     disable = getattr(model, "activation_checkpointing_disable", None)
@@ -113,7 +112,6 @@ def disable_activation_checkpointing(model) -> None:
         disable()
     else:
         model.gradient_checkpointing_disable()
-
 
 
 def _auto_dims(dynamic_shapes):

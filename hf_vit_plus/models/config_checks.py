@@ -5,6 +5,8 @@ A configuration class lists the kind of each of its fields once (`FIELD_CHECKS`,
 `check_fields` on its arguments before anything else (before transformers' own `PretrainedConfig.__init__`, which
 would otherwise choke on some of them first, e.g. `num_labels=2.0`), then checks the relations between fields.
 Numbers must be finite; ints are ints (`2.0` is refused, not truncated), bools are bools, strings are strings.
+The keywords a config does not take as its own parameters go through `check_transformers_kwargs`: another config's
+name of a field sets the field, and any other keyword that no part of the config uses is a logged warning.
 """
 
 from __future__ import annotations
@@ -13,10 +15,11 @@ import dataclasses
 import difflib
 import functools
 import inspect
+import logging
 import math
 import re
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 from transformers import PretrainedConfig
 from transformers.activations import ACT2FN
@@ -146,6 +149,30 @@ _TRANSFORMERS_EXTRA_KEYS = frozenset(
 )
 # `kwargs.pop("name", ...)` / `kwargs.get("name", ...)` in the source of transformers' base config
 _KWARGS_READ = re.compile(r"""kwargs\.(?:pop|get)\(\s*["'](\w+)["']""")
+# How close (difflib's ratio) an unknown keyword must be to a known name for the warning to suggest that name.
+_NEAR_MISS_CUTOFF = 0.6
+
+# In the package, under its own logger (transformers' verbosity rules it: hf_vit_plus.utils.logging); as a
+# checkpoint's remote code, under transformers' logger, for the same reason.
+logger = logging.getLogger(__name__ if __name__.startswith("hf_vit_plus.") else f"transformers.{__name__}")
+
+
+# The names other transformers configs give the fields of a config named as transformers' ViT is (`hidden_size`,
+# `num_hidden_layers`, ...), where the meaning is the same: GPT-2's, BART's, T5's, Falcon's and OPT's. A config puts
+# them in its `attribute_map`, so that such a keyword sets the field (and reads it back) instead of being kept unused.
+HIDDEN_SIZE_STYLE_ALIASES = {
+    **dict.fromkeys(("n_embd", "d_model"), "hidden_size"),
+    **dict.fromkeys(("num_layers", "n_layer", "n_layers"), "num_hidden_layers"),
+    **dict.fromkeys(("n_head", "num_heads"), "num_attention_heads"),
+    **dict.fromkeys(("n_inner", "ffn_dim", "d_ff"), "intermediate_size"),
+    "activation_function": "hidden_act",
+    "layer_norm_epsilon": "layer_norm_eps",
+    **dict.fromkeys(("hidden_dropout", "dropout"), "hidden_dropout_prob"),
+    **dict.fromkeys(("attention_dropout", "attn_pdrop"), "attention_probs_dropout_prob"),
+    "init_std": "initializer_range",
+}
+# Keys transformers' base config reads for rotary position embeddings, which none of the models has.
+_UNUSED_BASE_KEYS = frozenset({"rope_scaling", "rope_theta"})
 
 
 def config_class_names(config_class: type) -> set[str]:
@@ -199,18 +226,16 @@ def keywords_read_by(function) -> set[str]:
 
 @functools.cache
 def pretrained_config_names() -> frozenset[str]:
-    """The keyword arguments transformers' base config accepts or writes, computed once per process (cheap: a few
-    milliseconds, no import of any model).
+    """The keyword arguments transformers' base config takes and keeps, computed once per process from the installed
+    transformers (a few milliseconds, no import of any model).
 
     Returns:
         `PretrainedConfig`'s fields, `__init__` parameters, settable properties and `attribute_map`; the keys it
         takes out of its kwargs (`torch_dtype`, `num_labels`, `attn_implementation`, ...); the keys of the dict a
-        default config saves (`model_type`, `_name_or_path`, ...); the generation parameters, which it accepts and
-        drops (`max_length`, `num_beams`, ...); and the few names the rest of transformers keeps in a config dict
-        (`auto_map`, `tokenizer_class`, ...).
+        default config saves (`model_type`, `_name_or_path`, ...); and the few names the rest of transformers keeps
+        in a config dict (`auto_map`, `tokenizer_class`, ...). Generation settings are not among them
+        (`generation_setting_names`).
     """
-    from transformers import GenerationConfig
-
     names = config_class_names(PretrainedConfig)
     for method in ("__init__", "__post_init__"):
         if callable(getattr(PretrainedConfig, method, None)):
@@ -218,97 +243,107 @@ def pretrained_config_names() -> frozenset[str]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         names.update(PretrainedConfig().to_dict())
-        names.update(GenerationConfig().to_dict())
-    return frozenset(names | _TRANSFORMERS_EXTRA_KEYS)
+    return frozenset((names | _TRANSFORMERS_EXTRA_KEYS) - _UNUSED_BASE_KEYS)
 
 
 @functools.cache
-def transformers_config_names() -> frozenset[str]:
-    """The keyword arguments transformers' configs accept: those of its base config and the names every config
-    registered in `transformers.CONFIG_MAPPING` declares (`config_class_names`: e.g. GPT-2's `layer_norm_epsilon`
-    and `n_embd`, Llama's `rms_norm_eps`, Falcon's `hidden_dropout`).
-
-    Computed once per process, and only when needed: it imports every config module of transformers (about 3 s for
-    the ~800 configs of transformers 5).
+def generation_setting_names() -> frozenset[str]:
+    """The settings of transformers' `GenerationConfig` that its base model config does not take (`num_beams`,
+    `max_length`, ...): a model config does not use them (transformers drops most of them from its keywords).
 
     Returns:
-        The set of names.
+        The names of a default `GenerationConfig`'s dict, less `pretrained_config_names()`.
     """
-    from transformers import CONFIG_MAPPING
+    from transformers import GenerationConfig
 
-    names = set(pretrained_config_names())
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # (deprecated models may warn on import)
-        for model_type in list(CONFIG_MAPPING.keys()):
-            try:
-                config_class = CONFIG_MAPPING[model_type]
-            except Exception:  # a config that cannot be imported here: its names are not needed to build ours
-                continue
-            names |= config_class_names(config_class)
-    return frozenset(names)
+        warnings.simplefilter("ignore")
+        return frozenset(GenerationConfig().to_dict()) - pretrained_config_names()
 
 
-def config_classes_named(name: str) -> list[type]:
-    """The config classes defined so far with a given class name.
-
-    Args:
-        name: a class name, e.g. "ViTPlusConfig".
-
-    Returns:
-        The subclasses of transformers' `PretrainedConfig` with that `__name__` (more than one where the same code
-        was loaded twice, e.g. from the package and as a checkpoint's remote code).
-    """
-    found, seen, stack = [], set(), [PretrainedConfig]
-    while stack:
-        for subclass in stack.pop().__subclasses__():
-            if subclass not in seen:
-                seen.add(subclass)
-                stack.append(subclass)
-                if subclass.__name__ == name:
-                    found.append(subclass)
-    return found
+@functools.cache
+def _init_defaults(config_class: type) -> dict:
+    """The default of each named parameter of `config_class.__init__`."""
+    try:
+        parameters = inspect.signature(config_class.__init__).parameters.values()
+    except (TypeError, ValueError):
+        return {}
+    return {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
 
 
 def check_transformers_kwargs(
-    config_name: str, kwargs: dict, fields: Iterable[str], *, config_class: type | None = None
+    config_class: type, kwargs: dict, values: dict | None = None, checks: dict | None = None
 ) -> None:
-    """Check the keyword arguments a config passes on to transformers.
+    """Check the keyword arguments a config does not take as its own parameters, before it passes them on to
+    transformers' base config: none is dropped silently.
 
-    `num_labels` must be a positive int within bounds. An unknown name that looks like a typo of a field gets a
-    `UserWarning` naming the closest field (transformers keeps unknown keys silently), unless it is a name that
-    transformers knows: one its base config accepts or writes (`pretrained_config_names`), one its configs declare
-    (`transformers_config_names`), or one of the config class's own (its `attribute_map`'s keys and values, its
-    `__init__` parameters). The names of transformers are looked up lazily: a config built from its own fields
-    only never computes them, and the configs of transformers are imported only for a name close to a field.
+    - `num_labels` must be a positive int within bounds.
+    - A name of the config's `attribute_map` (the names other transformers configs give the same field:
+      `num_layers`, `n_embd`, `layer_norm_epsilon`, ...) is checked as that field (`checks`) and then set as it, by
+      transformers; given together with the field itself at another value, it is a `ValueError` naming both.
+    - A name transformers' base config takes and keeps (`num_labels`, `id2label`, `dtype`, `output_attentions`, ...)
+      passes.
+    - Any other name is logged as a warning through the package's logger, which transformers' verbosity rules: a
+      generation setting (`num_beams`, ...) as one that belongs in the model's `generation_config`; a name the
+      config class lists in `ambiguous_names` (e.g. the encoder-decoder's `num_layers`) with the fields it may
+      mean; anything else, with the nearest known name (a typo of a field, or of transformers' own keys such as
+      `output_attention`). transformers keeps such a keyword as an attribute, unused.
+
+    The names of transformers are read from its base config and `GenerationConfig` (a few milliseconds, once per
+    process), and only when a keyword is not the config's own; no other config of transformers is imported.
 
     Args:
-        config_name: the config class's name (for the message; also how the class is found when `config_class`
-            is not given).
-        kwargs: the keyword arguments the config did not take as its own fields.
-        fields: the config's field names.
-        config_class: the config class, when the caller has it.
+        config_class: the config class (its `attribute_map`, `ambiguous_names`, `__init__` and name).
+        kwargs: the keyword arguments the config did not take as its own parameters.
+        values: the config's own parameters as given (its `__init__`'s `locals()`), to find a field given under
+            two names.
+        checks: the config's field checks (name -> check), run on a value given under another name.
     """
     if "num_labels" in kwargs:
         check_int("num_labels", kwargs["num_labels"], minimum=1, maximum=MAX_LABELS)
-    fields = set(fields)
-    unknown = [key for key in kwargs if key not in fields]
+    if not kwargs:
+        return
+    config_name = config_class.__name__
+    aliases = dict(getattr(config_class, "attribute_map", None) or {})
+    for key, value in kwargs.items():
+        field = aliases.get(key)
+        if field is None:
+            continue
+        if checks and field in checks:
+            checks[field](key, value)
+        default = _init_defaults(config_class).get(field, inspect.Parameter.empty)
+        given = (values or {}).get(field, default)
+        if given is not default and given != default and given != value:
+            raise ValueError(
+                f"{config_name} got `{field}`={given!r} and `{key}`={value!r}: `{key}` is another name of "
+                f"`{field}`; give one of them."
+            )
+    unknown = [key for key in kwargs if key not in aliases and key != "num_labels"]
     if not unknown:
         return
     base = pretrained_config_names()
     unknown = [key for key in unknown if key not in base]
     if not unknown:
         return
-    classes = [config_class] if config_class is not None else config_classes_named(config_name)
-    own = set().union(*(config_class_names(cls) for cls in classes))
-    aliases = {key for cls in classes for key in (getattr(cls, "attribute_map", None) or {})}
-    candidates = sorted(fields | aliases)
+    own = config_class_names(config_class)
+    generation = generation_setting_names()
+    ambiguous = getattr(config_class, "ambiguous_names", None) or {}
+    candidates = sorted(own | base | generation)
     for key in unknown:
-        if key in own:
+        if key in own and key not in generation:
             continue
-        close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.8)
-        if close and key not in transformers_config_names():
-            warnings.warn(
-                f"{config_name} got an unknown field {key!r} (kept, unused): did you mean {close[0]!r}?",
-                UserWarning,
-                stacklevel=3,
-            )
+        kept = " (kept in the config, unused)"
+        if key in ambiguous:
+            fields = " and ".join(f"`{name}`" for name in ambiguous[key])
+            hint = f"it may mean {fields}: set those"
+        elif key in generation:
+            kept = ""
+            hint = "it is a generation setting, not a model config's: set it on the model's `generation_config`"
+        else:
+            close = difflib.get_close_matches(key, candidates, n=1, cutoff=_NEAR_MISS_CUTOFF)
+            if close:
+                target = f" (`{aliases[close[0]]}`)" if close[0] in aliases else ""
+                hint = f"did you mean `{close[0]}`{target}?"
+            else:
+                hint = "no field has a similar name"
+        logger.warning("%s does not use `%s`=%.60r%s: %s", config_name, key, kwargs[key], kept, hint)

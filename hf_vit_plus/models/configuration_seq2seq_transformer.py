@@ -41,14 +41,31 @@ SINUSOID_LAYOUTS = ("interleaved", "halves")
 # The kind of each field, checked before anything else (config_checks.check_fields); relations come after.
 FIELD_CHECKS = {
     **dict.fromkeys(
-        ("vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
-         "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "max_position_embeddings",
-         "encoder_sparse_stride", "encoder_sparse_num_summary_blocks"),
+        (
+            "vocab_size",
+            "d_model",
+            "encoder_layers",
+            "decoder_layers",
+            "encoder_attention_heads",
+            "decoder_attention_heads",
+            "encoder_ffn_dim",
+            "decoder_ffn_dim",
+            "max_position_embeddings",
+            "encoder_sparse_stride",
+            "encoder_sparse_num_summary_blocks",
+        ),
         check_positive_int,
     ),  # fmt: skip
     **dict.fromkeys(
-        ("scale_embedding", "normalize_before", "tie_word_embeddings", "use_cache", "is_encoder_decoder",
-         "share_encoder_decoder_embeddings", "add_final_logits_bias"),
+        (
+            "scale_embedding",
+            "normalize_before",
+            "tie_word_embeddings",
+            "use_cache",
+            "is_encoder_decoder",
+            "share_encoder_decoder_embeddings",
+            "add_final_logits_bias",
+        ),
         check_bool,
     ),  # fmt: skip
     **dict.fromkeys(("dropout", "attention_dropout", "activation_dropout", "label_smoothing"), check_probability),
@@ -123,10 +140,26 @@ class Seq2SeqTransformerConfig(HubConfigMixin, PretrainedConfig):
         "AutoModelForSeq2SeqLM": "modeling_seq2seq_transformer.Seq2SeqTransformerForConditionalGeneration",
     }
     keys_to_ignore_at_inference = list(CACHE_NAMES)  # Trainer drops the cache from the predictions
+    # BART's generic names, and the names other transformers configs give these fields where the meaning is the same
+    # (GPT-2's, T5's, BERT's, ...)
     attribute_map = {
-        "hidden_size": "d_model",
+        **dict.fromkeys(("hidden_size", "n_embd"), "d_model"),
         "num_attention_heads": "encoder_attention_heads",
-        "num_hidden_layers": "encoder_layers",
+        **dict.fromkeys(("num_hidden_layers", "num_encoder_layers"), "encoder_layers"),
+        "num_decoder_layers": "decoder_layers",
+        **dict.fromkeys(("hidden_act", "hidden_activation"), "activation_function"),
+        **dict.fromkeys(("dropout_rate", "hidden_dropout_prob", "hidden_dropout"), "dropout"),
+        **dict.fromkeys(("attention_probs_dropout_prob", "attn_pdrop"), "attention_dropout"),
+        "initializer_range": "init_std",
+        "layer_norm_epsilon": "layer_norm_eps",
+        "n_positions": "max_position_embeddings",
+    }
+    # Names of other configs that stand for a field of each stack here: the keyword is kept unused, and the warning
+    # names both fields (config_checks.check_transformers_kwargs).
+    ambiguous_names = {
+        **dict.fromkeys(("num_layers", "n_layer", "n_layers"), ("encoder_layers", "decoder_layers")),
+        **dict.fromkeys(("num_heads", "n_head"), ("encoder_attention_heads", "decoder_attention_heads")),
+        **dict.fromkeys(("d_ff", "ffn_dim", "n_inner", "intermediate_size"), ("encoder_ffn_dim", "decoder_ffn_dim")),
     }
     # The encoder's sparse-attention fields (`encoder_attention_type`, `encoder_sparse_*`) as
     # `sparse_layouts.pattern_from_config` reads them: bidirectional, the stride at most `max_position_embeddings`.
@@ -170,7 +203,7 @@ class Seq2SeqTransformerConfig(HubConfigMixin, PretrainedConfig):
         **kwargs,
     ):
         check_fields(locals(), FIELD_CHECKS)
-        check_transformers_kwargs(type(self).__name__, kwargs, FIELD_CHECKS)
+        check_transformers_kwargs(type(self), kwargs, locals(), FIELD_CHECKS)
         self.vocab_size = vocab_size
         self.d_model = d_model
         self.encoder_layers = encoder_layers

@@ -13,6 +13,7 @@ from transformers import PretrainedConfig
 
 from .compat import CACHE_NAMES
 from .config_checks import (
+    HIDDEN_SIZE_STYLE_ALIASES,
     check_activation,
     check_bool,
     check_divisible,
@@ -37,8 +38,16 @@ PIXEL_LEVELS = 256  # an image model's tokens 0..255 are 8-bit intensities; its 
 # The kind of each field, checked before anything else (config_checks.check_fields); relations come after.
 FIELD_CHECKS = {
     **dict.fromkeys(
-        ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-         "max_position_embeddings", "sparse_stride", "sparse_num_summary_blocks"),
+        (
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "intermediate_size",
+            "max_position_embeddings",
+            "sparse_stride",
+            "sparse_num_summary_blocks",
+        ),
         check_positive_int,
     ),  # fmt: skip
     "hidden_act": check_activation,
@@ -119,6 +128,9 @@ class SparseTransformerConfig(HubConfigMixin, PretrainedConfig):
     # The sparse-attention fields as `sparse_layouts.pattern_from_config` reads them: causal, the stride at most
     # `max_position_embeddings`.
     sparse_fields = SparseFields(causal=True)
+    # The names other transformers configs give these fields (`n_embd`, `num_layers`, `layer_norm_epsilon`, GPT-2's
+    # `n_positions`, ...)
+    attribute_map = {**HIDDEN_SIZE_STYLE_ALIASES, "n_positions": "max_position_embeddings"}
 
     # The fields it shares with `ViTPlusConfig` carry the same (transformers' ViT) names in the same order
     # (tests/models/test_copies.py checks them).
@@ -153,7 +165,7 @@ class SparseTransformerConfig(HubConfigMixin, PretrainedConfig):
         **kwargs,
     ):
         check_fields(locals(), FIELD_CHECKS)
-        check_transformers_kwargs(type(self).__name__, kwargs, FIELD_CHECKS)
+        check_transformers_kwargs(type(self), kwargs, locals(), FIELD_CHECKS)
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.num_hidden_layers = num_hidden_layers

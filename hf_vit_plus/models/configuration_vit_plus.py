@@ -11,6 +11,7 @@ import re
 from transformers import PretrainedConfig
 
 from .config_checks import (
+    HIDDEN_SIZE_STYLE_ALIASES,
     FieldTypeError,
     check_activation,
     check_bool,
@@ -68,8 +69,16 @@ POSITION_INTERPOLATIONS = ("bicubic_antialias", "bicubic")
 # The kind of each field, checked before anything else (config_checks.check_fields); relations come after.
 FIELD_CHECKS = {
     **dict.fromkeys(
-        ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "image_size", "patch_size",
-         "num_channels", "sparse_num_summary_blocks"),
+        (
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "intermediate_size",
+            "image_size",
+            "patch_size",
+            "num_channels",
+            "sparse_num_summary_blocks",
+        ),
         check_positive_int,
     ),  # fmt: skip
     "hidden_act": check_activation,
@@ -170,6 +179,8 @@ class ViTPlusConfig(HubConfigMixin, PretrainedConfig):
     # The sparse-attention fields as `sparse_layouts.pattern_from_config` reads them: bidirectional, and the stride
     # must fit the [CLS] token plus the patches.
     sparse_fields = SparseFields(causal=False, length_field="sequence_length")
+    # The names other transformers configs give these fields (`n_embd`, `num_layers`, `layer_norm_epsilon`, ...)
+    attribute_map = HIDDEN_SIZE_STYLE_ALIASES
 
     def __init__(
         self,
@@ -204,7 +215,7 @@ class ViTPlusConfig(HubConfigMixin, PretrainedConfig):
         **kwargs,
     ):
         check_fields(locals(), FIELD_CHECKS)
-        check_transformers_kwargs(type(self).__name__, kwargs, FIELD_CHECKS)
+        check_transformers_kwargs(type(self), kwargs, locals(), FIELD_CHECKS)
         self.hidden_size = hidden_size
         self.num_hidden_layers = num_hidden_layers
         self.num_attention_heads = num_attention_heads

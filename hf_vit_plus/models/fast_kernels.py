@@ -239,6 +239,29 @@ CPP_KERNELS_ENV = "HF_VIT_PLUS_CPP_KERNELS"
 KERNEL_CACHE_ENV = "HF_VIT_PLUS_KERNEL_CACHE"
 
 
+def kernel_cache_dir(environ=None):
+    """Where the C++ kernels are built and kept: `HF_VIT_PLUS_KERNEL_CACHE`; else under torch's folder of extension
+    builds, `TORCH_EXTENSIONS_DIR/hf_vit_plus`; else under the Hugging Face cache, `HF_HOME/hf_vit_plus/kernels`,
+    with HF_HOME as huggingface_hub resolves it (`XDG_CACHE_HOME/huggingface`, else `~/.cache/huggingface`).
+
+    Args:
+        environ: the environment to read (default: `os.environ`).
+
+    Returns:
+        The folder (a `Path`), which need not exist yet.
+    """
+    import os
+    from pathlib import Path
+
+    environ = os.environ if environ is None else environ
+    if environ.get(KERNEL_CACHE_ENV):
+        return Path(environ[KERNEL_CACHE_ENV]).expanduser()
+    if environ.get("TORCH_EXTENSIONS_DIR"):
+        return Path(environ["TORCH_EXTENSIONS_DIR"]).expanduser() / "hf_vit_plus"
+    hf_home = environ.get("HF_HOME") or os.path.join(environ.get("XDG_CACHE_HOME") or "~/.cache", "huggingface")
+    return Path(hf_home).expanduser() / "hf_vit_plus" / "kernels"
+
+
 def cpp_source() -> str:
     """The C++ kernels' source: `fast_kernels.cpp` next to this module, else the installed package's (a copy of this
     module loaded as remote code comes without it); FileNotFoundError where there is neither."""
@@ -265,7 +288,7 @@ def _cpp_kernels_loaded() -> bool:
 @functools.cache
 def cpp_fbgemm_ops() -> bool:
     """Whether the FBGEMM ops run their C++ kernels (`fast_kernels.cpp`): built at the first call in a process
-    (tens of seconds, then kept under ~/.cache/hf_vit_plus/kernels, one build per source, torch and Python)
+    (tens of seconds, then kept in `kernel_cache_dir()`, one build per source, torch and Python)
     by torch's own `torch.utils.cpp_extension.load` (a C++ compiler and ninja), loaded into torch's op registry. False,
     with a warning saying why, where they cannot be built (the Python kernels then run: the same products, slower
     per call); False without a warning where `HF_VIT_PLUS_CPP_KERNELS=0`, torch has no FBGEMM, or the source is not
@@ -326,8 +349,7 @@ def _build_cpp_kernels() -> None:
         # One build per source, torch build and Python: a .so built against another torch must never be loaded.
         key = "\n".join((text, torch.__version__, str(Path(torch.__file__).parent), sys.version))
         digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-        root = os.environ.get(KERNEL_CACHE_ENV) or Path.home() / ".cache" / "hf_vit_plus" / "kernels"
-        folder = Path(root) / digest
+        folder = kernel_cache_dir() / digest
         folder.mkdir(parents=True, exist_ok=True)
         source = folder / "fbgemm_ops.cpp"
         if not source.exists() or source.read_text() != text:

@@ -147,6 +147,7 @@ class ViTPlusImageProcessor(ViTImageProcessor):
         **kwargs: `ViTImageProcessor`'s settings (`size`, `image_mean`, `image_std`, `do_convert_rgb`, ...) and
             `do_convert_grayscale`.
     """
+
     valid_kwargs = ViTPlusImageProcessorKwargs
     model_input_names = ["pixel_values"]
     do_convert_rgb = True

@@ -20,9 +20,12 @@ def tracing() -> bool:
     return torch.compiler.is_compiling()
 
 
-def check_token_ids(name: str, ids, vocab_size: int, ignore_index: int | None = None) -> None:
+def check_token_ids(
+    name: str, ids, vocab_size: int, ignore_index: int | None = None, alongside: dict | None = None
+) -> None:
     """`ids` must be an int64/int32 tensor of shape (batch, seq_len), neither dimension empty, with every value in
-    [0, vocab_size) (values equal to `ignore_index`, the -100 of labels, excepted)."""
+    [0, vocab_size) (values equal to `ignore_index`, the -100 of labels, excepted). `alongside`: the other per-token
+    inputs given with them (name -> tensor or None), whose lengths an error about empty `ids` names too."""
     if not torch.is_tensor(ids):
         raise TypeError(f"`{name}` must be a torch.Tensor of token ids (batch, seq_len), got {type(ids).__name__}.")
     if ids.dtype not in _TOKEN_DTYPES:
@@ -32,7 +35,7 @@ def check_token_ids(name: str, ids, vocab_size: int, ignore_index: int | None = 
         )
     if ids.dim() != 2:
         raise ValueError(f"`{name}` must have shape (batch, seq_len), got shape {tuple(ids.shape)}.")
-    check_not_empty(name, tuple(ids.shape))
+    check_not_empty(name, tuple(ids.shape), alongside)
     check_token_range(name, ids, vocab_size, ignore_index)
 
 
@@ -60,9 +63,21 @@ def label_tensor(name: str, labels):
     raise TypeError(f"`{name}` must be a torch.Tensor (or a list of numbers), got {type(labels).__name__}.")
 
 
-def check_not_empty(name: str, shape: tuple[int, ...]) -> None:
-    if shape[0] == 0 or shape[1] == 0:
-        raise ValueError(f"`{name}` is empty: shape {shape}; a batch needs at least one sequence of one token.")
+def check_not_empty(name: str, shape: tuple[int, ...], alongside: dict | None = None) -> None:
+    """A `ValueError` naming the batch size and the length when either is 0, and the lengths of the per-token inputs
+    given with it (`alongside`: name -> tensor or None), so that a mismatch among them reads as one."""
+    if shape[0] != 0 and shape[1] != 0:
+        return
+    others = [
+        f"`{other}` has {tensor.shape[-1]} per row (shape {tuple(tensor.shape)})"
+        for other, tensor in (alongside or {}).items()
+        if torch.is_tensor(tensor) and tensor.dim() >= 2
+    ]
+    given = f"; {', '.join(others)}" if others else ""
+    raise ValueError(
+        f"`{name}` is empty: shape {shape}, {shape[0]} sequences of {shape[1]} tokens{given}; a batch needs at "
+        "least one sequence of one token."
+    )
 
 
 def check_token_range(name: str, ids: torch.Tensor, vocab_size: int, ignore_index: int | None = None) -> None:
@@ -160,6 +175,12 @@ def check_generate_arguments(inputs, kwargs: dict, generation_config, config) ->
         raise ValueError(
             f"`input_ids` of `generate` must have shape (batch, seq_len), got shape {tuple(ids.shape)}; a tokenizer "
             "gives one with return_tensors='pt'."
+        )
+    if ids is not None and 0 in ids.shape:
+        raise ValueError(
+            f"`input_ids` of `generate` is empty: shape {tuple(ids.shape)}, {ids.shape[0]} prompts of {ids.shape[1]} "
+            "tokens; give each prompt at least one token (a decoder-only model can start from its bos token), or "
+            "no input_ids."
         )
     for name in _GENERATE_FLOATS:
         value = kwargs.get(name)

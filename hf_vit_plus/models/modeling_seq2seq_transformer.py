@@ -158,7 +158,11 @@ class Seq2SeqTransformerAttention(nn.Module):
 
         # A sparse self-attention's attention_mask is None or the (B, Tk) boolean padding mask (True = real token).
         implementation = select_attention_kernel(
-            self.config._attn_implementation, self.sparse_pattern, query.device.type, output_attentions, seq_len,
+            self.config._attn_implementation,
+            self.sparse_pattern,
+            query.device.type,
+            output_attentions,
+            seq_len,
             head_dim=query.shape[-1],
         )
         attention_fn = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
@@ -469,6 +473,7 @@ class Seq2SeqTransformerPreTrainedModel(HubMixin, PreTrainedModel):
     Args:
         config: the model's `Seq2SeqTransformerConfig`.
     """
+
     config_class = Seq2SeqTransformerConfig
     base_model_prefix = "model"
     main_input_name = "input_ids"
@@ -568,19 +573,20 @@ class Seq2SeqTransformerModel(Seq2SeqTransformerPreTrainedModel):
         # with `share_encoder_decoder_embeddings=False` (Marian), each stack keeps its own embedding and there is no
         # `shared` module left unused.
         self.shared = None
-        self._tied_weights_keys = None
+        self._keys_to_ignore_on_save = None
         if config.tie_word_embeddings and config.share_encoder_decoder_embeddings:
             self.shared = nn.Embedding(config.vocab_size, config.d_model, padding_idx=config.pad_token_id)
-            self._tied_weights_keys = {
-                "encoder.embed_tokens.weight": "shared.weight",
-                "decoder.embed_tokens.weight": "shared.weight",
-            }
+            # The stacks' names of the shared module: only `shared.weight` is written, as before.
+            self._keys_to_ignore_on_save = ["encoder.embed_tokens.weight", "decoder.embed_tokens.weight"]
         self.encoder = Seq2SeqTransformerStack(config, is_decoder=False)
         self.decoder = Seq2SeqTransformerStack(config, is_decoder=True)
         if self.shared is not None:
             # One module, not three that share a weight: what `get_input_embeddings()` returns is what both stacks
             # run, so a hook on it (NEFTune, `enable_input_require_grads`, attribution tools) sees every forward.
-            # The state dict keeps its three names (`_tied_weights_keys`), so checkpoints load as before.
+            # The stacks' names are therefore not `_tied_weights_keys`: transformers marks the targets of a tie as
+            # loaded before it loads anything, and a target that is the source's own module marks the source too, so
+            # a checkpoint without the embedding left it on the meta device. A module shared from `__init__` is
+            # loaded once, under `shared.weight`, and transformers drops the other names from the missing keys.
             self.encoder.embed_tokens = self.shared
             self.decoder.embed_tokens = self.shared
         self.gradient_checkpointing = False
@@ -705,11 +711,9 @@ class Seq2SeqTransformerForConditionalGeneration(
         config: the model's `Seq2SeqTransformerConfig`; the generation config is `paper_generation_config(config)`.
     """
 
-    _tied_weights_keys = {
-        "lm_head.weight": "model.shared.weight",
-        "model.encoder.embed_tokens.weight": "model.shared.weight",
-        "model.decoder.embed_tokens.weight": "model.shared.weight",
-    }
+    # The encoder's and decoder's embedding are the shared module itself (`Seq2SeqTransformerModel`); the output
+    # projection is a weight tied to it.
+    _tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
 
     def __init__(self, config: Seq2SeqTransformerConfig):
         super().__init__(config)
@@ -939,8 +943,6 @@ def _sparse_key_mask(attention_mask: torch.Tensor | None, batch_size: int, seq_l
             f"{seq_len}) (1 = real token, 0 = padding), got shape {tuple(attention_mask.shape)}."
         )
     return sparse_padding_mask(batch_size, seq_len, seq_len, attention_mask=attention_mask)
-
-
 
 
 __all__ = [

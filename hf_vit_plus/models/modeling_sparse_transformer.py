@@ -250,7 +250,11 @@ class SparseTransformerAttention(nn.Module):
                 key, value = key[:, :, : context.kv_length], value[:, :, : context.kv_length]  # (B, H, Tk, Dh)
         dropout = self.attention_dropout if self.training else 0.0
         implementation = select_attention_kernel(
-            self.config._attn_implementation, self.sparse_pattern, query.device.type, output_attentions, seq_len,
+            self.config._attn_implementation,
+            self.sparse_pattern,
+            query.device.type,
+            output_attentions,
+            seq_len,
             head_dim=query.shape[-1],
         )
         attention_fn = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
@@ -357,6 +361,7 @@ class SparseTransformerPreTrainedModel(HubMixin, PreTrainedModel):
     Args:
         config: the model's `SparseTransformerConfig`.
     """
+
     config_class = SparseTransformerConfig
     base_model_prefix = "model"
     main_input_name = "input_ids"
@@ -466,13 +471,14 @@ class SparseTransformerModel(SparseTransformerPreTrainedModel):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of `input_ids` (batch, seq) and `inputs_embeds` (batch, seq, hidden).")
         if input_ids is not None:
-            check_token_ids("input_ids", input_ids, self.embeddings.embed_tokens.num_embeddings)
+            alongside = {"position_ids": position_ids, "attention_mask": attention_mask}
+            check_token_ids("input_ids", input_ids, self.embeddings.embed_tokens.num_embeddings, alongside=alongside)
         elif inputs_embeds.dim() != 3:
             raise ValueError(
                 f"`inputs_embeds` must have shape (batch, seq_len, hidden_size), got {tuple(inputs_embeds.shape)}."
             )
         else:
-            check_not_empty("inputs_embeds", tuple(inputs_embeds.shape))
+            check_not_empty("inputs_embeds", tuple(inputs_embeds.shape), {"position_ids": position_ids})
         output_attentions = config_flag(output_attentions, self.config, "output_attentions")
         output_hidden_states = config_flag(output_hidden_states, self.config, "output_hidden_states")
         return_dict = config_flag(return_dict, self.config, "return_dict", default=True)
@@ -1003,8 +1009,6 @@ class SparseTransformerForImageGeneration(SparseTransformerForCausalLM):
             return logits
         not_pixel = torch.arange(logits.shape[-1], device=logits.device) >= PIXEL_LEVELS
         return logits.masked_fill(not_pixel, float("-inf"))
-
-
 
 
 __all__ = [

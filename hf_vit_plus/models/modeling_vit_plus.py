@@ -138,8 +138,7 @@ class ViTPlusPatchEmbeddings(nn.Module):
         elif channels != self.num_channels:
             grey = " (or 3, converted to grey)" if self.num_channels == 1 else ""
             raise ValueError(
-                f"`pixel_values` has {channels} channels but the model expects num_channels={self.num_channels}"
-                f"{grey}."
+                f"`pixel_values` has {channels} channels but the model expects num_channels={self.num_channels}{grey}."
             )
         if interpolate_pos_encoding:
             if height % self.patch_size or width % self.patch_size:
@@ -319,6 +318,7 @@ class ViTPlusPreTrainedModel(HubMixin, PreTrainedModel):
     Args:
         config: the model's `ViTPlusConfig`.
     """
+
     config_class = ViTPlusConfig
     base_model_prefix = "vit"
     main_input_name = "pixel_values"

@@ -67,6 +67,7 @@ from .run_file import RUN_FILE_SUFFIXES, read_run_file
 
 FAMILIES = tuple(FAMILY_RECORDS)
 
+
 # The groups are listed last first: a dataclass takes its bases' fields in reverse order of its bases.
 @dataclass(frozen=True, kw_only=True)
 class TrainingArguments(
@@ -153,10 +154,6 @@ class TrainingArguments(
                 raise UsageError(
                     "--lora_r trains an adapter of a pre-trained model: give it with --model_name_or_path (an adapter "
                     "of freshly initialised weights would be useless without them)."
-                )
-            if self.fsdp:
-                raise UsageError(  # the sharded save gathers into the model's own class, which has no adapter
-                    "--lora_r and --fsdp together are not supported: train the adapter without --fsdp."
                 )
         elif self.lora_alpha is not None or self.lora_target_modules is not None:
             raise UsageError("--lora_alpha and --lora_target_modules need --lora_r (the adapter's rank).")
@@ -356,6 +353,7 @@ VALUE_CHECKS: dict[str, Callable[[str, Any], None]] = {
             "save_total_limit",
             "max_tokens_per_batch",
             "dataloader_prefetch_factor",
+            "ddp_timeout",
         ),
         _positive,
     ),  # fmt: skip
@@ -387,7 +385,7 @@ REQUIRED_VALUES = {
     "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps", "logging_steps",
     "max_source_length", "max_target_length", "block_size", "vocab_size", "dataloader_num_workers", "seed",
     "learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm", "warmup_ratio",
-    "divergence_factor", "validation_split_percentage", "label_smoothing_factor",
+    "divergence_factor", "ddp_timeout", "validation_split_percentage", "label_smoothing_factor",
 }  # fmt: skip
 # Options that may be left None in the arguments: the plan decides them (the family's recipe, or the data).
 PLANNED = {"learning_rate", "warmup_ratio", "label_smoothing_factor", "num_train_epochs"}

@@ -97,8 +97,10 @@ def average_checkpoints(model: torch.nn.Module, checkpoints: Sequence[str | Path
     """Load the mean of the checkpoints' weights into `model` (in place) and return it.
 
     Every tensor of the model must come from the files, except tied copies (`model._tied_weights_keys`, e.g. the
-    output projection tied to the shared embedding), which follow their source; a file tensor the model lacks is
-    an error, so a checkpoint of another architecture is refused rather than half loaded.
+    output projection tied to the shared embedding) and the other names of a module the model holds twice (the
+    stacks' embedding that is the shared one, never saved: `_keys_to_ignore_on_save`), which follow their source; a
+    file tensor the model lacks is an error, so a checkpoint of another architecture is refused rather than half
+    loaded.
     """
     if not checkpoints:
         raise ValueError("no checkpoints to average")
@@ -126,4 +128,4 @@ def _tied_targets(model: torch.nn.Module) -> list[str]:
         keys = getattr(module, "_tied_weights_keys", None) or {}
         prefix = f"{module_name}." if module_name else ""
         targets += [prefix + key for key in (keys if isinstance(keys, dict) else keys)]
-    return targets
+    return targets + list(getattr(model, "_keys_to_ignore_on_save", None) or ())

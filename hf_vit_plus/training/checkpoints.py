@@ -19,7 +19,9 @@ import os
 import shutil
 from pathlib import Path
 
+import torch
 from accelerate import Accelerator
+from accelerate.utils import id_tensor_storage
 
 from .disk import SAVE_ERRORS, OutOfSpaceError, is_out_of_space, out_of_space_message
 
@@ -290,6 +292,30 @@ def check_same_layout(state: dict, layout: str, path: Path, layouts: dict[str, s
     )
 
 
+def keep_one_name_per_tensor(models: list, weights: list[dict], output_dir: str) -> None:
+    """`accelerator.save_state`'s pre-hook: each model state dict keeps one name per tensor, the first, as
+    accelerate's safetensors writer keeps it, which otherwise removes the others itself with a warning at every save
+    ("Removed shared tensor {'lm_head.weight'} while saving"). The file is the same; a tied weight comes back through
+    the model's own tie when the state is loaded.
+
+    Args:
+        models: the prepared models (unused).
+        weights: their state dicts, changed in place (the FSDP and DeepSpeed paths pass none: they write their own).
+        output_dir: the checkpoint's folder (unused).
+    """
+    for state in weights:
+        first_name = {}
+        for name in list(state):
+            tensor = state[name]
+            if not torch.is_tensor(tensor):
+                continue
+            storage = id_tensor_storage(tensor)
+            if storage in first_name:
+                del state[name]
+            else:
+                first_name[storage] = name
+
+
 def save_checkpoint(
     accelerator: Accelerator, output_dir: Path, state: dict, total_limit: int | None, processor=None
 ) -> Path:
@@ -302,7 +328,11 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
-    full = _out_of_space(lambda: accelerator.save_state(str(tmp), safe_serialization=True), root)
+    hook = accelerator.register_save_state_pre_hook(keep_one_name_per_tensor)
+    try:
+        full = _out_of_space(lambda: accelerator.save_state(str(tmp), safe_serialization=True), root)
+    finally:
+        hook.remove()
 
     def finish_main_files():
         (tmp / STATE_FILE).write_text(json.dumps(state, indent=1, default=str))

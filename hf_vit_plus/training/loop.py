@@ -39,6 +39,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from datetime import timedelta
 from itertools import count
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,7 @@ from .disk import UNLIMITED_CHECKPOINTS_CHECKED, checkpoint_bytes, tensor_bytes,
 from .ema import ModelEma
 from .learning import DivergenceGuard, LearningCheck, check_learning
 from .outputs import check_push_target, prefixed_metrics, save_final
+from .peers import peers_answer
 from .plan import Launch, ResumePoint, RunPlan, build_plan, decide_launch, describe, resume_point
 from .run_config import write_run_config
 from .run_lock import output_dir_lock
@@ -240,7 +242,7 @@ def train(args: TrainingArguments, family: TrainingTask | None = None) -> TrainR
     family = family or get_task(args.family)
     with user_errors():  # before the first update, a bad value is the user's: the tracker, data, config, sizes
         check_push_target(args)  # the final push's target, before hours of training (as transformers' Trainer)
-        launch = decide_launch(args)  # precision, sharding, activation checkpointing: the Accelerator's
+        launch = decide_launch(args, family)  # precision, sharding, activation checkpointing: the Accelerator's
         accelerator = create_accelerator(args, launch)
     # One run per output folder (run_lock): held by the main process from before the folder is read until its last
     # file is written; a second run on the folder stops at once, naming this one (on every process of it).
@@ -255,7 +257,8 @@ def train(args: TrainingArguments, family: TrainingTask | None = None) -> TrainR
             refusal = broadcast_object_list([refusal])[0]
         if refusal is not None:
             raise UsageError(refusal)
-        return _train(args, family, launch, accelerator)
+        with peers_answer(accelerator, args.ddp_timeout, args.output_dir):
+            return _train(args, family, launch, accelerator)
 
 
 def _train(args: TrainingArguments, family: TrainingTask, launch: Launch, accelerator: Accelerator) -> TrainResult:
@@ -290,12 +293,12 @@ def plan_the_run(
         accelerator: the run's Accelerator.
         args: the run's options.
         family: the family's training task.
-        launch: `plan.decide_launch(args)`, if made already.
+        launch: `plan.decide_launch(args, family)`, if made already.
 
     Returns:
         The plan and the data.
     """
-    launch = launch or decide_launch(args)
+    launch = launch or decide_launch(args, family)
     resume, processor_from = resume_point(args, family)
     with accelerator.main_process_first():
         data = family.load_data(args)
@@ -324,12 +327,12 @@ def create_accelerator(args: TrainingArguments, launch: Launch | None = None) ->
 
     Args:
         args: the run's options.
-        launch: `plan.decide_launch(args)`; decided here when not given.
+        launch: `plan.decide_launch(args, task)`; decided here when not given.
 
     Returns:
         The Accelerator.
     """
-    launch = launch or decide_launch(args)
+    launch = launch or decide_launch(args, get_task(args.family))
     request, on_cpu = launch.request, launch.on_cpu
     output_dir = Path(args.output_dir)
     # Without an accelerator device, say so: then `accelerate launch --multi_gpu` / torchrun processes join one gloo
@@ -337,11 +340,13 @@ def create_accelerator(args: TrainingArguments, launch: Launch | None = None) ->
     refuse_before_start(request, on_cpu)
     plugin = fsdp_plugin(request)
     zero = deepspeed_plugin(request, args, on_cpu)
-    handlers = []
+    # --ddp_timeout: how long a collective operation waits for a process that stopped answering
+    group = {"timeout": timedelta(seconds=args.ddp_timeout)}
     if zero is not None and on_cpu:
         # DeepSpeed on CPU processes: not Accelerator(cpu=True), which sets up DDP instead (so does a launcher's
         # use_cpu), but DeepSpeed's CPU accelerator over gloo
-        handlers = [InitProcessGroupKwargs(backend="gloo")]
+        group["backend"] = "gloo"
+    handlers = [InitProcessGroupKwargs(**group)]
     with keep_environment("ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED", "ACCELERATE_USE_CPU"):
         if zero is not None:
             os.environ.pop("ACCELERATE_USE_CPU", None)

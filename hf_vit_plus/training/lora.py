@@ -15,6 +15,7 @@ method copies it when peft is imported), so this package does not write into it.
 
 from __future__ import annotations
 
+import copy
 import logging
 import warnings
 
@@ -33,6 +34,7 @@ HEADS_TO_SAVE = {"vit": ("classifier",)}
 # task (our registration, or the checkpoint's remote code). PEFT has no task type of image classification.
 PEFT_TASK_TYPES = {"seq2seq": "SEQ_2_SEQ_LM", "sparse-lm": "CAUSAL_LM", "image-lm": "CAUSAL_LM"}
 
+
 def add_lora(
     model,
     family: str,
@@ -45,7 +47,7 @@ def add_lora(
     `target_modules` (default `LORA_TARGET_MODULES`); only the adapter (and the family's freshly initialised head,
     `HEADS_TO_SAVE`) trains. Raises ValueError naming a bad value or the module names that match nothing."""
     try:
-        from peft import LoraConfig, get_peft_model
+        from peft import LoraConfig
     except ImportError as err:
         raise ValueError("--lora_r needs PEFT: pip install peft") from err
     if isinstance(r, bool) or not isinstance(r, int) or r <= 0:
@@ -70,9 +72,31 @@ def add_lora(
         r=r, lora_alpha=2 * r if alpha is None else alpha, lora_dropout=dropout, target_modules=targets,
         modules_to_save=heads or None, task_type=PEFT_TASK_TYPES.get(family),
     )  # fmt: skip
+    return _wrap(model, config)
+
+
+def _wrap(model, config, adapter_name: str = "default"):
+    """`peft.get_peft_model(model, config, adapter_name)`."""
+    from peft import get_peft_model
+
     with warnings.catch_warnings():  # peft 0.21 reads transformers' deprecated `is_gradient_checkpointing`
         warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
-        return get_peft_model(model, config)
+        return get_peft_model(model, config, adapter_name=adapter_name)
+
+
+def with_same_adapter(peft_model, base):
+    """`base` wrapped by PEFT as `peft_model` wraps its own base: the same (active) adapter's config and name, with
+    freshly initialised adapter weights (e.g. to load a gathered state dict into).
+
+    Args:
+        peft_model: a PEFT model.
+        base: the model to wrap (of the class and config of `peft_model`'s base).
+
+    Returns:
+        The new PEFT model.
+    """
+    adapter = peft_model.active_adapter
+    return _wrap(base, copy.deepcopy(peft_model.peft_config[adapter]), adapter_name=adapter)
 
 
 def is_peft_model(model) -> bool:

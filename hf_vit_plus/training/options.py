@@ -367,6 +367,11 @@ class ParallelismArguments:
         "Accelerate's FSDP plugin; on CPU too); start the run with accelerate launch or torchrun",
     )
     fsdp_config: str | None = option(None, lambda family: fsdp_config_help())
+    ddp_timeout: int = option(
+        1800,
+        "seconds a process waits for the others in a collective operation (transformers' --ddp_timeout): a process "
+        "that stops answering ends the run after this long, naming it",
+    )
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,10 @@ value (`RunPlan.chosen_by`, the first lines of the run):
 
 - the launch (`decide_launch`, from the options and the machine alone, before the Accelerator, which is built from
   it): sharding (`sharding.ParallelismRequest`: --fsdp, --fsdp_config, the launcher's environment), the device,
-  precision (--mixed_precision, else the launcher's, else --recipe's, `recipes.recipe_mixed_precision`, else
-  Accelerate's default) and activation checkpointing (--activation_checkpointing, or the FSDP config's);
+  precision (--mixed_precision, else the launcher's, else --recipe's, `recipes.recipe_mixed_precision`: "deit" takes
+  bf16 autocast where the device multiplies bf16 natively, fp32 for a convolutional network whose feature maps shrink
+  to 1 x 1 on the CPU; else Accelerate's default) and activation checkpointing (--activation_checkpointing, or the
+  FSDP config's);
 - the checkpoint to resume and its processor (`resume_point`, once the run holds its output folder);
 - the rest (`build_plan`, once the data is loaded, before any model is built): a built-in data set's epochs, the run's
   length, the recipe's values for this data and run (`recipes.run_recipe_values`), the schedule 'auto' names, the
@@ -322,18 +324,19 @@ def _from_run_file(options: TrainingArguments, name: str) -> bool:
 
 
 # ------------------------------------------------------------------------------------------------------ the launch
-def decide_launch(options: TrainingArguments) -> Launch:
+def decide_launch(options: TrainingArguments, task) -> Launch:
     """The decisions made before the Accelerator is built: sharding, device, precision, activation checkpointing.
 
     Args:
         options: the run's options.
+        task: the family's `TrainingTask` (a recipe's precision asks it about the model's feature maps).
 
     Returns:
         The launch.
     """
     request = parallelism_request(options.fsdp, options.fsdp_options)
     on_cpu = trains_on_cpu(options)
-    mixed_precision, precision, precision_from = _decide_precision(options, request, on_cpu)
+    mixed_precision, precision, precision_from = _decide_precision(options, task, request, on_cpu)
     checkpointing_from = None
     asked_by = None
     if request.activation_checkpointing:
@@ -349,21 +352,23 @@ def decide_launch(options: TrainingArguments) -> Launch:
                   checkpointing_from)  # fmt: skip
 
 
-def _decide_precision(options: TrainingArguments, request: ParallelismRequest, on_cpu: bool):
+def _decide_precision(options: TrainingArguments, task, request: ParallelismRequest, on_cpu: bool):
     """(the precision for the Accelerator or None, the precision trained in, who chose it): --mixed_precision, else
     the launcher's, else an earlier run of this process's (Accelerate's state is process-wide and refuses another
     precision once set), else --recipe's, else Accelerate's default. A run file's value that is the one the plan
     would choose anyway is that choice's."""
-    value, precision, source = _precision_choice(options.recipe, request, on_cpu)
     given = options.mixed_precision
-    if given is None:
-        return value, precision, source
-    if _from_run_file(options, "mixed_precision") and given == precision:
-        return given, precision, source
-    return given, given, options.given.get("mixed_precision", "--mixed_precision")
+    if given is not None and not _from_run_file(options, "mixed_precision"):
+        return given, given, options.given.get("mixed_precision", "--mixed_precision")
+    value, precision, source = _precision_choice(options, task, request, on_cpu)
+    if given is None or given == precision:
+        return (value if given is None else given), precision, source
+    return given, given, options.given["mixed_precision"]
 
 
-def _precision_choice(recipe: str, request: ParallelismRequest, on_cpu: bool) -> tuple[str | None, str, str]:
+def _precision_choice(
+    options: TrainingArguments, task, request: ParallelismRequest, on_cpu: bool
+) -> tuple[str | None, str, str]:
     from accelerate.state import AcceleratorState, is_initialized
 
     launcher = os.environ.get("ACCELERATE_MIXED_PRECISION")
@@ -372,9 +377,19 @@ def _precision_choice(recipe: str, request: ParallelismRequest, on_cpu: bool) ->
     if is_initialized():
         return None, AcceleratorState().mixed_precision, "an earlier run in this process"
     device = "cpu" if on_cpu else torch.accelerator.current_accelerator().type
-    value = recipe_mixed_precision(recipe, device, sharded=_sharded(request))
+    sharded = _sharded(request)
+    value = recipe_mixed_precision(options.recipe, device, sharded=sharded)
+    chosen_by = f"--recipe {options.recipe}"
+    if value == "bf16" and device == "cpu":  # unless the model's feature maps are too small for bf16's backward
+        side = task.smallest_feature_map(options)
+        if recipe_mixed_precision(options.recipe, device, sharded=sharded, smallest_feature_map=side) == "no":
+            value = "no"
+            chosen_by += (
+                f", not bf16: the {options.model_type}'s feature maps shrink to {side} x {side}, where torch's bf16 "
+                "backward on the CPU gives non-finite gradients"
+            )
     if value:
-        return value, value, f"--recipe {recipe}"
+        return value, value, chosen_by
     return None, "no", THE_DEFAULT
 
 
@@ -430,7 +445,7 @@ def build_plan(
     Args:
         options: the run's options.
         task: the family's `TrainingTask`.
-        launch: `decide_launch(options)`.
+        launch: `decide_launch(options, task)`.
         data: the run's data (`TrainingTask.load_data`).
         world_size: the processes of the run.
         precision: the precision the Accelerator trains in (default: the launch's).
@@ -591,7 +606,7 @@ def preview_plan(options: TrainingArguments, task, data=None) -> RunPlan:
     Returns:
         The plan the run would make.
     """
-    launch = decide_launch(options)
+    launch = decide_launch(options, task)
     resume, processor_from = resume_point(options, task)
     data = task.load_data(options) if data is None else data
     world = int(os.environ.get("WORLD_SIZE", "1"))

@@ -22,7 +22,9 @@ DeiT's values and how "deit" scales them:
 | random resized crop | scale (0.08, 1) at 224 px | c = max(0.08, (16/size)^2) at 300 epochs: (1 - (1 - c) s, 1) |
 | horizontal flip | yes | where the data allows (clothes yes, digits no; user images yes) |
 | weight EMA | 0.99996 (its horizon 1/(1-d) = 25k updates, 6.7% of the run) | horizon 6.7% of the run's updates |
-| precision | automatic mixed precision (fp16 autocast) | bf16 autocast where bf16 products are native, else fp32 |
+| precision | automatic mixed precision (fp16 autocast) | bf16 autocast where bf16 products are native, else fp32 (*) |
+
+(*) fp32 also for a CNN whose feature maps shrink to 1 x 1 on the CPU, where bf16's backward is known to fail.
 
 t = the run's share of DeiT's training, min(1, epochs / 300), and s = t ** 0.5: the regularisers that make the model
 fit slower grow with the time it has to fit, and the step size shrinks to DeiT's as the run grows, so that a run of
@@ -162,18 +164,30 @@ def recipe_flag_help(name: str, family: str = "vit") -> str | None:
     return None
 
 
-def recipe_mixed_precision(recipe: str, device_type: str, sharded: bool) -> str | None:
+# The smallest feature map (side, in pixels) on which the recipe trains a convolutional network in bf16 on the CPU:
+# torch's bf16 backward of transformers' ResNet sometimes gives non-finite gradients where its maps shrink to 1 x 1
+# (BatchNorm over one value per image), e.g. on the 8 x 8 digits.
+BF16_CPU_MIN_FEATURE_MAP = 2
+
+
+def recipe_mixed_precision(
+    recipe: str, device_type: str, sharded: bool, smallest_feature_map: int | None = None
+) -> str | None:
     """The --mixed_precision of `recipe` on a `device_type` ("cpu", "cuda", ...) device, or None to leave it to
     Accelerate. DeiT trains under automatic mixed precision (fp16 autocast in its training engine); "deit" takes bf16
     autocast (no loss scaling) where the device multiplies bf16 natively, which shortens a training update on CPUs
     with AVX512-BF16 or AMX (`bench_small_data.py --time_precision` measures it; results/small_data_update_time.csv
     holds the rows). On CPUs without native bf16 products (AVX2) they are slow reference
-    loops (`cpu_precision`): fp32 there. Runs sharded by FSDP or DeepSpeed keep their own precision settings (None)."""
+    loops (`cpu_precision`): fp32 there. A convolutional network whose feature maps shrink below
+    `BF16_CPU_MIN_FEATURE_MAP` (`smallest_feature_map`, the side in pixels) trains in fp32 on the CPU too, where bf16's
+    backward is known to fail. Runs sharded by FSDP or DeepSpeed keep their own precision settings (None)."""
     if recipe != "deit" or sharded:
         return None
     if device_type == "cpu":
         from ..models.compat import cpu_has_native_bf16_products
 
+        if smallest_feature_map is not None and smallest_feature_map < BF16_CPU_MIN_FEATURE_MAP:
+            return "no"
         return "bf16" if cpu_has_native_bf16_products() else "no"
     if device_type == "cuda":
         import torch  # this module holds values only: torch where a device is asked about
@@ -203,6 +217,7 @@ def updates_per_epoch(num_examples: int, per_device_batch: int, num_processes: i
 
 
 __all__ = [
+    "BF16_CPU_MIN_FEATURE_MAP",
     "RECIPE_NONE",
     "RecipeContext",
     "budget_scale",

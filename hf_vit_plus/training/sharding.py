@@ -706,10 +706,22 @@ def trained_model(accelerator: Accelerator, model) -> tuple[torch.nn.Module | No
         return unwrapped, state_dict
     if not accelerator.is_main_process:
         return None, state_dict
-    plain = _original_class(unwrapped)(copy.deepcopy(unwrapped.config))
+    plain = _unsharded_copy(unwrapped)
     plain.load_state_dict(state_dict, strict=True)
     plain.train(unwrapped.training)
     return plain, plain.state_dict()
+
+
+def _unsharded_copy(model) -> torch.nn.Module:
+    """A fresh model of `model`'s own classes and config, not sharded: the model's class from its config, and for a
+    PEFT model (LoRA) that base wrapped again with the same adapter config, so that the gathered state dict (the
+    adapter's weights included) loads into it by name."""
+    from .lora import is_peft_model, with_same_adapter
+
+    if not is_peft_model(model):
+        return _original_class(model)(copy.deepcopy(model.config))
+    base = model.get_base_model()
+    return with_same_adapter(model, _original_class(base)(copy.deepcopy(base.config)))
 
 
 def _tied_names(model: torch.nn.Module) -> set[str]:

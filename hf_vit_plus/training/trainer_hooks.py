@@ -63,4 +63,3 @@ def install_trainer_loss_inputs(trainer_class: type) -> None:
 
     prediction_step.__wrapped_by_hf_vit_plus__ = True
     trainer_class.prediction_step = prediction_step
-

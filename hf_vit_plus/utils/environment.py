@@ -71,5 +71,3 @@ def device_description() -> str:
         names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
         return f"{len(names)} CUDA GPU(s): " + ", ".join(names)
     return "CPU (no CUDA device)"
-
-

@@ -50,7 +50,9 @@ HELP_TARGET_S = 1.0
 def _command(row: str) -> list[str]:
     if row.startswith("hf-vit-plus"):
         args = row.split()[1:]
-        return [sys.executable, "-c", "import sys, _hf_vit_plus_cli; sys.exit(_hf_vit_plus_cli.main())", *args]
+        # what the installed `hf-vit-plus` script runs (the program's name defers the Auto registration)
+        code = "import sys; sys.argv[0] = 'hf-vit-plus'; from hf_vit_plus.cli import main; sys.exit(main())"
+        return [sys.executable, "-c", code, *args]
     return [sys.executable, "-c", row]
 
 

@@ -89,10 +89,20 @@ def main(argv: list[str] | None = None) -> int:
                 target = args.output_dir / name
                 with tempfile.TemporaryDirectory() as profile:
                     subprocess.run(
-                        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                         f"--user-data-dir={profile}", f"--window-size={args.width},{args.height}",
-                         f"--screenshot={target}", f"http://127.0.0.1:{server.server_port}/{url}"],
-                        check=True, capture_output=True, timeout=120,
+                        [
+                            chromium,
+                            "--headless",
+                            "--no-sandbox",
+                            "--disable-gpu",
+                            "--hide-scrollbars",
+                            f"--user-data-dir={profile}",
+                            f"--window-size={args.width},{args.height}",
+                            f"--screenshot={target}",
+                            f"http://127.0.0.1:{server.server_port}/{url}",
+                        ],
+                        check=True,
+                        capture_output=True,
+                        timeout=120,
                     )
                 if not target.is_file() or target.stat().st_size == 0:
                     raise RuntimeError(f"Chromium wrote no screenshot of {page} to {target}")

@@ -44,7 +44,11 @@ CONFIGS = {
     ),
     # the same model type: a config saved by masked patch prediction names its head
     "vit-mpp": ViTPlusConfig(
-        hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, num_channels=1,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        num_channels=1,
         architectures=["ViTPlusForMaskedImageModeling"],
     ),
     "seq2seq": {"model_type": "seq2seq_transformer", "d_model": 64, "encoder_layers": 2, "decoder_layers": 2},

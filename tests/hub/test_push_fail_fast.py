@@ -100,8 +100,14 @@ def test_an_unreachable_endpoint_is_named_before_training(tmp_path):
     result = run_with_package(
         RUN.format(overrides=TINY_VIT_OVERRIDES) + 'print(json.dumps(train("run", "hf_x", "test-org/ff-none")))',
         cwd=tmp_path,
-        env={"HF_ENDPOINT": endpoint, "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_XET": "1", "HF_HUB_ETAG_TIMEOUT": "5",
-             "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1"},  # fmt: skip
+        env={
+            "HF_ENDPOINT": endpoint,
+            "HF_HUB_OFFLINE": "0",
+            "HF_HUB_DISABLE_XET": "1",
+            "HF_HUB_ETAG_TIMEOUT": "5",
+            "NO_PROXY": "127.0.0.1",
+            "no_proxy": "127.0.0.1",
+        },  # fmt: skip
     )
     line = result["stderr"].strip()
     assert result["code"] == 2 and not result["saved"] and "\n" not in line, result

@@ -4,12 +4,17 @@ bools that are bools, strings that are strings; a typo of a field name warns wit
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
+import re
+import sys
+import time
 import warnings
+from logging import WARNING
+from pathlib import Path
 
 import pytest
-from transformers import CONFIG_MAPPING, GPT2Config, PretrainedConfig
+from transformers import AutoConfig, PretrainedConfig
+from transformers.utils import logging as transformers_logging
 
 from hf_vit_plus import Seq2SeqTransformerConfig, SparseTransformerConfig, ViTPlusConfig
 from hf_vit_plus.models import (
@@ -21,8 +26,8 @@ from hf_vit_plus.models import (
 from hf_vit_plus.models.config_checks import (
     FieldTypeError,
     check_transformers_kwargs,
+    generation_setting_names,
     pretrained_config_names,
-    transformers_config_names,
 )
 
 TINY = {
@@ -100,37 +105,54 @@ def test_the_fields_transformers_reads_first_are_checked_before_it(cls):
         build(cls, **{WIDTH[cls]: 2**40})
 
 
+def warnings_of(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name.startswith("hf_vit_plus") and r.levelno >= WARNING]
+
+
+def quietly(caplog, function, *args, **kwargs):
+    """`function(*args, **kwargs)`, failing on any warning (of Python's or logged by the package)."""
+    caplog.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        result = function(*args, **kwargs)
+    assert warnings_of(caplog) == []
+    return result
+
+
+def logged(caplog, function, *args, **kwargs) -> str:
+    """The one warning `function(*args, **kwargs)` logs through the package's logger."""
+    caplog.clear()
+    function(*args, **kwargs)
+    messages = warnings_of(caplog)
+    assert len(messages) == 1, messages
+    return messages[0]
+
+
 @pytest.mark.parametrize("cls", CONFIGS)
-def test_a_typo_of_a_field_warns_with_the_closest_field(cls):
+def test_a_typo_of_a_field_warns_with_the_closest_field(cls, caplog):
     width = WIDTH[cls]
     typo = width.replace("_", "", 1) if "_" in width else width[:-1] + "x"
-    with pytest.warns(UserWarning, match=rf"unknown field '{typo}' .*did you mean '{width}'\?"):
-        build(cls, **{typo: 64})
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        build(cls, num_labels=3, architectures=["X"], my_own_note="kept")  # known keys and far-off names: silent
+    message = logged(caplog, build, cls, **{typo: 64})
+    assert re.search(rf"{cls.__name__} does not use `{typo}`=64 \(kept in the config, unused\): did you mean "
+                     rf"`{width}`", message), message  # fmt: skip
+    quietly(caplog, build, cls, num_labels=3, architectures=["X"], id2label={0: "a", 1: "b", 2: "c"})
 
 
 @pytest.mark.parametrize("cls", CONFIGS)
-def test_saved_configs_load_unchanged(cls, tmp_path):
+def test_saved_configs_load_unchanged(cls, tmp_path, caplog):
     config = build(cls, num_labels=4)
     config.save_pretrained(tmp_path)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        loaded = cls.from_pretrained(tmp_path)
+    loaded = quietly(caplog, cls.from_pretrained, tmp_path)
     assert loaded.to_dict() == config.to_dict()
 
 
-# Keyword arguments of transformers' configs, several of them close to a field of ours (layer_norm_epsilon, GPT-2's
-# name, to layer_norm_eps; hidden_dropout, Falcon's, to hidden_dropout_prob): none is a typo. (`tie_word_embeddings`
-# is left out: the ViT ties nothing, and the token models take it as their own field.)
-TRANSFORMERS_KWARGS = dict(
-    layer_norm_epsilon=1e-6, rms_norm_eps=1e-6, n_embd=32, n_head=2, n_layer=1, n_positions=32, hidden_dropout=0.0,
-    problem_type="single_label_classification", output_hidden_states=True, output_attentions=False, use_cache=True,
-    return_dict=True, dtype="float32", torch_dtype="float32", chunk_size_feed_forward=0, id2label={0: "a", 1: "b"},
-    label2id={"a": 0, "b": 1}, pad_token_id=0, is_decoder=False, max_length=20, num_beams=1,
-)  # fmt: skip
-KEPT = ("layer_norm_epsilon", "rms_norm_eps", "n_embd", "hidden_dropout", "problem_type", "output_hidden_states")
+@pytest.mark.parametrize("family", ["vit", "seq2seq", "sparse-lm"])
+def test_the_configs_of_release_0_1_load_without_a_warning(family, caplog):
+    folder = Path(__file__).parents[1] / "fixtures" / "release_0_1" / family
+    config = quietly(caplog, AutoConfig.from_pretrained, folder)
+    assert type(config).__name__ in {"ViTPlusConfig", "Seq2SeqTransformerConfig", "SparseTransformerConfig"}
+
+
 FIELDS = {
     ViTPlusConfig: configuration_vit_plus.FIELD_CHECKS,
     SparseTransformerConfig: configuration_sparse_transformer.FIELD_CHECKS,
@@ -147,54 +169,110 @@ TYPOS = {
                                "layer_norm_epss": "layer_norm_eps",
                                "encoder_atention_heads": "encoder_attention_heads"},
 }  # fmt: skip
+# Typos of the keys of transformers' base config, which every config takes
+TRANSFORMERS_TYPOS = {
+    "output_attention": "output_attentions", "output_hidden_state": "output_hidden_states", "id2labels": "id2label",
+    "problem_typ": "problem_type", "return_dicts": "return_dict",
+}  # fmt: skip
 
 
-def silently(function, *args, **kwargs):
-    """`function(*args, **kwargs)`, failing on any warning."""
+@pytest.mark.parametrize("cls", CONFIGS)
+def test_a_typo_of_a_field_or_of_a_transformers_key_warns_and_names_it(cls, caplog):
+    for typo, field in {**TYPOS[cls], **TRANSFORMERS_TYPOS}.items():
+        message = logged(caplog, build, cls, **{typo: 7})
+        assert f"{cls.__name__} does not use `{typo}`=7" in message and f"did you mean `{field}`" in message, message
+        assert getattr(build(cls, **{typo: 7}), typo) == 7  # kept, as transformers keeps unknown keys
+
+
+def _valid_value(cls, field: str):
+    """A value of `field` that is valid in the tiny config and differs from the field's default."""
+    if field in TINY[cls]:
+        return TINY[cls][field]
+    default = getattr(cls(), field)
+    if isinstance(default, str):
+        return "relu" if default != "relu" else "gelu"
+    if isinstance(default, float):
+        return 0.125 if default != 0.125 else 0.25
+    raise AssertionError(f"no test value for {field}")
+
+
+@pytest.mark.parametrize("cls", CONFIGS)
+def test_the_names_other_configs_give_a_field_set_it(cls, caplog, tmp_path):
+    """`ViTPlusConfig(layer_norm_epsilon=1e-5, num_layers=3, n_embd=64)` kept layer_norm_eps=1e-06, 12 layers and
+    width 768, silently: each name of the config's `attribute_map` sets its field, and the config saves the field."""
+    assert len(cls.attribute_map) >= 8
+    for alias, field in cls.attribute_map.items():
+        value = _valid_value(cls, field)
+        tiny = {k: v for k, v in TINY[cls].items() if k != field}
+        config = quietly(caplog, cls, **tiny, **{alias: value})
+        assert getattr(config, field) == value and getattr(config, alias) == value, (alias, field)
+        assert alias not in config.to_dict(), alias
+        config.save_pretrained(tmp_path)
+        assert getattr(cls.from_pretrained(tmp_path), field) == value, (alias, field)
+
+
+def test_the_issue_example_keeps_every_value(caplog):
+    config = quietly(caplog, ViTPlusConfig, layer_norm_epsilon=1e-5, num_layers=3, n_embd=64, n_head=4)
+    assert (config.layer_norm_eps, config.num_hidden_layers, config.hidden_size) == (1e-5, 3, 64)
+    tiny = {k: v for k, v in TINY[SparseTransformerConfig].items() if k != "max_position_embeddings"}
+    lm = quietly(caplog, SparseTransformerConfig, **tiny, n_positions=64)
+    assert lm.max_position_embeddings == 64
+
+
+@pytest.mark.parametrize("cls", CONFIGS)
+def test_a_field_under_two_names_at_two_values_is_refused(cls):
+    alias = next(alias for alias, field in cls.attribute_map.items() if field == WIDTH[cls] and alias != WIDTH[cls])
+    with pytest.raises(ValueError, match=rf"got `{WIDTH[cls]}`=32 and `{alias}`=64: `{alias}` is another name of"):
+        build(cls, **{alias: 64})
+    assert getattr(build(cls, **{alias: 32}), WIDTH[cls]) == 32  # the same value twice is no conflict
+
+
+@pytest.mark.parametrize("cls", CONFIGS)
+def test_a_value_under_another_name_is_checked_under_that_name(cls):
+    alias = next(alias for alias, field in cls.attribute_map.items() if field == LN_EPS[cls])
+    with pytest.raises(ValueError, match=rf"`{alias}` must be a finite positive number, got nan"):
+        build(cls, **{alias: math.nan})
+
+
+@pytest.mark.parametrize("cls", CONFIGS)
+def test_generation_settings_and_names_of_no_field_warn(cls, caplog):
+    message = logged(caplog, build, cls, num_beams=4)
+    assert "`num_beams`=4" in message and "generation setting" in message and "generation_config" in message
+    message = logged(caplog, build, cls, rms_norm_eps=1e-6)  # Llama's, close to layer_norm_eps, another norm
+    assert "does not use `rms_norm_eps`" in message and "did you mean `layer_norm_eps`" in message, message
+    message = logged(caplog, build, cls, my_own_note="kept")
+    assert "does not use `my_own_note`='kept' (kept in the config, unused): no field has a similar name" in message
+    message = logged(caplog, build, cls, rope_theta=10000.0)  # transformers' base config reads it; no model here
+    assert "does not use `rope_theta`" in message
+
+
+def test_the_encoder_decoder_names_both_fields_of_a_name_for_both_stacks(caplog):
+    for name, fields in [("num_layers", "`encoder_layers` and `decoder_layers`"),
+                         ("num_heads", "`encoder_attention_heads` and `decoder_attention_heads`"),
+                         ("d_ff", "`encoder_ffn_dim` and `decoder_ffn_dim`")]:  # fmt: skip
+        message = logged(caplog, build, Seq2SeqTransformerConfig, **{name: 4})
+        assert f"does not use `{name}`=4" in message and f"it may mean {fields}" in message, message
+
+
+@pytest.mark.parametrize("cls", CONFIGS)
+def test_transformers_verbosity_rules_the_warning(cls, caplog):
+    """A warning through the package's logger, not a UserWarning: `transformers.logging.set_verbosity_error()`
+    silences it, as it silences transformers' own."""
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        return function(*args, **kwargs)
+        logged(caplog, build, cls, output_attention=True)
+    transformers_logging.set_verbosity_error()
+    try:
+        quietly(caplog, build, cls, output_attention=True)
+    finally:
+        transformers_logging.set_verbosity_warning()
 
 
 @pytest.mark.parametrize("cls", CONFIGS)
-@pytest.mark.parametrize("key", list(TRANSFORMERS_KWARGS))
-def test_the_keywords_of_transformers_configs_are_not_typos(cls, key):
-    """`ViTPlusConfig(layer_norm_epsilon=1e-6)` warned "did you mean 'layer_norm_eps'?"; transformers' common tests
-    and users' scripts pass such keywords. They are kept silently, as transformers keeps unknown keys."""
-    value = TRANSFORMERS_KWARGS[key]
-    config = silently(build, cls, **{key: value})
-    if key in KEPT:
-        assert getattr(config, key) == value
-
-
-@pytest.mark.parametrize("cls", CONFIGS)
-def test_the_names_of_attribute_maps_are_not_typos(cls):
-    """The config's own `attribute_map` (the encoder-decoder's `hidden_size` for `d_model`, ...), GPT-2's (`n_embd`
-    for `hidden_size`, ...) and every name an `attribute_map` of transformers' configs holds that is close to one of
-    our fields (e.g. `layer_norm_epsilon`, `encoder_attention_heads`)."""
-    silently(build, cls, **{alias: TINY[cls][target] for alias, target in cls.attribute_map.items()})
-    config = build(cls)
-    silently(build, cls, **{name: 4 for name in GPT2Config.attribute_map.values() if not hasattr(config, name)})
-    fields = list(FIELDS[cls])
-    names = {name for model_type in CONFIG_MAPPING for pair in CONFIG_MAPPING[model_type].attribute_map.items()
-             for name in pair}  # fmt: skip
-    close = [
-        name
-        for name in sorted(names)
-        if difflib.get_close_matches(name, fields, n=1, cutoff=0.8) and not hasattr(config, name)
-    ]
-    assert close  # there is something to test (which names depends on the release: 5.24's include layer_norm_epsilon)
-    for name in close:
-        silently(build, cls, **{name: None})
-
-
-@pytest.mark.parametrize("cls", CONFIGS)
-def test_a_typo_of_a_field_still_warns_and_names_the_field(cls):
-    for typo, field in TYPOS[cls].items():
-        message = rf"{cls.__name__} got an unknown field '{typo}' .*did you mean '{field}'"
-        with pytest.warns(UserWarning, match=message):
-            config = build(cls, **{typo: 7})
-        assert getattr(config, typo) == 7  # kept, as transformers keeps unknown keys
+def test_the_keys_of_transformers_base_config_pass(cls, caplog):
+    quietly(caplog, build, cls, num_labels=3, problem_type="single_label_classification", output_hidden_states=True,
+            output_attentions=False, return_dict=True, dtype="float32", chunk_size_feed_forward=0,
+            id2label={0: "a", 1: "b", 2: "c"}, label2id={"a": 0, "b": 1, "c": 2}, architectures=["X"])  # fmt: skip
 
 
 def test_the_known_names_come_from_the_installed_transformers():
@@ -202,19 +280,28 @@ def test_the_known_names_come_from_the_installed_transformers():
     if dataclasses.is_dataclass(PretrainedConfig):
         assert {field.name for field in dataclasses.fields(PretrainedConfig)} <= base
     assert {"num_labels", "id2label", "problem_type", "dtype", "torch_dtype", "output_attentions", "return_dict",
-            "chunk_size_feed_forward", "architectures", "model_type", "_name_or_path",
-            "max_length"} <= base  # fmt: skip
-    everything = transformers_config_names()
-    assert base <= everything
-    assert {field.name for field in dataclasses.fields(GPT2Config)} <= everything
-    assert {"layer_norm_epsilon", "n_embd", "rms_norm_eps", "hidden_dropout", "tie_word_embeddings", "pad_token_id",
-            "use_cache"} <= everything  # fmt: skip
-    assert not {"hiden_size", "num_hiden_layers", "patch_sise"} & everything
+            "chunk_size_feed_forward", "architectures", "model_type", "_name_or_path"} <= base  # fmt: skip
+    generation = generation_setting_names()
+    assert {"num_beams", "max_length", "do_sample", "temperature"} <= generation and not generation & base
+    assert not {"hiden_size", "rope_theta", "layer_norm_epsilon"} & (base | generation)
 
 
-def test_the_known_names_are_computed_only_for_an_unknown_keyword(monkeypatch):
-    """A config built from its own fields pays nothing; a far-off unknown name only the base config's names (a few
-    milliseconds); the configs of transformers are imported only for a name close to a field."""
+def test_the_first_unknown_keyword_costs_milliseconds_and_imports_no_config_of_transformers(caplog):
+    """The first near-miss once imported every config of transformers (about 1,300 modules, 2-5 s)."""
+    caches = (pretrained_config_names, generation_setting_names, config_checks._init_defaults)
+    times = []
+    for _ in range(5):
+        for cache in caches:
+            cache.cache_clear()
+        before = {name for name in sys.modules if name.startswith("transformers.models.")}
+        start = time.perf_counter()
+        logged(caplog, ViTPlusConfig, output_attention=True)
+        times.append(time.perf_counter() - start)
+        assert {name for name in sys.modules if name.startswith("transformers.models.")} == before
+    assert min(times) < 0.05, times
+
+
+def test_a_config_built_from_its_own_fields_computes_no_names(monkeypatch, caplog):
     calls = []
 
     def recording(function):
@@ -224,18 +311,14 @@ def test_the_known_names_are_computed_only_for_an_unknown_keyword(monkeypatch):
 
         return wrapper
 
-    for name in ("pretrained_config_names", "transformers_config_names"):
+    for name in ("pretrained_config_names", "generation_setting_names"):
         monkeypatch.setattr(config_checks, name, recording(getattr(config_checks, name)))
     for cls in CONFIGS:
-        silently(build, cls)
+        quietly(caplog, build, cls)
     assert calls == []
-    silently(build, ViTPlusConfig, num_labels=3, my_own_note="kept")
-    assert "pretrained_config_names" in calls and "transformers_config_names" not in calls
-    silently(build, ViTPlusConfig, layer_norm_epsilon=1e-6)
-    assert "transformers_config_names" in calls
 
 
-def test_a_caller_may_name_its_config_class():
-    with pytest.warns(UserWarning, match=r"X got an unknown field 'hiden_size' .*did you mean 'hidden_size'"):
-        check_transformers_kwargs("X", {"hiden_size": 1}, ["d_model"], config_class=Seq2SeqTransformerConfig)
-    silently(check_transformers_kwargs, "X", {"hidden_size": 1}, ["d_model"], config_class=Seq2SeqTransformerConfig)
+def test_a_caller_may_check_keywords_for_its_own_class(caplog):
+    message = logged(caplog, check_transformers_kwargs, Seq2SeqTransformerConfig, {"hiden_size": 1})
+    assert "Seq2SeqTransformerConfig does not use `hiden_size`=1" in message and "`hidden_size` (`d_model`)" in message
+    quietly(caplog, check_transformers_kwargs, Seq2SeqTransformerConfig, {"hidden_size": 1})

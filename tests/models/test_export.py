@@ -158,9 +158,7 @@ def test_causal_lm_prompt_logits_and_greedy_decoding_match(exported, case_id):
 
     tokens = OnnxCausalLMGenerator(folder).generate(ids, mask, max_new_tokens=10)
     with torch.no_grad():
-        reference = model.generate(
-            input_ids=ids, attention_mask=mask, do_sample=False, num_beams=1, max_new_tokens=10
-        )
+        reference = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, num_beams=1, max_new_tokens=10)
     assert tokens.tolist() == reference.tolist()
 
 

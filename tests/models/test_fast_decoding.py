@@ -681,3 +681,17 @@ def test_the_translate_command_offers_every_precision():
     from hf_vit_plus.models import fast_decoding
 
     assert export_cli.FAST_PRECISIONS == fast_decoding.PRECISIONS
+
+
+def test_the_kernel_cache_follows_the_ecosystems_variables():
+    """The C++ kernels were always built under ~/.cache/hf_vit_plus/kernels, whatever HF_HOME, XDG_CACHE_HOME or
+    TORCH_EXTENSIONS_DIR said: they now follow them as torch's extension builds and the Hub's caches do."""
+    from pathlib import Path
+
+    from hf_vit_plus.models.fast_kernels import kernel_cache_dir
+
+    assert kernel_cache_dir({}) == Path("~/.cache/huggingface/hf_vit_plus/kernels").expanduser()
+    assert kernel_cache_dir({"XDG_CACHE_HOME": "/xdg"}) == Path("/xdg/huggingface/hf_vit_plus/kernels")
+    assert kernel_cache_dir({"XDG_CACHE_HOME": "/xdg", "HF_HOME": "/hf"}) == Path("/hf/hf_vit_plus/kernels")
+    assert kernel_cache_dir({"HF_HOME": "/hf", "TORCH_EXTENSIONS_DIR": "/ext"}) == Path("/ext/hf_vit_plus")
+    assert kernel_cache_dir({"TORCH_EXTENSIONS_DIR": "/ext", "HF_VIT_PLUS_KERNEL_CACHE": "/k"}) == Path("/k")

@@ -63,6 +63,24 @@ def test_sparse_lm_position_ids_are_checked(position_ids, error, message):
     torch.testing.assert_close(model(IDS, position_ids=torch.tensor([[0, 1, 2]])).logits, model(IDS).logits)
 
 
+@pytest.mark.parametrize("case_id", ["sparse-lm-dense", "sparse-lm-strided-heads", "image-lm-dense"])
+def test_an_empty_sequence_with_positions_names_both_lengths(case_id):
+    """Zero tokens with one position each once ended in "RuntimeError: setStorage: sizes [2, 1] ... out of bounds"."""
+    model = CASES[case_id].model()
+    empty = torch.randint(3, 20, (2, 0))
+    with pytest.raises(ValueError, match=r"`input_ids` is empty: shape \(2, 0\), 2 sequences of 0 tokens; "
+                       r"`position_ids` has 1 per row \(shape \(2, 1\)\)"):  # fmt: skip
+        model(input_ids=empty, position_ids=torch.arange(1).expand(2, -1))
+    with pytest.raises(ValueError, match=r"`inputs_embeds` is empty: shape \(2, 0, 32\).*`position_ids` has 1"):
+        model(inputs_embeds=torch.randn(2, 0, 32), position_ids=torch.arange(1).expand(2, -1))
+
+
+def test_generate_refuses_an_empty_prompt(generator):
+    """transformers indexed the last token of each prompt: "IndexError: index -1 is out of bounds"."""
+    with pytest.raises(ValueError, match=r"`input_ids` of `generate` is empty: shape \(2, 0\), 2 prompts of 0"):
+        generator.generate(torch.randint(3, 20, (2, 0)), max_new_tokens=2)
+
+
 def test_vit_labels_follow_transformers():
     model = CASES["vit-dense"].model()
     pixels = torch.randn(3, 3, 32, 32)

@@ -37,8 +37,25 @@ def _context_is_this_run(row: dict, script: str) -> None:
 
 
 def test_bench_vit_writes_its_throughput_rows(tmp_path):
-    _run("bench_vit.py", "--preset", "tiny-patch16-224", "--batch_sizes", "1", "2", "--precisions", "fp32",
-         "--repeats", "1", "--warmup", "1", "--threads", "1", "--output", str(tmp_path / "vit.csv"), cwd=tmp_path)
+    _run(
+        "bench_vit.py",
+        "--preset",
+        "tiny-patch16-224",
+        "--batch_sizes",
+        "1",
+        "2",
+        "--precisions",
+        "fp32",
+        "--repeats",
+        "1",
+        "--warmup",
+        "1",
+        "--threads",
+        "1",
+        "--output",
+        str(tmp_path / "vit.csv"),
+        cwd=tmp_path,
+    )
     rows = _rows(tmp_path / "vit.csv")
     assert [(row["precision"], row["batch"]) for row in rows] == [("fp32", "1"), ("fp32", "2")]
     for row in rows:

@@ -32,9 +32,9 @@ if limit:
     # over the limit a write fails with EFBIG instead of the process being killed by SIGXFSZ
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-sys.argv = ["hf-vit-plus", *sys.argv[2:]]
-import _hf_vit_plus_cli
-sys.exit(_hf_vit_plus_cli.main())
+sys.argv = ["hf-vit-plus", *sys.argv[2:]]  # the installed script's program name: the command registers the classes
+from hf_vit_plus.cli import main
+sys.exit(main())
 """
 
 

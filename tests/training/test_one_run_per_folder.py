@@ -13,10 +13,10 @@ import time
 
 import pytest
 
-from tests.utils import REPO_ROOT, TINY_VIT_OVERRIDES
+from tests.utils import COMMAND_CODE, REPO_ROOT, TINY_VIT_OVERRIDES
 
 TRAIN = [
-    sys.executable, "-c", "import sys, _hf_vit_plus_cli; sys.exit(_hf_vit_plus_cli.main())", "train", "vit",
+    sys.executable, "-c", COMMAND_CODE, "train", "vit",
     "--config_overrides", TINY_VIT_OVERRIDES, "--report_to", "none", "--max_train_samples", "64",
     "--max_eval_samples", "16", "--per_device_train_batch_size", "16", "--write_card", "false",
 ]  # fmt: skip

@@ -12,6 +12,7 @@ from hf_vit_plus.training import sharding
 from hf_vit_plus.training.args import family_arguments
 from hf_vit_plus.training.loop import train
 from hf_vit_plus.training.plan import Launch, RunPlan, decide_launch, preview_plan, resume_point
+from hf_vit_plus.training.tasks import get_task
 from tests.utils import TINY_VIT_OVERRIDES, run_report
 
 
@@ -54,22 +55,23 @@ def test_the_plan_decides_the_precision_and_says_who_chose_it(
     monkeypatch.setattr(compat, "cpu_has_native_bf16_products", lambda: native)
     for name, value in environ.items():
         monkeypatch.setenv(name, value)
-    launch = decide_launch(tiny(tmp_path, **flags))
+    launch = decide_launch(tiny(tmp_path, **flags), get_task("vit"))
     assert launch.mixed_precision == precision and launch.precision_from == chosen_by
     assert launch.on_cpu and not launch.sharded
 
 
 def test_fsdp_activation_checkpointing_is_decided_into_the_arguments(tmp_path, monkeypatch):
-    launch = decide_launch(tiny(tmp_path, fsdp=True, fsdp_config='{"activation_checkpointing": true}'))
+    sharded = tiny(tmp_path, fsdp=True, fsdp_config='{"activation_checkpointing": true}')
+    launch = decide_launch(sharded, get_task("vit"))
     assert launch.activation_checkpointing and launch.checkpointing_from == "--fsdp_config"
     assert launch.request.fsdp and launch.sharded
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     monkeypatch.setenv("FSDP_ACTIVATION_CHECKPOINTING", "true")
-    launch = decide_launch(tiny(tmp_path))
+    launch = decide_launch(tiny(tmp_path), get_task("vit"))
     assert launch.activation_checkpointing and launch.checkpointing_from == "the accelerate config"
     assert launch.request.fsdp_from == sharding.LAUNCHER_FSDP
     monkeypatch.delenv("ACCELERATE_USE_FSDP")
-    plain = decide_launch(tiny(tmp_path))
+    plain = decide_launch(tiny(tmp_path), get_task("vit"))
     assert not plain.activation_checkpointing and plain.checkpointing_from is None
 
 
@@ -130,3 +132,74 @@ def test_resuming_reads_the_checkpoint_and_its_processor_into_the_plan(tmp_path)
     # a plain run plans no resume and no processor
     fresh = resume_point(args, get_task("seq2seq"))
     assert fresh == (None, None)
+
+
+FP32_FOR_1X1 = "--recipe deit, not bf16: the resnet's feature maps shrink to 1 x 1"
+
+
+@pytest.mark.parametrize(
+    "dataset, model_type, precision, reason",
+    [
+        ("digits", "resnet", "no", FP32_FOR_1X1),  # 8 x 8 images: 2 x 2 after the stem, 1 x 1 from the second stage
+        ("fashion-mnist", "resnet", "bf16", None),  # 28 x 28: the smallest map is 2 x 2
+        ("digits", None, "bf16", None),  # the ViT has no feature maps
+    ],
+)
+def test_the_recipe_trains_a_cnn_whose_maps_shrink_to_1x1_in_fp32_on_the_cpu(
+    tmp_path, monkeypatch, dataset, model_type, precision, reason
+):
+    """transformers' ResNet under the recipe's bf16 autocast on the 8 x 8 digits sometimes got non-finite gradients
+    on the CPU (BatchNorm over 1 x 1 maps); the divergence guard stopped the run. The recipe takes fp32 for it and
+    says why in the precision line; on CPUs with native bf16 products everything else keeps bf16."""
+    from accelerate.state import AcceleratorState
+
+    from hf_vit_plus.models import compat
+
+    AcceleratorState._reset_state(True)
+    monkeypatch.setattr(compat, "cpu_has_native_bf16_products", lambda: True)
+    overrides = dict(recipe="deit", dataset_name=dataset, model_type=model_type)
+    if model_type:
+        overrides["config_overrides"] = None  # the ResNet's own sizes (TRANSFORMERS_CONFIGS)
+    from hf_vit_plus.training.tasks import get_task
+
+    launch = decide_launch(tiny(tmp_path, **overrides), get_task("vit"))
+    assert launch.mixed_precision == precision
+    if reason:
+        assert launch.precision_from.startswith(reason) and "non-finite gradients" in launch.precision_from
+    else:
+        assert launch.precision_from == "--recipe deit"
+
+
+@pytest.mark.parametrize("dataset, side", [("digits", 1), ("fashion-mnist", 2)])
+def test_the_smallest_feature_map_is_the_real_models(tmp_path, dataset, side):
+    """`smallest_feature_map` runs the fresh model on the meta device: the same sides as a real forward."""
+    import torch
+    from transformers import AutoModelForImageClassification
+
+    from hf_vit_plus.training.tasks import get_task
+
+    family = get_task("vit")
+    args = tiny(tmp_path, dataset_name=dataset, model_type="resnet", config_overrides=None)
+    assert family.smallest_feature_map(args) == side
+    shape = family.default_config(args)
+    model = AutoModelForImageClassification.from_config(family.transformers_config(args, {})).eval()
+    with torch.no_grad():
+        pixels = torch.zeros(1, shape["num_channels"], shape["image_size"], shape["image_size"])
+        hidden = model(pixel_values=pixels, output_hidden_states=True).hidden_states
+    assert min(min(h.shape[-2:]) for h in hidden) == side
+    assert family.smallest_feature_map(tiny(tmp_path, dataset_name=dataset)) is None  # the ViT
+
+
+def test_the_first_lines_say_why_the_cnn_trains_in_fp32(tmp_path, monkeypatch):
+    from accelerate.state import AcceleratorState
+
+    from hf_vit_plus.models import compat
+
+    AcceleratorState._reset_state(True)
+    monkeypatch.setattr(compat, "cpu_has_native_bf16_products", lambda: True)
+    args = tiny(tmp_path, recipe="deit", dataset_name="digits", model_type="resnet", config_overrides=None)
+    with run_report() as report:
+        result = train(args)
+    assert result.global_step == 1
+    precision = next(line for line in report.getvalue().splitlines() if line.startswith("Precision: "))
+    assert precision.startswith(f"Precision: fp32 (chosen by {FP32_FOR_1X1}"), precision

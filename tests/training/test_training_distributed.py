@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -314,3 +315,165 @@ def test_a_loss_that_diverges_on_one_process_stops_every_process_at_the_same_upd
         # the NaN of update 3 is read at the next logged update, 4: every process stops there, nothing saved
         assert seen == {"stop_reason": "diverged", "global_step": 4}, (rank, seen)
     assert not (tmp_path / "nan" / "model.safetensors").exists()
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes under `pid` (read from /proc)."""
+    children = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _rank_of(pid: int) -> int | None:
+    try:
+        variables = (Path("/proc") / str(pid) / "environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    ranks = [int(v[5:]) for v in variables if v.startswith(b"RANK=")]
+    return ranks[0] if ranks else None
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds the launched processes through /proc")
+def test_a_process_that_stops_answering_ends_the_run_within_the_timeout_naming_it(tmp_path):
+    """A machine that stops answering without closing its connections (power, network) left the others waiting for the
+    process group's 30 minutes. With --ddp_timeout 10, `accelerate launch` of 2 processes whose rank 1 is stopped
+    (SIGSTOP) after its first checkpoint: rank 0 ends within the timeout and the few seconds it waits for answers,
+    with one line naming process 1; the complete checkpoints are intact."""
+    from hf_vit_plus.training.checkpoints import checkpoint_problem, complete_checkpoint_dirs
+    from hf_vit_plus.training.peers import ANSWER_SECONDS
+
+    timeout = 10
+    output_dir = tmp_path / "run"
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+        "-m", "hf_vit_plus.cli", "train", "vit", "--output_dir", str(output_dir),
+        "--config_overrides", TINY_VIT_OVERRIDES, "--report_to", "none", "--max_train_samples", "256",
+        "--max_eval_samples", "16", "--per_device_train_batch_size", "8", "--num_train_epochs", "1000",
+        "--save_steps", "2", "--write_card", "false", "--ddp_timeout", str(timeout),
+    ]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO_ROOT))
+    log = tmp_path / "launch.log"
+    with log.open("w") as sink:
+        launcher = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    stopped = None
+    try:
+        deadline = time.monotonic() + 300
+        while not list(output_dir.glob("checkpoints/checkpoint-*/manifest.json")):
+            assert launcher.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        ranks = {pid: _rank_of(pid) for pid in _descendants(launcher.pid)}
+        stopped = next(pid for pid, rank in ranks.items() if rank == 1)
+        main = next(pid for pid, rank in ranks.items() if rank == 0)
+        os.kill(stopped, signal.SIGSTOP)
+        start = time.monotonic()
+        while Path(f"/proc/{main}").exists() and (Path(f"/proc/{main}/stat").read_text().split()[2] != "Z"):
+            assert time.monotonic() - start < timeout + ANSWER_SECONDS + 60, log.read_text()[-3000:]
+            time.sleep(0.2)
+        ended = time.monotonic() - start
+    finally:
+        if stopped is not None:
+            os.kill(stopped, signal.SIGKILL)  # what the launcher would do after its own grace period
+        try:
+            launcher.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
+    output = log.read_text()
+    lines = [line for line in output.splitlines() if "stopped answering" in line]
+    assert len(lines) == 1, output[-3000:]
+    assert "Process 1 (on " in lines[0] and f"--ddp_timeout {timeout} s" in lines[0], lines[0]
+    assert "Traceback" not in output.split("stopped answering")[0][-2000:]  # rank 0 ends with the line alone
+    # within the timeout, the wait for answers (at most half the timeout) and the time to start waiting
+    assert ended < timeout + timeout / 2 + 15, (ended, output[-2000:])
+    complete = complete_checkpoint_dirs(output_dir)
+    assert complete and all(checkpoint_problem(path) is None for path in complete)
+    assert str(complete[-1]) in lines[0]
+    assert launcher.returncode != 0
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_a_two_machine_run_saves_its_checkpoints_quietly(tmp_path):
+    """Two `accelerate launch --num_machines 2` on loopback, one process each, a language model with tied weights and a
+    checkpoint at every update: no "Removed shared tensor {'lm_head.weight'} while saving" (accelerate's, once per
+    save and process: 600 lines in a 2-machine run) and no other per-save line."""
+    output_dir = tmp_path / "run"
+    port = str(_free_port())
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO_ROOT))
+    launchers = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "accelerate.commands.launch",
+                "--multi_gpu",
+                "--num_machines",
+                "2",
+                "--num_processes",
+                "2",
+                "--machine_rank",
+                str(rank),
+                "--main_process_ip",
+                "127.0.0.1",
+                "--main_process_port",
+                port,
+                "--mixed_precision",
+                "no",
+                "--dynamo_backend",
+                "no",
+                "-m",
+                "hf_vit_plus.cli",
+                "train",
+                "sparse-lm",
+                "--output_dir",
+                str(output_dir),
+                "--config_overrides",
+                TINY["sparse-lm"],
+                "--max_train_samples",
+                "64",
+                "--max_eval_samples",
+                "8",
+                "--block_size",
+                "32",
+                "--per_device_train_batch_size",
+                "4",
+                "--max_steps",
+                "3",
+                "--save_steps",
+                "1",
+                "--report_to",
+                "none",
+                "--write_card",
+                "false",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )  # fmt: skip
+        for rank in (0, 1)
+    ]
+    outputs = [launcher.communicate(timeout=600)[0] for launcher in launchers]
+    for launcher, output in zip(launchers, outputs):
+        assert launcher.returncode == 0, output[-4000:]
+        assert "Removed shared tensor" not in output and "[RANK" not in output, output[-4000:]
+    assert "2 processes on 2 machines" in outputs[0], outputs[0][-3000:]
+    assert (output_dir / "checkpoints" / "checkpoint-3").is_dir() and (output_dir / "model.safetensors").is_file()

@@ -158,6 +158,20 @@ def test_deit_trains_under_bf16_autocast_where_bf16_products_are_native(monkeypa
     assert recipe_mixed_precision("deit", "cuda", sharded=False) == "no"
 
 
+def test_a_cnn_whose_maps_shrink_to_1x1_trains_in_fp32_on_the_cpu(monkeypatch):
+    """bf16's backward of a CNN on 1 x 1 feature maps sometimes gives non-finite gradients on the CPU: fp32 there,
+    native bf16 products or not; maps of 2 x 2 and more, and other devices, keep the recipe's choice."""
+    from hf_vit_plus.models import compat
+
+    monkeypatch.setattr(compat, "cpu_has_native_bf16_products", lambda: True)
+    assert recipe_mixed_precision("deit", "cpu", sharded=False, smallest_feature_map=1) == "no"
+    assert recipe_mixed_precision("deit", "cpu", sharded=False, smallest_feature_map=2) == "bf16"
+    assert recipe_mixed_precision("deit", "cpu", sharded=True, smallest_feature_map=1) is None
+    assert recipe_mixed_precision("none", "cpu", sharded=False, smallest_feature_map=1) is None
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert recipe_mixed_precision("deit", "cuda", sharded=False, smallest_feature_map=1) == "bf16"
+
+
 @pytest.mark.parametrize(
     "flags, environ, native, expected",
     [
@@ -168,9 +182,7 @@ def test_deit_trains_under_bf16_autocast_where_bf16_products_are_native(monkeypa
         (dict(recipe="none"), {}, True, "no"),  # Accelerate's default
     ],
 )
-def test_the_run_trains_and_records_the_recipes_precision(
-    tmp_path, monkeypatch, flags, environ, native, expected
-):
+def test_the_run_trains_and_records_the_recipes_precision(tmp_path, monkeypatch, flags, environ, native, expected):
     from hf_vit_plus.models import compat
 
     monkeypatch.setattr(compat, "cpu_has_native_bf16_products", lambda: native)

@@ -218,6 +218,18 @@ class TrainingTask:
         """The family's record."""
         return get_family(self.name)
 
+    def smallest_feature_map(self, args: TrainingArguments) -> int | None:
+        """The side of the smallest feature map of the run's model on its inputs, where the model is a convolutional
+        network (the precision plan reads it before any data is loaded: `recipes.recipe_mixed_precision`).
+
+        Args:
+            args: the run's arguments.
+
+        Returns:
+            The side in pixels, or None (the default): not a convolutional network, or not known before the data.
+        """
+        return None
+
     @property
     def config_class(self) -> type:
         """The config of a fresh model."""

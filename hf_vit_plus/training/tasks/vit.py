@@ -190,6 +190,24 @@ class ViTTask(TrainingTask):
                 return size, size
         return (self.default_config(options)["image_size"],) * 2
 
+    def smallest_feature_map(self, args) -> int | None:
+        """The side of the smallest feature map of a fresh --model_type network (a ResNet, ...) on the run's images,
+        from a forward pass on the meta device (no weights, no data); None for the ViT, a saved model or a model
+        without image-shaped hidden states."""
+        if not args.model_type or args.model_name_or_path or args.config_name:
+            return None
+        from transformers import AutoModelForImageClassification
+
+        shape = self.default_config(args)
+        config = self.transformers_config(args, {})
+        with torch.device("meta"):
+            model = AutoModelForImageClassification.from_config(config).eval()
+            pixels = torch.empty(1, shape["num_channels"], shape["image_size"], shape["image_size"])
+        with torch.no_grad():
+            hidden = model(pixel_values=pixels, output_hidden_states=True).hidden_states or ()
+        sides = [min(h.shape[-2:]) for h in hidden if h.dim() == 4]  # (B, C, H, W) maps
+        return min(sides) if sides else None
+
     # ------------------------------------------------------------------------------------------------ model
     def default_config(self, options) -> dict:
         """The ViTPlus fields of a fresh model for the data."""
