@@ -47,14 +47,14 @@ def read_rows(path: Path) -> list[dict]:
 class PlotStyle:
     """The one style every Results plot is drawn in (tests/test_docs_site.py checks its text sizes).
 
-    The figure is as wide as the site's content column at a 1280 px window (about 733 px), so the browser shows it at
-    its own size: 9 pt text in the figure is 9 pt on the page.
+    The figure (720 px) is narrower than the site's content column at a 1280 px window (817 px), so the browser shows
+    it at its own size: 10 pt text in the figure is 10 pt on the page.
     """
 
     width_in: float = 7.2
     height_in: float = 4.4
     dpi: int = 100
-    rendered_width_px: int = 733  # `.md-content__inner` at a 1280 px window (Material's layout, two sidebars)
+    rendered_width_px: int = 817  # `.md-content__inner` at a 1280 px window (two 10rem sidebars: extra.css)
     text_pt: float = 10.0  # tick labels and legends
     label_pt: float = 11.0  # axis titles
     title_pt: float = 12.0
@@ -1020,8 +1020,8 @@ def render(plots: bool = True) -> str:
         "",
         "One row per headline claim: our figure, the peer's, their ratio, and the file and command behind it.",
         "",
-        "| topic | what | ours | peer | ratio | file | command |",
-        "|---|---|---|---|---|---|---|",
+        "| what (the section) | ours | peer | ratio | file | command |",
+        "|---|---|---|---|---|---|",
     ]
     for topic in topics:
         claims = topic.claims(rows) if all(name in present for name in topic.files[:1]) else []
@@ -1029,7 +1029,7 @@ def render(plots: bool = True) -> str:
         for claim in claims:
             command = f"`{claim.command}`" if claim.command else ""
             parts.append(
-                f"| [{topic.title}](#{topic.anchor}) | {claim.what} | {claim.ours} | {claim.peer} | {claim.ratio} | "
+                f"| [{claim.what}](#{topic.anchor}) | {claim.ours} | {claim.peer} | {claim.ratio} | "
                 f"`{claim.file}` | {command} |"
             )
     parts.append("")
