@@ -107,8 +107,24 @@ def _results_module():
     return load_script("scripts/docs/results_pages.py")
 
 
+def _look(handle) -> tuple:
+    """How a legend entry is drawn: colour, marker, hatch and line style (two series must differ in one of them)."""
+    from matplotlib.colors import to_hex
+
+    colour = handle.get_facecolor() if hasattr(handle, "get_hatch") else None
+    if colour is None and hasattr(handle, "get_color"):
+        colour = handle.get_color()
+    if colour is not None and not isinstance(colour, str):
+        colour = to_hex(colour[0] if getattr(colour, "ndim", 1) == 2 else colour)
+    marker = handle.get_marker() if hasattr(handle, "get_marker") else str(getattr(handle, "get_paths", lambda: "")())
+    hatch = handle.get_hatch() if hasattr(handle, "get_hatch") else None
+    style = handle.get_linestyle() if hasattr(handle, "get_linestyle") else None
+    return (colour, str(marker), hatch, str(style))
+
+
 def test_results_plots_text_is_readable_at_the_column_width(tmp_path, monkeypatch):
-    """Every Results plot's legend, tick labels and axis titles are at least 9 pt at the width the page shows it."""
+    """Every Results plot's legend, tick labels and axis titles are at least 9 pt at the width the page shows it, every
+    axis has a title, and no two series of a legend are drawn alike."""
     pytest.importorskip("matplotlib")
     module = _results_module()
     style = module.PLOT_STYLE
@@ -119,14 +135,26 @@ def test_results_plots_text_is_readable_at_the_column_width(tmp_path, monkeypatc
         scale = min(1.0, style.rendered_width_px / width_px)
         for axis in figure.axes:
             texts = [*axis.get_xticklabels(), *axis.get_yticklabels(), axis.xaxis.label, axis.yaxis.label]
-            if axis.get_legend() is not None:
-                texts += axis.get_legend().get_texts()
+            legends = [axis.get_legend()] if axis.get_legend() is not None else []
+            for legend in legends:
+                texts += legend.get_texts()
             for text in texts:
                 if text.get_text() and text.get_fontsize() * scale < MIN_PLOT_FONT_PT:
                     small.append(f"{path.name}: {text.get_text()!r} at {text.get_fontsize() * scale:.1f} pt")
             for label in (axis.xaxis.label, axis.yaxis.label):
                 if not label.get_text() and label.axes.get_visible():
                     small.append(f"{path.name}: an axis without a title")
+            legends += [legend for legend in figure.legends if legend not in legends]
+            for legend in legends:
+                for text in legend.get_texts():
+                    if text.get_fontsize() * scale < MIN_PLOT_FONT_PT:
+                        small.append(
+                            f"{path.name}: legend {text.get_text()!r} at {text.get_fontsize() * scale:.1f} pt"
+                        )
+                looks = [_look(handle) for handle in legend.legend_handles]
+                if len(set(looks)) != len(looks):
+                    alike = [text.get_text() for text, look in zip(legend.get_texts(), looks) if looks.count(look) > 1]
+                    small.append(f"{path.name}: series drawn alike: {alike}")
         plt.close(figure)
 
     monkeypatch.setattr(module, "_save", check)
@@ -138,7 +166,9 @@ def test_results_plots_text_is_readable_at_the_column_width(tmp_path, monkeypatc
             plot.draw(module.read_rows(module.RESULTS / plot.file), tmp_path / f"{plot.name}.png")
             drawn += 1
     assert drawn, "no plots drawn"
-    assert not small, f"plot text under {MIN_PLOT_FONT_PT} pt at the column's width: {small}"
+    assert not small, (
+        f"plots below the standard (text at least {MIN_PLOT_FONT_PT} pt, titled axes, series told apart): {small}"
+    )
 
 
 def test_every_results_section_has_a_summary_row():

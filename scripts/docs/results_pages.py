@@ -151,7 +151,8 @@ def _plot_vs_marian(rows: list[dict], path: Path, column: str, title: str) -> No
     cases = list(dict.fromkeys(case for case, _ in values))
     engines = list(dict.fromkeys(engine for _, engine in values))
     width = 0.8 / max(1, len(engines))
-    hatches = ("", "//", "..", "xx", "\\\\", "--", "++", "oo")
+    # a colour and a hatch per engine: 8 colours x 9 hatches, so no two of up to 72 engines look alike
+    hatches = ("", "//", "..", "xx", "\\\\", "--", "++", "oo", "**")
     for i, engine in enumerate(engines):
         heights = [statistics.median(values.get((case, engine), [0.0])) for case in cases]
         xs = [c + i * width for c in range(len(cases))]
