@@ -998,6 +998,17 @@ def _file_part(entry: ResultFile, rows: list[dict]) -> list[str]:
     ]
 
 
+def _missing_file_part(entry: ResultFile) -> list[str]:
+    """A described file that is not committed: its anchor (pages link to it), what it will hold, what writes it."""
+    anchor = entry.name.removesuffix(".csv").replace("_", "-")
+    return [
+        f'<a id="{anchor}"></a>',
+        "",
+        f"`results/{entry.name}` is not committed yet: it will hold {entry.holds}. Written by {entry.written_by}.",
+        "",
+    ]
+
+
 def render(plots: bool = True) -> str:
     """The page's text; with `plots`, the plots are written too."""
     present = {path.name for path in RESULTS.glob("*.csv")}
@@ -1008,7 +1019,7 @@ def render(plots: bool = True) -> str:
             cache[name] = read_rows(RESULTS / name)
         return cache[name]
 
-    topics = [topic for topic in TOPICS if any(name in present for name in topic.files)]
+    topics = list(TOPICS)  # a topic without committed rows still has its section: what will measure it
     parts = [
         "# Results",
         "",
@@ -1027,8 +1038,10 @@ def render(plots: bool = True) -> str:
         "|---|---|---|---|---|---|",
     ]
     for topic in topics:
+        measured = any(name in present for name in topic.files)
         claims = topic.claims(rows) if all(name in present for name in topic.files[:1]) else []
-        claims = claims or [Claim("see the section", "", "", "", topic.files[0], "")]
+        what = "see the section" if measured else "not measured yet: no rows committed"
+        claims = claims or [Claim(what, "", "", "", topic.files[0], "")]
         for claim in claims:
             command = f"`{claim.command}`" if claim.command else ""
             parts.append(
@@ -1049,6 +1062,8 @@ def render(plots: bool = True) -> str:
         for name in topic.files:
             if name in present:
                 parts += _file_part(FILE_BY_NAME[name], rows(name))
+            else:
+                parts += _missing_file_part(FILE_BY_NAME[name])
     listed = {name for topic in TOPICS for name in topic.files}
     others = sorted(present - listed)
     if others:

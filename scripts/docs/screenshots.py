@@ -102,9 +102,12 @@ def main(argv: list[str] | None = None) -> int:
     chromium = find_chromium(args.chromium)
 
     with tempfile.TemporaryDirectory() as site:
-        mkdocs = [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-f", str(REPO_ROOT / "mkdocs.yml")]
+        # not -q: with it mkdocs does not count the warnings --strict fails on
+        mkdocs = [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(REPO_ROOT / "mkdocs.yml")]
         quiet = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-        subprocess.run([*mkdocs, "-d", site], check=True, cwd=REPO_ROOT, env=quiet)
+        built = subprocess.run([*mkdocs, "-d", site], cwd=REPO_ROOT, env=quiet, capture_output=True, text=True)
+        if built.returncode != 0:
+            raise RuntimeError(f"mkdocs build --strict failed:\n{built.stderr[-4000:]}")
         handler = functools.partial(_QuietHandler, directory=site)
         with http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) as server:
             threading.Thread(target=server.serve_forever, daemon=True).start()
