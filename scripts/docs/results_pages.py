@@ -1040,7 +1040,7 @@ def render(plots: bool = True) -> str:
     for topic in topics:
         measured = any(name in present for name in topic.files)
         claims = topic.claims(rows) if all(name in present for name in topic.files[:1]) else []
-        what = "see the section" if measured else "not measured yet: no rows committed"
+        what = "see the section" if measured else f"{topic.title.lower()}: not measured yet (no rows committed)"
         claims = claims or [Claim(what, "", "", "", topic.files[0], "")]
         for claim in claims:
             command = f"`{claim.command}`" if claim.command else ""
