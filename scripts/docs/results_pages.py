@@ -868,6 +868,40 @@ def _claims_sharding(rows) -> list[Claim]:
     return claims
 
 
+def _claims_input_pipeline(rows) -> list[Claim]:
+    table = rows("input_pipeline.csv")
+    command = "python scripts/benchmarks/bench_input_pipeline.py --output results/input_pipeline.csv"
+    claims = []
+    images = [r for r in table if r["part"] == "images"]
+    for workers in sorted({r["workers"] for r in images}, key=int):
+        timm = next((r for r in images if r["workers"] == workers and r["case"].startswith("timm")), None)
+        ours = next((r for r in images if r["workers"] == workers and r["case"] == "ours, streamed"), None)
+        if timm and ours:
+            claims.append(
+                Claim(
+                    f"images/s streamed with DeiT's augmentations at 224 px, {workers} loader worker(s)",
+                    ours["images_per_s"],
+                    f"{timm['images_per_s']} (timm's create_loader)",
+                    _ratio(float(ours["images_per_s"]), float(timm["images_per_s"])),
+                    "input_pipeline.csv",
+                    command,
+                )
+            )
+    text = {r["case"].split(" ")[0]: r for r in table if r["part"] == "text"}
+    if "token" in text and "fixed" in text:
+        claims.append(
+            Claim(
+                "padded share of a seq2seq batch's tokens, token budget (fraction)",
+                text["token"]["padding_fraction"],
+                f"{text['fixed']['padding_fraction']} (fixed-size batches)",
+                _ratio(float(text["token"]["padding_fraction"]), float(text["fixed"]["padding_fraction"])),
+                "input_pipeline.csv",
+                command,
+            )
+        )
+    return claims
+
+
 TOPICS = (
     Topic(
         "Start-up time",
@@ -968,6 +1002,7 @@ TOPICS = (
         "The training loaders alone, without a model: ours against timm's `create_loader`.",
         ("input_pipeline.csv",),
         (Plot("input_pipeline.csv", plot_input_pipeline),),
+        _claims_input_pipeline,
     ),
 )
 
