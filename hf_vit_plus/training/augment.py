@@ -72,6 +72,24 @@ _ERASE_SCALE, _ERASE_RATIO = (0.02, 0.33), (0.3, 3.3)  # torchvision's RandomEra
 _ATTEMPTS = 10  # torchvision's tries at a box that fits, for both
 
 
+def _auto_augment_policy(crop_scale: float, auto_augment: str | None, magnitude: int, prob: float):
+    """The checked settings' torchvision policy (RandAugment of 2 operations, TrivialAugmentWide), or None where
+    there is none or it never applies (`prob` 0)."""
+    if not 0.0 < crop_scale <= 1.0:
+        raise ValueError(f"crop_scale must be in (0, 1], got {crop_scale!r}")
+    if not 0.0 <= prob <= 1.0:
+        raise ValueError(f"auto_augment_prob must be in [0, 1], got {prob!r}")
+    if auto_augment == "randaugment":
+        policy = v2.RandAugment(num_ops=2, magnitude=magnitude)
+    elif auto_augment == "trivialaugment":
+        policy = v2.TrivialAugmentWide()
+    elif auto_augment in (None, "none"):
+        return None
+    else:
+        raise ValueError(f"auto_augment must be 'none', 'randaugment' or 'trivialaugment', got {auto_augment!r}")
+    return policy if prob > 0.0 else None
+
+
 class ImageAugmentation:
     """Random resized crop (area share in (`crop_scale`, 1), aspect ratio in (3/4, 4/3), torchvision's sampling and
     its fallback to the whole image) and horizontal flip (probability 0.5) of a batch of uint8 images (B, C, H, W),
@@ -94,23 +112,11 @@ class ImageAugmentation:
         auto_augment_magnitude: int = 9,
         auto_augment_prob: float = 1.0,
     ):
-        if not 0.0 < crop_scale <= 1.0:
-            raise ValueError(f"crop_scale must be in (0, 1], got {crop_scale!r}")
-        if not 0.0 <= auto_augment_prob <= 1.0:
-            raise ValueError(f"auto_augment_prob must be in [0, 1], got {auto_augment_prob!r}")
+        policy = _auto_augment_policy(crop_scale, auto_augment, auto_augment_magnitude, auto_augment_prob)
         self.auto_augment_prob = float(auto_augment_prob)
         self.image_size = (int(image_size[0]), int(image_size[1]))
         self.crop_scale, self.horizontal_flip = float(crop_scale), bool(horizontal_flip)
-        if auto_augment == "randaugment":
-            self.auto = BatchAutoAugment(v2.RandAugment(num_ops=2, magnitude=auto_augment_magnitude))
-        elif auto_augment == "trivialaugment":
-            self.auto = BatchAutoAugment(v2.TrivialAugmentWide())
-        elif auto_augment in (None, "none"):
-            self.auto = None
-        else:
-            raise ValueError(f"auto_augment must be 'none', 'randaugment' or 'trivialaugment', got {auto_augment!r}")
-        if self.auto_augment_prob == 0.0:
-            self.auto = None
+        self.auto = None if policy is None else BatchAutoAugment(policy)
 
     @property
     def active(self) -> bool:
@@ -178,24 +184,14 @@ class ExampleAugmentation:
         auto_augment_magnitude: int = 9,
         auto_augment_prob: float = 1.0,
     ):
-        if not 0.0 < crop_scale <= 1.0:
-            raise ValueError(f"crop_scale must be in (0, 1], got {crop_scale!r}")
-        if not 0.0 <= auto_augment_prob <= 1.0:
-            raise ValueError(f"auto_augment_prob must be in [0, 1], got {auto_augment_prob!r}")
+        policy = _auto_augment_policy(crop_scale, auto_augment, auto_augment_magnitude, auto_augment_prob)
         self.image_size = (int(image_size[0]), int(image_size[1]))
         if crop_scale < 1.0:
             self.resize = v2.RandomResizedCrop(self.image_size, scale=(crop_scale, 1.0), antialias=True)
         else:
             self.resize = v2.Resize(self.image_size, antialias=True)
         self.flip = v2.RandomHorizontalFlip() if horizontal_flip else None
-        if auto_augment == "randaugment":
-            self.auto = v2.RandAugment(num_ops=2, magnitude=auto_augment_magnitude)
-        elif auto_augment == "trivialaugment":
-            self.auto = v2.TrivialAugmentWide()
-        elif auto_augment in (None, "none"):
-            self.auto = None
-        else:
-            raise ValueError(f"auto_augment must be 'none', 'randaugment' or 'trivialaugment', got {auto_augment!r}")
+        self.auto = policy
         self.auto_augment_prob = float(auto_augment_prob) if self.auto is not None else 0.0
 
     def __call__(self, image) -> torch.Tensor:
