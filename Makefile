@@ -54,7 +54,8 @@ demo: $(VENV)/.stamp-base
 # autograd: they run first, in a fresh interpreter of their own; the rest runs on 2 pytest-xdist workers.
 # test_training_deepspeed.py is skipped unless deepspeed is installed (`make test-deepspeed`).
 DISTRIBUTED_TESTS := tests/training/test_training_distributed.py tests/training/test_training_fsdp.py \
-	tests/training/test_training_deepspeed.py tests/training/test_fsdp_ram_efficient_loading.py
+	tests/training/test_training_deepspeed.py tests/training/test_fsdp_ram_efficient_loading.py \
+	tests/training/test_streaming_distributed.py
 test: $(VENV)/.stamp-test
 	$(VENV)/bin/hf-vit-plus env
 	OMP_NUM_THREADS=1 $(PY) -m pytest -p no:xdist -q $(DISTRIBUTED_TESTS)

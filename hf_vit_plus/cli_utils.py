@@ -23,7 +23,8 @@ class CommandParser(argparse.ArgumentParser):
 
     Abbreviations are off (`allow_abbrev=False`): argparse would take `--dataset` for `--dataset_name`, or refuse it as
     "ambiguous" where two flags start with it; a flag must be written out, and a wrong one is named as unrecognized
-    with the closest valid flag."""
+    with the closest valid flag. A flag may be written with dashes for its underscores (`--output-dir`), as
+    transformers' `HfArgumentParser` accepts both: the help shows the underscores."""
 
     def __init__(self, *args, allow_abbrev: bool = False, **kwargs):
         super().__init__(*args, allow_abbrev=allow_abbrev, **kwargs)
@@ -56,11 +57,28 @@ class CommandParser(argparse.ArgumentParser):
 
     def parse_known_args(self, args=None, namespace=None):
         self._build_pending()
-        namespace, extras = super().parse_known_args(args, namespace)
+        namespace, extras = super().parse_known_args(self._underscores(args), namespace)
         if getattr(namespace, "command_prog", None) is None:  # a sub-command's parser has set it first
             namespace.command_prog = self.prog
             namespace.command_flags = visible_flags(self)
         return namespace, extras
+
+    def _underscores(self, args):
+        """`args` with each `--a-b` (or `--a-b=value`) that this parser does not know, but knows as `--a_b`, written
+        so; the arguments after `--` are left as they are."""
+        import sys
+
+        args = list(sys.argv[1:] if args is None else args)
+        known = self._option_string_actions  # argparse has no public table of its flags
+        for index, arg in enumerate(args):
+            if arg == "--":
+                break
+            name, equals, value = arg.partition("=")
+            if name.startswith("--") and "-" in name[2:] and name not in known:
+                spelled = "--" + name[2:].replace("-", "_")
+                if spelled in known:
+                    args[index] = spelled + equals + value
+        return args
 
     def parse_args(self, args=None, namespace=None):
         namespace, extras = self.parse_known_args(args, namespace)

@@ -99,7 +99,7 @@ def test_pattern_from_config_uses_the_model_pattern_of_each_family(tmp_path, cap
 def test_unknown_config_field_names_the_closest_one(family, key, suggestion):
     from transformers import CONFIG_MAPPING
 
-    from hf_vit_plus.training.families import check_config_overrides
+    from hf_vit_plus.training.tasks import check_config_overrides
 
     config_class = CONFIG_MAPPING[family]
     expected = rf"^Unknown config field '{key}' for {family}; did you mean '{suggestion}'\?$"

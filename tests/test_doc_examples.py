@@ -7,6 +7,10 @@ PYTHONPATH) and fails when it raises. An HTML comment on the line before a block
   <!-- example: continue -->        the block runs after the page's previous block, in the same interpreter
   <!-- example: run -->             a bash block runs: its `hf-vit-plus`, `python` and `make` lines, in order
 A bash block without a marker fails: most are installs or long trainings, and each must say which it is.
+
+A block that pushes (`push_to_hub`, `hf-vit-plus push`) runs against the loopback Hub server of the tests
+(tests/hub_server.py): HF_ENDPOINT points at it and HF_TOKEN holds a placeholder, so the page's repository ids
+(`my-user/...`) are created there and read back from there.
 """
 
 from __future__ import annotations
@@ -83,7 +87,18 @@ def _python_source(block: Block) -> str:
     return "\n".join(part.code for part in reversed(chain))
 
 
-def _run(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
+_PUSHES = ("push_to_hub", "hf-vit-plus push")
+
+
+def _hub_env(code: str, request: pytest.FixtureRequest) -> dict[str, str]:
+    """The loopback Hub's environment for a block that pushes (the server starts on the first such block)."""
+    if not any(marker in code for marker in _PUSHES):
+        return {}
+    server = request.getfixturevalue("hub_server")
+    return {**server.env(), "HF_TOKEN": "hf_docs_example"}
+
+
+def _run(args: list[str], tmp_path: Path, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     env = dict(
         os.environ,
         HF_HUB_OFFLINE="1",
@@ -91,15 +106,17 @@ def _run(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
         TOKENIZERS_PARALLELISM="false",
         PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
     )
+    env.update(extra_env or {})
     return subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
 
 
 @pytest.mark.parametrize("block", BLOCKS, ids=[block.id for block in BLOCKS])
-def test_example_runs(block: Block, tmp_path: Path):
+def test_example_runs(block: Block, tmp_path: Path, request: pytest.FixtureRequest):
     if block.marker == "skip":
         pytest.skip(f"{block.id}: {block.reason}")
     if block.language == "python":
-        result = _run([sys.executable, "-c", _python_source(block)], tmp_path)
+        source = _python_source(block)
+        result = _run([sys.executable, "-c", source], tmp_path, _hub_env(source, request))
         assert result.returncode == 0, f"{block.id} raised:\n{result.stderr[-4000:]}"
         return
     assert block.marker == "run", f"{block.id}: a bash block needs <!-- example: run --> or a skip with a reason"
@@ -113,7 +130,7 @@ def test_example_runs(block: Block, tmp_path: Path):
             args[0] = sys.executable
         elif args[0] == "hf-vit-plus":
             args[:1] = [sys.executable, "-m", "hf_vit_plus.cli"]
-        result = _run(args, tmp_path)
+        result = _run(args, tmp_path, _hub_env(block.code, request))
         assert result.returncode == 0, f"{block.id}: `{command}` failed:\n{result.stderr[-4000:]}"
 
 

@@ -1,4 +1,4 @@
-"""The family records (`hf_vit_plus.families`) hold together: every name a record gives (its training recipe, its
+"""The family records (`hf_vit_plus.families`) hold together: every name a record gives (its training task, its
 export layout, its card template, its flags, help and defaults) names something that exists, and the rest of the
 package lists exactly the registered families."""
 
@@ -20,8 +20,7 @@ IDS = list(FAMILIES)
 def test_the_record_names_things_that_exist(name):
     from hf_vit_plus.export import EXPORTERS
     from hf_vit_plus.hub.card import TEMPLATES_DIR
-    from hf_vit_plus.training.families import TrainingFamily
-    from hf_vit_plus.training.families import get_family as get_recipe
+    from hf_vit_plus.training.tasks import TrainingTask, get_task
     from tests.utils import REPO_ROOT
 
     family = get_family(name)
@@ -34,10 +33,10 @@ def test_the_record_names_things_that_exist(name):
         assert family.image_processor_class.__name__ == family.image_processor.partition(":")[2]
     for auto_name, model_class in family.model_classes.items():
         assert hasattr(transformers, auto_name) and model_class.config_class is family.config_class
-    module, _, class_name = family.trainer.partition(":")
-    recipe = getattr(importlib.import_module(module), class_name)
-    assert issubclass(recipe, TrainingFamily) and recipe.name == name
-    assert type(get_recipe(name)) is recipe and get_recipe(name).model_class is family.head_class
+    module, _, class_name = family.task.partition(":")
+    task = getattr(importlib.import_module(module), class_name)
+    assert issubclass(task, TrainingTask) and task.name == name
+    assert type(get_task(name)) is task and get_task(name).model_class is family.head_class
     assert family.export is None or family.export in EXPORTERS
     assert (TEMPLATES_DIR / family.card.template).is_file()
     assert (REPO_ROOT / "model_cards" / family.card.template).read_text() == (

@@ -8,7 +8,7 @@ import it states is an arrow: at module level and inside functions (deferred imp
 
 Not arrows here: a package's `__init__` that Python runs before a module of the package (else every module would
 import the root package, and through it everything), and names imported by string (`importlib.import_module`, such
-as a family record's `trainer`, which names the training recipe above it as data, the way transformers' Auto
+as a family record's `task`, which names the training task above it as data, the way transformers' Auto
 mappings name model classes).
 """
 
@@ -145,7 +145,7 @@ def test_the_parser_sees_deferred_and_relative_imports():
     assert "hf_vit_plus.models.sparse_attention" in GRAPH["hf_vit_plus.models.attention"]  # inside a function
     assert "hf_vit_plus.training.cli" in GRAPH["hf_vit_plus.cli"]  # `from hf_vit_plus.training import cli`
     assert "hf_vit_plus.data.images" in GRAPH["hf_vit_plus.families.record"]  # `from ..data.images import ...`
-    assert {"hf_vit_plus.errors", "hf_vit_plus.families"} <= GRAPH["hf_vit_plus.training.families.base"]  # `...`
+    assert {"hf_vit_plus.errors", "hf_vit_plus.families"} <= GRAPH["hf_vit_plus.training.tasks.base"]  # `...`
 
 
 def test_every_module_has_a_layer():

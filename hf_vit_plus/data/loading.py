@@ -1,5 +1,7 @@
-"""User data for the training scripts: a Hub data set (`--dataset_name`), an image folder (`--train_dir`) or
-text/csv/json files (`--train_file`), always returned as a `DatasetDict` with "train" and "validation" splits.
+"""User data for the training scripts: a Hub data set (`--dataset_name`), an image folder or a folder of shards
+(`--train_dir`), or data files (`--train_file`: text / csv / json(l) / parquet / arrow / WebDataset tars, or a
+pattern of shards), returned as a `DatasetDict` with "train" and "validation" splits (`load_user_dataset`), or with
+`--streaming` as a stream of training examples and a validation split read whole (`load_user_stream`).
 
 Columns are checked up front so that a typo fails with the names that do exist, not deep inside a collator.
 """
@@ -10,23 +12,121 @@ import contextlib
 import logging
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from datasets import ClassLabel, DatasetDict, load_dataset
+from datasets import ClassLabel, Dataset, DatasetDict, IterableDataset, load_dataset
 from datasets.exceptions import DatasetGenerationError
+
+from .files import file_builder, folder_files, is_glob, matching_files
 
 logger = logging.getLogger(__name__)
 
-_FILE_BUILDERS = {".txt": "text", ".text": "text", ".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json"}
 VALIDATION_SPLIT_NAMES = ("validation", "valid", "val", "test", "dev")
 
 
-def file_builder(path: str | Path) -> str:
-    """The `load_dataset` builder of a data file, from its extension."""
-    suffix = Path(path).suffix.lower()
-    if suffix not in _FILE_BUILDERS:
-        raise ValueError(f"Cannot read {str(path)!r}: expected one of the extensions {sorted(_FILE_BUILDERS)}.")
-    return _FILE_BUILDERS[suffix]
+@dataclass(frozen=True)
+class DataSource:
+    """What `load_dataset` is called with for the user's data.
+
+    Attributes:
+        option: the option that named the data ("--dataset_name", "--train_dir", "--train_file").
+        value: its value.
+        path: `load_dataset`'s first argument: a Hub id or folder (--dataset_name), else the builder of the files.
+        name: the data set's configuration (--dataset_config_name).
+        data_files: split -> files, for local files; None for --dataset_name.
+        validation_option: the option that named the validation files, if any.
+        kwargs: further keywords of `load_dataset` (a .tsv file's delimiter).
+    """
+
+    option: str
+    value: str
+    path: str
+    name: str | None = None
+    data_files: dict[str, list[str]] | None = None
+    validation_option: str | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+def user_data_source(
+    *,
+    dataset_name: str | None = None,
+    dataset_config_name: str | None = None,
+    train_dir: str | None = None,
+    validation_dir: str | None = None,
+    train_file: str | None = None,
+    validation_file: str | None = None,
+) -> DataSource:
+    """How `load_dataset` reads the user's data: checked (the paths exist and hold files of one kind), not read.
+
+    Args:
+        dataset_name: a Hub id or a local folder that `load_dataset` reads.
+        dataset_config_name: its configuration.
+        train_dir: an image folder (one sub-folder per class), or a folder of shards (parquet, arrow, WebDataset
+            tars, jsonl, csv).
+        validation_dir: the same for the evaluation data.
+        train_file: a data file, or a pattern of shards.
+        validation_file: the same for the evaluation data.
+
+    Returns:
+        The source.
+
+    Raises:
+        ValueError: no data, a path that does not exist or holds nothing readable, files of several kinds.
+    """
+    if dataset_name:
+        if _looks_like_a_path(dataset_name) and not Path(dataset_name).exists():
+            raise ValueError(f"--dataset_name {dataset_name!r} does not exist (neither a local folder nor a Hub id).")
+        return DataSource("--dataset_name", dataset_name, dataset_name, name=dataset_config_name)
+    if train_dir:
+        builders = {}
+        for option, folder in (("--train_dir", train_dir), ("--validation_dir", validation_dir)):
+            if folder:
+                _require_exists(folder, option)
+                if not any(path.is_file() for path in Path(folder).rglob("*")):
+                    raise ValueError(
+                        f"{option} {folder!r} holds no files: expected one sub-folder of images per class, or shards."
+                    )
+                builders[option] = folder_files(folder)
+        builder, files = builders["--train_dir"]
+        data_files = {"train": files}
+        if validation_dir:
+            if builders["--validation_dir"][0] != builder:
+                raise ValueError(
+                    f"--train_dir {train_dir!r} ({builder}) and --validation_dir {validation_dir!r} "
+                    f"({builders['--validation_dir'][0]}) hold different kinds of data."
+                )
+            data_files["validation"] = builders["--validation_dir"][1]
+        return DataSource("--train_dir", train_dir, builder, data_files=data_files,
+                          validation_option="--validation_dir" if validation_dir else None)  # fmt: skip
+    if train_file:
+        builder = file_builder(train_file)
+        data_files = {}
+        for split, option, file in (("train", "--train_file", train_file),
+                                    ("validation", "--validation_file", validation_file)):  # fmt: skip
+            if not file:
+                continue
+            if is_glob(file):
+                files = matching_files(file)
+                if not files:
+                    raise FileNotFoundError(f"{option} {file!r} matches no file.")
+            else:
+                _require_exists(file, option)
+                files = [file]
+            for name in files:
+                if Path(name).stat().st_size == 0:
+                    raise ValueError(f"{option} {name!r} is empty.")
+            data_files[split] = files
+        if validation_file and file_builder(validation_file) != builder:
+            raise ValueError(
+                f"--train_file {train_file!r} and --validation_file {validation_file!r} have different formats."
+            )
+        kwargs = {"delimiter": "\t"} if Path(train_file).suffix.lower() == ".tsv" else {}
+        validation_option = "--validation_file" if validation_file else None
+        return DataSource("--train_file", train_file, builder, data_files=data_files,
+                          validation_option=validation_option, kwargs=kwargs)  # fmt: skip
+    raise ValueError("No data given: pass --dataset_name, --train_dir or --train_file.")
 
 
 def load_user_dataset(
@@ -40,49 +140,81 @@ def load_user_dataset(
     validation_split_percentage: float = 10.0,
     seed: int = 42,
 ) -> DatasetDict:
-    """Load user data as a `DatasetDict` with "train" and "validation".
+    """Load user data as a `DatasetDict` with "train" and "validation" (see `user_data_source` for the arguments).
 
     A missing validation split is carved out of "train" (`validation_split_percentage`, stratified when the
     data has a `ClassLabel` column).
     """
-    if dataset_name:
-        if _looks_like_a_path(dataset_name) and not Path(dataset_name).exists():
-            raise ValueError(f"--dataset_name {dataset_name!r} does not exist (neither a local folder nor a Hub id).")
-        with _data_errors("--dataset_name", dataset_name):
-            raw = load_dataset(dataset_name, dataset_config_name)
-    elif train_dir:
-        for option, folder in (("--train_dir", train_dir), ("--validation_dir", validation_dir)):
-            if folder:
-                _require_exists(folder, option)
-                if not any(path.is_file() for path in Path(folder).rglob("*")):
-                    raise ValueError(
-                        f"{option} {folder!r} holds no files: expected one sub-folder of images per class."
-                    )
-        data_files = {"train": str(Path(train_dir) / "**")}
-        if validation_dir:
-            data_files["validation"] = str(Path(validation_dir) / "**")
-        with _data_errors("--train_dir", train_dir):
-            raw = load_dataset("imagefolder", data_files=data_files)
-    elif train_file:
-        builder = file_builder(train_file)
-        data_files = {"train": train_file}
-        for option, file in (("--train_file", train_file), ("--validation_file", validation_file)):
-            if file:
-                _require_exists(file, option)
-                if Path(file).stat().st_size == 0:
-                    raise ValueError(f"{option} {file!r} is empty.")
-        if validation_file:
-            if file_builder(validation_file) != builder:
-                raise ValueError(
-                    f"--train_file {train_file!r} and --validation_file {validation_file!r} have different formats."
-                )
-            data_files["validation"] = validation_file
-        kwargs = {"delimiter": "\t"} if Path(train_file).suffix.lower() == ".tsv" else {}
-        with _data_errors("--train_file", train_file):
-            raw = load_dataset(builder, data_files=data_files, **kwargs)
-    else:
-        raise ValueError("No data given: pass --dataset_name, --train_dir or --train_file.")
+    source = user_data_source(dataset_name=dataset_name, dataset_config_name=dataset_config_name, train_dir=train_dir,
+                              validation_dir=validation_dir, train_file=train_file,
+                              validation_file=validation_file)  # fmt: skip
+    with _data_errors(source.option, source.value):
+        raw = load_dataset(source.path, source.name, data_files=source.data_files, **source.kwargs)
     return ensure_validation_split(raw, validation_split_percentage, seed)
+
+
+@dataclass(frozen=True)
+class UserStream:
+    """The user's training data as a stream, and the evaluation data when the source has some.
+
+    Attributes:
+        train: the training examples, a `datasets.IterableDataset` (nothing read yet).
+        validation: the evaluation split read whole (a memory-mapped `Dataset`), or None when the source has none.
+        validation_from: where the evaluation split comes from, in words ("the validation split", "--validation_file
+            X"); "" without one.
+    """
+
+    train: IterableDataset
+    validation: Dataset | None
+    validation_from: str = ""
+
+
+def load_user_stream(
+    *,
+    dataset_name: str | None = None,
+    dataset_config_name: str | None = None,
+    train_dir: str | None = None,
+    validation_dir: str | None = None,
+    train_file: str | None = None,
+    validation_file: str | None = None,
+) -> UserStream:
+    """The user's training data as a stream (`load_dataset(..., streaming=True)`): Hub data sets, local folders and
+    files of any format `user_data_source` reads. The evaluation data, from a validation split of the source or from
+    --validation_file / --validation_dir, is read whole (`load_dataset(..., split=...)`: Arrow, memory-mapped), since
+    every evaluation reads all of it.
+
+    Args:
+        dataset_name: a Hub id or a local folder that `load_dataset` reads.
+        dataset_config_name: its configuration.
+        train_dir: an image folder or a folder of shards.
+        validation_dir: the same for the evaluation data.
+        train_file: a data file, or a pattern of shards.
+        validation_file: the same for the evaluation data.
+
+    Returns:
+        The stream and the evaluation split (None when the source has none).
+
+    Raises:
+        ValueError: data that cannot be read, naming the option.
+    """
+    source = user_data_source(dataset_name=dataset_name, dataset_config_name=dataset_config_name, train_dir=train_dir,
+                              validation_dir=validation_dir, train_file=train_file,
+                              validation_file=validation_file)  # fmt: skip
+    with _data_errors(source.option, source.value):
+        streams = load_dataset(source.path, source.name, data_files=source.data_files, streaming=True, **source.kwargs)
+    if "train" not in streams:
+        raise ValueError(f"{source.option} {source.value!r}: the data set has no 'train' split (splits: "
+                         f"{sorted(streams)}).")  # fmt: skip
+    split = next((name for name in VALIDATION_SPLIT_NAMES if name in streams), None)
+    if split is None:
+        return UserStream(streams["train"], None)
+    with _data_errors(source.validation_option or source.option, source.value):
+        validation = load_dataset(source.path, source.name, data_files=source.data_files, split=split,
+                                  **source.kwargs)  # fmt: skip
+    where = f"the {split!r} split"
+    if source.validation_option:
+        where = f"{source.validation_option} {validation_dir or validation_file}"
+    return UserStream(streams["train"], validation, where)
 
 
 def ensure_validation_split(raw: DatasetDict, validation_split_percentage: float, seed: int) -> DatasetDict:

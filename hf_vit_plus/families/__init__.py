@@ -3,7 +3,7 @@ classes (`hf_vit_plus.registration`), `hf-vit-plus train` (its sub-commands, fla
 cards, ONNX export and the tests' model matrix all read these records.
 
 A family is its own files (`models/configuration_X.py` and `modeling_X.py`; its record `families/X.py`; how it trains,
-`training/families/X.py`; its card template, `hub/templates/X.md`) plus its line in `FAMILIES` below.
+`training/tasks/X.py`; its card template, `hub/templates/X.md`) plus its line in `FAMILIES` below.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from .record import CardSpec, Family
 IMAGE_LM = Family(
     id="image-lm",
     help="the Sparse Transformer as an image model, pixels in raster order, scored in bits per dim "
-    f"(--dataset {' or '.join(IMAGE_DATASETS)})",
+    f"(--dataset {' or '.join(IMAGE_DATASETS)}, or your grey images)",
     model_type="sparse_transformer",
     config="configuration_sparse_transformer:SparseTransformerConfig",
     models={
@@ -48,25 +48,23 @@ IMAGE_LM = Family(
             "sparse_pattern_mode",
         ),
     ),  # fmt: skip
-    trainer="hf_vit_plus.training.families.image_lm:ImageLMFamily",
+    task="hf_vit_plus.training.tasks.image_lm:ImageLMTask",
     data="images",
     builtin_data="digits",
-    user_data=False,
     datasets=IMAGE_DATASETS,
+    flags=("image_column_name",),
     flag_help={
         "config_name": "config folder or Hub id of a fresh model (the image size, pixel vocabulary and a stride of "
         "one row are set from the data); default: a small 4-layer strided model",
         "num_train_epochs": "passes over the training images (unless --max_steps is given)",
     },
-    # num_train_epochs None: the data set's own (`ImageDataset.default_epochs`)
+    # the epochs: the data set's own (`ImageDataset.default_epochs`)
     training_defaults=dict(
         output_dir="outputs/image-lm",
         dataset="digits",
         learning_rate=2e-3,
         weight_decay=0.01,
         adam_beta2=0.95,
-        num_train_epochs=None,
-        per_device_train_batch_size=32,
         per_device_eval_batch_size=100,
         warmup_ratio=0.05,
     ),

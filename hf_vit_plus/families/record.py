@@ -2,7 +2,7 @@
 
 A `Family` is plain data (texts, defaults, names); it points to code by name only, as transformers' Auto mappings
 name classes: its model, config and processor classes as "module:Class" in `hf_vit_plus.models` (imported the first
-time a property such as `config_class` is read), its training recipe in `hf_vit_plus.training.families` (`trainer`),
+time a property such as `config_class` is read), how it trains in `hf_vit_plus.training.tasks` (`task`),
 its graph layout in `hf_vit_plus.export` (`export`). So the records can be read by every layer (registration, the
 command line's flags and help, the cards, export) without importing torch, the models, training or hub code:
 `hf-vit-plus train --help` reads them and imports none of these.
@@ -72,7 +72,7 @@ class Family:
             `architectures` names.
         head: the Auto class (a key of `models`) of the model that is trained, exported and pushed.
         card: what the model card says about the family.
-        trainer: "module:Class" of its training recipe (a `hf_vit_plus.training.families.TrainingFamily`).
+        task: "module:Class" of how it trains (a `hf_vit_plus.training.tasks.TrainingTask`).
         data: "images" or "text": what the family reads (--train_dir or --train_file).
         builtin_data: what it trains on when no data option is given (for help texts).
         user_data: whether it reads the user's data (--dataset_name, --train_dir / --train_file).
@@ -98,7 +98,7 @@ class Family:
     models: Mapping[str, str]
     head: str
     card: CardSpec
-    trainer: str
+    task: str
     data: str
     builtin_data: str
     user_data: bool = True

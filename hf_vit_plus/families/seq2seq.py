@@ -37,7 +37,7 @@ SEQ2SEQ = Family(
             "label_smoothing",
         ),  # fmt: skip
     ),
-    trainer="hf_vit_plus.training.families.seq2seq:Seq2SeqFamily",
+    task="hf_vit_plus.training.tasks.seq2seq:Seq2SeqTask",
     data="text",
     builtin_data="numbers -> English words",
     flags=(
@@ -49,34 +49,35 @@ SEQ2SEQ = Family(
         "label_smoothing_factor",
         "source_lang",
         "target_lang",
+        "max_tokens_per_batch",
     ),  # fmt: skip
     flag_help={
+        "max_tokens_per_batch": "batches by a token budget per process instead of a number of pairs, as fairseq's "
+        "--max-tokens: a batch of n pairs whose longest source or target has L tokens counts n x L (the padded "
+        "batch); pairs of about one length batched together (sorted by length in pools); needs --max_steps",
         "config_name": "preset ('base' or 'big', the paper's) or config folder of a fresh model; default: a small "
         "2+2-layer model",
         "tokenizer_name": "saved tokenizer (folder or Hub id); default: the model's own, else a byte-level BPE "
         "trained on the data",
-        "learning_rate": "factor of the paper's warm-up schedule (1.0: the paper's absolute rates; default 0.25: its "
-        "shape at a quarter of its height)",
-        "warmup_ratio": "share of the updates spent warming up: the schedule peaks there (default 0.1)",
+        "learning_rate": "peak learning rate of the paper's schedule (transformers' inverse_sqrt): the rate rises "
+        "linearly to it over the warm-up, then decays with the inverse square root of the update",
+        "warmup_ratio": "share of the updates spent warming up: the schedule peaks there",
     },
     # Section 5.3 of "Attention Is All You Need": Adam 0.9/0.98/1e-9, the warm-up schedule, label smoothing 0.1. The
-    # paper warms up for 4,000 of 100,000 updates at factor 1.0; a run of a few thousand updates at factor 1.0 with 200
-    # warm-up updates peaks at 9x the paper's rate (6.3e-3 at d_model 128) and, depending on the seed and on the order
-    # of floating-point sums (the thread count), escapes the loss plateau or never learns. The
-    # defaults keep the schedule's shape and scale it to the run: warm-up a tenth of the updates, a quarter of the
-    # factor (peak 1.3e-3 on the built-in task), gradients clipped at norm 1.0 (docs: training defaults).
+    # paper's rate peaks at d_model^-0.5 x warm-up^-0.5 (4,000 warm-up updates of 100,000); a run of a few thousand
+    # updates with a short warm-up peaks far higher and, depending on the seed and on the order of floating-point
+    # sums (the thread count), escapes the loss plateau or never learns. The defaults keep the schedule's shape and
+    # scale it to the run: warm-up a tenth of the updates, the peak a quarter of the paper's height for the built-in
+    # task's run, gradients clipped (the option's default norm); docs: training defaults.
     training_defaults=dict(
         output_dir="outputs/seq2seq",
-        learning_rate=0.25,
+        learning_rate=1.25e-3,
         weight_decay=0.0,
         adam_beta2=0.98,
         adam_epsilon=1e-9,
         num_train_epochs=10.0,
-        per_device_train_batch_size=32,
-        warmup_steps=None,
         warmup_ratio=0.1,
         label_smoothing_factor=0.1,
-        max_grad_norm=1.0,
     ),
     lr_scheduler="noam",
     export="encoder-decoder",

@@ -36,11 +36,13 @@ SPARSE_LM = Family(
         ),  # fmt: skip
         aliases=("sparse_lm",),
     ),
-    trainer="hf_vit_plus.training.families.sparse_lm:SparseLMFamily",
+    task="hf_vit_plus.training.tasks.sparse_lm:SparseLMTask",
     data="text",
     builtin_data="the Python standard library's sources",
-    flags=("text_column", "block_size"),
+    flags=("text_column", "block_size", "max_tokens_per_batch"),
     flag_help={
+        "max_tokens_per_batch": "batches by a token budget per process instead of a number of blocks: as many "
+        "blocks of --block_size tokens as it holds (blocks are never padded)",
         "config_name": "config folder or Hub id of a fresh model; default: a small 4-layer strided model",
         "tokenizer_name": "saved tokenizer (folder or Hub id); default: the model's own, else the byte tokenizer",
     },

@@ -21,13 +21,6 @@ MPP_RECIPE_FLAGS = (
     "recipe", "auto_augment", "auto_augment_magnitude", "auto_augment_prob", "random_resized_crop_scale",
     "horizontal_flip", "ema_decay",
 )  # fmt: skip
-RECIPE_FLAG_HELP = {
-    "learning_rate": "peak learning rate (default: the --recipe's: 2e-3 with none; deit: 5e-4 x global batch / 512 "
-    "/ the run's share of DeiT's 300 epochs, at most 16x)",
-    "weight_decay": "AdamW weight decay of the matrices, tensors of rank < 2 not decayed (default: 0.05)",
-    "warmup_ratio": "share of the updates spent warming up (default: the --recipe's: 0.1 with none; deit: 5 of "
-    "300 epochs, at least 5%%)",
-}
 
 # The encoder's fields, in both ViT cards' architecture tables (the classifier's and masked patch prediction's).
 ENCODER_CARD_FIELDS = (
@@ -65,7 +58,7 @@ VIT = Family(
         # the hybrid's stem (sec. 3.1), in the table only where the model has one
         architecture_when=(("conv_stem_layers", "conv_stem_layers"), ("conv_stem_channels", "conv_stem_layers")),
     ),
-    trainer="hf_vit_plus.training.families.vit:ViTFamily",
+    task="hf_vit_plus.training.tasks.vit:ViTTask",
     data="images",
     builtin_data="8x8 digits",
     flags=(
@@ -80,21 +73,10 @@ VIT = Family(
     flag_help={
         "config_name": "preset ({tiny,small,base,large,huge}-patch{14,16,32}-{224,384}, e.g. 'tiny-patch16-224') or "
         "config folder of a fresh model; default: a small config for the data",
-        "label_smoothing_factor": "label smoothing of the training loss (default: the recipe's: 0 with none, 0.1 "
-        "with deit)",
-        **RECIPE_FLAG_HELP,
     },
-    # the demo's small digits model; the learning rate, warm-up and label smoothing are the --recipe's (`none`: 2e-3,
-    # 0.1 and 0, as before 0.3)
-    training_defaults=dict(
-        output_dir="outputs/vit",
-        learning_rate=None,
-        weight_decay=0.05,
-        num_train_epochs=30.0,
-        per_device_train_batch_size=64,
-        warmup_ratio=None,
-        label_smoothing_factor=None,
-    ),
+    # the demo's small digits model; the learning rate, warm-up and label smoothing are the --recipe's
+    # (`hf_vit_plus.training.recipes`), the weight decay the option's own
+    training_defaults=dict(output_dir="outputs/vit", num_train_epochs=30.0, per_device_train_batch_size=64),
     export="image-classifier",
 )
 
@@ -120,21 +102,11 @@ VIT_MPP = Family(
             "mpp_value_range",
         ),
     ),  # fmt: skip
-    trainer="hf_vit_plus.training.families.vit:ViTMaskedPatchFamily",
+    task="hf_vit_plus.training.tasks.vit:ViTMaskedPatchTask",
     data="images",
     builtin_data="8x8 digits",
     flags=("image_column_name", *MPP_RECIPE_FLAGS),
-    flag_help={
-        "config_name": "preset or config folder of a fresh model; default: a small config for the data",
-        **RECIPE_FLAG_HELP,
-    },
-    training_defaults=dict(
-        output_dir="outputs/vit-mpp",
-        learning_rate=None,
-        weight_decay=0.05,
-        num_train_epochs=30.0,
-        per_device_train_batch_size=64,
-        warmup_ratio=None,
-    ),
+    flag_help={"config_name": "preset or config folder of a fresh model; default: a small config for the data"},
+    training_defaults=dict(output_dir="outputs/vit-mpp", num_train_epochs=30.0, per_device_train_batch_size=64),
     export=None,
 )

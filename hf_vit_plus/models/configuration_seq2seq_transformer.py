@@ -80,7 +80,8 @@ FIELD_CHECKS = {
 
 
 class Seq2SeqTransformerConfig(HubConfigMixin, PretrainedConfig):
-    r"""Configuration of a [`Seq2SeqTransformerModel`] / [`Seq2SeqTransformerForConditionalGeneration`].
+    r"""Configuration of a [`Seq2SeqTransformerModel`][hf_vit_plus.Seq2SeqTransformerModel] /
+    [`Seq2SeqTransformerForConditionalGeneration`][hf_vit_plus.Seq2SeqTransformerForConditionalGeneration].
 
     The defaults are the paper's base model (sec. 3, Table 3): post-norm sub-layers, ReLU feed-forward network,
     sinusoidal positions, embeddings scaled by sqrt(d_model), one matrix shared by the source embedding, the target

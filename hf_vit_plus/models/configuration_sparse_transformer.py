@@ -67,7 +67,8 @@ FIELD_CHECKS = {
 
 
 class SparseTransformerConfig(HubConfigMixin, PretrainedConfig):
-    r"""Configuration of a [`SparseTransformerModel`] / [`SparseTransformerForCausalLM`].
+    r"""Configuration of a [`SparseTransformerModel`][hf_vit_plus.SparseTransformerModel] /
+    [`SparseTransformerForCausalLM`][hf_vit_plus.SparseTransformerForCausalLM].
 
     The defaults are the paper's enwik8 model (Table 2): 30 layers, 8 heads, width 512, the fixed pattern with
     stride 128 and c = 32 summary positions, a context of 12,288 bytes. The vocabulary is bytes as

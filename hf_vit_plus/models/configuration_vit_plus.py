@@ -112,7 +112,7 @@ def conv_stem_grid(size: int, layers: int) -> int:
 
 
 class ViTPlusConfig(HubConfigMixin, PretrainedConfig):
-    r"""Configuration of a [`ViTPlusModel`].
+    r"""Configuration of a [`ViTPlusModel`][hf_vit_plus.ViTPlusModel].
 
     Args:
         hidden_size: width D of the encoder.

@@ -1,6 +1,7 @@
-"""Training on Accelerate: one loop (`loop.train`) for every family (vit, seq2seq, sparse-lm, image-lm), their
-per-family pieces (`families`), the options of a run (`args`), the `train` / `demo` sub-commands (`cli`), the
-learning-rate schedules of the papers (`schedules`) and checkpoint averaging (`averaging`).
+"""Training on Accelerate: one loop (`loop.train`) for every family (vit, seq2seq, sparse-lm, image-lm), each
+family's training task (`tasks`), the options of a run in groups (`options`, `args`; run files: `run_file`), the
+plan that decides every value of a run once (`plan`), the `train` / `demo` sub-commands (`cli`), the learning-rate
+schedules of the papers (`schedules`) and checkpoint averaging (`averaging`).
 
 Importing this package does not import the loop (Accelerate, datasets): `train` imports it when called.
 """

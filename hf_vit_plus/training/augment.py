@@ -12,6 +12,13 @@
 Crop, flip and erasing run on the batch because image by image they cost a large share of a small model's update
 (`scripts/benchmarks/bench_small_data.py --time_augmentation` times both; results/small_data_augmentation.csv holds
 the rows). Evaluation images are never augmented.
+
+Images read from files (an image folder, WebDataset shards, a Hub data set) have sizes of their own: each is decoded
+and cropped to the model's size alone, in a DataLoader worker (`example_augmentation`, an `ExampleAugmentation`:
+random resized crop, flip and RandAugment / TrivialAugment, torchvision's transforms on the PIL image, whose kernels
+are several times faster than its tensor kernels on a CPU), and the batches reach the device as uint8 (a quarter of
+the bytes of float32), where they are normalised and erased (`PixelNormalizer`): per batch, where that is cheaper.
+`scripts/benchmarks/bench_input_pipeline.py` measures the loader against timm's.
 """
 
 from __future__ import annotations
@@ -40,6 +47,19 @@ def image_augmentation(args, image_size: tuple[int, int]) -> ImageAugmentation |
     return augmentation if augmentation.active else None
 
 
+def example_augmentation(args, image_size: tuple[int, int]) -> ExampleAugmentation:
+    """The augmentation of one decoded image (C, H, W) uint8 of any size, to the model's `image_size` (a plain resize
+    when the recipe crops nothing)."""
+    return ExampleAugmentation(
+        image_size,
+        crop_scale=args.random_resized_crop_scale or 1.0,
+        horizontal_flip=bool(args.horizontal_flip),
+        auto_augment=args.auto_augment or "none",
+        auto_augment_magnitude=args.auto_augment_magnitude,
+        auto_augment_prob=1.0 if args.auto_augment_prob is None else args.auto_augment_prob,
+    )
+
+
 def erasing(args) -> BatchErasing | None:
     """Random erasing of normalised pixels (a rectangle set to 0, the mean), as DeiT after normalisation."""
     if not args.random_erasing_prob:
@@ -50,6 +70,24 @@ def erasing(args) -> BatchErasing | None:
 _CROP_RATIO = (3 / 4, 4 / 3)  # torchvision's RandomResizedCrop
 _ERASE_SCALE, _ERASE_RATIO = (0.02, 0.33), (0.3, 3.3)  # torchvision's RandomErasing
 _ATTEMPTS = 10  # torchvision's tries at a box that fits, for both
+
+
+def _auto_augment_policy(crop_scale: float, auto_augment: str | None, magnitude: int, prob: float):
+    """The checked settings' torchvision policy (RandAugment of 2 operations, TrivialAugmentWide), or None where
+    there is none or it never applies (`prob` 0)."""
+    if not 0.0 < crop_scale <= 1.0:
+        raise ValueError(f"crop_scale must be in (0, 1], got {crop_scale!r}")
+    if not 0.0 <= prob <= 1.0:
+        raise ValueError(f"auto_augment_prob must be in [0, 1], got {prob!r}")
+    if auto_augment == "randaugment":
+        policy = v2.RandAugment(num_ops=2, magnitude=magnitude)
+    elif auto_augment == "trivialaugment":
+        policy = v2.TrivialAugmentWide()
+    elif auto_augment in (None, "none"):
+        return None
+    else:
+        raise ValueError(f"auto_augment must be 'none', 'randaugment' or 'trivialaugment', got {auto_augment!r}")
+    return policy if prob > 0.0 else None
 
 
 class ImageAugmentation:
@@ -74,23 +112,11 @@ class ImageAugmentation:
         auto_augment_magnitude: int = 9,
         auto_augment_prob: float = 1.0,
     ):
-        if not 0.0 < crop_scale <= 1.0:
-            raise ValueError(f"crop_scale must be in (0, 1], got {crop_scale!r}")
-        if not 0.0 <= auto_augment_prob <= 1.0:
-            raise ValueError(f"auto_augment_prob must be in [0, 1], got {auto_augment_prob!r}")
+        policy = _auto_augment_policy(crop_scale, auto_augment, auto_augment_magnitude, auto_augment_prob)
         self.auto_augment_prob = float(auto_augment_prob)
         self.image_size = (int(image_size[0]), int(image_size[1]))
         self.crop_scale, self.horizontal_flip = float(crop_scale), bool(horizontal_flip)
-        if auto_augment == "randaugment":
-            self.auto = BatchAutoAugment(v2.RandAugment(num_ops=2, magnitude=auto_augment_magnitude))
-        elif auto_augment == "trivialaugment":
-            self.auto = BatchAutoAugment(v2.TrivialAugmentWide())
-        elif auto_augment in (None, "none"):
-            self.auto = None
-        else:
-            raise ValueError(f"auto_augment must be 'none', 'randaugment' or 'trivialaugment', got {auto_augment!r}")
-        if self.auto_augment_prob == 0.0:
-            self.auto = None
+        self.auto = None if policy is None else BatchAutoAugment(policy)
 
     @property
     def active(self) -> bool:
@@ -138,6 +164,74 @@ class ImageAugmentation:
         top = torch.where(found, top, (height - h) // 2)
         left = torch.where(found, left, (width - w) // 2)
         return torch.stack([top, left, h, w], 1).long()
+
+
+class ExampleAugmentation:
+    """One image of any size (a PIL image, or a uint8 tensor (C, H, W)) to the model's `image_size`, as uint8 (C, H,
+    W): a random resized crop (area share in (`crop_scale`, 1), aspect ratio in (3/4, 4/3): `v2.RandomResizedCrop`)
+    or, with `crop_scale` 1, a resize of the whole image; a horizontal flip (probability 0.5); then, with probability
+    `auto_augment_prob`, RandAugment (2 operations, `auto_augment_magnitude`) or TrivialAugment. torchvision's
+    transforms, run on the PIL image (their PIL kernels: several times faster than their tensor kernels on a CPU).
+    Random numbers come from torch's global generator (the loader seeds it per unit of work:
+    `hf_vit_plus.data.pipeline`)."""
+
+    def __init__(
+        self,
+        image_size: tuple[int, int],
+        crop_scale: float = 1.0,
+        horizontal_flip: bool = False,
+        auto_augment: str = "none",
+        auto_augment_magnitude: int = 9,
+        auto_augment_prob: float = 1.0,
+    ):
+        policy = _auto_augment_policy(crop_scale, auto_augment, auto_augment_magnitude, auto_augment_prob)
+        self.image_size = (int(image_size[0]), int(image_size[1]))
+        if crop_scale < 1.0:
+            self.resize = v2.RandomResizedCrop(self.image_size, scale=(crop_scale, 1.0), antialias=True)
+        else:
+            self.resize = v2.Resize(self.image_size, antialias=True)
+        self.flip = v2.RandomHorizontalFlip() if horizontal_flip else None
+        self.auto = policy
+        self.auto_augment_prob = float(auto_augment_prob) if self.auto is not None else 0.0
+
+    def __call__(self, image) -> torch.Tensor:
+        from ..data.image_files import pil_to_tensor
+
+        if isinstance(image, torch.Tensor):
+            if image.dtype != torch.uint8 or image.dim() != 3:
+                raise TypeError(f"expected a uint8 image (C, H, W), got {image.dtype} of shape {tuple(image.shape)}")
+            image = v2.functional.to_pil_image(image)
+        image = self.resize(image)
+        if self.flip is not None:
+            image = self.flip(image)
+        if self.auto_augment_prob and (self.auto_augment_prob == 1.0 or torch.rand(()) < self.auto_augment_prob):
+            image = self.auto(image)
+        return pil_to_tensor(image)
+
+
+class PixelNormalizer:
+    """A batch of uint8 images (B, C, H, W), on the device: normalised as the image processor does ((x / 255 - mean)
+    / std, in float32) and randomly erased (`BatchErasing`, in place), the whole batch at once.
+
+    Args:
+        mean: the processor's mean per channel, (C, 1, 1).
+        std: its standard deviation per channel, (C, 1, 1).
+        erase: the random erasing, or None.
+    """
+
+    def __init__(self, mean: torch.Tensor, std: torch.Tensor, erase: BatchErasing | None = None):
+        self.scale = (1.0 / (255.0 * std)).view(1, -1, 1, 1)
+        self.shift = (mean / std).view(1, -1, 1, 1)
+        self.erase = erase
+
+    def __call__(self, pixels: torch.Tensor) -> torch.Tensor:
+        if pixels.dtype != torch.uint8:
+            raise TypeError(f"expected uint8 images (B, C, H, W), got {pixels.dtype}")
+        scale, shift = self.scale.to(pixels.device), self.shift.to(pixels.device)
+        values = pixels.float().mul_(scale).sub_(shift)
+        if self.erase is not None:
+            self.erase.erase_(values)
+        return values
 
 
 class BatchAutoAugment:
@@ -243,15 +337,16 @@ def resized_crops(
 class BatchErasing:
     """`v2.RandomErasing(p, value=0)` of a batch of normalised images (B, C, H, W): each image, with probability
     `p`, gets a rectangle of area share in (0.02, 0.33) and aspect ratio in (0.3, 3.3) set to 0 (torchvision's
-    sampling: ten tries at a rectangle smaller than the image, none erased when all fail), all images at once."""
+    sampling: ten tries at a rectangle smaller than the image, none erased when all fail), all images at once
+    (`erase_`: the same rectangles, written in place, touching only them)."""
 
     def __init__(self, p: float):
         if not 0.0 <= p <= 1.0:
             raise ValueError(f"the erasing probability must be in [0, 1], got {p!r}")
         self.p = float(p)
 
-    def __call__(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        batch, _, height, width = pixel_values.shape
+    def draw(self, batch: int, height: int, width: int) -> tuple[torch.Tensor, ...]:
+        """(top, left, height, width, erased) of each image's rectangle, drawn for the whole batch."""
         area = height * width
         erase_area = area * torch.empty(batch, _ATTEMPTS).uniform_(*_ERASE_SCALE)
         log_ratio = torch.empty(batch, _ATTEMPTS).uniform_(math.log(_ERASE_RATIO[0]), math.log(_ERASE_RATIO[1]))
@@ -264,12 +359,26 @@ class BatchErasing:
         top = torch.floor(torch.rand(batch) * (height - h + 1))
         left = torch.floor(torch.rand(batch) * (width - w + 1))
         erase = fits.any(1) & (torch.rand(batch) < self.p)
+        return top, left, h, w, erase
+
+    def __call__(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        batch, _, height, width = pixel_values.shape
+        top, left, h, w, erase = self.draw(batch, height, width)
         y = torch.arange(height)[None]
         x = torch.arange(width)[None]
         in_rows = (y >= top[:, None]) & (y < (top + h)[:, None])
         in_columns = (x >= left[:, None]) & (x < (left + w)[:, None])
         mask = (in_rows[:, :, None] & in_columns[:, None, :]) & erase[:, None, None]
-        return pixel_values.masked_fill(mask[:, None], 0.0)
+        return pixel_values.masked_fill(mask.to(pixel_values.device)[:, None], 0.0)
+
+    def erase_(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """The same as calling it (the same random numbers, the same rectangles), written into `pixel_values`."""
+        batch, _, height, width = pixel_values.shape
+        top, left, h, w, erase = self.draw(batch, height, width)
+        for index in erase.nonzero()[:, 0].tolist():
+            t, lf = int(top[index]), int(left[index])
+            pixel_values[index, :, t : t + int(h[index]), lf : lf + int(w[index])] = 0.0
+        return pixel_values
 
 
 class BatchMixer:
@@ -303,8 +412,11 @@ __all__ = [
     "BatchAutoAugment",
     "BatchErasing",
     "BatchMixer",
+    "ExampleAugmentation",
     "ImageAugmentation",
+    "PixelNormalizer",
     "erasing",
+    "example_augmentation",
     "image_augmentation",
     "interpolation_matrix",
     "mixes_batches",

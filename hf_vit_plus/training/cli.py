@@ -2,6 +2,8 @@
 
 Both run the Accelerate loop of `hf_vit_plus.training.loop`; start them under `accelerate launch` (or torchrun)
 for several processes, e.g. `accelerate launch --multi_gpu --num_processes 2 -m hf_vit_plus.cli train vit ...`.
+`hf-vit-plus train FAMILY RUN_FILE [flags]` takes the options of a run file (e.g. a run's run_config.yaml), the flags
+on top; --print_config prints the run's resolved options and exits.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from ..data.number_words import number_to_words
 from ..errors import UsageError
 from ..families import FAMILIES
 from ..utils.extras import require
-from .args import TrainingArguments, add_training_arguments, args_from_namespace, family_arguments
+from .args import FamilyParser, TrainingArguments, add_training_arguments, args_from_namespace, family_arguments
 
 # the command's description: the module's, with the families of `hf_vit_plus.families`
 DESCRIPTION = __doc__.replace("{families}", "{" + ",".join(FAMILIES) + "}")
@@ -33,7 +35,7 @@ def add_parser(subparsers) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     family_parsers = train_parser.add_subparsers(
-        dest="family_command", required=True, metavar="{" + ",".join(FAMILIES) + "}"
+        dest="family_command", required=True, metavar="{" + ",".join(FAMILIES) + "}", parser_class=FamilyParser
     )
     for name, family in FAMILIES.items():
         parser = family_parsers.add_parser(
@@ -80,16 +82,26 @@ def run_train(namespace: argparse.Namespace) -> int:
         namespace: the parsed command line.
 
     Returns:
-        The exit status: 0 when the run finished or stopped as asked (--stop_after_steps, SIGTERM), 1 otherwise.
+        The exit status: 0 when the run finished or stopped as asked (--stop_after_steps, SIGTERM) or its options were
+        printed (--print_config), 1 otherwise.
 
     Raises:
         UsageError: a bad value, or data, model or checkpoint paths that do not exist.
     """
     require("train", "hf-vit-plus train")
-    from .loop import train
+    from .loop import train, user_errors
 
     args = args_from_namespace(namespace)  # checks the values
     check_inputs(args)
+    if namespace.print_config:
+        from .plan import preview_plan
+        from .run_config import run_config_text
+        from .tasks import get_task
+
+        with user_errors():
+            plan = preview_plan(args, get_task(args.family))
+        print(run_config_text(plan), end="")
+        return 0
     result = train(args)
     return 0 if result.stop_reason in ("finished", "stop_after_steps", "SIGTERM") else 1
 
@@ -98,7 +110,7 @@ def check_inputs(args: TrainingArguments) -> None:
     """Check what the arguments point to before any work starts: data and model paths, the checkpoint to resume
     from, and the --config_overrides keys (against the config class the run builds). Raises `UsageError`."""
     from .checkpoints import resolve_checkpoint
-    from .families import check_config_overrides, get_family, parse_overrides
+    from .tasks import check_config_overrides, get_task, parse_overrides
 
     args.check_paths()
     if args.resume_from_checkpoint:
@@ -106,7 +118,7 @@ def check_inputs(args: TrainingArguments) -> None:
             resolve_checkpoint(args.resume_from_checkpoint, args.output_dir)
         except (FileNotFoundError, ValueError) as error:  # missing folder, or not a training checkpoint
             raise UsageError(str(error)) from error
-    config_class = get_family(args.family).config_class_for(args)  # also checks --model_name_or_path / --config_name
+    config_class = get_task(args.family).config_class_for(args)  # also checks --model_name_or_path / --config_name
     check_config_overrides(config_class, parse_overrides(args.config_overrides))
 
 

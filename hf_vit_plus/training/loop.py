@@ -7,15 +7,23 @@ first lines of a run say what is in effect (`plan.describe`).
 
 Order (as in Accelerate's examples): Accelerator -> set_seed -> data under `main_process_first` -> model ->
 optimiser groups -> `prepare` -> `accumulate` -> `gather_for_metrics` -> save on the main process with
-`unwrap_model(...).save_pretrained`. `train` reads as these steps: `plan_run` (the run's decisions, `plan.py`),
-`create_accelerator`, the output folder's lock, `plan_resume`, `prepare_run` (data, model, loaders, optimiser,
-schedule: a `Run`), `restore_progress`, `run_epochs` (`train_epoch` -> `training_step` and `after_update`;
-`end_epoch`), then `finish` (final evaluation and `outputs.save_final`) or `stop_early`. What differs between the
-families is in `families/`; the checkpoints on disk are `checkpoints.py`'s, the model folder, card and push at the
-end `outputs.py`'s.
+`unwrap_model(...).save_pretrained`. `train` reads as these steps: `decide_launch` (what the Accelerator is built
+from, `plan.py`), `create_accelerator`, the output folder's lock, `plan_the_run` (the checkpoint to resume, the data,
+then `build_plan`: every value of the run decided once, into a frozen `RunPlan`; its options are written to
+OUTPUT_DIR/run_config.yaml), `prepare_run` (model, loaders, optimiser, schedule: a `Run`), `restore_progress`,
+`run_epochs` (`train_epoch` -> `training_step` and `after_update`; `end_epoch`), then `finish` (final evaluation and
+`outputs.save_final`) or `stop_early`. From the plan on, the loop reads the plan only (`Run.options` are its
+resolved options), never the arguments it was given. What differs between the families is in `tasks/`; the
+checkpoints on disk are `checkpoints.py`'s, the model folder, card and push at the end `outputs.py`'s.
 
 Data order depends only on (seed, epoch), so a run resumed from a checkpoint sees the same batches as an
-uninterrupted one.
+uninterrupted one. A data set read whole goes through a DataLoader that Accelerate prepares (its seedable sampler,
+its split between the processes, and `skip_first_batches` on resume); a stream, batches cut by a token budget and
+images read from files go through a `data.pipeline.ResumableLoader` (each process reads its own part; batches made
+unit by unit in the loader's workers, in an order independent of their number; its position, per process, saved in
+each training state and restored on resume). Where the epoch's length is not known in advance (a stream, a token
+budget), it ends for every process when one of them runs out of batches (an all-reduce per micro-batch), and the run
+goes from epoch to epoch until its last update.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
+from itertools import count
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +51,13 @@ from accelerate.utils import (
     InitProcessGroupKwargs,
     ProjectConfiguration,
     broadcast_object_list,
+    gather_object,
+    send_to_device,
     set_seed,
 )
 from torch.utils.data import DataLoader
 
+from ..data.pipeline import IndexSource, ResumableLoader, StreamSource
 from ..errors import UsageError
 from ..models.compat import enable_activation_checkpointing
 from ..utils.logging import tqdm
@@ -60,11 +72,11 @@ from .checkpoints import (
 )
 from .disk import UNLIMITED_CHECKPOINTS_CHECKED, checkpoint_bytes, tensor_bytes, warn_if_short_of_space
 from .ema import ModelEma
-from .families import TrainingData, TrainingFamily, get_family, weights_from_main_process
 from .learning import DivergenceGuard, LearningCheck, check_learning
 from .outputs import check_push_target, prefixed_metrics, save_final
 from .peers import peers_answer
-from .plan import ResumePoint, RunPlan, describe, plan_resume, plan_run
+from .plan import Launch, ResumePoint, RunPlan, build_plan, decide_launch, describe, resume_point
+from .run_config import write_run_config
 from .run_lock import output_dir_lock
 from .sharding import (
     CHECKPOINT_LAYOUTS,
@@ -83,6 +95,8 @@ from .sharding import (
     trained_model,
     units,
 )
+from .tasks import TrainingData, TrainingTask, get_task, weights_from_main_process
+from .tasks.base import UnitBatches
 
 
 class _LocalMainProcessLogger(logging.LoggerAdapter):
@@ -126,9 +140,8 @@ class Run:
     """What the epochs need, built once by `prepare_run` (model, optimiser, scheduler and loaders prepared)."""
 
     accelerator: Accelerator
-    plan: RunPlan  # the run's decisions (`plan.py`); `args` are its arguments, with the family's data values added
-    args: TrainingArguments
-    family: TrainingFamily
+    plan: RunPlan  # the run's decisions (`plan.py`): all the loop reads of the run's options
+    family: TrainingTask
     data: TrainingData
     model: Any
     processor: Any  # image processor or tokenizer saved with the model; None when the model needs none (image-lm)
@@ -137,16 +150,55 @@ class Run:
     train_dataloader: Any
     eval_dataloader: Any
     fingerprint: dict  # `model_fingerprint` of the model's config, recorded in each training state
-    total_steps: int
-    num_epochs: int
     extras: dict = field(default_factory=dict)  # what the family's loss needs besides the model (a teacher)
     ema: ModelEma | None = None  # the average of the weights (--ema_decay): evaluated and saved as the model
     clock: TrainingClock = field(default_factory=TrainingClock)  # training seconds; --max_train_minutes's budget
     weights_from_main: bool = False  # cpu_ram_efficient_loading: the main process read the weights, sent them on
 
     @property
+    def options(self) -> TrainingArguments:
+        """The run's options, as the plan resolved them."""
+        return self.plan.options
+
+    @property
+    def total_steps(self) -> int:
+        return self.plan.total_steps
+
+    @property
+    def num_epochs(self) -> int | None:
+        return self.plan.num_epochs
+
+    @property
+    def batches_per_epoch(self) -> int | None:
+        """The training batches of an epoch per process; None when not known in advance (a stream, token budgets)."""
+        loader = self.train_dataloader
+        if isinstance(loader, ResumableLoader):
+            return loader.batches_per_epoch
+        return len(loader)
+
+    @property
     def output_dir(self) -> Path:
-        return Path(self.args.output_dir)
+        return Path(self.plan.options.output_dir)
+
+
+class RunningTokens:
+    """The real and padded tokens of the training batches since the last log line, summed over processes when read:
+    the padding fraction the run logs for text."""
+
+    def __init__(self, device: torch.device):
+        self.counts = torch.zeros(2, dtype=torch.float64, device=device)
+        self.seen = False
+
+    def add(self, counts: tuple[int, int] | None) -> None:
+        if counts is not None:
+            self.counts[0] += counts[0]
+            self.counts[1] += counts[1]
+            self.seen = True
+
+    def padding_and_reset(self, accelerator: Accelerator) -> float:
+        real, padded = accelerator.reduce(self.counts, reduction="sum").tolist()
+        self.counts.zero_()
+        return 1.0 - real / padded if padded else 0.0
 
 
 class RunningLoss:
@@ -172,9 +224,11 @@ class Progress:
 
     loss: RunningLoss
     guard: DivergenceGuard  # stops a run whose loss diverged, before anything more is saved
+    tokens: RunningTokens | None = None  # text batches' real and padded tokens (the padding fraction logged)
     global_step: int = 0
     start_epoch: int = 0
     skip_batches: int = 0  # batches of `start_epoch` already trained before a resume
+    epoch: int = 0  # the epoch being trained
     log_history: list[dict] = field(default_factory=list)
     eval_metrics: dict[str, float] = field(default_factory=dict)
     stop_reason: str = ""  # "finished", "stop_after_steps", "SIGTERM" or "diverged" once the loop stops
@@ -183,13 +237,13 @@ class Progress:
     last_saved_step: int = -1
 
 
-def train(args: TrainingArguments, family: TrainingFamily | None = None) -> TrainResult:
+def train(args: TrainingArguments, family: TrainingTask | None = None) -> TrainResult:
     """Train `args.family` as `args` says; returns the final evaluation and where things were written."""
-    family = family or get_family(args.family)
+    family = family or get_task(args.family)
     with user_errors():  # before the first update, a bad value is the user's: the tracker, data, config, sizes
         check_push_target(args)  # the final push's target, before hours of training (as transformers' Trainer)
-        plan = plan_run(args)  # precision, sharding, activation checkpointing: decided once, before the Accelerator
-        accelerator = create_accelerator(plan)
+        launch = decide_launch(args, family)  # precision, sharding, activation checkpointing: the Accelerator's
+        accelerator = create_accelerator(args, launch)
     # One run per output folder (run_lock): held by the main process from before the folder is read until its last
     # file is written; a second run on the folder stops at once, naming this one (on every process of it).
     with ExitStack() as stack:
@@ -204,14 +258,17 @@ def train(args: TrainingArguments, family: TrainingFamily | None = None) -> Trai
         if refusal is not None:
             raise UsageError(refusal)
         with peers_answer(accelerator, args.ddp_timeout, args.output_dir):
-            return _train(plan, family, accelerator)
+            return _train(args, family, launch, accelerator)
 
 
-def _train(plan: RunPlan, family: TrainingFamily, accelerator: Accelerator) -> TrainResult:
+def _train(args: TrainingArguments, family: TrainingTask, launch: Launch, accelerator: Accelerator) -> TrainResult:
     with user_errors():
-        set_seed(plan.args.seed)
-        plan = plan_resume(plan, family)  # the folder is ours now: the checkpoint to resume, its processor
-        run = prepare_run(accelerator, plan, family)
+        set_seed(args.seed)
+        plan, data = plan_the_run(accelerator, args, family, launch)  # the folder is ours now: it may be read
+        # from here on, the plan only
+        if accelerator.is_main_process:
+            write_run_config(plan)
+        run = prepare_run(accelerator, plan, family, data)
         # what the run is, once the data and the model passed their checks (a user error comes alone)
         for line in describe(plan, accelerator, weights_from_main=run.weights_from_main):
             logger.info(line)
@@ -224,6 +281,30 @@ def _train(plan: RunPlan, family: TrainingFamily, accelerator: Accelerator) -> T
     if progress.stop_reason != "finished":
         return stop_early(run, progress, train_seconds)
     return finish(run, progress, train_seconds)
+
+
+def plan_the_run(
+    accelerator: Accelerator, args: TrainingArguments, family: TrainingTask, launch: Launch | None = None
+) -> tuple[RunPlan, TrainingData]:
+    """The checkpoint to resume, the data (on the main process first, so that caches are written once), then the
+    plan (`plan.build_plan`), with the Accelerator's processes and precision.
+
+    Args:
+        accelerator: the run's Accelerator.
+        args: the run's options.
+        family: the family's training task.
+        launch: `plan.decide_launch(args, family)`, if made already.
+
+    Returns:
+        The plan and the data.
+    """
+    launch = launch or decide_launch(args, family)
+    resume, processor_from = resume_point(args, family)
+    with accelerator.main_process_first():
+        data = family.load_data(args)
+    plan = build_plan(args, family, launch, data, accelerator.num_processes, accelerator.mixed_precision, resume,
+                      processor_from)  # fmt: skip
+    return plan, data
 
 
 @contextmanager
@@ -240,12 +321,19 @@ def user_errors() -> Iterator[None]:
         raise UsageError(str(error)) from error
 
 
-def create_accelerator(plan: RunPlan | TrainingArguments) -> Accelerator:
-    """The run's Accelerator, doing what the plan says (FSDP on CPU too), or a `UsageError` naming what cannot be
-    honoured (`sharding.refuse_before_start`, `sharding.honour`). Given arguments, it plans them first."""
-    if isinstance(plan, TrainingArguments):
-        plan = plan_run(plan)
-    args, request, on_cpu = plan.args, plan.request, plan.on_cpu
+def create_accelerator(args: TrainingArguments, launch: Launch | None = None) -> Accelerator:
+    """The run's Accelerator, doing what the launch says (FSDP on CPU too), or a `UsageError` naming what cannot be
+    honoured (`sharding.refuse_before_start`, `sharding.honour`).
+
+    Args:
+        args: the run's options.
+        launch: `plan.decide_launch(args, task)`; decided here when not given.
+
+    Returns:
+        The Accelerator.
+    """
+    launch = launch or decide_launch(args, get_task(args.family))
+    request, on_cpu = launch.request, launch.on_cpu
     output_dir = Path(args.output_dir)
     # Without an accelerator device, say so: then `accelerate launch --multi_gpu` / torchrun processes join one gloo
     # group on CPU instead of each training alone.
@@ -267,7 +355,7 @@ def create_accelerator(plan: RunPlan | TrainingArguments) -> Accelerator:
             fsdp_plugin=plugin,
             deepspeed_plugin=zero,
             kwargs_handlers=handlers,
-            mixed_precision=args.mixed_precision,
+            mixed_precision=launch.mixed_precision,
             gradient_accumulation_steps=args.gradient_accumulation_steps,
             log_with=_trackers(args.report_to),
             project_config=ProjectConfiguration(project_dir=str(output_dir), logging_dir=str(output_dir / "logs")),
@@ -280,30 +368,45 @@ def create_accelerator(plan: RunPlan | TrainingArguments) -> Accelerator:
     return accelerator
 
 
-def prepare_run(accelerator: Accelerator, plan: RunPlan | TrainingArguments, family: TrainingFamily) -> Run:
-    """Data, model and processor (on the main process first, so that caches are written once), then the loaders,
-    optimiser and schedule, all through `accelerator.prepare`. Given arguments, it plans them first (no resume)."""
+def prepare_run(
+    accelerator: Accelerator,
+    plan: RunPlan | TrainingArguments,
+    family: TrainingTask,
+    data: TrainingData | None = None,
+) -> Run:
+    """Model and processor (on the main process first, so that caches are written once), then the loaders,
+    optimiser and schedule of the plan, all through `accelerator.prepare`. Given arguments, it plans them first
+    (`plan_the_run`, loading the data).
+
+    Args:
+        accelerator: the run's Accelerator.
+        plan: the run's plan, or its options.
+        family: the family's training task.
+        data: the run's data (`plan_the_run` gives both).
+
+    Returns:
+        The run, ready for its first update.
+    """
     if isinstance(plan, TrainingArguments):
-        plan = plan_run(plan)
-    args, resume = plan.args, plan.resume
+        plan, data = plan_the_run(accelerator, plan, family)
+    options, resume = plan.options, plan.resume
     # fsdp_cpu_ram_efficient_loading: only the main process reads the pretrained weights; the others build the model
     # on the meta device and receive their shards (`WeightsFromMainProcess`). A fresh model is built everywhere.
     from_main = accelerator.is_fsdp2 and plan.weights_from_main_process
     with accelerator.main_process_first():
-        data = family.load_data(args)
-        args = family.resolve_args(args, data)  # e.g. a training recipe's values for this data
         with weights_from_main_process(from_main and not accelerator.is_main_process):
-            model, processor = family.build(args, data)
-        datasets = family.transform(data, processor, model, args)
+            model, processor = family.build(plan, data)
+        datasets = family.transform(data, processor, model, plan)
         data = dataclasses.replace(data, baselines={**family.measure_baselines(data, datasets), **data.baselines})
-    if args.lora_r is not None:  # the base frozen, an adapter (and a new head) trained: saved as an adapter folder
+    if options.lora_r is not None:  # the base frozen, an adapter (and a new head) trained: saved as an adapter folder
         from .lora import add_lora
 
-        model = add_lora(model, args.family, args.lora_r, args.lora_alpha, args.lora_target_modules, args.lora_dropout)
+        model = add_lora(model, options.family, options.lora_r, options.lora_alpha, options.lora_target_modules,
+                         options.lora_dropout)  # fmt: skip
     fingerprint = model_fingerprint(model.config)
     if resume is not None:
         check_same_model(resume.state, family.name, fingerprint, resume.path)
-    if args.activation_checkpointing:
+    if plan.launch.activation_checkpointing:
         if not getattr(model, "supports_gradient_checkpointing", False):
             raise ValueError(f"{type(model).__name__} does not support --activation_checkpointing.")
         # under FSDP2 the recomputed forward runs inside the unit's gathered parameters: non-reentrant checkpoints
@@ -312,35 +415,41 @@ def prepare_run(accelerator: Accelerator, plan: RunPlan | TrainingArguments, fam
     if accelerator.is_fsdp2:
         prepare_model(accelerator, model)  # the units, and the tied weights sharded together: before the optimiser
 
-    loaders = make_dataloaders(args, datasets, family.collate_fn(processor), accelerator.num_processes)
-    optimizer = family.create_optimizer(model, args)
-    train_dataloader, eval_dataloader = accelerator.prepare(*loaders)
-    updates_per_epoch = math.ceil(len(train_dataloader) / args.gradient_accumulation_steps)
-    total_steps = args.max_steps or math.ceil(args.num_train_epochs * updates_per_epoch)
-    scheduler = family.create_scheduler(optimizer, args, total_steps, model.config)
-    clock = TrainingClock(args.max_train_minutes)
-    if args.max_train_minutes:
-        scheduler = follow_the_clock(scheduler, total_steps, clock)
+    unit_recipe = family.unit_batches(data, processor, model, plan)
+    optimizer = family.create_optimizer(model, plan)
+    if unit_recipe is None:
+        loaders = make_dataloaders(options, datasets, family.collate_fn(processor))
+        train_dataloader, eval_dataloader = accelerator.prepare(*loaders)
+    else:  # a stream, a token budget, images from files: batches made in the workers, placed on the device here
+        train_dataloader = resumable_loader(plan, data, unit_recipe, accelerator)
+        eval_dataloader = accelerator.prepare(make_eval_dataloader(options, datasets, family.collate_fn(processor)))
+    # the plan counted the updates from the examples: the loader's batches give the same
+    batches = len(train_dataloader) if unit_recipe is None else train_dataloader.batches_per_epoch
+    per_epoch = None if batches is None else math.ceil(batches / options.gradient_accumulation_steps)
+    assert per_epoch == plan.updates_per_epoch, (batches, plan.updates_per_epoch)
+    scheduler = family.create_scheduler(optimizer, plan)
+    clock = TrainingClock(options.max_train_minutes)
+    if options.max_train_minutes:
+        scheduler = follow_the_clock(scheduler, plan.total_steps, clock)
     if weights is not None:  # sharded, then the main process's weights sent to the others
         model, optimizer, scheduler = weights.prepare(model, optimizer, scheduler)
     else:
         model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    if args.torch_compile:
+    if options.torch_compile:
         # In place (`nn.Module.compile`: the module's call is compiled, the module stays itself), after Accelerate's
         # wrapping (its autocast is traced in): the saved model, the training states and the EMA keep the model's
         # own parameter names. (`torch.compile(model)` returns a wrapper whose names start with `_orig_mod.`, and
         # Accelerate's `unwrap_model` keeps it: a model saved that way loads as untrained weights.)
         model.compile()
     ema = None
-    if getattr(args, "ema_decay", None):
+    if options.ema_decay:
         if accelerator.is_fsdp2 or is_zero3(accelerator):
             raise UsageError("--ema_decay averages whole weights: it cannot be combined with FSDP or ZeRO-3 sharding.")
-        ema = ModelEma(accelerator.unwrap_model(model), args.ema_decay)
+        ema = ModelEma(accelerator.unwrap_model(model), options.ema_decay)
         accelerator.register_for_checkpointing(ema)  # saved with each training state, restored on resume
     return Run(
         accelerator=accelerator,
         plan=plan,
-        args=args,
         family=family,
         data=data,
         model=model,
@@ -350,22 +459,16 @@ def prepare_run(accelerator: Accelerator, plan: RunPlan | TrainingArguments, fam
         train_dataloader=train_dataloader,
         eval_dataloader=eval_dataloader,
         fingerprint=fingerprint,
-        total_steps=total_steps,
-        num_epochs=math.ceil(total_steps / updates_per_epoch),
-        extras=family.extras(args, model, accelerator),
+        extras=family.extras(plan, model, accelerator),
         ema=ema,
         clock=clock,
         weights_from_main=weights is not None,
     )
 
 
-def make_dataloaders(args: TrainingArguments, datasets, collate, world: int) -> tuple[DataLoader, DataLoader]:
-    """The training loader (shuffled with the run's seed, full batches only) and the evaluation loader."""
-    if len(datasets["train"]) < args.per_device_train_batch_size * world:
-        raise ValueError(
-            f"The training set has {len(datasets['train'])} examples, fewer than one global batch "
-            f"({args.per_device_train_batch_size} x {world} processes)."
-        )
+def make_dataloaders(args: TrainingArguments, datasets, collate) -> tuple[DataLoader, DataLoader]:
+    """The training loader (shuffled with the run's seed, full batches only: `plan.build_plan` checked that there is
+    one global batch) and the evaluation loader."""
     train_dataloader = DataLoader(
         datasets["train"],
         batch_size=args.per_device_train_batch_size,
@@ -375,25 +478,63 @@ def make_dataloaders(args: TrainingArguments, datasets, collate, world: int) -> 
         num_workers=args.dataloader_num_workers,
         generator=torch.Generator().manual_seed(args.seed),
     )
-    eval_dataloader = DataLoader(
+    return train_dataloader, make_eval_dataloader(args, datasets, collate)
+
+
+def make_eval_dataloader(args: TrainingArguments, datasets, collate) -> DataLoader:
+    """The evaluation loader: the validation split in order, every example once."""
+    return DataLoader(
         datasets["validation"],
         batch_size=args.per_device_eval_batch_size,
         collate_fn=collate,
         num_workers=args.dataloader_num_workers,
     )
-    return train_dataloader, eval_dataloader
+
+
+def resumable_loader(
+    plan: RunPlan, data: TrainingData, recipe: UnitBatches, accelerator: Accelerator
+) -> ResumableLoader:
+    """The training loader of a stream, a token budget or images from files (`data.pipeline.ResumableLoader`): this
+    process's part of the data (`StreamSource` of the stream, or `IndexSource` of the training split with its images
+    undecoded) made into batches unit by unit, with the plan's loader settings.
+
+    Args:
+        plan: the run's plan.
+        data: the run's data.
+        recipe: how the family makes the batches (`TrainingTask.unit_batches`).
+        accelerator: the run's Accelerator (this process's rank, the processes).
+
+    Returns:
+        The loader.
+    """
+    from ..data.image_files import undecoded
+
+    options, settings = plan.options, plan.data
+    rank, world = accelerator.process_index, accelerator.num_processes
+    if data.stream is not None:
+        source = StreamSource(data.stream.dataset, seed=options.seed, buffer_size=settings.shuffle_buffer_size,
+                              rank=rank, world_size=world, unit_size=recipe.unit_size, drop_last=recipe.whole_batches,
+                              held_out=data.stream.held_out)  # fmt: skip
+        batches = None
+    else:
+        source = IndexSource(undecoded(data.raw["train"]), seed=options.seed, rank=rank, world_size=world,
+                             unit_size=recipe.unit_size, whole_batches=recipe.whole_batches)  # fmt: skip
+        batches = source.units_per_epoch if recipe.whole_batches else None
+    return ResumableLoader(source, recipe.make, seed=options.seed, num_workers=settings.num_workers,
+                           pin_memory=settings.pin_memory, persistent_workers=settings.persistent_workers,
+                           prefetch_factor=settings.prefetch_factor, batches_per_epoch=batches)  # fmt: skip
 
 
 def restore_progress(run: Run, resume: ResumePoint | None) -> Progress:
     """A fresh start, or the position, log and optimiser/scheduler/RNG states of the training state resumed."""
     accelerator = run.accelerator
     # under fp16 loss scaling a non-finite loss is the scaler's to skip; the growth of the loss is still watched
-    guard = DivergenceGuard(accelerator.device, run.args.divergence_factor, check_finite=accelerator.scaler is None)
-    progress = Progress(loss=RunningLoss(accelerator.device), guard=guard)
+    guard = DivergenceGuard(accelerator.device, run.options.divergence_factor, check_finite=accelerator.scaler is None)
+    progress = Progress(loss=RunningLoss(accelerator.device), guard=guard, tokens=RunningTokens(accelerator.device))
     if resume is None:
         return progress
     check_same_layout(resume.state, checkpoint_layout(run.accelerator), resume.path, CHECKPOINT_LAYOUTS)
-    _warn_if_layout_changed(resume.state, run.args, run.accelerator.num_processes)
+    _warn_if_layout_changed(resume.state, run.options, run.accelerator.num_processes)
     # Accelerate loads optimizer/scheduler/RNG with torch.load(weights_only=True) and the model from safetensors;
     # the only other object registered for checkpointing is the weights' average (--ema_decay), a dict of tensors.
     run.accelerator.load_state(str(resume.path), load_kwargs={"weights_only": True})
@@ -401,6 +542,26 @@ def restore_progress(run: Run, resume: ResumePoint | None) -> Progress:
         reload_sharded_optimizer(run.accelerator, run.model, run.optimizer, resume.path)  # accelerate 1.10 lost it
     progress.global_step = resume.state["global_step"]
     progress.start_epoch, progress.skip_batches = resume.state["epoch"], resume.state["batches_in_epoch"]
+    positions = resume.state.get("data_positions")
+    if isinstance(run.train_dataloader, ResumableLoader) and positions is None and run.batches_per_epoch is not None:
+        # a state saved by a run whose loader was a plain DataLoader (images from files read whole): its batch counts
+        # the same units, in another order
+        logger.warning(
+            f"Checkpoint {resume.path} does not say where the run stood in its data (its loader was another one): "
+            f"resuming at batch {progress.skip_batches} of epoch {progress.start_epoch} in this loader's order; the "
+            "run continues but does not reproduce an uninterrupted one exactly."
+        )
+        positions = [{"epoch": progress.start_epoch, "unit": progress.skip_batches, "batch": 0}]
+        positions *= accelerator.num_processes
+    if isinstance(run.train_dataloader, ResumableLoader):
+        if not positions or len(positions) != accelerator.num_processes:
+            raise ValueError(
+                f"Checkpoint {str(resume.path)!r} does not say where each of this run's {accelerator.num_processes} "
+                "process(es) stood in its data (it was saved by a run that read its data otherwise, or by "
+                f"{len(positions or [])} process(es)): resume it as it was run."
+            )
+        # the loader starts where this process stood (the epoch and the batches before it count as saved)
+        run.train_dataloader.load_state_dict(positions[accelerator.process_index])
     progress.log_history = list(resume.state.get("log_history", []))
     run.clock.elapsed = float(resume.state.get("train_seconds", 0.0))  # a time budget counts the earlier sessions too
     logger.info(
@@ -412,26 +573,31 @@ def restore_progress(run: Run, resume: ResumePoint | None) -> Progress:
 
 def announce(run: Run) -> None:
     """Start the trackers and print what is trained on what."""
-    accelerator, args = run.accelerator, run.args
-    if _trackers(args.report_to):
-        accelerator.init_trackers(args.project_name or f"hf_vit_plus-{run.family.name}", config=_hparams(args))
+    accelerator, options = run.accelerator, run.options
+    if _trackers(options.report_to):
+        accelerator.init_trackers(options.project_name or f"hf_vit_plus-{run.family.name}", config=_hparams(options))
     world = accelerator.num_processes
     sharded = ""
     if accelerator.is_fsdp2:
         sharded = f" (FSDP units: {units(run.model)}; this process holds {local_share(run.model):.1%} of them)"
     elif is_zero3(accelerator):
         sharded = f" (ZeRO-3: this process holds {local_share(run.model):.1%} of them)"
-    logger.info(
-        f"Training {run.family.name}: {_count(run.model)} parameters{sharded}, {len(run.train_dataloader.dataset)} "
-        f"train / {len(run.eval_dataloader.dataset)} eval examples, {world} process(es), global batch "
-        f"{args.per_device_train_batch_size * world * args.gradient_accumulation_steps}, {run.total_steps} updates."
+    examples = "a training stream" if run.data.stream is not None else f"{len(run.data.raw['train'])} train"
+    batch = (
+        f"up to {run.plan.data.max_tokens_per_batch} tokens per process"
+        if run.plan.data.batch_by_tokens
+        else f"global batch {run.plan.global_batch}"
     )
-    if args.torch_compile:
+    logger.info(
+        f"Training {run.family.name}: {_count(run.model)} parameters{sharded}, {examples} / "
+        f"{len(run.eval_dataloader.dataset)} eval examples, {world} process(es), {batch}, {run.total_steps} updates."
+    )
+    if options.torch_compile:
         logger.info("torch.compile: the first update compiles the model (tens of seconds on a CPU).")
     if run.clock.budget is not None:
         left = (run.clock.budget - run.clock.elapsed) / 60
         logger.info(
-            f"Time budget: {args.max_train_minutes:g} min of training ({left:.1f} left): the run ends at its last "
+            f"Time budget: {options.max_train_minutes:g} min of training ({left:.1f} left): the run ends at its last "
             "update or when they are spent, the learning-rate schedule following the clock where the updates fall "
             "behind it."
         )
@@ -442,12 +608,12 @@ def announce(run: Run) -> None:
 def check_space(run: Run) -> bool:
     """Warn (once, at the start) when the output disk will not hold the checkpoints kept at once and the final
     model; returns whether it warned."""
-    args = run.args
+    options = run.options
     model = run.accelerator.unwrap_model(run.model)
-    kept = 0 if args.save_steps == "none" else args.save_total_limit or UNLIMITED_CHECKPOINTS_CHECKED
+    kept = 0 if options.save_steps == "none" else options.save_total_limit or UNLIMITED_CHECKPOINTS_CHECKED
     trained = [p for p in model.parameters() if p.requires_grad]
-    final = tensor_bytes(trained if args.lora_r is not None else model.parameters())  # an adapter: its own weights
-    return warn_if_short_of_space(args.output_dir, checkpoint_bytes(model, run.optimizer), kept, final)
+    final = tensor_bytes(trained if options.lora_r is not None else model.parameters())  # an adapter: its own weights
+    return warn_if_short_of_space(options.output_dir, checkpoint_bytes(model, run.optimizer), kept, final)
 
 
 def run_epochs(run: Run, progress: Progress) -> None:
@@ -457,8 +623,10 @@ def run_epochs(run: Run, progress: Progress) -> None:
         progress.stop_reason = "finished"
     run.clock.start()
     hidden = not run.accelerator.is_local_main_process
+    # an epoch of unknown length (a stream, a token budget): epochs follow one another until the last update
+    epochs = range(progress.start_epoch, run.num_epochs) if run.num_epochs is not None else count(progress.start_epoch)
     with tqdm(total=run.total_steps, initial=progress.global_step, disable=hidden) as bar:
-        for epoch in range(progress.start_epoch, run.num_epochs):
+        for epoch in epochs:
             if progress.stop_reason:
                 break
             skip = progress.skip_batches if epoch == progress.start_epoch else 0
@@ -469,13 +637,19 @@ def run_epochs(run: Run, progress: Progress) -> None:
 
 
 def train_epoch(run: Run, progress: Progress, epoch: int, skip: int, bar) -> bool:
-    """One pass over the training batches after the first `skip` (those a resumed run has trained already).
-    Returns False when the run stopped within the epoch."""
+    """One pass over the training batches after the first `skip` (those a resumed run has trained already; a
+    `ResumableLoader` starts where its restored position says instead). Returns False when the run stopped within
+    the epoch."""
     accelerator = run.accelerator
     run.model.train()
+    progress.epoch = epoch
     run.train_dataloader.set_epoch(epoch)
     batches = run.train_dataloader
-    if skip:
+    if isinstance(batches, ResumableLoader):
+        batches = _on_device(batches, accelerator, run.plan.data.pin_memory)
+        if run.batches_per_epoch is None:  # every process stops where the first runs out
+            batches = _while_every_process_has_a_batch(batches, accelerator)
+    elif skip:
         batches = accelerator.skip_first_batches(run.train_dataloader, skip)
         # The skipping loader must shuffle as this epoch does: before accelerate 1.15 it started again at epoch 0.
         batches.set_epoch(epoch)
@@ -485,6 +659,8 @@ def train_epoch(run: Run, progress: Progress, epoch: int, skip: int, bar) -> boo
         batches_in_epoch += 1
         progress.loss.add(loss)
         progress.guard.note(loss, progress.global_step + 1)
+        if progress.tokens is not None:
+            progress.tokens.add(run.family.token_counts(batch))
         if not accelerator.sync_gradients:  # inside a gradient accumulation: no update yet
             continue
         progress.global_step += 1
@@ -492,18 +668,45 @@ def train_epoch(run: Run, progress: Progress, epoch: int, skip: int, bar) -> boo
         after_update(run, progress, epoch, batches_in_epoch, bar)
         if progress.stop_reason:
             return False
+    if batches_in_epoch == skip == 0 and run.batches_per_epoch is None:
+        raise ValueError(
+            f"Epoch {epoch} of the training data gave no batch: the data (this process's part of it) is too small "
+            "for one batch."
+        )
     return True
+
+
+def _on_device(batches, accelerator: Accelerator, non_blocking: bool) -> Iterator[dict]:
+    """The batches of a loader that Accelerate did not prepare, on the run's device."""
+    for batch in batches:
+        yield send_to_device(batch, accelerator.device, non_blocking=non_blocking)
+
+
+def _while_every_process_has_a_batch(batches, accelerator: Accelerator) -> Iterator[dict]:
+    """The batches while every process has one: an epoch of unknown length ends for all at once (one all-reduce of a
+    flag per micro-batch), as DDP needs every process in every update."""
+    iterator = iter(batches)
+    while True:
+        batch = next(iterator, None)
+        if accelerator.num_processes > 1:
+            have = torch.tensor([0 if batch is None else 1], device=accelerator.device)
+            if accelerator.reduce(have, reduction="sum").item() < accelerator.num_processes:
+                return
+        elif batch is None:
+            return
+        yield batch
 
 
 def training_step(run: Run, batch: dict) -> torch.Tensor:
     """Forward and backward of one micro-batch; on the last one of an accumulation, clipping, the optimiser step
     and the schedule step. Returns the loss."""
-    accelerator, args = run.accelerator, run.args
+    accelerator, options = run.accelerator, run.options
+    batch = run.family.on_device(batch, run.extras)
     with accelerator.accumulate(run.model):
         loss = run.family.training_loss(run.model, batch, run.extras)
         accelerator.backward(loss)
-        if accelerator.sync_gradients and args.max_grad_norm and args.max_grad_norm > 0:
-            accelerator.clip_grad_norm_(run.model.parameters(), args.max_grad_norm)
+        if accelerator.sync_gradients and options.max_grad_norm and options.max_grad_norm > 0:
+            accelerator.clip_grad_norm_(run.model.parameters(), options.max_grad_norm)
         run.optimizer.step()  # a no-op until the last micro-batch of the accumulation
         if accelerator.sync_gradients and not accelerator.optimizer_step_was_skipped:
             run.scheduler.step()
@@ -516,22 +719,26 @@ def training_step(run: Run, batch: dict) -> torch.Tensor:
 def after_update(run: Run, progress: Progress, epoch: int, batches_in_epoch: int, bar) -> None:
     """What follows an optimiser update, as the arguments ask: log the loss, evaluate, decide whether to stop, save
     the training state."""
-    accelerator, args, step = run.accelerator, run.args, progress.global_step
+    accelerator, options, step = run.accelerator, run.options, progress.global_step
     run.clock.tick(accelerator)
     last = step >= run.total_steps or run.clock.spent
-    logs = step % args.logging_steps == 0 or last
-    evaluates = bool(args.eval_steps) and step % args.eval_steps == 0
-    saves = bool(args.save_every) and step % args.save_every == 0
+    logs = step % options.logging_steps == 0 or last
+    evaluates = bool(options.eval_steps) and step % options.eval_steps == 0
+    saves = bool(options.save_every) and step % options.save_every == 0
     mean_loss = None
+    per_epoch = run.batches_per_epoch
     if logs:
         mean_loss = progress.loss.mean_and_reset(accelerator)
-        entry = {"step": step, "epoch": round(epoch + batches_in_epoch / len(run.train_dataloader), 4)}
+        position = epoch if per_epoch is None else round(epoch + batches_in_epoch / per_epoch, 4)
+        entry = {"step": step, "epoch": position}
         entry.update(loss=mean_loss, learning_rate=run.scheduler.get_last_lr()[0])
+        if progress.tokens is not None and progress.tokens.seen:  # text: the share of the batches that is padding
+            entry["padding_fraction"] = round(progress.tokens.padding_and_reset(accelerator), 6)
         _log(accelerator, progress.log_history, entry, "train")
         bar.set_postfix(loss=f"{mean_loss:.4f}", refresh=False)  # shown with the next update (not before the delay)
     # a diverged loss stops the run before it evaluates or saves anything (the updates where the loss is read anyway,
     # and the ends of epochs)
-    if logs or evaluates or saves or batches_in_epoch >= len(run.train_dataloader):
+    if logs or evaluates or saves or (per_epoch is not None and batches_in_epoch >= per_epoch):
         stop = progress.guard.diverged(accelerator, step, mean_loss)
         if stop:
             progress.stop_reason, progress.stop_message = "diverged", stop
@@ -542,7 +749,7 @@ def after_update(run: Run, progress: Progress, epoch: int, batches_in_epoch: int
         run.model.train()
     if last:
         progress.stop_reason = "finished"
-    elif args.stop_after_steps and step >= args.stop_after_steps:
+    elif options.stop_after_steps and step >= options.stop_after_steps:
         progress.stop_reason = "stop_after_steps"
     elif accelerator.check_trigger():  # SIGTERM on any process; a collective, so every process calls it
         progress.stop_reason = "SIGTERM"
@@ -552,11 +759,11 @@ def after_update(run: Run, progress: Progress, epoch: int, batches_in_epoch: int
 
 def end_epoch(run: Run, progress: Progress, epoch: int) -> None:
     """At the end of an epoch: evaluate (unless --eval_steps sets its own rhythm) and save with --save_steps epoch."""
-    if not run.args.eval_steps:
+    if not run.options.eval_steps:
         progress.eval_metrics = evaluate_run(run)
         entry = {"step": progress.global_step, "epoch": epoch + 1, **prefixed_metrics(progress.eval_metrics)}
         _log(run.accelerator, progress.log_history, entry, "eval")
-    if run.args.save_steps == "epoch" and progress.global_step != progress.last_saved_step:
+    if run.options.save_steps == "epoch" and progress.global_step != progress.last_saved_step:
         save_training_state(run, progress, epoch + 1, 0)
 
 
@@ -565,8 +772,16 @@ def save_training_state(run: Run, progress: Progress, epoch: int, batches_in_epo
     if checkpoint_layout(run.accelerator) == "deepspeed":  # only SIGTERM gets here (see sharding.deepspeed_plugin)
         logger.info(f"No training state saved: {DEEPSPEED_STATE_REFUSAL}.")
         return
-    if batches_in_epoch >= len(run.train_dataloader):
+    if run.batches_per_epoch is not None and batches_in_epoch >= run.batches_per_epoch:
         epoch, batches_in_epoch = epoch + 1, 0
+    positions = None
+    if isinstance(run.train_dataloader, ResumableLoader):  # where each process stands in its own part of the data
+        position = run.train_dataloader.state_dict()
+        if batches_in_epoch == 0 or position["epoch"] < epoch:  # the epoch is over (for this process too)
+            position = {"epoch": epoch, "unit": 0, "batch": 0}
+        positions = [position]
+        if run.accelerator.num_processes > 1:
+            positions = gather_object(positions)
     state = {
         "format": STATE_FORMAT,
         "version": 1,
@@ -578,15 +793,18 @@ def save_training_state(run: Run, progress: Progress, epoch: int, batches_in_epo
         "batches_in_epoch": batches_in_epoch,
         "num_processes": run.accelerator.num_processes,
         "checkpoint_layout": checkpoint_layout(run.accelerator),
-        "per_device_train_batch_size": run.args.per_device_train_batch_size,
-        "gradient_accumulation_steps": run.args.gradient_accumulation_steps,
-        "seed": run.args.seed,
+        "per_device_train_batch_size": run.options.per_device_train_batch_size,
+        "gradient_accumulation_steps": run.options.gradient_accumulation_steps,
+        "seed": run.options.seed,
         "log_history": progress.log_history,
         "train_seconds": run.clock.elapsed,
-        "args": run.args.to_dict(),
+        "args": run.options.to_dict(),
+        "schedule": dataclasses.asdict(run.plan.schedule),
     }
+    if positions is not None:
+        state["data_positions"] = positions
     progress.last_checkpoint = save_checkpoint(
-        run.accelerator, run.output_dir, state, run.args.save_total_limit, run.processor
+        run.accelerator, run.output_dir, state, run.options.save_total_limit, run.processor
     )
     progress.last_saved_step = progress.global_step
 
@@ -609,8 +827,8 @@ def stop_early(run: Run, progress: Progress, train_seconds: float) -> TrainResul
 
 def finish(run: Run, progress: Progress, train_seconds: float) -> TrainResult:
     """The last training state, the final evaluation, then the model folder (and the Hub push)."""
-    if run.args.save_steps != "none" and progress.global_step != progress.last_saved_step:
-        save_training_state(run, progress, run.num_epochs, 0)
+    if run.options.save_steps != "none" and progress.global_step != progress.last_saved_step:
+        save_training_state(run, progress, run.num_epochs if run.num_epochs is not None else progress.epoch + 1, 0)
     progress.eval_metrics = evaluate_run(run)
     history = progress.log_history
     if not history or history[-1].get("step") != progress.global_step or "eval_loss" not in history[-1]:
@@ -622,13 +840,13 @@ def finish(run: Run, progress: Progress, train_seconds: float) -> TrainResult:
         run.ema.copy_to(run.accelerator.unwrap_model(run.model))
     trained = trained_model(run.accelerator, run.model)  # gathered under FSDP (collective)
     files = save_final(
-        run.accelerator, run.model, run.processor, run.args, run.family, run.data, progress.eval_metrics, history,
+        run.accelerator, run.model, run.processor, run.plan, run.family, run.data, progress.eval_metrics, history,
         trained=trained, learning=learning, train_seconds=run.clock.elapsed,
     )  # fmt: skip
     run.accelerator.end_training()
     if run.clock.spent and progress.global_step < run.total_steps:  # the time budget ended it
         logger.info(
-            f"The time budget ({run.args.max_train_minutes:g} min) ended the run after update "
+            f"The time budget ({run.options.max_train_minutes:g} min) ended the run after update "
             f"{progress.global_step} of the {run.total_steps} foreseen."
         )
     logger.info(f"Final evaluation: {json.dumps(progress.eval_metrics)}; model saved in {run.output_dir}.")
@@ -670,7 +888,7 @@ def evaluate_run(run: Run) -> dict[str, float]:
     return averaged | online
 
 
-def evaluate(accelerator: Accelerator, model, dataloader, family: TrainingFamily) -> dict[str, float]:
+def evaluate(accelerator: Accelerator, model, dataloader, family: TrainingTask) -> dict[str, float]:
     """Per-example outputs of every process, gathered without the padding `even_batches` adds."""
     model.eval()
     chunks: dict[str, list[torch.Tensor]] = defaultdict(list)
@@ -711,9 +929,9 @@ def _trackers(report_to: str | None):
     return [name.strip() for name in report_to.split(",") if name.strip()]
 
 
-def _hparams(args: TrainingArguments) -> dict:
+def _hparams(options: TrainingArguments) -> dict:
     values = {}
-    for key, value in args.to_dict().items():
+    for key, value in options.to_dict().items():
         if isinstance(value, (int, float, str, bool)):
             values[key] = value
         elif value is None:

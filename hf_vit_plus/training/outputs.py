@@ -19,8 +19,9 @@ from ..models.compat import disable_activation_checkpointing
 from .args import TrainingArguments
 from .checkpoints import checkpoint_dirs
 from .disk import SAVE_ERRORS, OutOfSpaceError, is_out_of_space, out_of_space_message, tensor_bytes
-from .families import TrainingData, TrainingFamily
+from .plan import RunPlan
 from .sharding import trained_model
+from .tasks import TrainingData, TrainingTask
 
 logger = logging.getLogger(__name__)
 
@@ -50,8 +51,8 @@ def save_final(
     accelerator: Accelerator,
     model,
     processor,
-    args: TrainingArguments,
-    family: TrainingFamily,
+    plan: RunPlan,
+    family: TrainingTask,
     data: TrainingData,
     eval_metrics: dict[str, float],
     log_history: list[dict],
@@ -59,15 +60,16 @@ def save_final(
     learning=None,
     train_seconds: float | None = None,
 ) -> list[Path]:
-    """Model + processor, evaluation results, curves, figures and the card into --output_dir; push when asked.
-    `model` is the one `accelerator.prepare` returned; `trained` what `sharding.trained_model` gave for it, if it
-    was called already; `train_seconds` the training time the card reports. Returns the files written besides the
-    model's own."""
-    output_dir = Path(args.output_dir)
+    """Model + processor, evaluation results, curves, figures and the card into --output_dir (the plan's); push
+    when asked. `model` is the one `accelerator.prepare` returned; `trained` what `sharding.trained_model` gave for
+    it, if it was called already; `train_seconds` the training time the card reports. Returns the files written
+    besides the model's own."""
+    options = plan.options
+    output_dir = Path(options.output_dir)
     accelerator.wait_for_everyone()
     # an ordinary module with the trained weights: collective under FSDP/DeepSpeed, every process calls it
     unwrapped, state_dict = trained if trained is not None else trained_model(accelerator, model)
-    if args.activation_checkpointing and unwrapped is not None:
+    if options.activation_checkpointing and unwrapped is not None:
         disable_activation_checkpointing(unwrapped)
     files: list[Path] = []
     failure = None  # raised once the other processes are released from the barrier below
@@ -78,15 +80,15 @@ def save_final(
         (output_dir / "eval_results.json").write_text(json.dumps(results, indent=2))
         (output_dir / "log_history.json").write_text(json.dumps(log_history, indent=1))
         files += [output_dir / "eval_results.json", output_dir / "log_history.json"]
-        if args.write_card:
-            record = run_record(accelerator, args, family, data, processor, train_seconds)
+        if options.write_card:
+            record = run_record(accelerator, plan, family, data, processor, train_seconds)
             files += write_card_and_figures(
-                args, family, data, unwrapped, processor, eval_metrics, log_history, learning=learning, record=record
+                plan, family, data, unwrapped, processor, eval_metrics, log_history, learning=learning, record=record
             )
-        if args.push_to_hub:
+        if options.push_to_hub:
             for tracker in accelerator.trackers:  # the TensorBoard events so far go up with the model (under runs/)
                 getattr(getattr(tracker, "writer", None), "flush", lambda: None)()
-            message = push(output_dir, args)
+            message = push(output_dir, options)
             failure = StepFailedError(message) if message is not None else None  # the model is saved: run done
     accelerator.wait_for_everyone()
     if failure is not None:
@@ -121,8 +123,8 @@ def _write_model_folder(accelerator, unwrapped, state_dict, processor, output_di
 
 
 def write_card_and_figures(
-    args: TrainingArguments,
-    family: TrainingFamily,
+    plan: RunPlan,
+    family: TrainingTask,
     data: TrainingData,
     model,
     processor,
@@ -135,15 +137,16 @@ def write_card_and_figures(
     them (`record`: the card's `hub.card.RunRecord`, the data and compute sections)."""
     from ..hub import plot_training_curves, write_model_card
 
-    output_dir = Path(args.output_dir)
+    options = plan.options
+    output_dir = Path(options.output_dir)
     figures = [Path(plot_training_curves(log_history, output_dir / "training_curves.png"))]
-    if args.lora_r is not None:  # an adapter folder: its card names the base model and how to load the adapter onto it
+    if options.lora_r is not None:  # an adapter folder: its card names the base model and how to load the adapter
         from ..hub.adapter import write_adapter_card
 
         card = write_adapter_card(
-            output_dir, family=family.name, base_model=args.model_name_or_path, repo_id=args.hub_model_id,
+            output_dir, family=family.name, base_model=options.model_name_or_path, repo_id=options.hub_model_id,
             eval_results=prefixed_metrics(eval_metrics), dataset_name=data.hub_id, figures=figures,
-            license=args.license, learning_warning=learning.card_text if learning is not None else None,
+            license=options.license, learning_warning=learning.card_text if learning is not None else None,
         )  # fmt: skip
         return figures + [card]
     was_training = model.training
@@ -154,14 +157,14 @@ def write_card_and_figures(
         output_dir,
         family=family.name,
         model_config=model.config,
-        training_args=card_hyperparameters(args, log_history, family=family),
+        training_args=card_hyperparameters(plan, log_history),
         eval_results=prefixed_metrics(eval_metrics) | baseline_results(data),
         dataset_name=data.name,
-        dataset_config=args.dataset_config_name,
+        dataset_config=options.dataset_config_name,
         figures=figures,
-        base_model=args.model_name_or_path,
-        repo_id=args.hub_model_id,
-        license=args.license,
+        base_model=options.model_name_or_path,
+        repo_id=options.hub_model_id,
+        license=options.license,
         eval_split=data.eval_split,
         learning_warning=learning.card_text if learning is not None else None,
         dataset_id=data.hub_id,
@@ -173,8 +176,8 @@ def write_card_and_figures(
 
 def run_record(
     accelerator: Accelerator,
-    args: TrainingArguments,
-    family: TrainingFamily,
+    plan: RunPlan,
+    family: TrainingTask,
     data: TrainingData,
     processor,
     train_seconds: float | None,
@@ -197,26 +200,30 @@ def run_record(
     return RunRecord(
         data_description=data.description,
         split_sizes=sizes,
-        preprocessing=family.preprocessing(args, processor),
+        preprocessing=family.preprocessing(plan, processor),
         hardware=where,
         train_seconds=train_seconds,
         precision=accelerator.mixed_precision,
     )
 
 
-def card_hyperparameters(
-    args: TrainingArguments, log_history: list[dict] | None = None, family: TrainingFamily | None = None
-) -> dict:
-    """The hyperparameters shown in the model card (`CARD_FIELDS`; the image recipe's flags, `RECIPE_FLAGS`, where the
-    run resolved them). The scheduler is the one the run used: --lr_scheduler_type auto is resolved to `family`'s
-    (`TrainingFamily.default_scheduler`, e.g. "cosine", "noam"). The epochs are left out when --max_steps decided the
-    length. Under --max_train_minutes the updates and epochs the run made (`log_history`'s last) stand beside those
-    foreseen: the budget may end it first."""
-    values = {k: getattr(args, k) for k in CARD_FIELDS if getattr(args, k) is not None}
-    scheduler = values.pop("lr_scheduler_type")
-    if scheduler == "auto" and family is not None:
-        scheduler = family.default_scheduler
-    values["scheduler"] = scheduler
+def card_hyperparameters(plan: RunPlan, log_history: list[dict] | None = None) -> dict:
+    """The hyperparameters shown in the model card: `CARD_FIELDS` as the plan resolved them (the scheduler the run
+    used, e.g. "cosine", "noam"; the warm-up's updates), and the image recipe's flags (`RECIPE_FLAGS`) where the run
+    has a recipe. The epochs are left out when --max_steps decided the length. Under --max_train_minutes the updates
+    and epochs the run made (`log_history`'s last) stand beside those foreseen: the budget may end it first.
+
+    Args:
+        plan: the run's plan.
+        log_history: the run's log.
+
+    Returns:
+        Name -> value.
+    """
+    options = plan.options
+    values = {k: getattr(options, k) for k in CARD_FIELDS if getattr(options, k, None) is not None}
+    values["scheduler"] = values.pop("lr_scheduler_type")
+    values["warmup_updates"] = plan.schedule.warmup_steps
     if values.get("max_steps"):
         values.pop("num_train_epochs", None)
     if values.get("max_train_minutes") and log_history:
@@ -226,8 +233,8 @@ def card_hyperparameters(
             values["updates_made"] = max(steps)
         if epochs:
             values["epochs_made"] = round(max(epochs), 2)
-    if getattr(args, "auto_augment", None) is not None:  # the run resolved its recipe (image families)
-        values.update({k: getattr(args, k) for k in RECIPE_FLAGS if getattr(args, k, None) is not None})
+    if options.auto_augment is not None:  # the run resolved its recipe (image families)
+        values.update({k: getattr(options, k) for k in RECIPE_FLAGS if getattr(options, k, None) is not None})
     return values
 
 

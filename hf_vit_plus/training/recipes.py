@@ -2,9 +2,10 @@
 data-efficient recipe of DeiT (Touvron et al., ICML 2021, "Training data-efficient image transformers & distillation
 through attention", Table 9 and its code's defaults), scaled to the data and the run.
 
-A recipe gives a value to every setting the user leaves unset (None): explicit flags always win. Values that need no
-data are set when the arguments are made (`static_recipe_values`); the others when the run starts, from the data,
-the model and the run's length (`resolve_recipe`, `recipe_drop_path_rate`).
+A recipe gives a value to every setting the user leaves unset (None): explicit flags always win. The run's plan
+(`plan.build_plan`) takes them, once, from the data, the model and the run's length (`run_recipe_values`,
+`recipe_drop_path_rate`); the values that need no data are `static_recipe_values`. Each value is defined here only:
+the help of the flags states them from these tables (`recipe_flag_help`).
 
 DeiT's values and how "deit" scales them:
 
@@ -42,7 +43,6 @@ the CNN far below plain training.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -140,11 +140,28 @@ def run_recipe_values(recipe: str, context: RecipeContext) -> dict[str, Any]:
     return values
 
 
-def resolve_recipe(args, context: RecipeContext):
-    """`args` (TrainingArguments) with every unset (None) setting of its recipe filled in for this run."""
-    values = run_recipe_values(args.recipe, context)
-    unset = {name: value for name, value in values.items() if getattr(args, name, 0) is None}
-    return dataclasses.replace(args, **unset) if unset else args
+def recipe_flag_help(name: str, family: str = "vit") -> str | None:
+    """The help of the flag of a setting whose default the recipes decide and state here (the learning rate, the
+    warm-up, the label smoothing), worded from the recipes' own values; None for the other flags (whose help says
+    "default: the recipe's")."""
+    none, deit = RECIPE_NONE, static_recipe_values("deit", family)
+    if name == "learning_rate":
+        return (
+            f"peak learning rate (default: the --recipe's: {none['learning_rate']:g} with none; deit: "
+            f"{DEIT_LEARNING_RATE_PER_512:g} x global batch / 512 / the run's share of DeiT's {DEIT_EPOCHS} "
+            f"epochs, at most {MAX_LEARNING_RATE_BOOST:g}x)"
+        )
+    if name == "warmup_ratio":
+        return (
+            f"share of the updates spent warming up (default: the --recipe's: {none['warmup_ratio']:g} with none; "
+            f"deit: {DEIT_WARMUP_EPOCHS} of {DEIT_EPOCHS} epochs, at most {DEIT_MAX_WARMUP_RATIO:g} of the run)"
+        )
+    if name == "label_smoothing_factor":
+        return (
+            f"label smoothing of the training loss (default: the --recipe's: {none['label_smoothing_factor']:g} with "
+            f"none, {deit['label_smoothing_factor']:g} with deit)"
+        )
+    return None
 
 
 # The smallest feature map (side, in pixels) on which the recipe trains a convolutional network in bf16 on the CPU:
@@ -207,8 +224,8 @@ __all__ = [
     "budget_share",
     "epochs_of_run",
     "recipe_drop_path_rate",
+    "recipe_flag_help",
     "recipe_mixed_precision",
-    "resolve_recipe",
     "run_recipe_values",
     "static_recipe_values",
     "updates_per_epoch",

@@ -18,6 +18,7 @@ both packages' bars.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import sys
@@ -162,13 +163,51 @@ def is_progress_bar_enabled() -> bool:
     return transformers_logging.is_progress_bar_enabled()
 
 
+# Errors of a write to a full disk or past a file-size limit (stderr redirected to a log file there).
+_FULL_DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)})
+
+
+class _BarStream:
+    """stderr for a progress bar: a write that fails because the disk is full or a file-size limit is reached (stderr
+    redirected to a log file on that disk) is dropped, with the bar's later writes, instead of raising from the bar
+    and hiding the error the run reports about that disk."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self._broken = False
+
+    def write(self, text: str) -> int:
+        if not self._broken:
+            try:
+                return self._stream.write(text)
+            except OSError as error:
+                if error.errno not in _FULL_DISK_ERRNOS:
+                    raise
+                self._broken = True
+        return len(text)
+
+    def flush(self) -> None:
+        if not self._broken:
+            try:
+                self._stream.flush()
+            except OSError as error:
+                if error.errno not in _FULL_DISK_ERRNOS:
+                    raise
+                self._broken = True
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
 def tqdm(*args, **kwargs):
     """A progress bar (`tqdm.auto.tqdm`'s arguments), or one that shows nothing where progress bars are switched off
     (`disable_progress_bar`): transformers' own. By default a bar shows only once its work has taken a second
-    (`delay=1.0`), so that quick work, and an error found before any, prints no bar."""
+    (`delay=1.0`), so that quick work, and an error found before any, prints no bar; it writes to stderr, and stops
+    writing where stderr is a file on a full disk (the run's own error about the disk is what the user sees)."""
     from transformers.utils import logging as transformers_logging
 
     kwargs.setdefault("delay", 1.0)
+    kwargs.setdefault("file", _BarStream(sys.stderr))
     return transformers_logging.tqdm(*args, **kwargs)
 
 

@@ -115,10 +115,10 @@ def worker(args: argparse.Namespace) -> None:
     """One process of a torchrun launch: the library's set-up of a fine-tuning run under FSDP2, a few updates; its
     resident memory at three points goes to --report (one JSON line per process)."""
     from hf_vit_plus.training.args import family_arguments
-    from hf_vit_plus.training.families import get_family
     from hf_vit_plus.training.loop import create_accelerator, prepare_run, training_step
+    from hf_vit_plus.training.tasks import get_task
 
-    family = get_family(args.worker)
+    family = get_task(args.worker)
     reads = []
     original = family.auto_model_class.__dict__["from_pretrained"]
 

@@ -69,7 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def _config(args: argparse.Namespace):
     from hf_vit_plus import ViTPlusConfig
-    from hf_vit_plus.training.families.overrides import parse_overrides
+    from hf_vit_plus.training.tasks.overrides import parse_overrides
 
     overrides = parse_overrides(args.config_overrides) if args.config_overrides else {}
     return ViTPlusConfig(image_size=args.image_size, num_labels=1000, **overrides)

@@ -423,7 +423,7 @@ def _precision_table(batch: int, repeats: int) -> tuple[str, list[dict]]:
 
     from hf_vit_plus import ViTPlusConfig, ViTPlusForImageClassification
     from hf_vit_plus.models.compat import cpu_has_native_bf16_products
-    from hf_vit_plus.training.families.vit import FASHION_VIT_CONFIG
+    from hf_vit_plus.training.tasks.vit import FASHION_VIT_CONFIG
 
     torch.manual_seed(0)
     pixels, labels = torch.randn(batch, 1, 28, 28), torch.randint(0, 10, (batch,))

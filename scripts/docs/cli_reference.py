@@ -21,6 +21,7 @@ DEFAULT_OUTPUT = REPO_ROOT / "docs" / "reference" / "cli.md"
 # argparse wraps usage lines at the terminal's width and colours help on a terminal: fix both so the page is the same
 # wherever it is generated.
 WIDTH = "100"
+MAX_CODE_LINE = 100  # the docs' code blocks fit the content column (tests/test_docs_site.py)
 
 HEADER = """# Command line
 
@@ -53,8 +54,35 @@ def _description(parser: argparse.ArgumentParser) -> list[str]:
         return [_escape(parser.description), ""]
     lines = [_escape(first), ""]
     if rest.strip():
-        lines += ["```text", textwrap.dedent(rest).strip("\n"), "```", ""]
+        lines += ["```text", *_fit(textwrap.dedent(rest).strip("\n").splitlines()), "```", ""]
     return lines
+
+
+def _fit(lines: list[str]) -> list[str]:
+    """Lines of a code block wrapped to the column: a long line continues indented by 4 more spaces."""
+    fitted = []
+    for line in lines:
+        if len(line) <= MAX_CODE_LINE:
+            fitted.append(line)
+            continue
+        indent = line[: len(line) - len(line.lstrip())]
+        fitted += textwrap.wrap(
+            line.strip(),
+            MAX_CODE_LINE,
+            initial_indent=indent,
+            subsequent_indent=indent + "    ",
+            break_long_words=False,
+            break_on_hyphens=False,
+        )
+    return fitted
+
+
+def _usage(parser: argparse.ArgumentParser) -> list[str]:
+    """The usage text; a line too long for the column (a long list of choices) is moved left to an indent of 4."""
+    return [
+        line if len(line) <= MAX_CODE_LINE else "    " + line.lstrip()
+        for line in parser.format_usage().strip().splitlines()
+    ]
 
 
 def _option(action: argparse.Action, prog: str) -> str:
@@ -87,15 +115,19 @@ def _section(parser: argparse.ArgumentParser, common: set[str], level: int) -> l
     lines = [f"{'#' * level} `{parser.prog}`", ""]
     if parser.description:
         lines += _description(parser)
-    lines += ["```text", parser.format_usage().strip(), "```", ""]
-    options = [
-        action
-        for action in parser._actions
-        if action.help != argparse.SUPPRESS
-        and not isinstance(action, (argparse._HelpAction, argparse._SubParsersAction))
-        and not (set(action.option_strings) & common)
-    ]
-    if options:
+    lines += ["```text", *_usage(parser), "```", ""]
+    for group in parser._action_groups:  # argparse has no public accessor for its groups either
+        options = [
+            action
+            for action in group._group_actions
+            if action.help != argparse.SUPPRESS
+            and not isinstance(action, (argparse._HelpAction, argparse._SubParsersAction))
+            and not (set(action.option_strings) & common)
+        ]
+        if not options:
+            continue
+        if group.title not in ("positional arguments", "options", "optional arguments"):  # a section of --help
+            lines += [f"{'#' * min(level + 1, 6)} {group.title[:1].upper()}{group.title[1:]}", ""]
         lines += [_option(action, parser.prog) for action in options] + [""]
     for subparser in _subcommands(parser).values():
         lines += _section(subparser, common, min(level + 1, 4))

@@ -1,6 +1,7 @@
 """Render the docs' Results page (docs/results.md) and its plots (docs/images/results/*.png) from the committed result
-files under results/: for each file, what wrote it, a plot where a reader would rather look than read, and its rows
-as a table. The page is generated: edit the files' descriptions here, and re-run after a benchmark writes a file.
+files under results/, as a report: a summary table of the headline claims first, then one section per topic with a
+short reading, its plots and each file's rows collapsed. The page is generated: edit the topics and the files'
+descriptions here, and re-run after a benchmark writes a file.
 
     python scripts/docs/results_pages.py            # write docs/results.md and the plots
     python scripts/docs/results_pages.py --check    # exit 1 when docs/results.md is not what the files give
@@ -42,18 +43,73 @@ def read_rows(path: Path) -> list[dict]:
 
 
 # ----------------------------------------------------------------------------------------------------- plots
+@dataclass(frozen=True)
+class PlotStyle:
+    """The one style every Results plot is drawn in (tests/test_docs_site.py checks its text sizes).
+
+    The figure (720 px) is narrower than the site's content column at a 1280 px window (817 px), so the browser shows
+    it at its own size: 10 pt text in the figure is 10 pt on the page.
+    """
+
+    width_in: float = 7.2
+    height_in: float = 4.4
+    dpi: int = 100
+    rendered_width_px: int = 817  # `.md-content__inner` at a 1280 px window (two 10rem sidebars: extra.css)
+    text_pt: float = 10.0  # tick labels and legends
+    label_pt: float = 11.0  # axis titles
+    title_pt: float = 12.0
+    colours: tuple[str, ...] = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#999999")
+    markers: str = "osD^vP*Xh<>"
+
+    def rc(self) -> dict:
+        from cycler import cycler
+
+        count = min(len(self.colours), len(self.markers))
+        return {
+            "figure.figsize": (self.width_in, self.height_in),
+            "figure.dpi": self.dpi,
+            "savefig.dpi": self.dpi,
+            "font.size": self.text_pt,
+            "xtick.labelsize": self.text_pt,
+            "ytick.labelsize": self.text_pt,
+            "legend.fontsize": self.text_pt,
+            "legend.title_fontsize": self.text_pt,
+            "axes.labelsize": self.label_pt,
+            "axes.titlesize": self.title_pt,
+            "axes.grid": True,
+            "grid.alpha": 0.3,
+            # a colour and a marker per series: told apart in grey print and by colour-blind readers
+            "axes.prop_cycle": cycler(color=list(self.colours[:count])) + cycler(marker=list(self.markers[:count])),
+        }
+
+
+PLOT_STYLE = PlotStyle()
+
+
 def _figure():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axis = plt.subplots(figsize=(7, 4), dpi=100)
+    plt.rcParams.update(PLOT_STYLE.rc())
+    figure, axis = plt.subplots(layout="constrained")
     return plt, figure, axis
 
 
+def _legend_below(figure, axis, columns: int = 2) -> None:
+    """The legend under the plot, outside it: no point hidden, the figure's width unchanged."""
+    handles, labels = axis.get_legend_handles_labels()
+    figure.legend(handles, labels, loc="outside lower center", ncol=columns, frameon=False)
+
+
+def _reference_line(axis, value: float, label: str, horizontal: bool = True) -> None:
+    """A labelled reference line (a peer's level, a target), in the legend with its meaning."""
+    line = axis.axhline if horizontal else axis.axvline
+    line(value, color="black", linestyle="--", linewidth=1.0, label=label)
+
+
 def _save(plt, figure, path: Path) -> None:
-    figure.tight_layout()
     figure.savefig(path, metadata={"Software": None})  # no version stamp: the same rows give the same file
     plt.close(figure)
 
@@ -64,8 +120,8 @@ def plot_memory_per_process(rows: list[dict], path: Path) -> None:
     plt, figure, axis = _figure()
     series = defaultdict(list)
     for row in rows:
-        who = "main process" if row["rank"] == "0" else "other processes"
-        flag = "RAM-efficient loading" if row["flag"] == "True" else "every process reads"
+        who = "main" if row["rank"] == "0" else "others"
+        flag = "RAM-efficient" if row["flag"] == "True" else "all read"
         added = (int(row["set_up_peak"]) - int(row["base_rss"])) / int(row["weights_bytes"])
         series[(row["model"], who, flag)].append((int(row["processes"]), added))
     for (model, who, flag), points in sorted(series.items()):
@@ -74,18 +130,19 @@ def plot_memory_per_process(rows: list[dict], path: Path) -> None:
             by_processes[processes].append(added)
         xs = sorted(by_processes)
         ys = [sum(by_processes[x]) / len(by_processes[x]) for x in xs]
-        axis.plot(xs, ys, marker="o", linestyle="-" if "efficient" in flag else "--", label=f"{model}, {who}, {flag}")
+        style = "-" if "efficient" in flag else "--"
+        axis.plot(xs, ys, linestyle=style, label=f"{model}, {who}, {flag}")
     axis.set_xlabel("processes")
-    axis.set_ylabel("memory added at set-up / weights' size")
+    axis.set_ylabel("memory added at set-up (x weights' size)")
     axis.set_xticks(sorted({int(row["processes"]) for row in rows}))
-    axis.legend(fontsize=6)
-    axis.set_title("FSDP2 set-up: memory per process")
+    axis.set_title("FSDP2 set-up: memory a process adds")
+    _legend_below(figure, axis)
     _save(plt, figure, path)
 
 
 def _plot_vs_marian(rows: list[dict], path: Path, column: str, title: str) -> None:
     """Bars of each engine's `column` (its speed as a multiple of transformers' Marian, eager) per case: the median
-    over the rows of the same case and engine."""
+    over the rows of the same case and engine; Marian's own level as a labelled line at 1."""
     plt, figure, axis = _figure()
     values = defaultdict(list)
     for row in rows:
@@ -94,15 +151,21 @@ def _plot_vs_marian(rows: list[dict], path: Path, column: str, title: str) -> No
     cases = list(dict.fromkeys(case for case, _ in values))
     engines = list(dict.fromkeys(engine for _, engine in values))
     width = 0.8 / max(1, len(engines))
+    # a colour and a hatch per engine: 8 colours x 9 hatches, so no two of up to 72 engines look alike
+    hatches = ("", "//", "..", "xx", "\\\\", "--", "++", "oo", "**")
     for i, engine in enumerate(engines):
         heights = [statistics.median(values.get((case, engine), [0.0])) for case in cases]
-        axis.bar([c + i * width for c in range(len(cases))], heights, width, label=engine)
-    axis.axhline(1.0, color="black", linewidth=0.8)
+        xs = [c + i * width for c in range(len(cases))]
+        colour = PLOT_STYLE.colours[i % len(PLOT_STYLE.colours)]
+        axis.bar(xs, heights, width, label=engine, color=colour, hatch=hatches[i % len(hatches)], edgecolor="white")
+    _reference_line(axis, 1.0, "transformers' Marian (= 1)")
     axis.set_xticks([c + 0.4 - width / 2 for c in range(len(cases))])
-    axis.set_xticklabels([case.replace("generate ", "") for case in cases], fontsize=7)
-    axis.set_ylabel("tokens/s / Marian's")
+    axis.set_xticklabels([case.replace("generate ", "").replace(", ", "\n") for case in cases])
+    axis.set_xlabel("decoding, batch size")
+    axis.set_ylabel("tokens/s (x Marian's)")
     axis.set_title(title)
-    axis.legend(fontsize=6, ncol=2)
+    axis.grid(axis="x", visible=False)
+    _legend_below(figure, axis, columns=4)
     _save(plt, figure, path)
 
 
@@ -111,7 +174,7 @@ def plot_decoding_speed(rows: list[dict], path: Path) -> None:
     file's after column, at the file's first preset."""
     preset = rows[0]["preset"]
     chosen = [row for row in rows if row["preset"] == preset]
-    _plot_vs_marian(chosen, path, "after_vs_marian", f"Decoding speed per engine ({preset} preset)")
+    _plot_vs_marian(chosen, path, "after_vs_marian", f"Decoding speed after the refactor ({preset} preset)")
 
 
 def plot_fast_decoding(rows: list[dict], path: Path) -> None:
@@ -122,42 +185,81 @@ def plot_fast_decoding(rows: list[dict], path: Path) -> None:
     _plot_vs_marian(chosen, path, "vs_marian", f"Decoding speed per engine ({first['preset']} sizes)")
 
 
+# the direction each default run's metric improves in, and its unit, for the axis titles
+_METRICS = {
+    "eval_accuracy": "accuracy (%)",
+    "eval_exact_match": "exact match (%)",
+    "eval_bits_per_token": "bits per token (lower is better)",
+    "eval_bits_per_dim": "bits per dim (lower is better)",
+}
+
+
+def _target(row: dict) -> float | None:
+    """The level a default run must reach, from its `target` text: `>= 0.95`, `<= 0.75 x unigram` (a multiple of the
+    baseline) or `< pixel histogram` (the baseline itself)."""
+    import re
+
+    number = re.search(r"[<>]=?\s*([\d.]+)", row["target"])
+    if "x unigram" in row["target"] and number and row["baseline"]:
+        return float(number.group(1)) * float(row["baseline"])
+    if "histogram" in row["target"] and row["baseline"]:
+        return float(row["baseline"])
+    return float(number.group(1)) if number else None
+
+
 def plot_learning(rows: list[dict], path: Path) -> None:
-    """Each family's default run: its metric against its minutes of training, one point per seed and thread count."""
-    plt, figure, axis = _figure()
-    for family in dict.fromkeys(row["family"] for row in rows):
-        points = [(float(row["minutes"]), float(row["value"])) for row in rows if row["family"] == family]
-        axis.scatter(*zip(*points), label=f"{family} ({rows[[r['family'] for r in rows].index(family)]['metric']})")
-    axis.set_xlabel("minutes of training")
-    axis.set_ylabel("final evaluation metric")
-    axis.set_title("Default runs: metric against minutes")
-    axis.legend(fontsize=7)
+    """Each family's default run: its metric against its minutes of training, one panel per family (each metric on
+    an axis of its own), one point per seed and thread count, the target as a labelled line."""
+    plt, _, _ = _figure()
+    plt.close("all")
+    families = list(dict.fromkeys(row["family"] for row in rows))
+    figure, axes = plt.subplots(2, (len(families) + 1) // 2, layout="constrained", squeeze=False)
+    for axis, family in zip(axes.flat, families):
+        chosen = [row for row in rows if row["family"] == family]
+        metric = chosen[0]["metric"]
+        scale = 100.0 if metric in ("eval_accuracy", "eval_exact_match") else 1.0
+        for i, threads in enumerate(sorted({row["threads"] for row in chosen})):
+            points = [(float(r["minutes"]), float(r["value"]) * scale) for r in chosen if r["threads"] == threads]
+            plural = "s" if threads != "1" else ""
+            axis.scatter(*zip(*points), marker=PLOT_STYLE.markers[i], label=f"{threads} thread{plural}")
+        target = _target(chosen[0])
+        if target is not None:
+            _reference_line(axis, target * scale, f"target ({chosen[0]['target']})")
+        axis.set_title(family)
+        axis.set_xlabel("training time (minutes)")
+        axis.set_ylabel(_METRICS.get(metric, metric))
+        axis.legend()
+    for axis in list(axes.flat)[len(families) :]:
+        axis.set_visible(False)
     _save(plt, figure, path)
 
 
 def plot_vit_throughput(rows: list[dict], path: Path) -> None:
-    """Images per second against the batch: ours per precision (solid), and the peers at the precisions they run
-    (timm dashed, transformers dotted; the int8 rows' peers run fp32, drawn once with the fp32 rows), one colour per
-    precision."""
+    """Images per second at batch 8, per precision: ours, timm's and transformers' side by side (the int8 rows' peers
+    run fp32, so they are left out there)."""
     plt, figure, axis = _figure()
-    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for index, precision in enumerate(dict.fromkeys(row["precision"] for row in rows)):
-        chosen = [row for row in rows if row["precision"] == precision]
-        batches = [int(row["batch"]) for row in chosen]
-        series = [("ours_images_per_s", "hf_vit_plus", "-")]
-        if not precision.startswith("int8"):
-            series += [("timm_images_per_s", "timm", "--"), ("transformers_images_per_s", "transformers", ":")]
-        for column, label, style in series:
-            values = [float(row[column]) for row in chosen]
-            colour = colours[index % len(colours)]
-            axis.plot(batches, values, style, color=colour, marker="o", markersize=3, label=f"{label}, {precision}")
-    axis.set_xscale("log", base=2)
-    ticks = sorted({int(row["batch"]) for row in rows})
-    axis.set_xticks(ticks, [str(tick) for tick in ticks])
-    axis.set_xlabel("batch")
+    batch = "8" if any(row["batch"] == "8" for row in rows) else rows[0]["batch"]
+    chosen = [row for row in rows if row["batch"] == batch]
+    precisions = [row["precision"] for row in chosen]
+    libraries = [
+        ("ours_images_per_s", "hf_vit_plus"),
+        ("timm_images_per_s", "timm"),
+        ("transformers_images_per_s", "transformers"),
+    ]
+    width = 0.8 / len(libraries)
+    for i, (column, label) in enumerate(libraries):
+        heights = [
+            float(row[column]) if column.startswith("ours") or not row["precision"].startswith("int8") else 0.0
+            for row in chosen
+        ]
+        axis.bar([x + i * width for x in range(len(chosen))], heights, width, label=label)
+    axis.set_xticks([x + 0.4 - width / 2 for x in range(len(chosen))])
+    axis.set_xticklabels([precision.replace("-", "-\n", 1) for precision in precisions])
+    axis.set_xlabel("precision")
     axis.set_ylabel("images/s")
-    axis.set_title(f"ViT throughput ({rows[0]['preset']}, {rows[0].get('threads', '?')} threads)")
-    axis.legend(fontsize=6, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    axis.set_title(f"ViT throughput ({rows[0]['preset']}, batch {batch}, {rows[0].get('threads', '?')} threads)")
+    axis.grid(axis="x", visible=False)
+    _legend_below(figure, axis, columns=3)
     _save(plt, figure, path)
 
 
@@ -170,47 +272,70 @@ def plot_sparse_attention(rows: list[dict], path: Path) -> None:
         if row["kernel"] != "sdpa" and row["fwd_bwd_vs_sdpa"]:
             series[f"{row['kernel']}, {row['pattern']}"].append((int(row["n"]), float(row["fwd_bwd_vs_sdpa"])))
     for label, points in sorted(series.items()):
-        axis.plot(*zip(*sorted(points)), marker="o", label=label)
-    axis.axhline(1.0, color="black", linewidth=0.8, label="dense SDPA")
+        axis.plot(*zip(*sorted(points)), label=label)
+    _reference_line(axis, 1.0, "dense causal SDPA (= 1)")
     axis.set_xscale("log", base=2)
     axis.set_yscale("log")
-    axis.set_xlabel("sequence length n")
-    axis.set_ylabel("fwd+bwd time / dense SDPA's")
+    axis.set_xlabel("sequence length n (tokens)")
+    axis.set_ylabel("fwd+bwd time (x dense SDPA's)")
     axis.set_title("Sparse attention against dense, by length")
-    axis.legend(fontsize=7)
+    _legend_below(figure, axis, columns=3)
     _save(plt, figure, path)
 
 
 def plot_small_data(rows: list[dict], path: Path) -> None:
     """Test accuracy against training minutes on Fashion-MNIST, one marker per kind of row (the bench's row, with the
     hybrid ViT apart), leaving out the rows of a budget under 10 minutes (a fraction of an epoch); the issue's target
-    (92% within 45 minutes) as dashed lines."""
+    (92% within 45 minutes) as labelled lines."""
     plt, figure, axis = _figure()
-    markers = "osD^v<>PXh*"
     series = defaultdict(list)
     for row in rows:
         if row["minutes"] and not (row["budget_minutes"] and float(row["budget_minutes"]) < 10):
             kind = row["row"].replace("vit-", "hybrid-", 1) if "hybrid" in row["model"] else row["row"]
             series[kind].append((float(row["minutes"]), float(row["test_accuracy_pct"])))
     for i, (kind, points) in enumerate(series.items()):
-        axis.scatter(*zip(*points), marker=markers[i % len(markers)], label=kind)
-    axis.axhline(92.0, color="grey", linestyle="--", linewidth=0.8)
-    axis.axvline(45.0, color="grey", linestyle="--", linewidth=0.8)
-    axis.set_xlabel("training minutes")
+        colour = PLOT_STYLE.colours[i % len(PLOT_STYLE.colours)]
+        axis.scatter(*zip(*points), color=colour, marker=PLOT_STYLE.markers[i % len(PLOT_STYLE.markers)], label=kind)
+    axis.axhline(92.0, color="black", linestyle="--", linewidth=1.0, label="target: 92% ...")
+    axis.axvline(45.0, color="black", linestyle=":", linewidth=1.0, label="... within 45 minutes")
+    axis.set_xlabel("training time (minutes)")
     axis.set_ylabel("test accuracy (%)")
-    axis.set_title("Fashion-MNIST: test accuracy against training minutes")
-    axis.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the plot: no point hidden
+    axis.set_title("Fashion-MNIST: test accuracy against training time")
+    _legend_below(figure, axis, columns=3)
+    _save(plt, figure, path)
+
+
+def plot_input_pipeline(rows: list[dict], path: Path) -> None:
+    """Images per second of each image loader, by the workers it has: ours (read whole, streamed) next to timm's."""
+    plt, figure, axis = _figure()
+    images = [row for row in rows if row["part"] == "images"]
+    cases = list(dict.fromkeys(row["case"] for row in images))
+    workers = sorted({int(row["workers"]) for row in images})
+    width = 0.8 / max(1, len(cases))
+    for i, case in enumerate(cases):
+        heights = [next((float(r["images_per_s"]) for r in images if r["case"] == case and int(r["workers"]) == w), 0)
+                   for w in workers]  # fmt: skip
+        axis.bar([x + i * width for x in range(len(workers))], heights, width, label=case)
+    axis.set_xticks([x + 0.4 - width / 2 for x in range(len(workers))])
+    axis.set_xticklabels([str(w) for w in workers])
+    axis.set_xlabel("loader workers")
+    axis.set_ylabel("images/s")
+    axis.set_title("Image loaders, DeiT's augmentations at 224 px")
+    _legend_below(figure, axis)
     _save(plt, figure, path)
 
 
 def plot_import_time(rows: list[dict], path: Path) -> None:
+    """Median start-up seconds of each import and command, as horizontal bars."""
     plt, figure, axis = _figure()
+    figure.set_figheight(PLOT_STYLE.height_in * 1.4)
     labels = [row["row"] for row in rows]
-    axis.barh(range(len(rows)), [float(row["median_s"]) for row in rows])
+    axis.barh(range(len(rows)), [float(row["median_s"]) for row in rows], color=PLOT_STYLE.colours[0])
     axis.set_yticks(range(len(rows)))
-    axis.set_yticklabels(labels, fontsize=6)
+    axis.set_yticklabels(labels)
     axis.invert_yaxis()
-    axis.set_xlabel("seconds (median of fresh processes)")
+    axis.set_xlabel("seconds (median)")
+    axis.set_ylabel("import or command")
     axis.set_title("Start-up time")
     _save(plt, figure, path)
 
@@ -392,6 +517,34 @@ FILES = (
         "`--recipe none` against the training before `--recipe` existed: accuracy and seconds of one short run",
     ),
     ResultFile(
+        "input_pipeline.csv",
+        "`scripts/benchmarks/bench_input_pipeline.py --output results/input_pipeline.csv`",
+        "the training loaders alone, no model ([training on large data](guides/large-data.md)): images per second "
+        "of ours (read whole and streamed) against timm's `create_loader`, DeiT's augmentations at 224 px from "
+        "20,000 JPEGs, at 1 and 2 workers; tokens per second and padding fraction of the token-budget loader against "
+        "fixed-size batches (SWORD's verse pairs); the cost of an exact resume half-way through an epoch against "
+        "reading the batches before it; the peak memory of a run that streams 10 times as much data",
+        plot_input_pipeline,
+        (
+            "part",
+            "case",
+            "workers",
+            "images_per_s",
+            "startup_s",
+            "tokens_per_s",
+            "padding_fraction",
+            "examples",
+            "skipped_per_s",
+            "peak_rss_mb",
+            "vs_reference",
+            "reference",
+            "load_average",
+            "threads",
+            "date",
+            "device",
+        ),
+    ),
+    ResultFile(
         "ram_efficient_loading.csv",
         "`scripts/benchmarks/bench_ram_efficient_loading.py`",
         "memory while FSDP2 loads the weights, with and without RAM-efficient loading, per process "
@@ -493,6 +646,417 @@ FILES = (
     ),
 )
 CONTEXT = {"command", "date", "hf_vit_plus", "python", "torch", "transformers", "device", "threads", "machine"}
+FILE_BY_NAME = {entry.name: entry for entry in FILES}
+
+
+# ------------------------------------------------------------------------------------------- the report's topics
+@dataclass(frozen=True)
+class Plot:
+    """A plot of one result file: `draw(rows, path)` writes docs/images/results/<name>.png."""
+
+    file: str
+    draw: Callable[[list[dict], Path], None]
+
+    @property
+    def name(self) -> str:
+        return self.file.removesuffix(".csv")
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One row of the summary table: a headline figure of ours, the peer's, their ratio, and where it comes from."""
+
+    what: str
+    ours: str
+    peer: str
+    ratio: str
+    file: str
+    command: str
+
+
+@dataclass(frozen=True)
+class Topic:
+    """A section of the report: a heading a person would write, a short reading of the plot, the plots, the claims
+    for the summary table (computed from the files' rows) and the files whose rows it holds (collapsed)."""
+
+    title: str
+    reading: str
+    files: tuple[str, ...]
+    plots: tuple[Plot, ...] = ()
+    claims: Callable[[Callable[[str], list[dict]]], list[Claim]] = lambda rows: []
+
+    @property
+    def anchor(self) -> str:
+        import re
+
+        return re.sub(r"[^\w\s-]", "", self.title.lower()).strip().replace(" ", "-")
+
+
+def _ratio(ours: float, peer: float) -> str:
+    return f"{ours / peer:.2f}x"
+
+
+def _claims_start_up(rows) -> list[Claim]:
+    by = {row["row"]: row for row in rows("import_time.csv")}
+    ours, peer = float(by["import hf_vit_plus"]["median_s"]), float(by[by["import hf_vit_plus"]["peer"]]["median_s"])
+    cli = max(
+        float(row["median_s"]) for name, row in by.items() if name.startswith("hf-vit-plus") and "pattern" not in name
+    )
+    return [
+        Claim(
+            "`import hf_vit_plus` (s)",
+            f"{ours:.2f}",
+            f"{peer:.2f} (importing transformers' ViT)",
+            _ratio(ours, peer),
+            "import_time.csv",
+            "make bench-import",
+        ),
+        Claim(
+            "`hf-vit-plus COMMAND --help` (s, slowest)", f"{cli:.2f}", "", "", "import_time.csv", "make bench-import"
+        ),
+    ]
+
+
+def _claims_learning(rows) -> list[Claim]:
+    demo = rows("demo.csv")[0]
+    defaults = rows("learning_defaults.csv")
+    passed = sum(row["passed"] == "True" for row in defaults)
+    return [
+        Claim(
+            "`make demo`: held-out digits accuracy (%)",
+            demo["held_out_accuracy_percent"],
+            "",
+            "",
+            "demo.csv",
+            "hf-vit-plus demo --output_dir outputs/demo",
+        ),
+        Claim(
+            "default runs that reach their target",
+            f"{passed} of {len(defaults)}",
+            "",
+            "",
+            "learning_defaults.csv",
+            "scripts/learning_matrix.py",
+        ),
+    ]
+
+
+def _claims_vit(rows) -> list[Claim]:
+    claims = []
+    for precision in ("fp32", "bf16"):
+        chosen = [row for row in rows("vit_throughput.csv") if row["precision"] == precision and row["batch"] == "8"]
+        if chosen:
+            row = chosen[0]
+            claims.append(
+                Claim(
+                    f"ViT-B/16 images/s, {precision}, batch 8",
+                    row["ours_images_per_s"],
+                    f"{row['timm_images_per_s']} (timm)",
+                    f"{float(row['vs_timm']):.2f}x",
+                    "vit_throughput.csv",
+                    "make bench",
+                )
+            )
+    return claims
+
+
+def _claims_small_data(rows) -> list[Claim]:
+    timed = [
+        r for r in rows("small_data.csv") if r["minutes"] and r["budget_minutes"] == "45" and r["test_accuracy_pct"]
+    ]
+    vits = [r for r in timed if r["model"].startswith("ViTPlus")]
+    cnns = [r for r in timed if r["model"] == "ResNet"]
+    if not (vits and cnns):
+        return []
+    best, cnn = (
+        max(vits, key=lambda r: float(r["test_accuracy_pct"])),
+        max(cnns, key=lambda r: float(r["test_accuracy_pct"])),
+    )
+    return [
+        Claim(
+            "Fashion-MNIST test accuracy in a 45-minute budget (%)",
+            f"{best['test_accuracy_pct']} ({best['model']}, {best['row']}, {best['minutes']} min)",
+            f"{cnn['test_accuracy_pct']} (a ResNet, {cnn['minutes']} min)",
+            f"{float(best['test_accuracy_pct']) - float(cnn['test_accuracy_pct']):+.2f} points",
+            "small_data.csv",
+            "scripts/benchmarks/bench_small_data.py",
+        ),
+    ]
+
+
+def _claims_decoding(rows) -> list[Claim]:
+    first = rows("fast_decoding.csv")[0]
+    run = [r for r in rows("fast_decoding.csv") if (r["preset"], r["command"]) == (first["preset"], first["command"])]
+    claims = []
+    case = "generate greedy, batch 1"
+    marian = next((r for r in run if r["engine"] == "marian" and r["case"] == case), None)
+    for engine in ("ours-fast", "ours-fast-int8"):
+        row = next((r for r in run if r["engine"] == engine and r["case"] == case and r["vs_marian"]), None)
+        if row and marian:
+            claims.append(
+                Claim(
+                    f"tokens/s, greedy decoding, batch 1, `{engine}` ({first['preset']} sizes)",
+                    row["tokens_per_s"] or "(not kept)",
+                    f"{marian['tokens_per_s']} (transformers' Marian, eager)",
+                    f"{row['vs_marian']}x (paired)",
+                    "fast_decoding.csv",
+                    "python scripts/benchmarks/bench_seq2seq.py",
+                )
+            )
+    return claims + _claims_against_ctranslate2(rows("fast_decoding.csv"))
+
+
+def _claims_against_ctranslate2(table: list[dict]) -> list[Claim]:
+    """Per preset and case: ours-fast against CTranslate2 at the same precision (fp32, int8), each at its fastest
+    thread count, with the paired ratio the benchmark wrote (`vs_ctranslate2`)."""
+    claims = []
+    for ours_engine, peer_engine, precision in (
+        ("ours-fast", "ct2-fp32", "fp32"),
+        ("ours-fast-int8", "ct2-int8", "int8"),
+    ):
+        for row in table:
+            if row["engine"] != ours_engine or not row.get("vs_ctranslate2"):
+                continue
+            peer = next(
+                (
+                    r
+                    for r in table
+                    if (r["preset"], r["case"], r["engine"]) == (row["preset"], row["case"], peer_engine)
+                ),
+                None,
+            )
+            if peer is None:
+                continue
+            command = "python scripts/benchmarks/bench_seq2seq.py" + (
+                " --preset opus-mt" if row["preset"] == "opus-mt" else ""
+            )
+            claims.append(
+                Claim(
+                    f"tokens/s, {row['case'].removeprefix('generate ')}, {precision} ({row['preset']} sizes)",
+                    row["tokens_per_s"],
+                    f"{peer['tokens_per_s']} (CTranslate2 {precision})",
+                    f"{row['vs_ctranslate2']}x (paired)",
+                    "fast_decoding.csv",
+                    command,
+                )
+            )
+    return claims
+
+
+def _claims_quality(rows) -> list[Claim]:
+    quality: dict[tuple[str, str], dict] = {}
+    for row in rows("translation_quality.csv"):
+        quality.setdefault((row["mode"], row["engine"]), row)  # the first of a repeated pair: dynamic int8 products
+    sword = rows("translation_sword.csv")
+    claims = []
+    ours, peer = quality.get(("beam 4", "fast int8")), quality.get(("beam 4", "generate float32"))
+    if ours and peer:
+        claims.append(
+            Claim(
+                "BLEU, beam 4, `FastDecoding` int8 against float32 `generate`",
+                ours["bleu"],
+                peer["bleu"],
+                _ratio(float(ours["bleu"]), float(peer["bleu"])),
+                "translation_quality.csv",
+                "python scripts/benchmarks/bench_seq2seq.py --quality MODEL_DIR",
+            )
+        )
+    floor = next((r for r in sword if r["weights"].startswith("copy")), None)
+    model = next((r for r in sword if r["weights"].startswith("average")), None)
+    if floor and model:
+        claims.append(
+            Claim(
+                "English -> Spanish verses, test BLEU (averaged checkpoints)",
+                model["test_bleu"],
+                f"{floor['test_bleu']} (copying the source)",
+                "",
+                "translation_sword.csv",
+                "python scripts/train_translation.py",
+            )
+        )
+    return claims
+
+
+def _claims_sparse(rows) -> list[Claim]:
+    table = rows("sparse_attention.csv")
+    longest = max(int(r["n"]) for r in table)
+    row = next(
+        (r for r in table if int(r["n"]) == longest and r["kernel"] == "sparse_block" and r["pattern"] == "strided"),
+        None,
+    )
+    claims = []
+    if row:
+        sdpa = next(r for r in table if int(r["n"]) == longest and r["kernel"] == "sdpa")
+        claims.append(
+            Claim(
+                f"attention fwd+bwd at {longest:,} tokens, strided block-sparse (s)",
+                row["fwd_bwd_s"],
+                f"{sdpa['fwd_bwd_s']} (dense causal SDPA)",
+                f"{float(row['fwd_bwd_vs_sdpa']):.2f}x",
+                "sparse_attention.csv",
+                "python scripts/benchmarks/bench_sparse_attention.py",
+            )
+        )
+    return claims
+
+
+def _claims_sharding(rows) -> list[Claim]:
+    table = [r for r in rows("sharding_memory.csv") if r["state_mib"]]
+    claims = []
+    for processes in sorted({r["processes"] for r in table}):
+        ddp = next(r for r in table if r["processes"] == processes and r["run"] == "DDP")
+        fsdp = next(r for r in table if r["processes"] == processes and r["run"] == "FSDP2")
+        claims.append(
+            Claim(
+                f"ViT-B/16 training state per process, {processes} processes (MiB)",
+                fsdp["state_mib"],
+                f"{ddp['state_mib']} (DDP)",
+                _ratio(float(fsdp["state_mib"]), float(ddp["state_mib"])),
+                "sharding_memory.csv",
+                "python scripts/benchmarks/bench_sharding.py",
+            )
+        )
+    return claims
+
+
+def _claims_input_pipeline(rows) -> list[Claim]:
+    table = rows("input_pipeline.csv")
+    command = "python scripts/benchmarks/bench_input_pipeline.py --output results/input_pipeline.csv"
+    claims = []
+    images = [r for r in table if r["part"] == "images"]
+    for workers in sorted({r["workers"] for r in images}, key=int):
+        timm = next((r for r in images if r["workers"] == workers and r["case"].startswith("timm")), None)
+        ours = next((r for r in images if r["workers"] == workers and r["case"] == "ours, streamed"), None)
+        if timm and ours:
+            claims.append(
+                Claim(
+                    f"images/s streamed with DeiT's augmentations at 224 px, {workers} loader worker(s)",
+                    ours["images_per_s"],
+                    f"{timm['images_per_s']} (timm's create_loader)",
+                    _ratio(float(ours["images_per_s"]), float(timm["images_per_s"])),
+                    "input_pipeline.csv",
+                    command,
+                )
+            )
+    text = {r["case"].split(" ")[0]: r for r in table if r["part"] == "text"}
+    if "token" in text and "fixed" in text:
+        claims.append(
+            Claim(
+                "padded share of a seq2seq batch's tokens, token budget (fraction)",
+                text["token"]["padding_fraction"],
+                f"{text['fixed']['padding_fraction']} (fixed-size batches)",
+                _ratio(float(text["token"]["padding_fraction"]), float(text["fixed"]["padding_fraction"])),
+                "input_pipeline.csv",
+                command,
+            )
+        )
+    return claims
+
+
+TOPICS = (
+    Topic(
+        "Start-up time",
+        "Importing the package costs what importing transformers' own ViT costs, and every command's `--help` answers "
+        "in a fraction of a second: the heavy parts are imported when first used.",
+        ("import_time.csv",),
+        (Plot("import_time.csv", plot_import_time),),
+        _claims_start_up,
+    ),
+    Topic(
+        "Models that learn by default",
+        "Each family's default `hf-vit-plus train` run, over seeds and thread counts, against its target (the dashed "
+        "line; one panel per family, each metric on its own axis); the demo and the learning tests below it.",
+        ("demo.csv", "learning_defaults.csv", "learning_tests.csv"),
+        (Plot("learning_defaults.csv", plot_learning),),
+        _claims_learning,
+    ),
+    Topic(
+        "Vision Transformer speed on a CPU",
+        "With the same weights, our ViT-B/16 runs as fast as timm's and transformers' at every precision they share; "
+        "the int8 rows have no peer at int8. The files below hold the kernel choices behind it.",
+        (
+            "vit_throughput.csv",
+            "vit_cpu_attention_lengths.csv",
+            "vit_cpu_attention_update.csv",
+            "cpu_bf16_gemm_fallback.csv",
+            "adamw_update_time.csv",
+        ),
+        (Plot("vit_throughput.csv", plot_vit_throughput),),
+        _claims_vit,
+    ),
+    Topic(
+        "Small data: Fashion-MNIST",
+        "Test accuracy against training time, one marker per kind of model; the target is 92% within 45 minutes "
+        "(the dashed and dotted lines). The hybrid ViT (a convolutional stem before the encoder) reaches it within "
+        "the budget; the plain ViTs with DeiT's recipe stop about a point short.",
+        ("small_data.csv", "small_data_update_time.csv", "small_data_augmentation.csv", "small_data_recipe_none.csv"),
+        (Plot("small_data.csv", plot_small_data),),
+        _claims_small_data,
+    ),
+    Topic(
+        "Translation decoding speed",
+        "Each engine's tokens per second as a multiple of transformers' Marian with the same weights (the dashed line "
+        "at 1): our compiled `FastDecoding` is several times faster at batch 1, int8 faster still; the summary "
+        "table sets it against CTranslate2 at the same precision, cell by cell.",
+        (
+            "fast_decoding.csv",
+            "decoding_refactor_before_after.csv",
+            "fast_decoding_history.csv",
+            "fast_decoding_profile.csv",
+            "fast_decoding_details.csv",
+            "seq2seq_vs_marian.csv",
+        ),
+        (
+            Plot("fast_decoding.csv", plot_fast_decoding),
+            Plot("decoding_refactor_before_after.csv", plot_decoding_speed),
+        ),
+        _claims_decoding,
+    ),
+    Topic(
+        "Translation quality",
+        "Faster engines and lower precisions keep BLEU within a few tenths of float32 `generate`; the trained "
+        "English -> Spanish model against a copy-the-source floor.",
+        (
+            "translation_quality.csv",
+            "int8_quality.csv",
+            "int8_speed.csv",
+            "translation_sword.csv",
+            "translation_sword_curve.csv",
+            "translation_malloc.csv",
+        ),
+        (),
+        _claims_quality,
+    ),
+    Topic(
+        "Sparse attention",
+        "Forward and backward time of each sparse kernel as a multiple of dense causal SDPA's (the dashed line at 1): "
+        "the block-sparse kernels pull ahead as the sequence grows.",
+        (
+            "sparse_attention.csv",
+            "sparse_lm.csv",
+            "image_lm_patterns.csv",
+            "image_lm_depth.csv",
+            "image_lm_sampling.csv",
+        ),
+        (Plot("sparse_attention.csv", plot_sparse_attention),),
+        _claims_sparse,
+    ),
+    Topic(
+        "Sharded training memory",
+        "FSDP2 holds 1/N of the training state per process; with RAM-efficient loading only the main process reads "
+        "the weights (solid lines) instead of every process (dashed).",
+        ("sharding_memory.csv", "ram_efficient_loading.csv"),
+        (Plot("ram_efficient_loading.csv", plot_memory_per_process),),
+        _claims_sharding,
+    ),
+    Topic(
+        "Data loading",
+        "The training loaders alone, without a model: ours against timm's `create_loader`.",
+        ("input_pipeline.csv",),
+        (Plot("input_pipeline.csv", plot_input_pipeline),),
+        _claims_input_pipeline,
+    ),
+)
 
 
 def _table(rows: list[dict], columns: tuple[str, ...]) -> str:
@@ -502,65 +1066,99 @@ def _table(rows: list[dict], columns: tuple[str, ...]) -> str:
     return "\n".join(lines)
 
 
-def _context(rows: list[dict]) -> str:
-    """What the rows were measured with, where the file records it (one line per distinct value set)."""
-    keys = [key for key in ("date", "before", "after", "torch", "transformers", "device", "machine") if key in rows[0]]
-    if not keys:
-        return ""
-    seen = dict.fromkeys(tuple(row[key] for key in keys) for row in rows)
-    lines = [", ".join(f"{k} {v}" for k, v in zip(keys, values) if v) for values in seen]
-    lines = [line for line in lines if line]
-    if len(lines) > 1:  # one item per run
-        return "Measured with:\n\n" + "\n".join(f"- {line}" for line in lines)
-    return f"Measured with: {lines[0]}." if lines else ""
+def _indent(text: str) -> str:
+    return "\n".join(f"    {line}" if line else "" for line in text.splitlines())
+
+
+def _file_part(entry: ResultFile, rows: list[dict]) -> list[str]:
+    """One file's part of a topic: an anchor named after the file, what it holds, its rows collapsed."""
+    anchor = entry.name.removesuffix(".csv").replace("_", "-")
+    return [
+        f'<a id="{anchor}"></a>',
+        "",
+        f"`results/{entry.name}`: {entry.holds}. Written by {entry.written_by}.",
+        "",
+        f'??? note "rows ({len(rows)})"',
+        "",
+        _indent(_table(rows, entry.columns)),
+        "",
+    ]
+
+
+def _missing_file_part(entry: ResultFile) -> list[str]:
+    """A described file that is not committed: its anchor (pages link to it), what it will hold, what writes it."""
+    anchor = entry.name.removesuffix(".csv").replace("_", "-")
+    return [
+        f'<a id="{anchor}"></a>',
+        "",
+        f"`results/{entry.name}` is not committed yet: it will hold {entry.holds}. Written by {entry.written_by}.",
+        "",
+    ]
 
 
 def render(plots: bool = True) -> str:
     """The page's text; with `plots`, the plots are written too."""
-    known = {entry.name for entry in FILES}
-    unknown = sorted(path.name for path in RESULTS.glob("*.csv") if path.name not in known)
+    present = {path.name for path in RESULTS.glob("*.csv")}
+    cache: dict[str, list[dict]] = {}
+
+    def rows(name: str) -> list[dict]:
+        if name not in cache:
+            cache[name] = read_rows(RESULTS / name)
+        return cache[name]
+
+    topics = list(TOPICS)  # a topic without committed rows still has its section: what will measure it
     parts = [
         "# Results",
         "",
         "<!-- Generated by scripts/docs/results_pages.py from the files under results/: do not edit by hand. -->",
         "",
-        "Measured numbers live once, in the result files the benchmarks write under `results/` in the repository; the "
-        "pages of this site describe how to measure and link here. Each row of a file says the releases and the "
-        "machine it was measured on.",
+        "Every number on this site comes from a file under `results/` in the repository, written by the command "
+        "named with it; each row there also records the date, the releases and the machine it was measured on. "
+        "`results/gpu/` holds a lent GPU machine's check, committed after it (`make gpu-check`, see "
+        "[the GPU check](contributing/testing.md#gpu-check)).",
         "",
-        "| file | written by | what it holds |",
-        "|---|---|---|",
-    ]
-    parts += [f"| `results/{e.name}` | {e.written_by} | {e.holds} |" for e in FILES if (RESULTS / e.name).is_file()]
-    parts += [f"| `results/{name}` | | |" for name in unknown]
-    parts += [
-        "| `results/gpu/` (a lent GPU machine's check, committed after it; the CPU fallback's are not kept) | "
-        "`make gpu-check` (see "
-        "[the GPU check](contributing/testing.md#gpu-check)) | `gpu_check.json`, the gpu tests' log and the GPU "
-        "benchmarks' JSON |",
+        "## Summary",
         "",
+        "One row per headline claim: our figure, the peer's, their ratio, and the file and command behind it.",
+        "",
+        "| what (the section) | ours | peer | ratio | file | command |",
+        "|---|---|---|---|---|---|",
     ]
+    for topic in topics:
+        measured = any(name in present for name in topic.files)
+        claims = topic.claims(rows) if all(name in present for name in topic.files[:1]) else []
+        what = "see the section" if measured else f"{topic.title.lower()}: not measured yet (no rows committed)"
+        claims = claims or [Claim(what, "", "", "", topic.files[0], "")]
+        for claim in claims:
+            command = f"`{claim.command}`" if claim.command else ""
+            parts.append(
+                f"| [{claim.what}](#{topic.anchor}) | {claim.ours} | {claim.peer} | {claim.ratio} | "
+                f"`{claim.file}` | {command} |"
+            )
+    parts.append("")
     if plots:
         IMAGES.mkdir(parents=True, exist_ok=True)
-    for entry in FILES:
-        path = RESULTS / entry.name
-        if not path.is_file():
-            continue
-        rows = read_rows(path)
-        stem = entry.name.removesuffix(".csv")
-        parts += [f"## {stem.replace('_', ' ').capitalize()}", "", f"`results/{entry.name}`: {entry.holds}.", ""]
-        context = _context(rows)
-        if context:
-            parts += [context, ""]
-        if entry.plot is not None:
+    for topic in topics:
+        parts += [f"## {topic.title}", "", topic.reading, ""]
+        for plot in topic.plots:
+            if plot.file not in present:
+                continue
             if plots:
-                entry.plot(rows, IMAGES / f"{stem}.png")
-            parts += [f"![{stem}](images/results/{stem}.png)", ""]
-        parts += [_table(rows, entry.columns), ""]
-    for name in unknown:
-        rows = read_rows(RESULTS / name)
-        parts += [f"## {name.removesuffix('.csv')}", "", _table(rows, ()) if rows else "(empty)", ""]
-    return "\n".join(parts)
+                plot.draw(rows(plot.file), IMAGES / f"{plot.name}.png")
+            parts += [f"![{plot.name.replace('_', ' ')}](images/results/{plot.name}.png)", ""]
+        for name in topic.files:
+            if name in present:
+                parts += _file_part(FILE_BY_NAME[name], rows(name))
+            else:
+                parts += _missing_file_part(FILE_BY_NAME[name])
+    listed = {name for topic in TOPICS for name in topic.files}
+    others = sorted(present - listed)
+    if others:
+        parts += ["## Other files", ""]
+        for name in others:
+            entry = FILE_BY_NAME.get(name, ResultFile(name, "(not described)", "rows without a description yet"))
+            parts += _file_part(entry, rows(name))
+    return "\n".join(parts).rstrip() + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,6 +5,7 @@ docs/assets/screenshots/ (committed: look at them after a change to the theme, t
 
     python scripts/docs/screenshots.py                       # the default pages, 1280 x 900
     python scripts/docs/screenshots.py --width 390 --height 844 --pages index.md families/vit.md
+    python scripts/docs/screenshots.py --pages images/results/sparse_attention.png   # a plot alone
 
 Needs mkdocs (the `docs` extra) and a Chromium binary (Debian: `apt install chromium`; `--chromium PATH` or the
 CHROMIUM environment variable pick another).
@@ -25,27 +26,51 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 OUTPUT = REPO_ROOT / "docs" / "assets" / "screenshots"
-PAGES = ("index.md", "families/vit.md")
+# Home, the quick tour, a task guide, a model page, the top of the Results page and one of its plots, as the browser
+# shows the image at its own size (headless Chromium draws a blank page when a URL's anchor scrolls it)
+PAGES = (
+    "index.md",
+    "quick-tour.md",
+    "tasks/image-classification.md",
+    "families/vit.md",
+    "results.md",
+    "images/results/fast_decoding.png",
+)
 
 
 def page_url(page: str) -> str:
-    """The site-relative URL mkdocs (directory URLs) gives a page of docs/.
+    """The site-relative URL mkdocs (directory URLs) gives a page of docs/, with its anchor if it has one.
 
     Args:
-        page: A page's path under docs/, such as `families/vit.md`.
+        page: A page's path under docs/, such as `families/vit.md`, optionally with `#anchor`, or an image of the
+            site, such as `images/results/fast_decoding.png`.
 
     Returns:
-        The URL path, such as `families/vit/` (`""` for `index.md`).
+        The URL path, such as `families/vit/` (`""` for `index.md`; `results/#sparse-attention` for
+        `results.md#sparse-attention`; an image's own path).
 
     Raises:
-        ValueError: `page` is not a Markdown file.
+        ValueError: `page` is neither a Markdown file nor a PNG image.
     """
-    if not page.endswith(".md"):
-        raise ValueError(f"page {page!r}: expected a Markdown file under docs/, such as 'families/vit.md'")
-    stem = page.removesuffix(".md")
-    if stem == "index":
-        return ""
-    return stem.removesuffix("/index") + "/"
+    path, _, anchor = page.partition("#")
+    if path.endswith(".png"):
+        return path
+    if not path.endswith(".md"):
+        raise ValueError(
+            f"page {page!r}: expected a Markdown file under docs/, such as 'families/vit.md', or a PNG image"
+        )
+    stem = path.removesuffix(".md")
+    url = "" if stem == "index" else stem.removesuffix("/index") + "/"
+    return f"{url}#{anchor}" if anchor else url
+
+
+def screenshot_name(page: str) -> str:
+    """The PNG file a page's screenshot is written to: `families/vit.md` -> `families-vit.png`,
+    `results.md#sparse-attention` -> `results-sparse-attention.png`, `images/results/x.png` ->
+    `images-results-x.png`."""
+    path, _, anchor = page.partition("#")
+    stem = path.removesuffix(".md").removesuffix(".png").replace("/", "-")
+    return "-".join(filter(None, [stem, anchor])) + ".png"
 
 
 def find_chromium(explicit: str | None) -> str:
@@ -77,16 +102,18 @@ def main(argv: list[str] | None = None) -> int:
     chromium = find_chromium(args.chromium)
 
     with tempfile.TemporaryDirectory() as site:
-        mkdocs = [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-f", str(REPO_ROOT / "mkdocs.yml")]
+        # not -q: with it mkdocs does not count the warnings --strict fails on
+        mkdocs = [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(REPO_ROOT / "mkdocs.yml")]
         quiet = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-        subprocess.run([*mkdocs, "-d", site], check=True, cwd=REPO_ROOT, env=quiet)
+        built = subprocess.run([*mkdocs, "-d", site], cwd=REPO_ROOT, env=quiet, capture_output=True, text=True)
+        if built.returncode != 0:
+            raise RuntimeError(f"mkdocs build --strict failed:\n{built.stderr[-4000:]}")
         handler = functools.partial(_QuietHandler, directory=site)
         with http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) as server:
             threading.Thread(target=server.serve_forever, daemon=True).start()
             args.output_dir.mkdir(parents=True, exist_ok=True)
             for page, url in urls.items():
-                name = page.removesuffix(".md").replace("/", "-") + ".png"
-                target = args.output_dir / name
+                target = args.output_dir / screenshot_name(page)
                 with tempfile.TemporaryDirectory() as profile:
                     subprocess.run(
                         [
@@ -95,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
                             "--no-sandbox",
                             "--disable-gpu",
                             "--hide-scrollbars",
+                            "--virtual-time-budget=5000",  # let the page load its images and scroll to an anchor
                             f"--user-data-dir={profile}",
                             f"--window-size={args.width},{args.height}",
                             f"--screenshot={target}",

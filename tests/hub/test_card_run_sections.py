@@ -27,7 +27,7 @@ from hf_vit_plus.hub.card import (
     write_model_card,
 )
 from hf_vit_plus.training.args import family_arguments
-from hf_vit_plus.training.families.base import builtin_card_record, user_data_record
+from hf_vit_plus.training.tasks.base import builtin_card_record, user_data_record
 from tests.utils import TINY_VIT_OVERRIDES
 
 VIT_CONFIG = {"model_type": "vit_plus", "image_size": 8, "patch_size": 2, "num_channels": 1, "hidden_size": 16}
@@ -179,7 +179,7 @@ def test_bleu_and_chrf_are_sacrebleus_corpus_scores_of_the_decoded_outputs():
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from hf_vit_plus.training.families.seq2seq import Seq2SeqFamily
+    from hf_vit_plus.training.tasks.seq2seq import Seq2SeqTask
 
     words = "the cat sat on a mat dog ran far away".split()
     backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(["<pad>", "<unk>", *words])}, unk_token="<unk>"))
@@ -192,7 +192,7 @@ def test_bleu_and_chrf_are_sacrebleus_corpus_scores_of_the_decoded_outputs():
         ids = [tokenizer(text)["input_ids"] for text in texts]
         return torch.tensor([row + [0] * (12 - len(row)) for row in ids])
 
-    family = Seq2SeqFamily()
+    family = Seq2SeqTask()
     gathered = {"output_ids": padded(outputs), "reference_ids": padded(references)}
     assert family._sacrebleu_scores(gathered) == {}
     family._tokenizer = tokenizer

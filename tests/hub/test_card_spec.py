@@ -22,15 +22,17 @@ def test_card_shows_the_scheduler_the_run_used_not_auto():
     """`--lr_scheduler_type auto` (every family's default) was written as `scheduler: auto`; the card now names the
     family's schedule, and a schedule given on the command line stays as given."""
     from hf_vit_plus.training.args import family_arguments
-    from hf_vit_plus.training.families import get_family
     from hf_vit_plus.training.outputs import card_hyperparameters
+    from hf_vit_plus.training.plan import preview_plan
+    from hf_vit_plus.training.tasks import get_task
 
     for name, expected in (("vit", "cosine"), ("seq2seq", "noam"), ("sparse-lm", "cosine"), ("image-lm", "cosine")):
         args = family_arguments(name, output_dir="unused", max_steps=3)
         assert args.lr_scheduler_type == "auto"
-        assert card_hyperparameters(args, family=get_family(name))["scheduler"] == expected
+        plan = preview_plan(args, get_task(name))  # the card reads the plan, which resolved 'auto'
+        assert card_hyperparameters(plan)["scheduler"] == expected == plan.options.lr_scheduler_type
     args = family_arguments("vit", output_dir="unused", max_steps=3, lr_scheduler_type="linear")
-    assert card_hyperparameters(args, family=get_family("vit"))["scheduler"] == "linear"
+    assert card_hyperparameters(preview_plan(args, get_task("vit")))["scheduler"] == "linear"
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,9 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
 import torch
 
 from tests.utils import REPO_ROOT, load_script
@@ -193,3 +195,28 @@ def test_bench_int8_quality_writes_the_columns_of_its_result_file(tmp_path, monk
 
     bench.main(["--tasks", "sword", "--output_dir", str(tmp_path / "out"), "--output", str(tmp_path / "none.csv")])
     assert not (tmp_path / "none.csv").exists()
+
+
+def test_bench_input_pipeline_writes_its_rows(tmp_path):
+    """A tiny run of the image loaders (ours read whole and streamed, timm's) and the text loaders (token budget,
+    fixed batches): one row each, with what they measured."""
+    from hf_vit_plus.data.fashion_mnist import FASHION_MNIST_DIR
+    from hf_vit_plus.data.sword import DEFAULT_SWORD_ROOTS
+
+    if not (FASHION_MNIST_DIR / "train-images-idx3-ubyte.gz").is_file():
+        pytest.skip("Fashion-MNIST (Debian's dataset-fashion-mnist) is not installed")
+    parts = "images,text" if any(Path(root, "mods.d").is_dir() for root in DEFAULT_SWORD_ROOTS) else "images"
+    _run("bench_input_pipeline.py", "--parts", parts, "--images", "200", "--workers", "1", "--batch_size", "8",
+         "--batches", "2", "--warmup", "0", "--rounds", "1", "--pairs", "300", "--max_tokens", "512",
+         "--work_dir", str(tmp_path / "work"), "--output", str(tmp_path / "pipeline.csv"), cwd=tmp_path)  # fmt: skip
+    rows = _rows(tmp_path / "pipeline.csv")
+    images = [row for row in rows if row["part"] == "images"]
+    assert [row["case"] for row in images] == ["timm create_loader", "ours, read whole", "ours, streamed"]
+    assert all(float(row["images_per_s"]) > 0 and row["workers"] == "1" and row["examples"] == "200" for row in images)
+    assert float(images[0]["vs_reference"]) == 1.0
+    for row in rows:
+        if row["part"] == "text":
+            assert float(row["tokens_per_s"]) > 0 and 0 <= float(row["padding_fraction"]) < 1
+        _context_is_this_run(row, "bench_input_pipeline.py")
+    committed = _rows(REPO_ROOT / "results" / "input_pipeline.csv")[0]
+    assert [key for key in committed if key not in CONTEXT] == [key for key in rows[0] if key not in CONTEXT]

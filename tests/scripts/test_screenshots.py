@@ -20,10 +20,18 @@ screenshots = load_script("scripts/docs/screenshots.py")
         ("families/vit.md", "families/vit/"),
         ("guides/index.md", "guides/"),
         ("results.md", "results/"),
+        ("results.md#sparse-attention", "results/#sparse-attention"),
+        ("images/results/fast_decoding.png", "images/results/fast_decoding.png"),
     ],
 )
 def test_page_url_follows_mkdocs_directory_urls(page, url):
     assert screenshots.page_url(page) == url
+
+
+def test_screenshot_names_are_flat_file_names():
+    assert screenshots.screenshot_name("families/vit.md") == "families-vit.png"
+    assert screenshots.screenshot_name("results.md#sparse-attention") == "results-sparse-attention.png"
+    assert screenshots.screenshot_name("images/results/x.png") == "images-results-x.png"
 
 
 def test_page_url_refuses_a_non_markdown_page():
@@ -40,7 +48,7 @@ def test_too_small_a_window_is_refused_before_anything_runs(capsys):
 
 @pytest.mark.parametrize("page", screenshots.PAGES)
 def test_committed_screenshot_is_a_png_of_the_default_width(page):
-    path = screenshots.OUTPUT / (page.removesuffix(".md").replace("/", "-") + ".png")
+    path = screenshots.OUTPUT / screenshots.screenshot_name(page)
     assert path.is_file(), f"{path} missing: run make screenshots"
     header = path.read_bytes()[:24]
     assert header[:8] == b"\x89PNG\r\n\x1a\n"

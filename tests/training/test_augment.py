@@ -12,7 +12,7 @@ from torchvision.transforms import RandomResizedCrop, v2
 from torchvision.transforms.v2 import functional as F
 
 from hf_vit_plus.training.augment import BatchAutoAugment, BatchErasing, ImageAugmentation, resized_crops
-from hf_vit_plus.training.families import vit as vit_family
+from hf_vit_plus.training.tasks import vit as vit_family
 
 
 def torchvision_crops(pixels, boxes, size, flips):

@@ -66,9 +66,11 @@ def test_the_reported_short_run_now_learns(tmp_path):
 def test_the_old_defaults_are_caught_when_they_do_not_learn(tmp_path):
     """The old defaults (the paper's factor 1.0, 200 warm-up updates, no clipping) on the reported seed: where they
     learn nothing (as they can, by seed and thread count), the run says so; where the sums' order lets them escape the
-    plateau, there is nothing to say."""
-    results, stderr = _train(tmp_path, "old", 1, "--max_steps", "1500", "--learning_rate", "1.0", "--warmup_steps",
-                             "200", "--max_grad_norm", "0")  # fmt: skip
+    plateau, there is nothing to say. --learning_rate is the peak now: the paper's at d_model 128 after 200 warm-up
+    updates, 128 ** -0.5 * 200 ** -0.5."""
+    peak = 128**-0.5 * 200**-0.5
+    results, stderr = _train(tmp_path, "old", 1, "--max_steps", "1500", "--learning_rate", f"{peak!r}",
+                             "--warmup_steps", "200", "--max_grad_norm", "0")  # fmt: skip
     warned = [line for line in stderr.splitlines() if "did not learn" in line]
     if results["eval_exact_match"] < 0.5:
         assert len(warned) == 1 and "exact_match" in warned[0], stderr[-3000:]

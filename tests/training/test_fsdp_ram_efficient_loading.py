@@ -34,11 +34,13 @@ pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")  # tests/conftest
 def _save_pretrained(root: Path) -> Path:
     """A tiny seq2seq model, its weights drawn with a seed of their own, saved with its tokenizer (the 'pretrained'
     checkpoint). Built in the test's process: no autograd, so the processes can still be forked."""
-    from hf_vit_plus.training.families import get_family
+    from hf_vit_plus.training.plan import preview_plan
+    from hf_vit_plus.training.tasks import get_task
 
-    family = get_family(FAMILY)
+    family = get_task(FAMILY)
     args = run_args(FAMILY, root / "unused")
-    model, tokenizer = family.build(args, family.load_data(args))
+    data = family.load_data(args)
+    model, tokenizer = family.build(preview_plan(args, family, data), data)
     generator = torch.Generator().manual_seed(1234)
     with torch.no_grad():
         for value in model.state_dict().values():  # the tied matrix once per name: the last draw stays
@@ -82,11 +84,11 @@ def _with_and_without(root: str, pretrained: str) -> None:
     """In each process: fine-tune `pretrained` under FSDP2 with every process reading it, then with
     cpu_ram_efficient_loading; then a look at a freshly prepared run of the latter. Each process writes its report."""
     from hf_vit_plus import Seq2SeqTransformerForConditionalGeneration
-    from hf_vit_plus.training.families import get_family
     from hf_vit_plus.training.loop import create_accelerator, prepare_run, train
     from hf_vit_plus.training.sharding import tied_module_groups
+    from hf_vit_plus.training.tasks import get_task
 
-    root_path, family = Path(root), get_family(FAMILY)
+    root_path, family = Path(root), get_task(FAMILY)
     report: dict = {}
     for name, efficient in (("every", False), ("main", True)):
         reads: list = []

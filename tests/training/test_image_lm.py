@@ -17,8 +17,8 @@ from hf_vit_plus.data.pixel_baselines import pixel_floors, pixel_histogram_bits_
 from hf_vit_plus.errors import UsageError
 from hf_vit_plus.hub.card import load_card_metadata, validate_card_metadata
 from hf_vit_plus.training.args import family_arguments
-from hf_vit_plus.training.families.image_lm import ImageLMFamily, load_image_arrays
 from hf_vit_plus.training.loop import train
+from hf_vit_plus.training.tasks.image_lm import ImageLMTask, load_image_arrays
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")  # tests/conftest.py
 
@@ -128,10 +128,13 @@ def test_cli_writes_weights_bits_per_dim_a_valid_card_and_the_curves(tmp_path, c
 
 
 def test_the_default_model_is_for_images_sized_from_the_data():
-    args = family_arguments("image-lm", output_dir="unused", max_train_samples=8, max_eval_samples=4)
-    family = ImageLMFamily()
+    args = family_arguments("image-lm", output_dir="unused", max_train_samples=8, max_eval_samples=4,
+                            per_device_train_batch_size=4)  # fmt: skip
+    from hf_vit_plus.training.plan import preview_plan
+
+    family = ImageLMTask()
     data = family.load_data(args)
-    model, processor = family.build(args, data)
+    model, processor = family.build(preview_plan(args, family, data), data)
     assert processor is None and type(model) is SparseTransformerForImageGeneration
     config = model.config
     # what 8 x 8 grey images fix (the paper's image layout, sec. 7.1): 256 intensities and a start token, one position
@@ -252,7 +255,8 @@ def test_missing_fashion_mnist_is_one_line_naming_the_package(tmp_path, capsys, 
 
 
 def test_data_options_belong_to_their_families(capsys):
-    for flag in ("--dataset_name", "--train_file", "--train_dir", "--tokenizer_name", "--block_size"):
+    # the image model reads the user's images (--dataset_name, --train_dir: issue 58), never text
+    for flag in ("--train_file", "--tokenizer_name", "--block_size", "--text_column"):
         with pytest.raises(SystemExit):
             main(["train", "image-lm", flag, "x"])
         assert "unrecognized arguments" in capsys.readouterr().err
@@ -262,12 +266,17 @@ def test_data_options_belong_to_their_families(capsys):
         "hf-vit-plus train vit: error: unrecognized arguments: --dataset digits (--dataset: did you mean "
         "--dataset_name?)" in capsys.readouterr().err
     )
-    with pytest.raises(UsageError, match="The image-lm family trains on built-in images"):
-        family_arguments("image-lm", dataset_name="mnist")
+    with pytest.raises(UsageError, match="Give either --dataset .built-in images. or your own data"):
+        family_arguments("image-lm", dataset="fashion-mnist", dataset_name="mnist")
     with pytest.raises(UsageError, match=r"--dataset \('digits'\) chooses the images of the image-lm family"):
         family_arguments("vit", dataset="digits")
-    assert family_arguments("image-lm").num_train_epochs == 30.0
-    assert family_arguments("image-lm", dataset="fashion-mnist").num_train_epochs == 1.0
+    from hf_vit_plus.training.plan import default_choices
+
+    # the data set's own epochs, chosen by the plan (the arguments leave them unset)
+    assert family_arguments("image-lm").num_train_epochs is None
+    assert default_choices(family_arguments("image-lm"))["num_train_epochs"] == (30.0, "--dataset digits")
+    fashion = default_choices(family_arguments("image-lm", dataset="fashion-mnist"))
+    assert fashion["num_train_epochs"] == (1.0, "--dataset fashion-mnist")
     assert family_arguments("image-lm", dataset="fashion-mnist", num_train_epochs=2.0).num_train_epochs == 2.0
 
 

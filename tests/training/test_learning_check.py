@@ -14,7 +14,6 @@ import torch
 
 from hf_vit_plus.training.args import family_arguments
 from hf_vit_plus.training.checkpoints import checkpoint_dirs
-from hf_vit_plus.training.families import get_family
 from hf_vit_plus.training.learning import (
     DivergenceGuard,
     LearningMetric,
@@ -24,6 +23,7 @@ from hf_vit_plus.training.learning import (
     unigram_bits,
 )
 from hf_vit_plus.training.loop import train
+from hf_vit_plus.training.tasks import get_task
 from tests.utils import REPO_ROOT, TINY_VIT_OVERRIDES
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")  # tests/conftest.py
@@ -155,7 +155,7 @@ def test_a_run_that_learns_has_no_warning(tmp_path):
 def test_a_diverging_run_stops_at_its_update_and_keeps_the_last_checkpoint(tmp_path):
     """The loss becomes NaN at update 5: the run stops there, the checkpoint of update 4 is as it was, nothing of
     update 5 or later is written."""
-    family = get_family("vit")
+    family = get_task("vit")
     original = family.training_loss
     calls = []
 

@@ -1,5 +1,6 @@
 """The run's decisions, made once into a frozen plan (`training/plan.py`): precision, sharding, activation
-checkpointing, the checkpoint to resume and its processor; the loop, the Accelerator and the first lines read it."""
+checkpointing (the launch the Accelerator is built from), the checkpoint to resume and its processor; the loop, the
+Accelerator and the first lines read it."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pytest
 from hf_vit_plus.training import sharding
 from hf_vit_plus.training.args import family_arguments
 from hf_vit_plus.training.loop import train
-from hf_vit_plus.training.plan import RunPlan, plan_resume, plan_run
+from hf_vit_plus.training.plan import Launch, RunPlan, decide_launch, preview_plan, resume_point
+from hf_vit_plus.training.tasks import get_task
 from tests.utils import TINY_VIT_OVERRIDES, run_report
 
 
@@ -53,30 +55,38 @@ def test_the_plan_decides_the_precision_and_says_who_chose_it(
     monkeypatch.setattr(compat, "cpu_has_native_bf16_products", lambda: native)
     for name, value in environ.items():
         monkeypatch.setenv(name, value)
-    plan = plan_run(tiny(tmp_path, **flags))
-    assert plan.args.mixed_precision == precision and plan.precision_from == chosen_by
-    assert plan.on_cpu and not plan.sharded
+    launch = decide_launch(tiny(tmp_path, **flags), get_task("vit"))
+    assert launch.mixed_precision == precision and launch.precision_from == chosen_by
+    assert launch.on_cpu and not launch.sharded
 
 
 def test_fsdp_activation_checkpointing_is_decided_into_the_arguments(tmp_path, monkeypatch):
-    plan = plan_run(tiny(tmp_path, fsdp=True, fsdp_config='{"activation_checkpointing": true}'))
-    assert plan.args.activation_checkpointing and plan.checkpointing_from == "--fsdp_config"
-    assert plan.request.fsdp and plan.sharded
+    sharded = tiny(tmp_path, fsdp=True, fsdp_config='{"activation_checkpointing": true}')
+    launch = decide_launch(sharded, get_task("vit"))
+    assert launch.activation_checkpointing and launch.checkpointing_from == "--fsdp_config"
+    assert launch.request.fsdp and launch.sharded
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     monkeypatch.setenv("FSDP_ACTIVATION_CHECKPOINTING", "true")
-    plan = plan_run(tiny(tmp_path))
-    assert plan.args.activation_checkpointing and plan.checkpointing_from == "the accelerate config"
-    assert plan.request.fsdp_from == sharding.LAUNCHER_FSDP
+    launch = decide_launch(tiny(tmp_path), get_task("vit"))
+    assert launch.activation_checkpointing and launch.checkpointing_from == "the accelerate config"
+    assert launch.request.fsdp_from == sharding.LAUNCHER_FSDP
     monkeypatch.delenv("ACCELERATE_USE_FSDP")
-    plain = plan_run(tiny(tmp_path))
-    assert not plain.args.activation_checkpointing and plain.checkpointing_from is None
+    plain = decide_launch(tiny(tmp_path), get_task("vit"))
+    assert not plain.activation_checkpointing and plain.checkpointing_from is None
 
 
 def test_the_plan_is_frozen(tmp_path):
-    plan = plan_run(tiny(tmp_path))
-    assert isinstance(plan, RunPlan)
+    from hf_vit_plus.training.tasks import get_task
+
+    args = tiny(tmp_path)
+    plan = preview_plan(args, get_task("vit"))
+    assert isinstance(plan, RunPlan) and isinstance(plan.launch, Launch)
     with pytest.raises(dataclasses.FrozenInstanceError):
-        plan.on_cpu = False
+        plan.total_steps = 2
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.options.learning_rate = 1.0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        args.max_steps = 2
 
 
 def test_a_run_asks_for_its_parallelism_once_and_prints_its_plan(tmp_path, monkeypatch):
@@ -101,7 +111,7 @@ def test_a_run_asks_for_its_parallelism_once_and_prints_its_plan(tmp_path, monke
 
 def test_resuming_reads_the_checkpoint_and_its_processor_into_the_plan(tmp_path):
     """The seq2seq family trains its tokenizer: a resumed run must use the checkpoint's, chosen by the plan."""
-    from hf_vit_plus.training.families import get_family
+    from hf_vit_plus.training.tasks import get_task
 
     args = family_arguments(
         "seq2seq", output_dir=str(tmp_path / "s2s"), report_to="none", write_card=False, max_steps=2, save_steps=1,
@@ -111,16 +121,17 @@ def test_resuming_reads_the_checkpoint_and_its_processor_into_the_plan(tmp_path)
     )  # fmt: skip
     train(args)
     resumed = dataclasses.replace(args, resume_from_checkpoint="latest", max_steps=3)
-    plan = plan_resume(plan_run(resumed), get_family("seq2seq"))
+    plan = preview_plan(resumed, get_task("seq2seq"))
     assert plan.resume is not None and plan.resume.path.name == "checkpoint-2"
-    assert plan.processor_from == str(plan.resume.path / "processor") == plan.args.tokenizer_name
+    assert plan.processor_from == str(plan.resume.path / "processor") == plan.processor_location
+    assert plan.options.tokenizer_name is None  # the options stay what was given; the plan says where it reads
     with run_report() as report:
         result = train(resumed)
     assert result.global_step == 3
     assert f"Processor: the one saved with the checkpoint resumed ({plan.processor_from})" in report.getvalue()
     # a plain run plans no resume and no processor
-    fresh = plan_resume(plan_run(args), get_family("seq2seq"))
-    assert fresh.resume is None and fresh.processor_from is None and fresh.args.tokenizer_name is None
+    fresh = resume_point(args, get_task("seq2seq"))
+    assert fresh == (None, None)
 
 
 FP32_FOR_1X1 = "--recipe deit, not bf16: the resnet's feature maps shrink to 1 x 1"
@@ -149,12 +160,14 @@ def test_the_recipe_trains_a_cnn_whose_maps_shrink_to_1x1_in_fp32_on_the_cpu(
     overrides = dict(recipe="deit", dataset_name=dataset, model_type=model_type)
     if model_type:
         overrides["config_overrides"] = None  # the ResNet's own sizes (TRANSFORMERS_CONFIGS)
-    plan = plan_run(tiny(tmp_path, **overrides))
-    assert plan.args.mixed_precision == precision
+    from hf_vit_plus.training.tasks import get_task
+
+    launch = decide_launch(tiny(tmp_path, **overrides), get_task("vit"))
+    assert launch.mixed_precision == precision
     if reason:
-        assert plan.precision_from.startswith(reason) and "non-finite gradients" in plan.precision_from
+        assert launch.precision_from.startswith(reason) and "non-finite gradients" in launch.precision_from
     else:
-        assert plan.precision_from == "--recipe deit"
+        assert launch.precision_from == "--recipe deit"
 
 
 @pytest.mark.parametrize("dataset, side", [("digits", 1), ("fashion-mnist", 2)])
@@ -163,9 +176,9 @@ def test_the_smallest_feature_map_is_the_real_models(tmp_path, dataset, side):
     import torch
     from transformers import AutoModelForImageClassification
 
-    from hf_vit_plus.training.families import get_family
+    from hf_vit_plus.training.tasks import get_task
 
-    family = get_family("vit")
+    family = get_task("vit")
     args = tiny(tmp_path, dataset_name=dataset, model_type="resnet", config_overrides=None)
     assert family.smallest_feature_map(args) == side
     shape = family.default_config(args)

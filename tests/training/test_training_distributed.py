@@ -140,15 +140,18 @@ def _trainer_losses(family_name: str, output_dir: str, batch: int) -> None:
     from transformers import Trainer, set_seed
     from transformers import TrainingArguments as HFTrainingArguments
 
-    from hf_vit_plus.training.families import get_family
+    from hf_vit_plus.training.plan import preview_plan
+    from hf_vit_plus.training.tasks import get_task
 
-    family = get_family(family_name)
+    family = get_task(family_name)
     args = family_arguments(family_name, output_dir=output_dir, config_overrides=TINY[family_name],
-                            max_train_samples=64, max_eval_samples=8, block_size=32, vocab_size=300)  # fmt: skip
+                            max_train_samples=64, max_eval_samples=8, block_size=32, vocab_size=300,
+                            per_device_train_batch_size=batch)  # fmt: skip
     set_seed(0)
     data = family.load_data(args)
-    model, processor = family.build(args, data)
-    datasets = family.transform(data, processor, model, args)
+    plan = preview_plan(args, family, data)
+    model, processor = family.build(plan, data)
+    datasets = family.transform(data, processor, model, plan)
     trainer_args = HFTrainingArguments(
         output_dir=output_dir,
         per_device_train_batch_size=batch,
@@ -285,9 +288,9 @@ def _diverge_on_rank_1(output_dir: str) -> None:
 
     from accelerate import PartialState
 
-    from hf_vit_plus.training.families import get_family
+    from hf_vit_plus.training.tasks import get_task
 
-    family = get_family("vit")
+    family = get_task("vit")
     original, calls = family.training_loss, []
 
     def poisoned(model, batch, extras):  # the loss of process 1 becomes NaN at its third update

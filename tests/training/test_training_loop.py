@@ -97,16 +97,18 @@ def test_adamw_is_fused_on_plain_parameters_and_updates_as_the_per_tensor_loop(t
     import copy
 
     from hf_vit_plus import ViTPlusConfig, ViTPlusForImageClassification
-    from hf_vit_plus.training.families import get_family, weight_decay_groups
-    from hf_vit_plus.training.families.base import fused_optimizer_supported
+    from hf_vit_plus.training.tasks import get_task, weight_decay_groups
+    from hf_vit_plus.training.tasks.base import fused_optimizer_supported
 
     config = ViTPlusConfig(image_size=8, patch_size=4, num_channels=1, hidden_size=16, num_hidden_layers=1,
                            num_attention_heads=2, intermediate_size=32, num_labels=3)  # fmt: skip
     torch.manual_seed(0)
     model = ViTPlusForImageClassification(config)
     reference = copy.deepcopy(model)
+    from hf_vit_plus.training.plan import preview_plan
+
     args = tiny_vit(tmp_path, learning_rate=1e-2)
-    fused = get_family("vit").create_optimizer(model, args)
+    fused = get_task("vit").create_optimizer(model, preview_plan(args, get_task("vit")))
     assert fused.defaults["fused"] is True
     betas, eps = (args.adam_beta1, args.adam_beta2), args.adam_epsilon
     groups = weight_decay_groups(reference, args.weight_decay)
@@ -261,11 +263,14 @@ def test_bad_arguments(tmp_path, overrides, message):
 
 def test_cli_parser_uses_family_defaults():
     vit = parse_args("vit", ["--output_dir", "x", "--max_steps", "5", "--activation_checkpointing"])
-    assert (vit.family, vit.max_steps, vit.activation_checkpointing, vit.learning_rate) == ("vit", 5, True, 2e-3)
+    assert (vit.family, vit.max_steps, vit.activation_checkpointing, vit.num_train_epochs) == ("vit", 5, True, 30.0)
+    assert vit.learning_rate is None  # the --recipe's, when the run is planned
+    assert set(vit.given) == {"output_dir", "max_steps", "activation_checkpointing"}
     s2s = parse_args("seq2seq", [])
     assert (s2s.adam_beta2, s2s.adam_epsilon, s2s.label_smoothing_factor) == (0.98, 1e-9, 0.1)  # the paper's
-    # the paper's schedule scaled to the run (issue: the paper's factor with 200 warm-up updates learned nothing)
-    assert (s2s.learning_rate, s2s.warmup_steps, s2s.warmup_ratio, s2s.max_grad_norm) == (0.25, None, 0.1, 1.0)
+    # the paper's schedule scaled to the run (issue: the paper's factor with 200 warm-up updates learned nothing):
+    # its peak learning rate, reached after a tenth of the updates
+    assert (s2s.learning_rate, s2s.warmup_steps, s2s.warmup_ratio, s2s.max_grad_norm) == (1.25e-3, None, 0.1, 1.0)
 
 
 def test_image_folder_user_data(tmp_path):
@@ -421,14 +426,17 @@ def test_a_seq2seq_config_folder_gets_the_runs_label_smoothing_and_vocabulary(tm
     """A fresh seq2seq model from a --config_name folder is sized for the tokenizer and uses
     --label_smoothing_factor, as one from a preset or the default config does (the folder's values were kept)."""
     from hf_vit_plus import Seq2SeqTransformerConfig
-    from hf_vit_plus.training.families import get_family
+    from hf_vit_plus.training.tasks import get_task
 
     Seq2SeqTransformerConfig(d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
                              decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, vocab_size=5000,
                              label_smoothing=0.0).save_pretrained(tmp_path / "config")  # fmt: skip
     args = family_arguments("seq2seq", output_dir=str(tmp_path / "run"), config_name=str(tmp_path / "config"),
                             label_smoothing_factor=0.2, max_train_samples=200, vocab_size=300)  # fmt: skip
-    family = get_family("seq2seq")
-    model, tokenizer = family.build(args, family.load_data(args))
+    from hf_vit_plus.training.plan import preview_plan
+
+    family = get_task("seq2seq")
+    data = family.load_data(args)
+    model, tokenizer = family.build(preview_plan(args, family, data), data)
     assert model.config.label_smoothing == 0.2 and model.config.vocab_size == len(tokenizer)
     assert model.config.d_model == 32

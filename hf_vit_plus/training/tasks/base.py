@@ -1,20 +1,35 @@
-"""What every family's training recipe shares: the `TrainingFamily` base class the loop (`loop.py`) calls, the raw
+"""What every family's training task shares: the `TrainingTask` base class the loop (`loop.py`) calls, the raw
 data it returns (`TrainingData`), the optimiser groups and the data helpers.
 
-A recipe holds no state: each step takes what it needs and returns values. The loop calls
+A task holds no state: each step takes what it needs and returns values. Before the run is planned (`plan.py`) the
+loop and the plan call, with the options (`TrainingArguments`):
 
-    load_data(args)                        -> TrainingData: "train" / "validation" with the family's columns
-    resolve_args(args, data)               -> args with the run's settings that depend on the data (a recipe's)
-    build(args, data)                      -> (model, processor): image processor or tokenizer
-    transform(data, processor, model, args)-> the datasets the loaders read, processed on the fly
+    load_data(options)                     -> TrainingData: "train" / "validation" with the family's columns
+    recipe_context(options, data, ...)    -> what the recipe's values depend on (the families with a --recipe)
+    planned_config_fields(options, data, epochs) -> the model config fields the run sets, and who chose each
+
+and then, with the plan (`RunPlan`, the resolved options in `plan.options`), which is all they read:
+
+    build(plan, data)                      -> (model, processor): image processor or tokenizer
+    transform(data, processor, model, plan)-> the datasets the loaders read, processed on the fly
     collate_fn(processor)                  -> batches
-    extras(args, model, accelerator)       -> what the loss needs besides the model (e.g. a teacher), or {}
+    unit_batches(data, processor, model, plan) -> how training batches are made in the loader's workers, unit by
+                                              unit (a stream, a token budget, images read from files), or None
+    on_device(batch, extras)               -> a training batch on the device, finished (e.g. uint8 images
+                                              normalised and erased)
+    token_counts(batch)                    -> (real, padded) tokens of a text batch, for the padding fraction
+    extras(plan, model, accelerator)       -> what the loss needs besides the model (e.g. a teacher), or {}
     training_loss(model, batch, extras)    -> the loss of one micro-batch (default: the model's own)
     eval_outputs(model, batch), metrics(gathered)
     measure_baselines(data, datasets)      -> the task's trivial baselines on the evaluation split (`learning_metric`
                                               says which one the final evaluation must beat: `learning.py`)
-    create_optimizer(model, args), create_scheduler(optimizer, args, total_steps, config)
-    figures(model, processor, raw, output_dir)   for the model card
+    create_optimizer(model, plan), create_scheduler(optimizer, plan): the plan's optimizer and schedule
+    preprocessing(plan, processor), figures(model, processor, raw, output_dir)   for the model card
+
+With --streaming, `load_data` returns the training examples as a stream (`TrainingData.stream`, read by the loader's
+workers: `hf_vit_plus.data.pipeline`), the evaluation split read whole (from the source's validation split or files,
+else the stream's first --max_eval_samples examples, held out) and a sample of the stream's first examples as "train"
+(`stream_data`): what the baselines, the label names and a tokenizer trained on the data are taken from.
 
 `load_data` may also return reference numbers measured on the evaluation split (`TrainingData.baselines`, e.g. the
 image model's floors), which the loop writes beside the model's results.
@@ -31,7 +46,6 @@ it from the main process once sharded (`sharding.WeightsFromMainProcess`).
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -43,11 +57,12 @@ import torch
 from datasets import DatasetDict
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig
 
-from ...data.loading import load_user_dataset, pick_column
+from ...data.loading import load_user_dataset, load_user_stream, pick_column
 from ...errors import UsageError, load_config
 from ...families import Family, get_family
 from ..args import TrainingArguments
 from ..learning import LearningMetric
+from ..plan import RunPlan
 from .overrides import check_config_overrides, config_value_errors, parse_overrides
 
 # whether `load_or_create_model` leaves a saved model's weights to the main process (`weights_from_main_process`)
@@ -108,25 +123,53 @@ def fused_optimizer_supported(model: torch.nn.Module) -> bool:
     )
 
 
-def warmup_steps(args: TrainingArguments, total_steps: int) -> int:
-    """The number of warm-up steps of a run: --warmup_steps (at most `total_steps`), else --warmup_ratio of them.
-
-    Args:
-        args: the run's options.
-        total_steps: the optimiser steps of the run.
-
-    Returns:
-        The warm-up steps.
-    """
-    if args.warmup_steps is not None:
-        return min(args.warmup_steps, total_steps)
-    return int(math.ceil(args.warmup_ratio * total_steps))
-
-
 # ---------------------------------------------------------------------------------------------------- the family
+# The columns of images and of their classes: the names to guess from (WebDataset shards name them by the files'
+# extensions: "jpg", "cls")
+IMAGE_COLUMNS = ("image", "img", "picture", "jpg", "jpeg", "png", "webp")
+LABEL_COLUMNS = ("label", "labels", "fine_label", "cls")
+
+# With --streaming: the evaluation examples held out of the stream's head when it has no validation split (unless
+# --max_eval_samples says how many), and the examples after them read into memory as a sample of the training data
+# (the baselines, the label names, a tokenizer trained on the data).
+STREAM_HELD_OUT_EXAMPLES = 1000
+STREAM_SAMPLE_EXAMPLES = 1000
+
+
+@dataclass(frozen=True)
+class TrainingStream:
+    """The training examples of a run read as a stream (--streaming).
+
+    Attributes:
+        dataset: the raw examples (a `datasets.IterableDataset`) with the family's columns, images undecoded.
+        held_out: fingerprints of the examples held out of its head for evaluation (`pipeline.example_fingerprint`).
+        shards: its shards (files, or the Hub's).
+    """
+
+    dataset: Any
+    held_out: frozenset[bytes] = frozenset()
+    shards: int = 1
+
+
+@dataclass(frozen=True)
+class UnitBatches:
+    """How a family's training batches are made in the loader's workers, unit by unit (`pipeline.ResumableLoader`).
+
+    Attributes:
+        make: a unit's raw examples (columns) and a numpy generator -> its batches (picklable).
+        unit_size: raw examples per unit.
+        whole_batches: a unit is one batch, its examples a process's share of a global batch (the epoch's batches
+            are then known for data read whole); else a pool of examples that becomes any number of batches.
+    """
+
+    make: Callable[[dict[str, list], Any], list[dict]]
+    unit_size: int
+    whole_batches: bool
+
+
 @dataclass(frozen=True)
 class TrainingData:
-    """The raw splits of a run, as `TrainingFamily.load_data` returns them.
+    """The raw splits of a run, as `TrainingTask.load_data` returns them.
 
     Attributes:
         raw: "train" and "validation", with the family's column names.
@@ -138,6 +181,10 @@ class TrainingData:
         hub_id: the data set's Hub id, where it has one (the card's `datasets` and model-index).
         description: what the model card says of the data's source and splits (markdown).
         languages: the texts' language codes (a translation card's source then target).
+        stream: with --streaming, the training examples as a stream ("train" of `raw` is then a sample of its
+            head); None for data read whole.
+        eval_from: where the evaluation examples come from, in words, for the run's first lines ("" when the data
+            says nothing more than its split).
     """
 
     raw: DatasetDict
@@ -148,9 +195,11 @@ class TrainingData:
     hub_id: str | None = None
     description: str = ""
     languages: tuple[str, ...] = ()
+    stream: TrainingStream | None = None
+    eval_from: str = ""
 
 
-class TrainingFamily:
+class TrainingTask:
     """The per-family pieces of the loop.
 
     Subclasses set `name` (the id of their `hf_vit_plus.families` record) and implement the data and evaluation
@@ -161,6 +210,8 @@ class TrainingFamily:
     trains_its_processor: bool = False  # a tokenizer trained on the data (saved with each checkpoint)
     # the evaluation metric and the trivial baseline it must clearly beat for the run to have learned (`learning.py`)
     learning_metric: LearningMetric | None = None
+    # the optimizer of the plan (`plan.OptimizerSpec.name`): "adamw", or "adam" (the encoder-decoder paper's)
+    optimizer_name: str = "adamw"
 
     @property
     def spec(self) -> Family:
@@ -211,14 +262,14 @@ class TrainingFamily:
         """
         return hasattr(self.config_class, "from_preset") and not Path(config_name).is_dir()
 
-    def config_class_for(self, args: TrainingArguments) -> type:
+    def config_class_for(self, options: TrainingArguments) -> type:
         """The class of the config `build_config` makes.
 
         That of --model_name_or_path or a --config_name folder, else the family's own (after checking that a
         --config_name preset exists).
 
         Args:
-            args: the run's options.
+            options: the run's options.
 
         Returns:
             The config class.
@@ -226,22 +277,22 @@ class TrainingFamily:
         Raises:
             UsageError: --config_name names no preset of the family.
         """
-        if args.model_name_or_path:
-            return type(load_config(args.model_name_or_path, "--model_name_or_path"))
-        if args.config_name and not self.is_preset(args.config_name):
-            return type(load_config(args.config_name, "--config_name"))
-        if args.config_name:
+        if options.model_name_or_path:
+            return type(load_config(options.model_name_or_path, "--model_name_or_path"))
+        if options.config_name and not self.is_preset(options.config_name):
+            return type(load_config(options.config_name, "--config_name"))
+        if options.config_name:
             try:
-                self.config_class.from_preset(args.config_name)
+                self.config_class.from_preset(options.config_name)
             except ValueError as error:  # an unknown preset; the message lists the known ones
                 raise UsageError(f"--config_name: {error}") from error
         return self.config_class
 
-    def config_overrides(self, args: TrainingArguments) -> dict[str, Any]:
+    def config_overrides(self, options: TrainingArguments) -> dict[str, Any]:
         """--config_overrides parsed and checked against the fields of the config `build_config` makes.
 
         Args:
-            args: the run's options.
+            options: the run's options.
 
         Returns:
             Field name -> value.
@@ -249,19 +300,19 @@ class TrainingFamily:
         Raises:
             UsageError: a key that is not a field of the config.
         """
-        overrides = parse_overrides(args.config_overrides)
+        overrides = parse_overrides(options.config_overrides)
         if overrides:
-            check_config_overrides(self.config_class_for(args), overrides)
+            check_config_overrides(self.config_class_for(options), overrides)
         return overrides
 
-    def build_config(self, args: TrainingArguments, defaults: dict, fields: dict) -> PretrainedConfig:
+    def build_config(self, options: TrainingArguments, defaults: dict, fields: dict) -> PretrainedConfig:
         """The model's config.
 
         That of --model_name_or_path, of a --config_name folder, Hub id or preset, or the family's `defaults`; then
         `fields` (what the data and the run fix) and --config_overrides on top.
 
         Args:
-            args: the run's options.
+            options: the run's options.
             defaults: the family's config values for a fresh model.
             fields: the values the data and the run fix (e.g. the number of labels).
 
@@ -271,42 +322,42 @@ class TrainingFamily:
         Raises:
             UsageError: the config refuses its values.
         """
-        values = {**fields, **self.config_overrides(args)}
-        source = args.model_name_or_path or args.config_name
-        with config_value_errors(args):
-            if source and (args.model_name_or_path or not self.is_preset(source)):
+        values = {**fields, **self.config_overrides(options)}
+        source = options.model_name_or_path or options.config_name
+        with config_value_errors(options):
+            if source and (options.model_name_or_path or not self.is_preset(source)):
                 return AutoConfig.from_pretrained(source, **values)
             if source:
                 return self.config_class.from_preset(source, **values)
             return self.config_class(**{**defaults, **values})
 
-    def load_or_create_model(self, args: TrainingArguments, config: PretrainedConfig) -> torch.nn.Module:
+    def load_or_create_model(self, options: TrainingArguments, config: PretrainedConfig) -> torch.nn.Module:
         """The saved model of --model_name_or_path with `config`, or a fresh one.
 
         Within `weights_from_main_process` the saved model is only its layout on the meta device (the class
         from_pretrained would choose).
 
         Args:
-            args: the run's options.
+            options: the run's options.
             config: the model's config (from `build_config`).
 
         Returns:
             The model.
         """
-        if args.model_name_or_path and _WEIGHTS_FROM_MAIN_PROCESS.get():
+        if options.model_name_or_path and _WEIGHTS_FROM_MAIN_PROCESS.get():
             with torch.device("meta"):
                 return self.auto_model_class.from_config(config).eval()  # in eval mode, as from_pretrained gives it
-        if args.model_name_or_path:
+        if options.model_name_or_path:
             return self.auto_model_class.from_pretrained(
-                args.model_name_or_path, config=config, ignore_mismatched_sizes=args.ignore_mismatched_sizes
+                options.model_name_or_path, config=config, ignore_mismatched_sizes=options.ignore_mismatched_sizes
             )
         return self.model_class(config)
 
-    def build(self, args: TrainingArguments, data: TrainingData) -> tuple[torch.nn.Module, Any]:
+    def build(self, plan: RunPlan, data: TrainingData) -> tuple[torch.nn.Module, Any]:
         """The model and its processor; each family implements it.
 
         Args:
-            args: the run's options.
+            plan: the run's plan.
             data: the run's data (a tokenizer may be trained on it).
 
         Returns:
@@ -315,39 +366,56 @@ class TrainingFamily:
         raise NotImplementedError
 
     # --- data
-    def load_data(self, args: TrainingArguments) -> TrainingData:
+    def load_data(self, options: TrainingArguments) -> TrainingData:
         """The run's raw splits; each family implements it.
 
         Args:
-            args: the run's options (the data options name the data).
+            options: the run's options (the data options name the data).
 
         Returns:
             The raw splits with their card record.
         """
         raise NotImplementedError
 
-    def resolve_args(self, args: TrainingArguments, data: TrainingData) -> TrainingArguments:
-        """`args` with the settings that depend on the data and the run filled in (a training recipe's).
-
-        The default leaves them as they are.
+    def recipe_context(self, options: TrainingArguments, data: TrainingData, global_batch: int, total_steps: int,
+                       epochs: float):  # fmt: skip
+        """What the values of the family's --recipe depend on (`recipes.RecipeContext`); the families with a recipe
+        implement it.
 
         Args:
-            args: the run's options.
+            options: the run's options.
             data: the run's data.
+            global_batch: examples per update.
+            total_steps: the updates of the run.
+            epochs: the run's length in passes over the training data.
 
         Returns:
-            The completed options.
+            The recipe's context.
         """
-        return args
+        raise NotImplementedError
 
-    def transform(self, data: TrainingData, processor, model, args: TrainingArguments) -> DatasetDict:
+    def planned_config_fields(self, options: TrainingArguments, data: TrainingData, epochs: float) -> dict:
+        """Model config fields the run sets beyond what the data fixes (e.g. a recipe's stochastic depth); none by
+        default.
+
+        Args:
+            options: the run's options, resolved.
+            data: the run's data.
+            epochs: the run's length in passes over the training data.
+
+        Returns:
+            Config field -> (value, who chose it).
+        """
+        return {}
+
+    def transform(self, data: TrainingData, processor, model, plan: RunPlan) -> DatasetDict:
         """The splits as model inputs; each family implements it.
 
         Args:
             data: the run's raw splits.
             processor: the image processor or tokenizer.
             model: the model (its config fixes sizes such as the image resolution).
-            args: the run's options.
+            plan: the run's plan.
 
         Returns:
             The transformed splits.
@@ -365,12 +433,53 @@ class TrainingFamily:
         """
         raise NotImplementedError
 
+    def unit_batches(self, data: TrainingData, processor, model, plan: RunPlan) -> UnitBatches | None:
+        """How the training batches are made in the loader's workers, unit by unit (`pipeline.ResumableLoader`):
+        for a stream, a token budget, or images read from files; None (the default): the training split of
+        `transform` through a plain DataLoader with `collate_fn`.
+
+        Args:
+            data: the run's data.
+            processor: the image processor or tokenizer.
+            model: the model.
+            plan: the run's plan.
+
+        Returns:
+            The recipe of the units, or None.
+        """
+        return None
+
+    def on_device(self, batch: dict, extras: dict[str, Any]) -> dict:
+        """A training batch on the device, before the loss: finished where that is cheaper per batch (e.g. uint8
+        images normalised and erased); as it is by default.
+
+        Args:
+            batch: the micro-batch, on the device.
+            extras: what `extras` returned.
+
+        Returns:
+            The batch the loss reads.
+        """
+        return batch
+
+    def token_counts(self, batch: dict) -> tuple[int, int] | None:
+        """(real tokens, tokens after padding) of a text batch, for the padding fraction the run logs; None for a
+        family that reads no text.
+
+        Args:
+            batch: a training micro-batch.
+
+        Returns:
+            The two counts, or None.
+        """
+        return None
+
     # --- training
-    def extras(self, args: TrainingArguments, model, accelerator) -> dict[str, Any]:
+    def extras(self, plan: RunPlan, model, accelerator) -> dict[str, Any]:
         """What `training_loss` needs besides the model and the batch (e.g. a teacher model on the device).
 
         Args:
-            args: the run's options.
+            plan: the run's plan.
             model: the model, as `accelerator.prepare` returned it.
             accelerator: the run's `Accelerator`.
 
@@ -417,55 +526,46 @@ class TrainingFamily:
         raise NotImplementedError
 
     # --- optimisation
-    def create_optimizer(self, model, args: TrainingArguments) -> torch.optim.Optimizer:
-        """AdamW over `weight_decay_groups`, fused where torch supports it for the model.
+    def create_optimizer(self, model, plan: RunPlan) -> torch.optim.Optimizer:
+        """The plan's optimizer over `weight_decay_groups`: AdamW, fused where torch supports it for the model, or
+        the paper's Adam (`plan.optimizer.name`).
 
         Args:
             model: the model.
-            args: the run's options (learning rate, betas, epsilon, weight decay).
+            plan: the run's plan (its `optimizer`).
 
         Returns:
             The optimiser.
         """
+        spec = plan.optimizer
+        groups = weight_decay_groups(model, spec.weight_decay)
+        if spec.name == "adam":
+            return torch.optim.Adam(groups, lr=spec.learning_rate, betas=spec.betas, eps=spec.eps)
         return torch.optim.AdamW(
-            weight_decay_groups(model, args.weight_decay),
-            lr=args.learning_rate,
-            betas=(args.adam_beta1, args.adam_beta2),
-            eps=args.adam_epsilon,
+            groups,
+            lr=spec.learning_rate,
+            betas=spec.betas,
+            eps=spec.eps,
             fused=fused_optimizer_supported(model) or None,
         )
 
-    def create_scheduler(self, optimizer, args: TrainingArguments, total_steps: int, model_config):
-        """The learning-rate schedule of --lr_scheduler_type ("auto": the family's own), with `warmup_steps`.
+    def create_scheduler(self, optimizer, plan: RunPlan):
+        """The plan's learning-rate schedule, by transformers' `get_scheduler`: it multiplies the optimizer's rate
+        (the peak, --learning_rate) by at most 1.
 
         Args:
             optimizer: the optimiser.
-            args: the run's options.
-            total_steps: the optimiser steps of the run.
-            model_config: the model's config (the Noam schedule reads its width).
+            plan: the run's plan (its `schedule`).
 
         Returns:
-            The scheduler.
-
-        Raises:
-            ValueError: an unknown schedule.
+            The scheduler (a `LambdaLR`).
         """
-        from transformers import get_constant_schedule_with_warmup, get_linear_schedule_with_warmup
+        from transformers import get_scheduler
 
-        from ..schedules import get_noam_schedule, get_warmup_cosine_schedule
-
-        kind = self.default_scheduler if args.lr_scheduler_type == "auto" else args.lr_scheduler_type
-        warmup = warmup_steps(args, total_steps)
-        if kind == "cosine":
-            return get_warmup_cosine_schedule(optimizer, warmup, total_steps)
-        if kind == "linear":
-            return get_linear_schedule_with_warmup(optimizer, warmup, total_steps)
-        if kind == "constant":
-            return get_constant_schedule_with_warmup(optimizer, warmup)
-        if kind == "noam":
-            d_model = getattr(model_config, "d_model", None) or model_config.hidden_size
-            return get_noam_schedule(optimizer, d_model=d_model, warmup_steps=max(1, warmup))
-        raise ValueError(f"Unknown --lr_scheduler_type {kind!r}.")
+        spec = plan.schedule
+        return get_scheduler(
+            spec.function, optimizer, num_warmup_steps=spec.warmup_steps, num_training_steps=spec.total_steps
+        )
 
     def measure_baselines(self, data: TrainingData, datasets) -> dict[str, float]:
         """Trivial baselines on the evaluation split (e.g. the majority class's accuracy), measured on the run's data.
@@ -482,11 +582,11 @@ class TrainingFamily:
         return {}
 
     # --- card extras
-    def preprocessing(self, args: TrainingArguments, processor) -> str:
+    def preprocessing(self, plan: RunPlan, processor) -> str:
         """What the model card says of how examples became model inputs.
 
         Args:
-            args: the run's options.
+            plan: the run's plan.
             processor: the image processor or tokenizer.
 
         Returns:
@@ -516,9 +616,9 @@ class TrainingFamily:
 
 
 # ------------------------------------------------------------------------------------------------- data helpers
-def builtin_data(args: TrainingArguments) -> bool:
+def builtin_data(options: TrainingArguments) -> bool:
     """Whether the run uses the family's built-in data (no data option given)."""
-    return not (args.dataset_name or args.train_dir or args.train_file)
+    return not (options.dataset_name or options.train_dir or options.train_file)
 
 
 def builtin_card_record(dataset) -> tuple[str, dict]:
@@ -527,33 +627,107 @@ def builtin_card_record(dataset) -> tuple[str, dict]:
     return dataset.card_name, dict(eval_split="test", hub_id=dataset.hub_id, description=dataset.card_description)
 
 
-def user_data_record(args: TrainingArguments, files: str | None) -> dict:
+def user_data_record(options: TrainingArguments, files: str | None) -> dict:
     """`TrainingData`'s name, Hub id and description of the user's data: --dataset_name when it is a Hub id (not a
     local folder), else the local files' name (`files`: --train_dir or --train_file)."""
     from ...hub.card import hub_dataset_id
 
-    if args.dataset_name:
-        hub_id = hub_dataset_id(args.dataset_name)
-        config = f" (configuration `{args.dataset_config_name}`)" if args.dataset_config_name else ""
-        where = f"the Hub data set `{hub_id}`" if hub_id else f"the data set in `{Path(args.dataset_name).name}`"
-        return dict(name=args.dataset_name if hub_id else Path(args.dataset_name).name, hub_id=hub_id,
+    if options.dataset_name:
+        hub_id = hub_dataset_id(options.dataset_name)
+        config = f" (configuration `{options.dataset_config_name}`)" if options.dataset_config_name else ""
+        where = f"the Hub data set `{hub_id}`" if hub_id else f"the data set in `{Path(options.dataset_name).name}`"
+        return dict(name=options.dataset_name if hub_id else Path(options.dataset_name).name, hub_id=hub_id,
                     description=f"{where}{config}, loaded with `datasets.load_dataset`.")  # fmt: skip
     name = Path(files).stem if files else "local files"
     return dict(name=name, hub_id=None, description=f"local files (`{name}`), not on the Hub.")
 
 
-def load_user_data(args: TrainingArguments) -> DatasetDict:
+def load_user_data(options: TrainingArguments) -> DatasetDict:
     """The user's data (--dataset_name, --train_dir or --train_file) with "train" and "validation" splits."""
     return load_user_dataset(
-        dataset_name=args.dataset_name,
-        dataset_config_name=args.dataset_config_name,
-        train_dir=args.train_dir,
-        validation_dir=args.validation_dir,
-        train_file=args.train_file,
-        validation_file=args.validation_file,
-        validation_split_percentage=args.validation_split_percentage,
-        seed=args.seed,
+        dataset_name=options.dataset_name,
+        dataset_config_name=options.dataset_config_name,
+        train_dir=options.train_dir,
+        validation_dir=options.validation_dir,
+        train_file=options.train_file,
+        validation_file=options.validation_file,
+        validation_split_percentage=options.validation_split_percentage,
+        seed=options.seed,
     )
+
+
+def stream_data(options: TrainingArguments, **roles: tuple[str | None, tuple[str, ...], str]):
+    """The user's data with --streaming (`data.loading.load_user_stream`): one column per role (as `select_columns`),
+    images left undecoded in the stream; the evaluation split from the source's validation split or files (its first
+    --max_eval_samples examples, if given), else the stream's first --max_eval_samples examples
+    (`STREAM_HELD_OUT_EXAMPLES` when not given), held out of training by their fingerprints; and the
+    `STREAM_SAMPLE_EXAMPLES` examples that follow, read into memory as a sample of the training data.
+
+    Args:
+        options: the run's options.
+        **roles: as `select_columns`.
+
+    Returns:
+        (raw splits: the sample as "train" and the evaluation split as "validation"; the stream; where the evaluation
+        examples come from, in words; the chosen column of each role).
+
+    Raises:
+        ValueError: data that cannot be read, a missing column, a stream too short to hold its evaluation examples out.
+    """
+    from datasets import Dataset, Image
+
+    from ...data.image_files import image_feature_columns, undecoded
+    from ...data.pipeline import example_fingerprint
+
+    user = load_user_stream(
+        dataset_name=options.dataset_name,
+        dataset_config_name=options.dataset_config_name,
+        train_dir=options.train_dir,
+        validation_dir=options.validation_dir,
+        train_file=options.train_file,
+        validation_file=options.validation_file,
+    )
+    stream = user.train
+    names = list(stream.column_names or next(iter(stream.take(1)), {}))
+    chosen = {role: pick_column(names, requested, candidates, flag) for role, (requested, candidates, flag)
+              in roles.items()}  # fmt: skip
+    renames = {column: role for role, column in chosen.items() if column != role}
+    stream = undecoded(stream.select_columns(list(chosen.values())))
+    if renames:
+        stream = stream.rename_columns(renames)
+    held = 0 if user.validation is not None else (options.max_eval_samples or STREAM_HELD_OUT_EXAMPLES)
+    head = list(stream.take(held + STREAM_SAMPLE_EXAMPLES))
+    if len(head) <= held:
+        raise ValueError(
+            f"The stream has {len(head)} examples: too few to hold {held} out for evaluation and train on the rest "
+            "(give --validation_file / --validation_dir, or a smaller --max_eval_samples)."
+        )
+    features = stream.features
+
+    def as_dataset(rows: list[dict]) -> Dataset:
+        dataset = Dataset.from_list(rows, features=features)
+        for column in image_feature_columns(features):  # decoded again, as the evaluation reads them
+            dataset = dataset.cast_column(column, Image())
+        return dataset
+
+    if user.validation is not None:
+        for role, column in chosen.items():
+            pick_column(user.validation.column_names, column, (), roles[role][2])
+        validation = user.validation.select_columns(list(chosen.values()))
+        if renames:
+            validation = validation.rename_columns(renames)
+        if options.max_eval_samples is not None:
+            validation = validation.select(range(min(options.max_eval_samples, len(validation))))
+        eval_from = user.validation_from + (f", its first {len(validation)} examples"
+                                            if options.max_eval_samples is not None else "")  # fmt: skip
+        held_out: frozenset[bytes] = frozenset()
+    else:
+        validation = as_dataset(head[:held])
+        first = f"the first {held} examples" if held > 1 else "the first example"
+        eval_from = f"{first} of the stream, held out of training"
+        held_out = frozenset(example_fingerprint(row) for row in head[:held])
+    raw = DatasetDict(train=as_dataset(head[held:]), validation=validation)
+    return raw, TrainingStream(stream, held_out, stream.num_shards), eval_from, chosen
 
 
 def select_columns(raw: DatasetDict, **roles: tuple[str | None, tuple[str, ...], str]):
@@ -569,18 +743,18 @@ def select_columns(raw: DatasetDict, **roles: tuple[str | None, tuple[str, ...],
     return raw.rename_columns({column: role for role, column in chosen.items() if column != role}), chosen
 
 
-def limit_samples(raw: DatasetDict, args: TrainingArguments) -> DatasetDict:
+def limit_samples(raw: DatasetDict, options: TrainingArguments) -> DatasetDict:
     """The first --max_train_samples / --max_eval_samples examples."""
-    if args.max_train_samples is not None:
-        raw["train"] = raw["train"].select(range(min(args.max_train_samples, len(raw["train"]))))
-    if args.max_eval_samples is not None:
-        raw["validation"] = raw["validation"].select(range(min(args.max_eval_samples, len(raw["validation"]))))
+    if options.max_train_samples is not None:
+        raw["train"] = raw["train"].select(range(min(options.max_train_samples, len(raw["train"]))))
+    if options.max_eval_samples is not None:
+        raw["validation"] = raw["validation"].select(range(min(options.max_eval_samples, len(raw["validation"]))))
     return raw
 
 
-def saved_tokenizer(args: TrainingArguments):
-    """The tokenizer of --tokenizer_name or --model_name_or_path; None when neither is given."""
-    location = args.tokenizer_name or args.model_name_or_path
+def saved_tokenizer(location: str | None):
+    """The tokenizer saved in `location` (a folder or Hub id: --tokenizer_name, the checkpoint's, or
+    --model_name_or_path); None without one."""
     return AutoTokenizer.from_pretrained(location) if location else None
 
 

@@ -1,6 +1,7 @@
 """How the Sparse Transformer trains as an image model (sec. 7.1 of the paper): a built-in image data set
-(`hf_vit_plus.data.images`) as pixel sequences, the model's config sized from the images, bits per dim on the test
-split beside the uniform and per-pixel-histogram floors."""
+(`hf_vit_plus.data.images`) or the user's images (grey, at the size of the first training image: others are resized
+to it), as pixel sequences, the model's config sized from the images, bits per dim on the evaluation split beside the
+uniform and per-pixel-histogram floors."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import torch
 from datasets import Dataset, DatasetDict
 
@@ -15,7 +17,18 @@ from ...data.images import IMAGE_DATASETS, ImageDataset
 from ...errors import UsageError
 from ...models.configuration_sparse_transformer import SparseTransformerConfig
 from ..learning import LearningMetric
-from .base import TrainingData, TrainingFamily, builtin_card_record
+from .base import (
+    IMAGE_COLUMNS,
+    TrainingData,
+    TrainingTask,
+    UnitBatches,
+    builtin_card_record,
+    builtin_data,
+    load_user_data,
+    select_columns,
+    stream_data,
+    user_data_record,
+)
 
 # A fresh image model, on top of what the images fix (`IMAGE_CONFIG_FIELDS`): 4 blocks of width 64, untied embeddings
 # (as `SparseTransformerConfig.for_images`), the strided pattern (stride: one image row) with its two parts (the row
@@ -34,7 +47,7 @@ IMAGE_CONFIG_FIELDS = (
 )  # fmt: skip
 
 
-class ImageLMFamily(TrainingFamily):
+class ImageLMTask(TrainingTask):
     """The Sparse Transformer as an image model (sec. 7.1 of the paper): pixels in raster order as tokens, the loss in
     nats per dim, evaluated in bits per dim on the test split beside two floors (uniform, per-pixel histogram)."""
 
@@ -43,33 +56,53 @@ class ImageLMFamily(TrainingFamily):
         "bits_per_dim", "pixel_histogram_bits_per_dim", False, "each pixel's own histogram"
     )
 
-    def load_data(self, args):
+    def load_data(self, options):
         from ...data.pixel_baselines import pixel_floors
 
-        train, test = load_image_arrays(args.dataset, self.spec.datasets)
-        train, test = train[: args.max_train_samples], test[: args.max_eval_samples]  # as `limit_samples`
+        stream = None
+        if builtin_data(options):
+            train, test = load_image_arrays(options.dataset, self.spec.datasets)
+            name, record = builtin_card_record(self.spec.datasets[options.dataset])
+        else:  # the user's images, grey, at the size of the first training image
+            column = dict(image=(options.image_column_name, IMAGE_COLUMNS, "--image_column_name"))
+            record = user_data_record(options, options.train_dir or options.train_file)
+            name = record.pop("name")
+            if options.streaming:
+                raw, stream, record["eval_from"], _ = stream_data(options, **column)
+            else:
+                raw, _ = select_columns(load_user_data(options), **column)
+            train = grey_arrays(raw["train"]["image"])
+            test = grey_arrays(raw["validation"]["image"], size=train.shape[1:])
+        train, test = train[: options.max_train_samples], test[: options.max_eval_samples]  # as `limit_samples`
         raw = DatasetDict(train=pixel_dataset(train), validation=pixel_dataset(test))
-        # the floors of exactly the images the model trains and is evaluated on
+        # the floors of exactly the images the model trains and is evaluated on (a stream: its sample)
         floors = pixel_floors(train, test)
-        name, record = builtin_card_record(self.spec.datasets[args.dataset])
-        return TrainingData(raw, name, baselines=floors, **record)
+        return TrainingData(raw, name, baselines=floors, stream=stream, **record)
 
-    def preprocessing(self, args, processor) -> str:
+    def unit_batches(self, data, processor, model, plan):
+        """A stream: its images decoded, grey, at the model's size, in the loader's workers, one batch per unit."""
+        if data.stream is None:
+            return None
+        height, width = data.raw["train"].features["pixel_values"].shape
+        return UnitBatches(PixelBatches((height, width)), plan.options.per_device_train_batch_size, whole_batches=True)
+
+    def preprocessing(self, plan, processor) -> str:
         return (
             "Each image is one sequence: its grey values (0-255), row by row from the top left, are the tokens "
             "(`SparseTransformerConfig.for_images`); the model learns each pixel from those before it. No "
             "augmentation."
         )
 
-    def build(self, args, data):
+    def build(self, plan, data):
+        options = plan.options
         height, width = data.raw["train"].features["pixel_values"].shape
         # A fresh model or a --config_name gets the fields the images fix; a saved model must already fit them.
-        fields = {} if args.model_name_or_path else image_config_fields(height, width)
-        config = self.build_config(args, SMALL_IMAGE_LM_CONFIG, fields)
-        check_image_config(config, height, width, args.model_name_or_path or args.config_name)
-        return self.load_or_create_model(args, config), None
+        fields = {} if options.model_name_or_path else image_config_fields(height, width)
+        config = self.build_config(options, SMALL_IMAGE_LM_CONFIG, fields)
+        check_image_config(config, height, width, options.model_name_or_path or options.config_name)
+        return self.load_or_create_model(options, config), None
 
-    def transform(self, data, processor, model, args):
+    def transform(self, data, processor, model, plan):
         return data.raw.select_columns(["pixel_values"]).with_format("torch")
 
     def collate_fn(self, processor):
@@ -101,6 +134,47 @@ def load_image_arrays(dataset: str, datasets: Mapping[str, ImageDataset] = IMAGE
         return datasets[dataset].load("train"), datasets[dataset].load("test")
     except FileNotFoundError as error:  # the message names the apt package
         raise UsageError(f"--dataset {dataset}: {error}") from error
+
+
+def grey_image(value, size: tuple[int, int] | None = None) -> torch.Tensor:
+    """An image (as `data.image_files.open_image` reads it) as grey uint8 (H, W), resized (Pillow's bilinear,
+    antialiased) to `size` (height, width) when given and different."""
+    from PIL import Image
+
+    from ...data.image_files import open_image, pil_to_tensor
+
+    image = open_image(value, 1)
+    if size is not None and (image.height, image.width) != tuple(size):
+        image = image.resize((int(size[1]), int(size[0])), Image.Resampling.BILINEAR)
+    return pil_to_tensor(image)[0]
+
+
+def grey_arrays(images, size: tuple[int, int] | None = None) -> np.ndarray:
+    """Images as one grey uint8 array (N, H, W), at `size` or at the size of the first image.
+
+    Raises:
+        ValueError: no images.
+    """
+    images = list(images)
+    if not images:
+        raise ValueError("The data holds no images.")
+    first = grey_image(images[0], size)
+    size = tuple(first.shape)
+    return np.stack([first.numpy()] + [grey_image(image, size).numpy() for image in images[1:]])
+
+
+class PixelBatches:
+    """A unit of raw images -> one batch of grey pixels (B, H, W) uint8 at the model's `size`, in the loader's worker.
+
+    Args:
+        size: (height, width) of the model's images.
+    """
+
+    def __init__(self, size: tuple[int, int]):
+        self.size = (int(size[0]), int(size[1]))
+
+    def __call__(self, columns: dict[str, list], rng=None) -> list[dict[str, torch.Tensor]]:
+        return [{"pixel_values": torch.stack([grey_image(image, self.size) for image in columns["image"]])}]
 
 
 def pixel_dataset(images) -> Dataset:

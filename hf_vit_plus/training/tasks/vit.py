@@ -6,7 +6,7 @@ On top of plain training (`--recipe none`, as before 0.3), the data-efficient re
 `training/recipes.py`): augmentation of each image and Mixup/CutMix of each batch (`training/augment.py`), label
 smoothing, stochastic depth, an average of the weights; DeiT's hard-label distillation from a teacher (`--teacher`,
 `training/distillation.py`); fresh transformers models of another type for comparison (`--model_type resnet|vit`).
-The masked patch prediction of the ViT paper (sec. 4.6) is the "vit-mpp" family (`ViTMaskedPatchFamily`).
+The masked patch prediction of the ViT paper (sec. 4.6) is the "vit-mpp" family (`ViTMaskedPatchTask`).
 """
 
 from __future__ import annotations
@@ -23,17 +23,29 @@ from ...data.loading import check_labels, label_names
 from ...errors import UsageError, load_config
 from ...models.configuration_vit_plus import ViTPlusConfig
 from ...models.image_processing_vit_plus import ViTPlusImageProcessor
-from ..augment import BatchMixer, erasing, image_augmentation, mixes_batches, soft_cross_entropy
+from ..augment import (
+    BatchMixer,
+    PixelNormalizer,
+    erasing,
+    example_augmentation,
+    image_augmentation,
+    mixes_batches,
+    soft_cross_entropy,
+)
 from ..learning import LearningMetric, majority_accuracy
-from ..recipes import RecipeContext, recipe_drop_path_rate, resolve_recipe, updates_per_epoch
+from ..recipes import RecipeContext, recipe_drop_path_rate
 from .base import (
+    IMAGE_COLUMNS,
+    LABEL_COLUMNS,
     TrainingData,
-    TrainingFamily,
+    TrainingTask,
+    UnitBatches,
     builtin_card_record,
     builtin_data,
     limit_samples,
     load_user_data,
     select_columns,
+    stream_data,
     user_data_record,
 )
 
@@ -84,7 +96,7 @@ def _cell_list(values) -> str:
     return "not set" if values is None else ", ".join(f"{value:g}" for value in values)
 
 
-class ViTFamily(TrainingFamily):
+class ViTTask(TrainingTask):
     name = "vit"
     learning_metric = LearningMetric(
         "accuracy", "majority_class_accuracy", True, "always answering the majority class"
@@ -97,28 +109,36 @@ class ViTFamily(TrainingFamily):
         return {"majority_class_accuracy": majority_accuracy(train["label"], validation["label"])}
 
     # ------------------------------------------------------------------------------------------------ data
-    def load_data(self, args):
+    def load_data(self, options):
         builtin = labelled_image_datasets()
         extra = {}
-        if builtin_data(args):
+        if builtin_data(options):
             from ...data.digits import load_digits_dataset
 
             digits = load_digits_dataset(seed=0)
             raw = DatasetDict(train=digits["train"], validation=digits["test"])
             name, extra = builtin_card_record(IMAGE_DATASETS["digits"])
-        elif args.dataset_name in builtin:  # the whole test split is the evaluation split
-            dataset = builtin[args.dataset_name]
+        elif options.dataset_name in builtin:  # the whole test split is the evaluation split
+            dataset = builtin[options.dataset_name]
             raw = DatasetDict(train=_array_dataset(dataset, "train"), validation=_array_dataset(dataset, "test"))
             name, extra = builtin_card_record(dataset)
+        elif options.streaming:
+            raw, stream, eval_from, chosen = stream_data(options, **self.columns(options))
+            record = user_data_record(options, options.train_dir or options.train_file)
+            if "label" in raw["train"].features and not isinstance(raw["train"].features["label"], ClassLabel):
+                raw = raw.cast_column("label", ClassLabel(names=label_names(raw, "label")))
+            return TrainingData(raw, record.pop("name"), label_column=chosen.get("label"), stream=stream,
+                                eval_from=eval_from, **record)  # fmt: skip
         else:
-            raw, record = load_user_data(args), user_data_record(args, args.train_dir)
+            raw, record = load_user_data(options), user_data_record(options, options.train_dir)
             name, extra = record.pop("name"), record
-        raw, chosen = select_columns(raw, **self.columns(args))
+        raw, chosen = select_columns(raw, **self.columns(options))
         if "label" in raw["train"].features and not isinstance(raw["train"].features["label"], ClassLabel):
             raw = raw.cast_column("label", ClassLabel(names=label_names(raw, "label")))
-        return TrainingData(limit_samples(raw, args), name, label_column=chosen.get("label"), **extra)
+        return TrainingData(limit_samples(raw, options), name, label_column=chosen.get("label"), **extra)
 
-    def preprocessing(self, args, processor) -> str:
+    def preprocessing(self, plan, processor) -> str:
+        options = plan.options
         size = getattr(processor, "size", None) or {}
         side = f"{size['height']}x{size['width']} pixels" if "height" in size else f"{dict(size)}"
         mode = "grey" if getattr(processor, "do_convert_grayscale", False) else "RGB"
@@ -128,53 +148,47 @@ class ViTFamily(TrainingFamily):
             f"{_cell_list(getattr(processor, 'image_mean', None))} and standard deviation "
             f"{_cell_list(getattr(processor, 'image_std', None))}."
         )
-        flags = [f"{flag} {getattr(args, flag)}" for flag in AUGMENTATION_FLAGS if _on(getattr(args, flag, None))]
+        flags = [
+            f"{flag} {getattr(options, flag)}" for flag in AUGMENTATION_FLAGS if _on(getattr(options, flag, None))
+        ]
         if flags:
             text += f" Training images are augmented ({', '.join(flags)}); evaluation images are not."
         return text
 
-    def columns(self, args) -> dict:
+    def columns(self, options) -> dict:
         """The columns `select_columns` keeps, by role."""
         return dict(
-            image=(args.image_column_name, ("image", "img", "picture"), "--image_column_name"),
-            label=(args.label_column_name, ("label", "labels", "fine_label"), "--label_column_name"),
+            image=(options.image_column_name, IMAGE_COLUMNS, "--image_column_name"),
+            label=(options.label_column_name, LABEL_COLUMNS, "--label_column_name"),
         )
 
-    def resolve_args(self, args, data):
-        """The recipe's values for this data and run (`training/recipes.py`): what the user left unset."""
-        from accelerate import PartialState
-
-        world = PartialState().num_processes
-        size = self.input_size(args, data)
-        steps_per_epoch = updates_per_epoch(
-            len(data.raw["train"]), args.per_device_train_batch_size, world, args.gradient_accumulation_steps
-        )
-        total = args.max_steps or int(np.ceil(args.num_train_epochs * steps_per_epoch))
-        context = RecipeContext(
+    def recipe_context(self, options, data, global_batch, total_steps, epochs):
+        """What the recipe's values depend on (`training/recipes.py`): the model's input size, the batch, the run's
+        length and whether a mirrored image keeps its class."""
+        return RecipeContext(
             family=self.name,
-            image_size=size,
-            global_batch=args.per_device_train_batch_size * world * args.gradient_accumulation_steps,
-            total_steps=total,
-            epochs=total / steps_per_epoch,
-            mirror_symmetric=self.mirror_symmetric(args),
+            image_size=self.input_size(options, data),
+            global_batch=global_batch,
+            total_steps=total_steps,
+            epochs=epochs,
+            mirror_symmetric=self.mirror_symmetric(options),
         )
-        return resolve_recipe(args, context)
 
-    def mirror_symmetric(self, args) -> bool:
+    def mirror_symmetric(self, options) -> bool:
         """Whether a mirrored image keeps its class: the built-in data set says; user images (photos) do."""
-        if builtin_data(args):
+        if builtin_data(options):
             return False  # digits
-        dataset = labelled_image_datasets().get(args.dataset_name)
+        dataset = labelled_image_datasets().get(options.dataset_name)
         return dataset.mirror_symmetric if dataset is not None else True
 
-    def input_size(self, args, data) -> tuple[int, int]:
+    def input_size(self, options, data) -> tuple[int, int]:
         """(height, width) of the model's input: its config's image size (the data's for a fresh built-in model)."""
-        if args.model_name_or_path or args.config_name or args.model_type:
-            config = self.run_config(args, data)
+        if options.model_name_or_path or options.config_name or options.model_type:
+            config = self.run_config(options, data)
             size = getattr(config, "image_size", None)
             if isinstance(size, int):
                 return size, size
-        return (self.default_config(args)["image_size"],) * 2
+        return (self.default_config(options)["image_size"],) * 2
 
     def smallest_feature_map(self, args) -> int | None:
         """The side of the smallest feature map of a fresh --model_type network (a ResNet, ...) on the run's images,
@@ -195,16 +209,16 @@ class ViTFamily(TrainingFamily):
         return min(sides) if sides else None
 
     # ------------------------------------------------------------------------------------------------ model
-    def default_config(self, args) -> dict:
+    def default_config(self, options) -> dict:
         """The ViTPlus fields of a fresh model for the data."""
-        if builtin_data(args):
+        if builtin_data(options):
             return DIGITS_VIT_CONFIG
-        return BUILTIN_VIT_CONFIGS.get(args.dataset_name, SMALL_VIT_CONFIG)
+        return BUILTIN_VIT_CONFIGS.get(options.dataset_name, SMALL_VIT_CONFIG)
 
-    def config_class_for(self, args):
-        if getattr(args, "model_type", None) and not (args.model_name_or_path or args.config_name):
-            return _transformers_config_class(args.model_type)
-        return super().config_class_for(args)
+    def config_class_for(self, options):
+        if getattr(options, "model_type", None) and not (options.model_name_or_path or options.config_name):
+            return _transformers_config_class(options.model_type)
+        return super().config_class_for(options)
 
     def label_fields(self, data) -> dict:
         names = data.raw["train"].features["label"].names
@@ -212,90 +226,80 @@ class ViTFamily(TrainingFamily):
             num_labels=len(names), id2label=dict(enumerate(names)), label2id={n: i for i, n in enumerate(names)}
         )
 
-    def run_config(self, args, data, extra: dict | None = None) -> PretrainedConfig:
-        """The config of the run's model (see `TrainingFamily.build_config`), with the data's labels and `extra`."""
+    def run_config(self, options, data, extra: dict | None = None) -> PretrainedConfig:
+        """The config of the run's model (see `TrainingTask.build_config`), with the data's labels and `extra`."""
         fields = {**self.label_fields(data), **(extra or {})}
-        if args.model_type and not (args.model_name_or_path or args.config_name):
-            return self.transformers_config(args, fields)
-        return self.build_config(args, self.default_config(args), fields)
+        if options.model_type and not (options.model_name_or_path or options.config_name):
+            return self.transformers_config(options, fields)
+        return self.build_config(options, self.default_config(options), fields)
 
-    def transformers_config(self, args, fields: dict) -> PretrainedConfig:
+    def transformers_config(self, options, fields: dict) -> PretrainedConfig:
         """A fresh transformers config of --model_type, sized for the data (`TRANSFORMERS_CONFIGS`, else the ViT's
         sizes where the config has the field), then the labels and --config_overrides."""
         from .overrides import config_value_errors
 
-        config_class = _transformers_config_class(args.model_type)
+        config_class = _transformers_config_class(options.model_type)
         defaults = config_class()
-        values = {k: v for k, v in self.default_config(args).items() if hasattr(defaults, k)}
-        values.update(TRANSFORMERS_CONFIGS.get(args.model_type, {}))
-        if args.model_type == "timm_wrapper":  # timm's own argument for the input channels
-            values["model_args"] = {"in_chans": self.default_config(args)["num_channels"]}
+        values = {k: v for k, v in self.default_config(options).items() if hasattr(defaults, k)}
+        values.update(TRANSFORMERS_CONFIGS.get(options.model_type, {}))
+        if options.model_type == "timm_wrapper":  # timm's own argument for the input channels
+            values["model_args"] = {"in_chans": self.default_config(options)["num_channels"]}
         values.update({k: v for k, v in fields.items() if k != "drop_path_rate" or hasattr(defaults, k)})
-        with config_value_errors(args):
-            return config_class(**{**values, **self.config_overrides(args)})
+        with config_value_errors(options):
+            return config_class(**{**values, **self.config_overrides(options)})
 
-    def build(self, args, data):
+    def build(self, plan, data):
+        options = plan.options
         names = data.raw["train"].features["label"].names
-        if args.model_name_or_path and not args.ignore_mismatched_sizes:
-            saved = load_config(args.model_name_or_path, "--model_name_or_path")
+        if options.model_name_or_path and not options.ignore_mismatched_sizes:
+            saved = load_config(options.model_name_or_path, "--model_name_or_path")
             if _is_classifier(saved):  # a pre-trained encoder (masked patch prediction) gets a new head
-                check_labels(names, saved.num_labels, model=args.model_name_or_path, label_column=data.label_column)
-        config = self.run_config(args, data, self.recipe_config_fields(args, data))
-        model = self.load_or_create_model(args, config)
+                check_labels(names, saved.num_labels, model=options.model_name_or_path, label_column=data.label_column)
+        config = self.run_config(options, data, dict(plan.config_fields))
+        model = self.load_or_create_model(options, config)
         # --config_overrides may contradict the data (num_labels=3 on 10 classes): found now, not mid-training
         check_labels(names, model.config.num_labels, model="the run's config", label_column=data.label_column)
-        return model, self.image_processor(args, model.config, data)
+        return model, self.image_processor(options, model.config, data)
 
-    def recipe_config_fields(self, args, data) -> dict:
-        """Config fields the run sets on a fresh or fine-tuned ViTPlus: the recipe's stochastic depth (unless
-        --config_overrides sets it) and DeiT's distillation token for a fresh student of --teacher."""
+    def planned_config_fields(self, options, data, epochs) -> dict:
+        """Config fields the run sets on a fresh or fine-tuned ViTPlus, and who chose each: the recipe's stochastic
+        depth (unless --config_overrides sets it) and DeiT's distillation token for a fresh student of --teacher."""
         from .overrides import parse_overrides
 
-        if args.model_type and not (args.model_name_or_path or args.config_name):
+        if options.model_type and not (options.model_name_or_path or options.config_name):
             return {}
-        overrides = parse_overrides(args.config_overrides)
-        base = self.build_config(args, self.default_config(args), self.label_fields(data))
+        overrides = parse_overrides(options.config_overrides)
+        base = self.build_config(options, self.default_config(options), self.label_fields(data))
         if not isinstance(base, ViTPlusConfig):
             return {}
         fields = {}
-        if "drop_path_rate" not in overrides and args.recipe != "none":
-            epochs = self.epochs(args, data)
-            fields["drop_path_rate"] = recipe_drop_path_rate(args.recipe, base.num_hidden_layers, epochs)
+        if "drop_path_rate" not in overrides and options.recipe != "none":
+            rate = recipe_drop_path_rate(options.recipe, base.num_hidden_layers, epochs)
+            fields["drop_path_rate"] = (rate, f"--recipe {options.recipe}")
         # a saved model keeps its token layout (its position embeddings fit it): without a token, the teacher trains
         # the class head too (DeiT's distillation without a distillation token)
-        if args.teacher and not args.model_name_or_path and "use_distillation_token" not in overrides:
-            fields["use_distillation_token"] = True
+        if options.teacher and not options.model_name_or_path and "use_distillation_token" not in overrides:
+            fields["use_distillation_token"] = (True, "--teacher")
         return fields
 
-    def epochs(self, args, data) -> float:
-        from accelerate import PartialState
-
-        steps = updates_per_epoch(
-            len(data.raw["train"]),
-            args.per_device_train_batch_size,
-            PartialState().num_processes,
-            args.gradient_accumulation_steps,
-        )
-        return args.max_steps / steps if args.max_steps else args.num_train_epochs
-
-    def load_or_create_model(self, args, config):
-        if not args.model_name_or_path and not isinstance(config, ViTPlusConfig):
+    def load_or_create_model(self, options, config):
+        if not options.model_name_or_path and not isinstance(config, ViTPlusConfig):
             from transformers import AutoModelForImageClassification
 
             return AutoModelForImageClassification.from_config(config)  # --model_type: a transformers model
-        return super().load_or_create_model(args, config)
+        return super().load_or_create_model(options, config)
 
-    def image_processor(self, args, config, data=None) -> ViTPlusImageProcessor:
+    def image_processor(self, options, config, data=None) -> ViTPlusImageProcessor:
         """The saved model's processor, else one made from the model's config (for another model type: from the
         data's image size and channels)."""
-        if args.model_name_or_path:
+        if options.model_name_or_path:
             try:
-                return AutoImageProcessor.from_pretrained(args.model_name_or_path)
+                return AutoImageProcessor.from_pretrained(options.model_name_or_path)
             except OSError:
                 pass
         if isinstance(config, ViTPlusConfig):
             return ViTPlusImageProcessor.from_model_config(config)
-        defaults = self.default_config(args)
+        defaults = self.default_config(options)
         shape = ViTPlusConfig(
             image_size=getattr(config, "image_size", None) or defaults["image_size"],
             patch_size=1,
@@ -304,12 +308,13 @@ class ViTFamily(TrainingFamily):
         return ViTPlusImageProcessor.from_model_config(shape)
 
     # ------------------------------------------------------------------------------------------------ pixels
-    def transform(self, data, processor, model, args):
+    def transform(self, data, processor, model, plan):
+        options = plan.options
         channels = model_channels(model.config, processor)
         size = processor_size(processor)
         mean, std = _processor_stats(processor, channels)
-        augment = image_augmentation(args, size)
-        erase = erasing(args)
+        augment = image_augmentation(options, size)
+        erase = erasing(options)
         keys = self.example_keys(data)
         if isinstance(data.raw["train"].features["image"], Array2D):  # built-in arrays at the model's size
             return {
@@ -345,25 +350,55 @@ class ViTFamily(TrainingFamily):
     def collate_fn(self, processor):
         return collate_images
 
+    def unit_batches(self, data, processor, model, plan):
+        """Images read from files (a stream, or an image column of a data set read whole): each decoded and augmented
+        alone in the loader's workers, one batch per unit of the per-device batch's examples, reaching the device as
+        uint8 (`on_device` normalises and erases them)."""
+        if data.stream is None and isinstance(data.raw["train"].features["image"], Array2D):
+            return None  # the built-in arrays: `ArrayImages`
+        options = plan.options
+        labels = "labels" in self.example_keys(data)
+        names = data.raw["train"].features["label"].names if labels else None
+        augmentation = example_augmentation(options, processor_size(processor))
+        make = ImageBatches(augmentation, model_channels(model.config, processor), names if labels else None)
+        return UnitBatches(make, options.per_device_train_batch_size, whole_batches=True)
+
+    def on_device(self, batch, extras):
+        """uint8 images (read from files) normalised and randomly erased on the device, the whole batch at once."""
+        pixels = batch["pixel_values"]
+        if pixels.dtype != torch.uint8:
+            return batch
+        return {**batch, "pixel_values": extras["pixels"](pixels)}
+
     # ------------------------------------------------------------------------------------------------ training
-    def extras(self, args, model, accelerator) -> dict[str, Any]:
+    def extras(self, plan, model, accelerator) -> dict[str, Any]:
         """The batch mixer, the label smoothing and the teacher of the run."""
         from accelerate.utils import extract_model_from_parallel
 
+        options = plan.options
         config = extract_model_from_parallel(model).config
-        extras: dict[str, Any] = {"label_smoothing": args.label_smoothing_factor or 0.0}
-        if mixes_batches(args):
-            extras["mixer"] = BatchMixer(config.num_labels, args.mixup_alpha, args.cutmix_alpha, args.mixup_prob)
-        if args.teacher:
+        extras: dict[str, Any] = {"label_smoothing": options.label_smoothing_factor or 0.0,
+                                  "pixels": self.pixel_normalizer(options, config)}  # fmt: skip
+        if mixes_batches(options):
+            extras["mixer"] = BatchMixer(
+                config.num_labels, options.mixup_alpha, options.cutmix_alpha, options.mixup_prob
+            )
+        if options.teacher:
             from ..distillation import load_teacher
 
             names = [config.id2label[i] for i in range(config.num_labels)]
-            processor = self._processor_of(args, config)
-            extras["teacher"] = load_teacher(args.teacher, processor, config, names, accelerator.device)
+            processor = self._processor_of(options, config)
+            extras["teacher"] = load_teacher(options.teacher, processor, config, names, accelerator.device)
         return extras
 
-    def _processor_of(self, args, config):
-        return self.image_processor(args, config)
+    def _processor_of(self, options, config):
+        return self.image_processor(options, config)
+
+    def pixel_normalizer(self, options, config) -> PixelNormalizer:
+        """What `on_device` does to uint8 images: the processor's normalisation, then the run's random erasing."""
+        processor = self._processor_of(options, config)
+        mean, std = _processor_stats(processor, model_channels(config, processor))
+        return PixelNormalizer(mean, std, erasing(options))
 
     def training_loss(self, model, batch, extras):
         """The model's own loss for plain training; with mixing, smoothing or a teacher: soft-target cross-entropy
@@ -419,7 +454,7 @@ class ViTFamily(TrainingFamily):
         return list(write_vit_figures(model, images, output_dir, processor=processor, max_images=4))
 
 
-class ViTMaskedPatchFamily(ViTFamily):
+class ViTMaskedPatchTask(ViTTask):
     learning_metric = LearningMetric(
         "mpp_accuracy", "baseline_commonest_colour_accuracy", True, "always answering the commonest colour"
     )
@@ -435,8 +470,8 @@ class ViTMaskedPatchFamily(ViTFamily):
     name = "vit-mpp"
     eval_seed = 0
 
-    def columns(self, args) -> dict:
-        return dict(image=(args.image_column_name, ("image", "img", "picture"), "--image_column_name"))
+    def columns(self, options) -> dict:
+        return dict(image=(options.image_column_name, IMAGE_COLUMNS, "--image_column_name"))
 
     def label_fields(self, data) -> dict:
         return {}
@@ -444,19 +479,22 @@ class ViTMaskedPatchFamily(ViTFamily):
     def example_keys(self, data) -> tuple[str, ...]:
         return ("pixel_values",)
 
-    def build(self, args, data):
-        config = self.run_config(args, data, self.recipe_config_fields(args, data))
+    def build(self, plan, data):
+        options = plan.options
+        config = self.run_config(options, data, dict(plan.config_fields))
         if not isinstance(config, ViTPlusConfig):
             raise UsageError(f"The vit-mpp family pre-trains a ViTPlus; {type(config).__name__} is another model.")
-        return self.load_or_create_model(args, config), self.image_processor(args, config, data)
+        return self.load_or_create_model(options, config), self.image_processor(options, config, data)
 
-    def recipe_config_fields(self, args, data) -> dict:
-        fields = super().recipe_config_fields(args, data)
+    def planned_config_fields(self, options, data, epochs) -> dict:
+        fields = super().planned_config_fields(options, data, epochs)
         fields.pop("use_distillation_token", None)
         return fields
 
-    def extras(self, args, model, accelerator) -> dict[str, Any]:
-        return {}
+    def extras(self, plan, model, accelerator) -> dict[str, Any]:
+        from accelerate.utils import extract_model_from_parallel
+
+        return {"pixels": self.pixel_normalizer(plan.options, extract_model_from_parallel(model).config)}
 
     def training_loss(self, model, batch, extras):
         from accelerate.utils import extract_model_from_parallel
@@ -539,6 +577,43 @@ class ArrayImages(torch.utils.data.Dataset):
                 example["labels"] = labels[position]
             examples.append(example)
         return examples
+
+
+class ImageBatches:
+    """A unit of raw images (undecoded: bytes or path) and labels -> one batch of uint8 pixels (B, C, H, W) at the
+    model's size and class indices: each image decoded (`data.image_files.open_image`) and augmented alone
+    (`augment.ExampleAugmentation`), in the loader's worker.
+
+    Args:
+        augmentation: the per-image crop / resize, flip and automatic augmentation.
+        channels: the model's input channels (1: grey, 3: RGB).
+        label_names: the class names (labels given as names are looked up in them), or None for images without
+            labels (masked patch prediction).
+    """
+
+    def __init__(self, augmentation, channels: int, label_names: list[str] | None = None):
+        self.augmentation, self.channels = augmentation, channels
+        self.label_ids = None if label_names is None else {name: index for index, name in enumerate(label_names)}
+
+    def __call__(self, columns: dict[str, list], rng=None) -> list[dict[str, torch.Tensor]]:
+        from ...data.image_files import open_image
+
+        pixels = torch.stack([self.augmentation(open_image(value, self.channels)) for value in columns["image"]])
+        batch = {"pixel_values": pixels}
+        if self.label_ids is not None:
+            batch["labels"] = torch.tensor([self._label(value) for value in columns["label"]], dtype=torch.long)
+        return [batch]
+
+    def _label(self, value) -> int:
+        if isinstance(value, str):
+            if value not in self.label_ids:
+                raise ValueError(f"Label {value!r} is not one of the {len(self.label_ids)} classes of the run.")
+            return self.label_ids[value]
+        index = int(value)
+        if not 0 <= index < len(self.label_ids):
+            raise ValueError(f"Label {index} is not one of the {len(self.label_ids)} classes of the run (0..."
+                             f"{len(self.label_ids) - 1}).")  # fmt: skip
+        return index
 
 
 def augmented_pixels(pixels: torch.Tensor, augment, erase, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:

@@ -6,21 +6,24 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from datasets import DatasetDict
 
+from ...data.pipeline import token_budget_batches
 from ..learning import LearningMetric, majority_accuracy, sequence_keys
 from .base import (
     TrainingData,
-    TrainingFamily,
+    TrainingTask,
+    UnitBatches,
     builtin_data,
     limit_samples,
     load_user_data,
     pad_sequences,
     saved_tokenizer,
     select_columns,
+    stream_data,
     user_data_record,
-    weight_decay_groups,
 )
 
 # A fresh encoder-decoder for the built-in number -> words task (post-norm, as in the paper).
@@ -29,6 +32,12 @@ SMALL_SEQ2SEQ_CONFIG = dict(
     encoder_ffn_dim=256, decoder_ffn_dim=256, dropout=0.1, max_position_embeddings=256,
 )  # fmt: skip
 
+
+# With --max_tokens_per_batch: the examples sorted by length together, in pools of this many (fairseq sorts the whole
+# data set; a pool bounds what one worker tokenizes at once, and what a resume tokenizes again)
+TOKEN_POOL_EXAMPLES = 8192
+SOURCE_COLUMNS = ("source", "src", "input")
+TARGET_COLUMNS = ("target", "tgt", "output")
 
 # What the model card says of the built-in task's data.
 NUMBER_WORDS_DESCRIPTION = (
@@ -39,9 +48,10 @@ NUMBER_WORDS_DESCRIPTION = (
 )
 
 
-class Seq2SeqFamily(TrainingFamily):
+class Seq2SeqTask(TrainingTask):
     name = "seq2seq"
     trains_its_processor = True
+    optimizer_name = "adam"  # the paper's Adam (sec. 5.3; `plan.OptimizerSpec`)
     learning_metric = LearningMetric(
         "exact_match", "most_common_target_exact_match", True, "always answering the commonest training target"
     )
@@ -50,42 +60,53 @@ class Seq2SeqFamily(TrainingFamily):
         targets = data.raw["train"]["target"]
         return {"most_common_target_exact_match": majority_accuracy(targets, data.raw["validation"]["target"])}
 
-    def load_data(self, args):
-        if builtin_data(args):
+    def load_data(self, options):
+        if builtin_data(options):
             from ...data.number_words import load_number_words_dataset
 
             words = load_number_words_dataset(max_number=9999, num_test=500, seed=0)
             raw, name = DatasetDict(train=words["train"], validation=words["test"]), "number-words"
             record = dict(description=NUMBER_WORDS_DESCRIPTION, eval_split="test", languages=("en",))
         else:
-            raw, record = load_user_data(args), user_data_record(args, args.train_file)
+            record = user_data_record(options, options.train_file or options.train_dir)
             name = record.pop("name")
-            record["languages"] = tuple(dict.fromkeys(code for code in (args.source_lang, args.target_lang) if code))
-        raw, _ = select_columns(
-            raw,
-            source=(args.source_column, ("source", "src", "input"), "--source_column"),
-            target=(args.target_column, ("target", "tgt", "output"), "--target_column"),
-        )
-        return TrainingData(limit_samples(raw, args), name, **record)
+            record["languages"] = tuple(
+                dict.fromkeys(code for code in (options.source_lang, options.target_lang) if code)
+            )
+            if options.streaming:
+                raw, stream, eval_from, _ = stream_data(options, **self.columns(options))
+                return TrainingData(raw, name, stream=stream, eval_from=eval_from, **record)
+            raw = load_user_data(options)
+        raw, _ = select_columns(raw, **self.columns(options))
+        return TrainingData(limit_samples(raw, options), name, **record)
 
-    def preprocessing(self, args, processor) -> str:
-        fresh = args.model_name_or_path is None and args.tokenizer_name is None
+    def columns(self, options) -> dict:
+        """The columns `select_columns` keeps, by role."""
+        return dict(
+            source=(options.source_column, SOURCE_COLUMNS, "--source_column"),
+            target=(options.target_column, TARGET_COLUMNS, "--target_column"),
+        )
+
+    def preprocessing(self, plan, processor) -> str:
+        options = plan.options
+        fresh = options.model_name_or_path is None and options.tokenizer_name is None
         origin = "trained on the training split" if fresh else "that of the base model"
         return (
             f"Sources and targets are tokenized by the tokenizer saved with the model ({type(processor).__name__}, "
-            f"{len(processor):,} tokens, {origin}), then cut to {args.max_source_length} source and "
-            f"{args.max_target_length} target tokens."
+            f"{len(processor):,} tokens, {origin}), then cut to {options.max_source_length} source and "
+            f"{options.max_target_length} target tokens."
         )
 
-    def build(self, args, data):
-        tokenizer = saved_tokenizer(args)
+    def build(self, plan, data):
+        options = plan.options
+        tokenizer = saved_tokenizer(plan.processor_location or options.model_name_or_path)
         if tokenizer is None:
             from ...tokenization import train_bpe_tokenizer
 
             texts = list(data.raw["train"]["source"]) + list(data.raw["train"]["target"])
-            tokenizer = train_bpe_tokenizer(texts, vocab_size=args.vocab_size, split_digits=True)
-        fields = dict(label_smoothing=args.label_smoothing_factor)
-        if not args.model_name_or_path:  # a fresh model is sized for the tokenizer
+            tokenizer = train_bpe_tokenizer(texts, vocab_size=options.vocab_size, split_digits=True)
+        fields = dict(label_smoothing=options.label_smoothing_factor)
+        if not options.model_name_or_path:  # a fresh model is sized for the tokenizer
             fields.update(
                 vocab_size=len(tokenizer),
                 pad_token_id=tokenizer.pad_token_id,
@@ -93,48 +114,46 @@ class Seq2SeqFamily(TrainingFamily):
                 eos_token_id=tokenizer.eos_token_id,
                 decoder_start_token_id=tokenizer.bos_token_id,
             )
-        model = self.load_or_create_model(args, self.build_config(args, SMALL_SEQ2SEQ_CONFIG, fields))
+        model = self.load_or_create_model(options, self.build_config(options, SMALL_SEQ2SEQ_CONFIG, fields))
         if model.config.vocab_size < len(tokenizer):
             raise ValueError(
                 f"The tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {model.config.vocab_size}."
             )
         return model, tokenizer
 
-    def transform(self, data, tokenizer, model, args):
+    def transform(self, data, tokenizer, model, plan):
+        options = plan.options
         # the evaluation decodes its outputs to score them with sacreBLEU (`metrics`): the tokenizer, and one width
         # for the outputs of every batch and process (targets are cut to max_target_length, outputs may run 5 on)
-        self._tokenizer, self._output_width = tokenizer, args.max_target_length + 6
+        self._tokenizer, self._output_width = tokenizer, options.max_target_length + 6
 
         def tokenize(examples):
-            inputs = tokenizer(examples["source"], truncation=True, max_length=args.max_source_length)
-            labels = tokenizer(text_target=examples["target"], truncation=True, max_length=args.max_target_length)
+            inputs = tokenizer(examples["source"], truncation=True, max_length=options.max_source_length)
+            labels = tokenizer(text_target=examples["target"], truncation=True, max_length=options.max_target_length)
             return {"input_ids": inputs["input_ids"], "labels": labels["input_ids"]}
 
         return data.raw.with_transform(tokenize)
 
     def collate_fn(self, tokenizer):
-        pad = tokenizer.pad_token_id
+        return PairCollator(tokenizer.pad_token_id)
 
-        def collate(examples):
-            input_ids = pad_sequences([e["input_ids"] for e in examples], pad)
-            return {
-                "input_ids": input_ids,
-                "attention_mask": (input_ids != pad).long(),
-                "labels": pad_sequences([e["labels"] for e in examples], -100),
-            }
+    def unit_batches(self, data, tokenizer, model, plan):
+        """A stream, or a token budget: the pairs tokenized in the loader's workers, in pools of
+        `TOKEN_POOL_EXAMPLES` cut into batches by the budget (`pipeline.token_budget_batches`), or in units of one
+        batch of the per-device batch's pairs."""
+        options = plan.options
+        budget = options.max_tokens_per_batch
+        if data.stream is None and budget is None:
+            return None
+        make = PairBatches(tokenizer, options.max_source_length, options.max_target_length, budget)
+        if budget is None:
+            return UnitBatches(make, options.per_device_train_batch_size, whole_batches=True)
+        return UnitBatches(make, TOKEN_POOL_EXAMPLES, whole_batches=False)
 
-        return collate
-
-    def create_optimizer(self, model, args):
-        from ..schedules import paper_adam
-
-        # The paper's Adam (sec. 5.3); with the default learning rate 1.0 the schedule gives the absolute rate.
-        return paper_adam(
-            weight_decay_groups(model, args.weight_decay),
-            lr=args.learning_rate,
-            betas=(args.adam_beta1, args.adam_beta2),
-            eps=args.adam_epsilon,
-        )
+    def token_counts(self, batch):
+        """Source and target tokens, real and padded: fairseq's tokens of a batch."""
+        real = int(batch["attention_mask"].sum()) + int((batch["labels"] != -100).sum())
+        return real, batch["input_ids"].numel() + batch["labels"].numel()
 
     def eval_outputs(self, model, batch):
         from accelerate.utils import extract_model_from_parallel
@@ -208,3 +227,49 @@ class Seq2SeqFamily(TrainingFamily):
             "bleu": sacrebleu.corpus_bleu(outputs, [references]).score,
             "chrf": sacrebleu.corpus_chrf(outputs, [references]).score,
         }
+
+
+class PairCollator:
+    """Tokenized pairs -> a batch: the sources right-padded with the pad token (and their attention mask), the targets
+    with -100 (ignored by the loss)."""
+
+    def __init__(self, pad_token_id: int):
+        self.pad = pad_token_id
+
+    def __call__(self, examples: list[dict]) -> dict[str, torch.Tensor]:
+        input_ids = pad_sequences([e["input_ids"] for e in examples], self.pad)
+        return {
+            "input_ids": input_ids,
+            "attention_mask": (input_ids != self.pad).long(),
+            "labels": pad_sequences([e["labels"] for e in examples], -100),
+        }
+
+
+class PairBatches:
+    """A unit of raw pairs -> its batches, in the loader's worker: the sources and targets tokenized (cut to their
+    maximum lengths), then one batch of all of them, or with `max_tokens` the batches a token budget makes of them
+    (`pipeline.token_budget_batches`: an example counts the longer of its source and target, a batch its examples
+    times its longest).
+
+    Args:
+        tokenizer: the run's tokenizer.
+        max_source_length: source tokens kept.
+        max_target_length: target tokens kept.
+        max_tokens: the token budget of a batch, or None for one batch per unit.
+    """
+
+    def __init__(self, tokenizer, max_source_length: int, max_target_length: int, max_tokens: int | None = None):
+        self.tokenizer, self.max_tokens = tokenizer, max_tokens
+        self.max_source_length, self.max_target_length = max_source_length, max_target_length
+        self.collate = PairCollator(tokenizer.pad_token_id)
+
+    def __call__(self, columns: dict[str, list], rng: np.random.Generator) -> list[dict[str, torch.Tensor]]:
+        sources = self.tokenizer(columns["source"], truncation=True, max_length=self.max_source_length)["input_ids"]
+        targets = self.tokenizer(text_target=columns["target"], truncation=True,
+                                 max_length=self.max_target_length)["input_ids"]  # fmt: skip
+        if self.max_tokens is None:
+            groups = [list(range(len(sources)))]
+        else:
+            lengths = [max(len(source), len(target)) for source, target in zip(sources, targets)]
+            groups = token_budget_batches(lengths, self.max_tokens, rng)
+        return [self.collate([{"input_ids": sources[i], "labels": targets[i]} for i in group]) for group in groups]
