@@ -125,7 +125,9 @@ def render_page(text: str, family: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from hf_vit_plus.cli_utils import CommandParser
+
+    parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="compare the pages' tables with the configs")
     args = parser.parse_args(argv)
     stale = []
