@@ -367,7 +367,7 @@ def run_decoding(args) -> Report:
     cuda = device.startswith("cuda")
     sizes = MARIAN_SIZES["quick" if args.quick else "full"]
     marian_args = argparse.Namespace(**sizes, activation="swish", source_length=16 if args.quick else 32,
-                                     new_tokens=n, attn_implementation="sdpa", threads=torch.get_num_threads(),
+                                     new_tokens=n, attn_implementation="sdpa", threads=[torch.get_num_threads()],
                                      device=device, engines=["ct2-fp32"])  # fmt: skip
     # the CPU quick run traces the compiled steps without inductor (seconds, not minutes of compilation)
     light = args.quick and not cuda
@@ -407,7 +407,8 @@ def run_decoding(args) -> Report:
         else:
             workdir = Path(tempfile.mkdtemp(prefix="bench_gpu_"))
             marian.save_pretrained(workdir / "marian")
-            ct2 = bench.build_ctranslate2(workdir / "marian", workdir, marian_args)["ct2-fp32"]
+            built = bench.build_ctranslate2(workdir / "marian", workdir, marian_args)["ct2-fp32"]
+            ct2 = bench.engine_at(built, torch.get_num_threads())  # one engine per thread count: this run's
             engines["ct2-fp32"] = lambda ids, beams: ct2.generate(ids.cpu(), beams, n)
     except ImportError as error:
         report.skip("ct2-fp32", f"ctranslate2 is not installed ({error})")
