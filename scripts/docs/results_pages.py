@@ -835,7 +835,7 @@ def _claims_against_ctranslate2(table: list[dict]) -> list[Claim]:
                     f"tokens/s, {row['case'].removeprefix('generate ')}, {precision} ({row['preset']} sizes)",
                     row["tokens_per_s"],
                     f"{peer['tokens_per_s']} (CTranslate2 {precision})",
-                    f"{row['vs_ctranslate2']}x (paired)",
+                    f"{float(row['vs_ctranslate2']):.2f}x (paired)",
                     "fast_decoding.csv",
                     command,
                 )
