@@ -218,6 +218,18 @@ class StreamSource:
         """How the processes share the stream: "shards" or "examples" (as `split_dataset_by_node` decides)."""
         return "shards" if self.shards % self.world_size == 0 else "examples"
 
+    def set_epoch(self, epoch: int) -> None:
+        """Set the stream's epoch (`IterableDataset.set_epoch`: the shards' order and the buffer's draws) in this
+        process. `ResumableLoader` calls it in the main process before its workers start: `datasets` keeps the epoch
+        in shared memory and updates it by adding the difference, so two workers setting it at once could leave it
+        one epoch ahead (the epoch read in another epoch's order); the workers then find it set and write nothing.
+
+        Args:
+            epoch: the epoch.
+        """
+        if self.stream.epoch != epoch:
+            self.stream.set_epoch(epoch)
+
     def refs(self, epoch: int) -> Iterator[dict[str, list]]:
         """This process's units of `epoch`, read from the stream: their raw examples themselves.
 
@@ -227,7 +239,7 @@ class StreamSource:
         Returns:
             An iterator of columns (column -> values).
         """
-        self.stream.set_epoch(epoch)
+        self.set_epoch(epoch)  # a no-op in a worker when the main process has set it already (see `set_epoch`)
         rows: list[dict] = []
         # `iter`, not `__iter__`: inside a DataLoader worker `__iter__` would hand this worker only some shards
         for columns in self.stream.iter(batch_size=READ_BATCH):
@@ -326,6 +338,9 @@ class ResumableLoader:
     def __iter__(self) -> Iterator[dict]:
         start, skip = self.next_unit, self.next_batch
         self.position[0], self.position[1] = self.epoch, start
+        set_epoch = getattr(self.source, "set_epoch", None)
+        if set_epoch is not None:  # before the workers read it (see `StreamSource.set_epoch`)
+            set_epoch(self.epoch)
         for index, batches in self.loader:
             for number in range(skip if index == start else 0, len(batches)):
                 if number + 1 < len(batches):

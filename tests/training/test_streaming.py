@@ -13,6 +13,7 @@ import pytest
 import torch
 from datasets import Dataset, load_dataset
 from safetensors.torch import load_file
+from torch.utils.data import get_worker_info
 
 from hf_vit_plus.cli import main
 from hf_vit_plus.data.pipeline import (
@@ -93,6 +94,34 @@ def test_the_loader_gives_the_same_batches_with_any_workers_and_resumes_at_any_b
             head, state = _run(ResumableLoader(source(), _batches_of_ids, seed=3, num_workers=before), epoch=1, stop=k)
             rest, _ = _run(ResumableLoader(source(), _batches_of_ids, seed=3, num_workers=after), epoch=1, state=state)
             assert head + rest == epoch[0], (name, k, state)
+
+
+def test_workers_read_each_epoch_of_a_stream_in_that_epochs_order(tmp_path, monkeypatch):
+    """One loader over three epochs with 2 workers (kept between epochs or not) gives each epoch the batches of a
+    loader without workers. `datasets` keeps a stream's epoch in shared memory and sets it by adding the difference:
+    two workers setting it at once left it one ahead (an epoch read in the next epoch's order), so the main process
+    sets it before the workers start and a worker never writes it."""
+    from datasets import IterableDataset
+
+    real_set_epoch = IterableDataset.set_epoch
+
+    def set_epoch(self, epoch):
+        assert get_worker_info() is None, f"a DataLoader worker set the stream's epoch to {epoch}"
+        real_set_epoch(self, epoch)
+
+    monkeypatch.setattr(IterableDataset, "set_epoch", set_epoch)
+    stream = _ids_stream(tmp_path, count=64)
+
+    def loader(workers, persistent=False):
+        source = StreamSource(stream, seed=2, buffer_size=16, rank=0, world_size=1, unit_size=4, drop_last=True)
+        return ResumableLoader(source, _batches_of_ids, seed=3, num_workers=workers, persistent_workers=persistent)
+
+    expected = [_run(loader(0), epoch=epoch)[0] for epoch in range(3)]
+    assert expected[0] != expected[1] != expected[2]
+    for persistent in (False, True):
+        for _ in range(3):  # the race it guards against showed in about 2 runs in 5
+            two = loader(2, persistent)
+            assert [_run(two, epoch=epoch)[0] for epoch in range(3)] == expected, persistent
 
 
 def test_pools_cut_by_a_token_budget_resume_inside_a_pool(tmp_path):
