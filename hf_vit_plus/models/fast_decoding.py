@@ -52,6 +52,7 @@ This module ships with the checkpoints (remote code): it imports only torch, tra
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import warnings
 import weakref
@@ -572,6 +573,9 @@ class _ModelDecoding:
 
 
 BACKENDS = ("aoti", "compile", "eager")
+# (engine, model, state) while `FastDecoding.generate` runs `model.generate`: the decoding loop it calls takes the
+# state checked a moment before instead of walking the model's tensors again (per thread: a context variable)
+_CHECKED_STATE: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("fast_decoding_state", default=None)
 
 
 class FastDecoding:
@@ -649,16 +653,20 @@ class FastDecoding:
         Returns:
             The sequences, as `generate` returns them.
         """
-        encoder = self.decoding_state(model).encoder
-        if encoder is None:
-            return model.generate(input_ids, attention_mask=attention_mask, custom_generate=self, **kwargs)
-        if input_ids.dim() != 2:
+        if torch.is_tensor(input_ids) and input_ids.dim() != 2:
             raise ValueError(f"input_ids must be (batch, source length), got shape {tuple(input_ids.shape)}.")
-        encoder_outputs = encoder(input_ids, attention_mask)
-        kwargs.setdefault("use_cache", False)  # this loop keeps its own cache: generate need not build one
-        return model.generate(
-            encoder_outputs=encoder_outputs, attention_mask=attention_mask, custom_generate=self, **kwargs
-        )
+        state = self.decoding_state(model)
+        checked = _CHECKED_STATE.set((self, model, state))
+        try:
+            if state.encoder is None:
+                return model.generate(input_ids, attention_mask=attention_mask, custom_generate=self, **kwargs)
+            encoder_outputs = state.encoder(input_ids, attention_mask)
+            kwargs.setdefault("use_cache", False)  # this loop keeps its own cache: generate need not build one
+            return model.generate(
+                encoder_outputs=encoder_outputs, attention_mask=attention_mask, custom_generate=self, **kwargs
+            )
+        finally:
+            _CHECKED_STATE.reset(checked)
 
     def _warn_if_slower_than_float32(self, decoder: FastDecoder) -> None:
         """On a CPU without native int8 products (VNNI / AMX), weight-only and dynamic int8 decode more slowly than
@@ -692,7 +700,11 @@ class FastDecoding:
         settings = _Settings(model, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs)
         if synced_gpus:
             raise ValueError("FastDecoding does not run with synced_gpus=True (several processes): use generate().")
-        state = self.decoding_state(model)
+        checked = _CHECKED_STATE.get()
+        if checked is not None and checked[0] is self and checked[1] is model:
+            state = checked[2]  # checked by `generate` for this call
+        else:
+            state = self.decoding_state(model)
         cross, source_bias = self._encoder_inputs(state.decoder, settings, model_kwargs)
         if settings.num_beams == 1:
             return self._greedy(state, settings, input_ids, cross, source_bias)

@@ -541,6 +541,40 @@ def test_changed_weights_rebuild_the_converted_decoder(batch):
     _assert_same(model, batch, fast32, **settings)
 
 
+def test_one_generate_call_checks_the_weights_once_and_still_sees_a_change(batch, monkeypatch):
+    """`FastDecoding.generate` checks the model's tensors before running the encoder, and the decoding loop that
+    `generate` then calls takes that check instead of walking the tensors again; a call made without it
+    (custom_generate alone), or the next call after the weights changed, still checks."""
+    from hf_vit_plus.models import fast_decoding
+
+    torch.manual_seed(3)
+    model = Seq2SeqTransformerForConditionalGeneration(_config()).eval()
+
+    walks = []
+    real = fast_decoding._ModelDecoding._versions
+
+    def counted(self, module):
+        walks.append(module)
+        return real(self, module)
+
+    monkeypatch.setattr(fast_decoding._ModelDecoding, "_versions", counted)
+    fast = FastDecoding(precision="int8", backend="eager")
+    src, mask = batch
+    settings = dict(num_beams=2, max_new_tokens=4)
+    first = fast.generate(model, src, attention_mask=mask, **settings)  # builds the state (one walk), no check after
+    walks.clear()
+    assert torch.equal(fast.generate(model, src, attention_mask=mask, **settings), first)
+    assert len(walks) == 1
+    walks.clear()
+    _generate(model, batch, custom_generate=fast, **settings)
+    assert len(walks) == 1
+    state = fast.decoding_state(model)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(1.5)  # the int8 copies are stale now
+    fast.generate(model, src, attention_mask=mask, **settings)
+    assert fast.decoding_state(model) is not state
+
+
 needs_fbgemm_fp16 = pytest.mark.skipif(
     not fbgemm_fp16_available(), reason="this torch has no FBGEMM float16 linear (x86 builds have it)"
 )
