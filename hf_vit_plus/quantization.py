@@ -18,7 +18,9 @@ float, as do embeddings and LayerNorms). The weights become torchao `Int8Tensor`
 In eager mode "int8-dynamic" runs the per-row quantization of each activation as separate element-wise operations:
 they cost more than the int8 products save for narrow models (the digits ViT, width 64, or ViT-Ti/16, width 192, are
 slower than in fp32), and about half of ViT-B/16's time. `torch.compile(model)` fuses them (torchao's `quantize_`
-also sets its recommended inductor options, process-wide).
+also sets its recommended inductor options, process-wide). Those passes also fall out of the CPU's caches on large
+inputs, and `torch._int_mm` slows there too, so on the CPU an "int8-dynamic" layer multiplies at most
+`CPU_INT8_DYNAMIC_ROWS` rows at a time (`RowBlockedLinear`; the same numbers: each row is quantized on its own).
 
 A tied output projection (the seq2seq `lm_head` and the Sparse Transformer's, tied to the token embeddings) is
 quantized too: it gets its own int8 copy, while the embedding lookup keeps the float matrix.
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import logging
 
+import torch
 from torch import nn
 
 from .utils.extras import require
@@ -43,6 +46,27 @@ from .utils.extras import require
 logger = logging.getLogger(__name__)
 
 SCHEMES = ("int8-dynamic", "int8-weight-only")
+# Rows of a dynamic-int8 product on the CPU at once (`RowBlockedLinear`; chosen with `bench_vit.py`'s int8 rows)
+CPU_INT8_DYNAMIC_ROWS = 1024
+
+
+class RowBlockedLinear(nn.Linear):
+    """An `nn.Linear` with torchao's dynamic-int8 weights whose CPU products of more than `CPU_INT8_DYNAMIC_ROWS`
+    rows run in blocks of that many rows. In eager mode each activation is quantized by separate element-wise
+    passes, which fall out of cache on a large input (ViT-B/16 at batch 32: 6,304 rows), and `torch._int_mm` slows
+    there too. Each row is quantized over its own range, so the blocks give the numbers of the whole. Under
+    `torch.compile` (which fuses the passes) and off the CPU it is the plain layer."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        rows = input.numel() // max(input.shape[-1], 1) if input.dim() > 1 else 1
+        if input.device.type != "cpu" or rows <= CPU_INT8_DYNAMIC_ROWS or torch.compiler.is_compiling():
+            return super().forward(input)
+        flat = input.reshape(rows, input.shape[-1])
+        blocks = []
+        for block in flat.split(CPU_INT8_DYNAMIC_ROWS):
+            blocks.append(super().forward(block))
+        out = torch.cat(blocks)
+        return out.view(*input.shape[:-1], out.shape[-1])
 
 
 def _torchao_config(scheme: str):
@@ -87,6 +111,11 @@ def quantize(model: nn.Module, scheme: str) -> nn.Module:
     from torchao.quantization import quantize_
 
     quantize_(model, config)
+    if scheme == "int8-dynamic":
+        for name in linears:
+            module = model.get_submodule(name)
+            if type(module) is nn.Linear and is_quantized_weight(module.weight):
+                module.__class__ = RowBlockedLinear
     logger.info("quantized %d linear layers of %s with torchao (%s)", len(linears), type(model).__name__, scheme)
     # Instance attributes shadow the classes' methods (deepcopy keeps them); push_to_hub is refused before it
     # creates a repository.
@@ -105,4 +134,4 @@ def _refuse_save(*args, **kwargs):
     )
 
 
-__all__ = ["SCHEMES", "is_quantized_weight", "quantize"]
+__all__ = ["CPU_INT8_DYNAMIC_ROWS", "SCHEMES", "RowBlockedLinear", "is_quantized_weight", "quantize"]

@@ -4,6 +4,8 @@
     python scripts/benchmarks/bench_vit.py --preset tiny-patch16-224 --batch_sizes 1 8 --repeats 5
     python scripts/benchmarks/bench_vit.py --precisions fp32 int8-dynamic --batch_sizes 8   # the int8 target
     python scripts/benchmarks/bench_vit.py --attention_lengths 17 33 65 129 197 --threads 2   # CPU kernel choice
+    python scripts/benchmarks/bench_vit.py --training_step --preset small-patch16-224 --batch_sizes 32 \
+        --output results/vit_training_step.csv                    # a training step against timm's
 
 `--attention_lengths` times one attention layer's forward + backward (training) on the CPU at each sequence length,
 torch's sdpa against the reference kernel (matmul-softmax-matmul, `eager_attention_forward`), interleaved, with the
@@ -19,6 +21,10 @@ layer), while timm and transformers stay in fp32, the baseline int8 is measured 
 GEMM peak for ours is that of an int8 x int8 -> int32 product (`torch._int_mm`) of the same shape; weight-only int8
 computes its products in fp32 (fp32 peak). int8-dynamic-compiled (not in the default list): the int8-dynamic model
 under `torch.compile`, which fuses the per-row quantization of the activations (compiled during the warm-up).
+
+`--training_step` times one fp32 training update instead (forward, cross-entropy, backward, AdamW with torch's
+defaults, gradients set to None), each model on its own copy of the same weights and its own optimizer, in turn;
+the GEMM-peak share counts 3 forward passes' FLOPs (forward, and backward's two products per GEMM).
 
 "ours" is hf_vit_plus with the opt-in `hf_vit_plus.cpu_precision.use_fp32_matmul_for_low_precision` (bf16/fp16 CPU
 products computed in fp32 where the CPU lacks native bf16 instructions; a no-op in fp32 and on CPUs with native
@@ -182,6 +188,55 @@ def run(args) -> list[dict]:
     return rows
 
 
+def training_step_rows(args) -> list[dict]:
+    """Print the training-step table (fp32; see the module docstring); return its rows in `run`'s columns."""
+    import copy
+
+    import torch.nn.functional as F
+
+    rows = []
+    config, eval_models = build_models(args.preset, fp32_matmul=False)
+    print(f"# {args.preset} training step (fp32, AdamW): torch {torch.__version__}, {torch.get_num_threads()} "
+          f"threads, CPU: {_cpu_name()}")  # fmt: skip
+    print("| batch | ours img/s | timm img/s | transformers img/s | vs timm | vs transformers | ours % of GEMM peak |")
+    print("|---|---|---|---|---|---|---|")
+    for batch in args.batch_sizes:
+        models = {name: copy.deepcopy(model).train() for name, model in eval_models.items()}
+        optimizers = {name: torch.optim.AdamW(model.parameters(), lr=1e-4) for name, model in models.items()}
+        generator = torch.Generator().manual_seed(batch)
+        x = torch.randn(batch, config.num_channels, config.image_size, config.image_size, generator=generator)
+        labels = torch.randint(0, config.num_labels, (batch,), generator=generator)
+
+        def step(name, models=models, optimizers=optimizers, x=x, labels=labels):
+            optimizers[name].zero_grad(set_to_none=True)
+            F.cross_entropy(_call(name, models[name], x), labels).backward()
+            optimizers[name].step()
+
+        times = {name: [] for name in models}
+        for _ in range(args.warmup):
+            for name in models:
+                step(name)
+        for r in range(args.repeats):
+            order = list(models)
+            for name in order[r % len(order) :] + order[: r % len(order)]:  # rotate so no model always goes first
+                start = time.perf_counter()
+                step(name)
+                times[name].append(time.perf_counter() - start)
+        ips = {name: batch / statistics.median(t) for name, t in times.items()}
+        share = 3 * forward_flops(config, batch) * ips["hf_vit_plus"] / batch / gemm_peak(config, batch, torch.float32)
+        print(f"| {batch} | {ips['hf_vit_plus']:.2f} | {ips['timm']:.2f} | {ips['transformers']:.2f} "
+              f"| {ips['hf_vit_plus'] / ips['timm']:.3f}x | {ips['hf_vit_plus'] / ips['transformers']:.3f}x "
+              f"| {100 * share:.0f}% |", flush=True)  # fmt: skip
+        rows.append(dict(preset=args.preset, precision="fp32-training-step", batch=batch,
+                         ours_images_per_s=round(ips["hf_vit_plus"], 2), timm_images_per_s=round(ips["timm"], 2),
+                         transformers_images_per_s=round(ips["transformers"], 2),
+                         vs_timm=round(ips["hf_vit_plus"] / ips["timm"], 4),
+                         vs_transformers=round(ips["hf_vit_plus"] / ips["transformers"], 4),
+                         ours_share_of_gemm_peak=round(share, 4), fp32_matmul_opt_in=False,
+                         repeats=args.repeats))  # fmt: skip
+    return rows
+
+
 def _call(name: str, model, x: torch.Tensor):
     return model(x) if name == "timm" else model(pixel_values=x).logits
 
@@ -282,6 +337,11 @@ def main() -> None:
     parser.add_argument("--attention_heads", type=int, default=4, help="heads of --attention_lengths' layer")
     parser.add_argument("--attention_head_dim", type=int, default=24, help="head size of --attention_lengths' layer")
     parser.add_argument("--attention_tokens", type=int, default=128 * 17, help="tokens a batch (--attention_lengths)")
+    parser.add_argument(
+        "--training_step",
+        action="store_true",
+        help="time an fp32 training update (forward, backward, AdamW) of each model instead of inference",
+    )
     parser.add_argument("--output", type=Path, default=None, help="write the table's rows to this CSV (results/)")
     args = parser.parse_args()
     if args.threads:
@@ -292,7 +352,7 @@ def main() -> None:
         )
         print("\n".join(lines))
         return
-    rows = run(args)
+    rows = training_step_rows(args) if args.training_step else run(args)
     if args.output is not None:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         from result_rows import write_rows

@@ -447,6 +447,45 @@ FILES = (
         ),
     ),
     ResultFile(
+        "vit_training_step.csv",
+        "`scripts/benchmarks/bench_vit.py --training_step --preset small-patch16-224 --batch_sizes 32 --output "
+        "results/vit_training_step.csv`",
+        "images/s of one fp32 training update (forward, backward, AdamW) of our ViT-S/16, timm's and transformers' "
+        "with the same weights, measured in turn",
+        None,
+        (
+            "preset",
+            "precision",
+            "batch",
+            "ours_images_per_s",
+            "timm_images_per_s",
+            "transformers_images_per_s",
+            "vs_timm",
+            "vs_transformers",
+        ),
+    ),
+    ResultFile(
+        "vit_int8.csv",
+        "`scripts/benchmarks/bench_vit.py --precisions int8-dynamic int8-dynamic-compiled --batch_sizes 8 32 "
+        "--output results/vit_int8.csv`",
+        "images/s of our ViT-B/16 in dynamic int8 (torchao), eager and under `torch.compile`, against timm's and "
+        "transformers' in fp32, measured in turn at batch 8 and 32. Eager mode quantizes each activation in "
+        "separate element-wise passes, which fell out of cache at batch 32 (6,304 rows) while `torch._int_mm` slowed "
+        "there too: its layers now multiply at most 1,024 rows at a time "
+        "(`hf_vit_plus.quantization.RowBlockedLinear`), and `torch.compile` fuses the passes",
+        None,
+        (
+            "preset",
+            "precision",
+            "batch",
+            "ours_images_per_s",
+            "timm_images_per_s",
+            "transformers_images_per_s",
+            "vs_timm",
+            "vs_transformers",
+        ),
+    ),
+    ResultFile(
         "sparse_attention.csv",
         "`scripts/benchmarks/bench_sparse_attention.py --output results/sparse_attention.csv`",
         "each sparse attention kernel's time and peak memory against dense causal SDPA, by sequence length "
@@ -757,6 +796,24 @@ def _claims_vit(rows) -> list[Claim]:
                     "make bench",
                 )
             )
+    for name, precision, what in (
+        ("vit_training_step.csv", "fp32-training-step", "ViT-S/16 images/s in training updates, fp32"),
+        ("vit_int8.csv", "int8-dynamic", "ViT-B/16 images/s, int8 (eager) against fp32"),
+        ("vit_int8.csv", "int8-dynamic-compiled", "ViT-B/16 images/s, int8 (compiled) against fp32"),
+    ):
+        for row in rows(name) if (RESULTS / name).is_file() else []:
+            if row["precision"] == precision and row["batch"] == "32":
+                claims.append(
+                    Claim(
+                        f"{what}, batch 32",
+                        row["ours_images_per_s"],
+                        f"{row['timm_images_per_s']} (timm fp32)",
+                        f"{float(row['vs_timm']):.2f}x",
+                        name,
+                        "python scripts/benchmarks/bench_vit.py "
+                        + ("--training_step" if precision.endswith("step") else "--precisions " + precision),
+                    )
+                )
     return claims
 
 
@@ -976,6 +1033,8 @@ TOPICS = (
         "the int8 rows have no peer at int8. The files below hold the kernel choices behind it.",
         (
             "vit_throughput.csv",
+            "vit_training_step.csv",
+            "vit_int8.csv",
             "vit_cpu_attention_lengths.csv",
             "vit_cpu_attention_update.csv",
             "cpu_bf16_gemm_fallback.csv",

@@ -50,6 +50,28 @@ def test_quantize_every_linear_and_stay_close(case, scheme):
     assert (got - expected).abs().max() <= 0.05 * expected.abs().max(), (got - expected).abs().max()
 
 
+@pytest.mark.parametrize("case", MODEL_CASES, ids=CASE_IDS)
+def test_dynamic_int8_layers_multiply_many_rows_in_blocks_with_the_same_numbers(case, monkeypatch):
+    """On the CPU a dynamic-int8 layer multiplies at most CPU_INT8_DYNAMIC_ROWS rows at a time (large inputs fell
+    out of cache in eager mode): each row is quantized on its own, so blocks of 3 rows give the logits of one block."""
+    from hf_vit_plus import quantization
+
+    model = quantize(case.model(), "int8-dynamic")
+    inputs = case.inputs()
+    blocked = [m for m in model.modules() if isinstance(m, quantization.RowBlockedLinear)]
+    assert blocked and all(isinstance(m, nn.Linear) for m in blocked)
+    assert len(blocked) == sum(isinstance(m, nn.Linear) for m in model.modules())
+    whole = _logits(model, inputs)
+    calls = []
+    monkeypatch.setattr(quantization, "CPU_INT8_DYNAMIC_ROWS", 3)
+    real = nn.Linear.forward
+    monkeypatch.setattr(nn.Linear, "forward", lambda self, x: calls.append(x.shape[0]) or real(self, x))
+    assert torch.equal(_logits(model, inputs), whole)
+    assert calls and max(calls) <= 3
+    weight_only = quantize(case.model(), "int8-weight-only")
+    assert not any(isinstance(m, quantization.RowBlockedLinear) for m in weight_only.modules())
+
+
 @pytest.mark.parametrize("case", GENERATIVE, ids=[case.id for case in GENERATIVE])
 def test_quantized_model_generates(case):
     model = quantize(case.model(), "int8-dynamic")

@@ -66,6 +66,17 @@ def test_bench_vit_writes_its_throughput_rows(tmp_path):
         _context_is_this_run(row, "bench_vit.py")
 
 
+def test_bench_vit_times_a_training_step_of_each_model(tmp_path):
+    """--training_step: one fp32 update (forward, backward, AdamW) of each model on its own copy of the weights."""
+    _run("bench_vit.py", "--training_step", "--preset", "tiny-patch16-224", "--batch_sizes", "2", "--repeats", "1",
+         "--warmup", "1", "--threads", "1", "--output", str(tmp_path / "step.csv"), cwd=tmp_path)  # fmt: skip
+    (row,) = _rows(tmp_path / "step.csv")
+    assert (row["precision"], row["batch"], row["fp32_matmul_opt_in"]) == ("fp32-training-step", "2", "False")
+    ratio = float(row["ours_images_per_s"]) / float(row["timm_images_per_s"])
+    assert abs(float(row["vs_timm"]) - ratio) < 0.01 * ratio and 0 < float(row["ours_share_of_gemm_peak"]) < 1.5
+    _context_is_this_run(row, "bench_vit.py")
+
+
 def test_bench_sparse_attention_writes_its_rows(tmp_path):
     _run("bench_sparse_attention.py", "--max_n", "1024", "--repeats", "1", "--no_memory", "--no_flex",
          "--output", str(tmp_path / "sparse.csv"), cwd=tmp_path)  # fmt: skip
