@@ -39,6 +39,7 @@ from __future__ import annotations
 import logging
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .utils.extras import require
@@ -58,14 +59,10 @@ class RowBlockedLinear(nn.Linear):
     `torch.compile` (which fuses the passes) and off the CPU it is the plain layer."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        rows = input.numel() // max(input.shape[-1], 1) if input.dim() > 1 else 1
-        if input.device.type != "cpu" or rows <= CPU_INT8_DYNAMIC_ROWS or torch.compiler.is_compiling():
+        flat = input.reshape(-1, input.shape[-1])
+        if input.device.type != "cpu" or len(flat) <= CPU_INT8_DYNAMIC_ROWS or torch.compiler.is_compiling():
             return super().forward(input)
-        flat = input.reshape(rows, input.shape[-1])
-        blocks = []
-        for block in flat.split(CPU_INT8_DYNAMIC_ROWS):
-            blocks.append(super().forward(block))
-        out = torch.cat(blocks)
+        out = torch.cat([F.linear(block, self.weight, self.bias) for block in flat.split(CPU_INT8_DYNAMIC_ROWS)])
         return out.view(*input.shape[:-1], out.shape[-1])
 
 

@@ -34,6 +34,7 @@ the peers.
 
 from __future__ import annotations
 
+import functools
 import platform
 import statistics
 import sys
@@ -116,6 +117,22 @@ def gemm_peak(config, batch: int, dtype: torch.dtype, repeats: int = 5) -> float
     return 2 * m * config.hidden_size * config.intermediate_size / min(times)
 
 
+def timed_in_turn(calls: dict, warmup: int, repeats: int) -> dict[str, list[float]]:
+    """Each call's times in seconds: `warmup` untimed rounds, then `repeats` rounds of every call in turn, the order
+    rotated each round so that no call always goes first."""
+    for _ in range(warmup):
+        for call in calls.values():
+            call()
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    names = list(calls)
+    for r in range(repeats):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            start = time.perf_counter()
+            calls[name]()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
 def run(args) -> list[dict]:
     """Print the throughput table; return its rows (precision, batch, images/s of each model, ours' ratios)."""
     rows = []
@@ -152,18 +169,12 @@ def run(args) -> list[dict]:
         for batch in args.batch_sizes:
             dtype = torch.bfloat16 if precision == "bf16" else torch.float32
             x = torch.randn(batch, config.num_channels, config.image_size, config.image_size, dtype=dtype)
-            times = {name: [] for name in models}
             with torch.inference_mode(), context():
-                for _ in range(args.warmup):
-                    for name, model in models.items():
-                        _call(name, model, x)
-                for r in range(args.repeats):
-                    order = list(models.items())
-                    order = order[r % len(order) :] + order[: r % len(order)]  # rotate so no model always goes first
-                    for name, model in order:
-                        start = time.perf_counter()
-                        _call(name, model, x)
-                        times[name].append(time.perf_counter() - start)
+                times = timed_in_turn(
+                    {name: functools.partial(_call, name, model, x) for name, model in models.items()},
+                    args.warmup,
+                    args.repeats,
+                )
             ips = {name: batch / statistics.median(t) for name, t in times.items()}
             flops = forward_flops(config, batch)
             peak = gemm_peak(config, batch, peak_dtype)
@@ -212,16 +223,7 @@ def training_step_rows(args) -> list[dict]:
             F.cross_entropy(_call(name, models[name], x), labels).backward()
             optimizers[name].step()
 
-        times = {name: [] for name in models}
-        for _ in range(args.warmup):
-            for name in models:
-                step(name)
-        for r in range(args.repeats):
-            order = list(models)
-            for name in order[r % len(order) :] + order[: r % len(order)]:  # rotate so no model always goes first
-                start = time.perf_counter()
-                step(name)
-                times[name].append(time.perf_counter() - start)
+        times = timed_in_turn({name: functools.partial(step, name) for name in models}, args.warmup, args.repeats)
         ips = {name: batch / statistics.median(t) for name, t in times.items()}
         share = 3 * forward_flops(config, batch) * ips["hf_vit_plus"] / batch / gemm_peak(config, batch, torch.float32)
         print(f"| {batch} | {ips['hf_vit_plus']:.2f} | {ips['timm']:.2f} | {ips['transformers']:.2f} "

@@ -340,6 +340,18 @@ def plot_import_time(rows: list[dict], path: Path) -> None:
     _save(plt, figure, path)
 
 
+# The columns shown of bench_vit.py's files (throughput, training step, int8)
+VIT_COLUMNS = (
+    "preset",
+    "precision",
+    "batch",
+    "ours_images_per_s",
+    "timm_images_per_s",
+    "transformers_images_per_s",
+    "vs_timm",
+    "vs_transformers",
+)
+
 FILES = (
     ResultFile(
         "decoding_refactor_before_after.csv",
@@ -435,16 +447,7 @@ FILES = (
         "images/s of our ViT, timm's and transformers' with the same weights, measured in turn, per precision and "
         "batch ([Vision Transformer](families/vit.md))",
         plot_vit_throughput,
-        (
-            "preset",
-            "precision",
-            "batch",
-            "ours_images_per_s",
-            "timm_images_per_s",
-            "transformers_images_per_s",
-            "vs_timm",
-            "vs_transformers",
-        ),
+        VIT_COLUMNS,
     ),
     ResultFile(
         "vit_training_step.csv",
@@ -453,16 +456,7 @@ FILES = (
         "images/s of one fp32 training update (forward, backward, AdamW) of our ViT-S/16, timm's and transformers' "
         "with the same weights, measured in turn",
         None,
-        (
-            "preset",
-            "precision",
-            "batch",
-            "ours_images_per_s",
-            "timm_images_per_s",
-            "transformers_images_per_s",
-            "vs_timm",
-            "vs_transformers",
-        ),
+        VIT_COLUMNS,
     ),
     ResultFile(
         "vit_int8.csv",
@@ -474,16 +468,7 @@ FILES = (
         "there too: its layers now multiply at most 1,024 rows at a time "
         "(`hf_vit_plus.quantization.RowBlockedLinear`), and `torch.compile` fuses the passes",
         None,
-        (
-            "preset",
-            "precision",
-            "batch",
-            "ours_images_per_s",
-            "timm_images_per_s",
-            "transformers_images_per_s",
-            "vs_timm",
-            "vs_transformers",
-        ),
+        VIT_COLUMNS,
     ),
     ResultFile(
         "sparse_attention.csv",
