@@ -101,18 +101,23 @@ class DecodingRules:
         return max(0, self.min_length - start_length), max(0, self.max_length - start_length)
 
     def controls(self, vocab_size: int, device) -> tuple:
-        """The tensors `process_scores` and `advance_greedy` read: bad-token bias (V,), eos mask (V,), forced-bos mask
-        (V,), forced-eos mask (V,), and (min_length, max_length, has forced bos, has forced eos, early_stopping is
-        True) as an int64 (5,) tensor."""
+        """The tensors `process_scores` and `advance_greedy` read, each (V,) float32: the bad-token bias (-inf at bad
+        tokens, 0 elsewhere), the end-token flags (1 at end tokens, 0 elsewhere), the scores of a forced first token
+        and of a forced last token (0 at the forced tokens, -inf elsewhere); and (min_length, max_length, has forced
+        bos, has forced eos, early_stopping is True) as an int64 (5,) tensor.
+
+        Flags and scores are float, not bool: a compiled step reads them in the same vector loop as the (R, V) scores,
+        where inductor loads float vectors directly but bool ones element by element (about twice the time of the
+        log-softmax over a 64-row beam-search step)."""
         bad_bias = torch.zeros(vocab_size, device=device)
         bad_bias[list(self.bad_token_ids)] = NEG_INF
-        eos = torch.zeros(vocab_size, dtype=torch.bool, device=device)
-        eos[list(self.eos_token_ids)] = True
-        bos_forced = torch.zeros(vocab_size, dtype=torch.bool, device=device)
+        eos = torch.zeros(vocab_size, device=device)
+        eos[list(self.eos_token_ids)] = 1.0
+        bos_forced = torch.full((vocab_size,), NEG_INF, device=device)
         if self.forced_bos_token_id is not None:
-            bos_forced[self.forced_bos_token_id] = True
-        eos_forced = torch.zeros(vocab_size, dtype=torch.bool, device=device)
-        eos_forced[list(self.forced_eos_token_ids)] = True
+            bos_forced[self.forced_bos_token_id] = 0.0
+        eos_forced = torch.full((vocab_size,), NEG_INF, device=device)
+        eos_forced[list(self.forced_eos_token_ids)] = 0.0
         lengths = [
             self.min_length,
             self.max_length,
@@ -145,15 +150,13 @@ def process_scores(scores, cur_len, controls, ids=None):
     Returns:
         The processed scores, shaped as `scores`.
     """
-    bad_bias, eos_mask, bos_forced, eos_forced, lengths = controls
+    bad_bias, eos_flags, bos_forced, eos_forced, lengths = controls
     if ids is not None:
-        bad_bias, eos_mask, bos_forced, eos_forced = (t[ids] for t in (bad_bias, eos_mask, bos_forced, eos_forced))
+        bad_bias, eos_flags, bos_forced, eos_forced = (t[ids] for t in (bad_bias, eos_flags, bos_forced, eos_forced))
     scores = scores + bad_bias
-    scores = torch.where(eos_mask & (cur_len < lengths[0]), NEG_INF, scores)
-    forced = torch.where(bos_forced, 0.0, NEG_INF)
-    scores = torch.where((cur_len == 1) & (lengths[2] > 0), forced, scores)
-    forced = torch.where(eos_forced, 0.0, NEG_INF)
-    return torch.where((cur_len == lengths[1] - 1) & (lengths[3] > 0), forced, scores)
+    scores = torch.where((eos_flags > 0) & (cur_len < lengths[0]), NEG_INF, scores)
+    scores = torch.where((cur_len == 1) & (lengths[2] > 0), bos_forced, scores)
+    return torch.where((cur_len == lengths[1] - 1) & (lengths[3] > 0), eos_forced, scores)
 
 
 def advance_greedy(next_tokens, cur_len, unfinished, pad, controls):
@@ -170,9 +173,9 @@ def advance_greedy(next_tokens, cur_len, unfinished, pad, controls):
     Returns:
         The tokens appended (R,), the rows still unfinished (R,) int64, and whether any is (0-d bool).
     """
-    eos_mask, lengths = controls[1], controls[4]
+    eos_flags, lengths = controls[1], controls[4]
     next_tokens = next_tokens * unfinished + pad * (1 - unfinished)
-    done = eos_mask[next_tokens] | (cur_len + 1 >= lengths[1])
+    done = (eos_flags[next_tokens] > 0) | (cur_len + 1 >= lengths[1])
     unfinished = unfinished & ~done
     return next_tokens, unfinished, unfinished.any()
 
@@ -202,7 +205,7 @@ def beam_search_update(log_probs, cur_len, search, denominators, controls, keep:
     batch, beams, total = running.shape
     rows = batch * beams
     steps = torch.arange(total, device=running.device) if steps is None else steps
-    eos_mask, lengths = controls[1], controls[4]
+    eos_flags, lengths = controls[1], controls[4]
     early_stopping = lengths[4] == 1  # early_stopping is True
     vocab = log_probs.shape[-1]
     log_probs = (log_probs.view(batch, beams, vocab) + running_scores[:, :, None]).view(batch, beams * vocab)
@@ -219,7 +222,7 @@ def beam_search_update(log_probs, cur_len, search, denominators, controls, keep:
         steps[: total - 1] == cur_len - 1, (topk_beams + offsets).to(torch.int32)[:, :, None], topk_running_indices
     )
     # the stopping criteria on the candidates: an eos token as the new token, or max_length reached
-    hits = eos_mask[topk_ids] | (cur_len + 1 >= lengths[1])  # (B, keep)
+    hits = (eos_flags[topk_ids] > 0) | (cur_len + 1 >= lengths[1])  # (B, keep)
 
     # _get_running_beams_for_next_iteration
     topk_running_log_probs = topk_log_probs + hits.to(torch.float32) * -1.0e9

@@ -743,12 +743,13 @@ class _ScreenedChoice(nn.Module):
         self.screen = decoder.screen
         vocab = decoder.lm_head.weight.shape[0]
         self.register_buffer("bad_bias", torch.zeros(vocab))
-        self.register_buffer("off", torch.zeros(vocab, dtype=torch.bool))
+        self.register_buffer("off", torch.zeros(vocab))  # no end token
+        self.register_buffer("unforced", torch.full((vocab,), float("-inf")))
         self.register_buffer("lengths", torch.tensor([0, 1 << 20, 0, 0, 0]))
         self.register_buffer("cur_len", torch.tensor(3))
 
     def forward(self, hidden):
-        controls = (self.bad_bias, self.off, self.off, self.off, self.lengths)
+        controls = (self.bad_bias, self.off, self.unforced, self.unforced, self.lengths)
         return self.screen(hidden, self.cur_len, controls)[0]
 
 
