@@ -248,10 +248,15 @@ class ViTPlusAttention(nn.Module):
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         output_attentions: bool = False,
+        query_tokens: int | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Self-attention of `hidden_states` (B, T, D) -> (B, Tq, D) and the probabilities (or None); `query_tokens`:
+        only the first Tq tokens ask (each over all T), None: all of them."""
         batch_size, seq_len, _ = hidden_states.shape
-        query = split_heads(self.q_proj(hidden_states), self.num_heads)  # (B, H, T, Dh)
+        queries = hidden_states if query_tokens is None else hidden_states[:, :query_tokens]
+        query_length = queries.shape[1]
+        query = split_heads(self.q_proj(queries), self.num_heads)  # (B, H, Tq, Dh)
         key = split_heads(self.k_proj(hidden_states), self.num_heads)  # (B, H, T, Dh)
         value = split_heads(self.v_proj(hidden_states), self.num_heads)  # (B, H, T, Dh)
 
@@ -260,6 +265,8 @@ class ViTPlusAttention(nn.Module):
             self.sparse_pattern,
             query.device.type,
             output_attentions,
+            # chosen by the block's sequence (SHORT_CPU_SEQUENCE is measured per length), also where only the first
+            # tokens ask: one query here is not a decoding step
             query_length=seq_len,
             key_length=seq_len,
             head_dim=query.shape[-1],
@@ -269,7 +276,7 @@ class ViTPlusAttention(nn.Module):
         attn_output, attn_weights = attention_fn(
             self, query, key, value, attention_mask, dropout=dropout, scaling=self.scaling, **kwargs
         )
-        attn_output = attn_output.reshape(batch_size, seq_len, -1).contiguous()  # (B, T, H*Dh)
+        attn_output = attn_output.reshape(batch_size, query_length, -1).contiguous()  # (B, Tq, H*Dh)
         return self.o_proj(attn_output), attn_weights
 
 
@@ -291,11 +298,18 @@ class ViTPlusLayer(GradientCheckpointingLayer):
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         output_attentions: bool = False,
+        query_tokens: int | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        residual = hidden_states
+        """(B, T, D) -> (B, Tq, D): the block's output for the first `query_tokens` tokens (None: all T), which
+        depends on every token's keys and values but on no other token's output."""
+        residual = hidden_states if query_tokens is None else hidden_states[:, :query_tokens]
         hidden_states, attn_weights = self.attention(
-            self.layernorm_before(hidden_states), attention_mask, output_attentions=output_attentions, **kwargs
+            self.layernorm_before(hidden_states),
+            attention_mask,
+            output_attentions=output_attentions,
+            query_tokens=query_tokens,
+            **kwargs,
         )
         hidden_states = residual + self.drop_path(self.dropout(hidden_states))
 
@@ -396,9 +410,16 @@ class ViTPlusModel(ViTPlusPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        output_tokens: int | None = None,
         **kwargs,
     ) -> ViTPlusModelOutput | tuple:
         """Encode a batch of images (B, C, H, W): every token's last hidden state and the pooled class token.
+
+        `output_tokens`: where only the first tokens' outputs are read (a head on the class and distillation tokens),
+        how many; the last block then computes its queries, attention output and MLP for those tokens alone (its keys
+        and values still for all), the same numbers for them at 1 / L of the encoder's work less, and
+        `last_hidden_state` holds those tokens (B, output_tokens, D). Ignored (every token computed) where hidden
+        states or attention probabilities are asked for, or the last block's attention is sparse.
 
         Raises a `ValueError` (or a `TypeError` for a wrong dtype) naming missing, misshapen or non-finite
         `pixel_values`.
@@ -436,8 +457,18 @@ class ViTPlusModel(ViTPlusPreTrainedModel):
         kwargs.pop("num_items_in_batch", None)
         all_hidden_states = (hidden_states,) if output_hidden_states else None
         all_attentions = () if output_attentions else None
-        for layer in self.layers:
-            hidden_states, attn_weights = layer(hidden_states, None, output_attentions=output_attentions, **kwargs)
+        if output_tokens is not None and (not isinstance(output_tokens, int) or output_tokens < 1):
+            raise ValueError(f"`output_tokens` must be a positive int or None, got {output_tokens!r}.")
+        last_queries = None
+        if output_tokens is not None and not (output_attentions or output_hidden_states):
+            last = self.layers[-1] if len(self.layers) else None
+            if last is not None and last.attention.sparse_pattern is None and output_tokens < hidden_states.shape[1]:
+                last_queries = output_tokens
+        for i, layer in enumerate(self.layers):
+            queries = last_queries if i == len(self.layers) - 1 else None
+            hidden_states, attn_weights = layer(
+                hidden_states, None, output_attentions=output_attentions, query_tokens=queries, **kwargs
+            )
             if output_hidden_states:
                 all_hidden_states += (hidden_states,)
             if output_attentions:
@@ -510,6 +541,8 @@ class ViTPlusForImageClassification(ViTPlusPreTrainedModel):
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
+            # the heads read the class (and distillation) token alone: the last block computes only those
+            output_tokens=1 if self.distillation_classifier is None else 2,
             **kwargs,
         )
         logits = self.classifier(self.pre_logits(outputs.pooler_output))  # (B, num_labels)

@@ -189,7 +189,7 @@ def _count_sdpa_calls(monkeypatch) -> list:
 
 
 # (image size, patch size): 17 tokens (up to SHORT_CPU_SEQUENCE keys the CPU runs the reference even when sdpa is
-# asked for) and 145 tokens (sdpa's kernel runs)
+# asked for) and 145 tokens (sdpa's kernel runs; the classifier's last block asks with the class token alone)
 @pytest.mark.parametrize(("size", "patch", "sdpa_runs"), [(32, 8, False), (48, 4, True)])
 def test_eager_equals_sdpa(monkeypatch, size, patch, sdpa_runs):
     eager = tiny_model("eager", image_size=size, patch_size=patch)
@@ -199,7 +199,8 @@ def test_eager_equals_sdpa(monkeypatch, size, patch, sdpa_runs):
     calls = _count_sdpa_calls(monkeypatch)
     with torch.no_grad():
         torch.testing.assert_close(sdpa(x).logits, eager(x).logits, atol=1e-5, rtol=0)
-    assert len(calls) == (2 if sdpa_runs else 0)  # one call a block, where sdpa's kernel runs
+    queries = [shape[2] for shape in calls]  # one call a block where sdpa's kernel runs
+    assert queries == ([(size // patch) ** 2 + 1, 1] if sdpa_runs else [])
 
 
 def test_short_sequences_train_with_the_reference_kernel_on_cpu(monkeypatch):
@@ -245,6 +246,44 @@ def test_attention_and_hidden_state_outputs():
     as_tuple = model(x, return_dict=False)
     assert isinstance(as_tuple, tuple)
     torch.testing.assert_close(as_tuple[0], plain.logits)
+
+
+@pytest.mark.parametrize("distillation", [False, True])
+def test_the_classifier_computes_the_last_block_for_the_tokens_its_heads_read(distillation):
+    """The heads read the class (and distillation) token: the last block's queries, attention output and MLP run
+    for those tokens alone, with the logits, loss and gradients of the whole computation (which asking for the
+    hidden states gives)."""
+    model = tiny_model("sdpa", num_hidden_layers=3, use_distillation_token=distillation).train()
+    full = copy.deepcopy(model)
+    x, labels = pixels(4), torch.tensor([0, 1, 2, 3])
+    heads = 2 if distillation else 1
+    outs = []
+    for net, output_hidden_states, tokens in ((model, False, heads), (full, True, (32 // 8) ** 2 + heads)):
+        seen = []
+        hook = net.vit.layers[-1].mlp.register_forward_hook(
+            lambda module, args, out, seen=seen: seen.append(args[0].shape[1])
+        )
+        out = net(x, labels=labels, output_hidden_states=output_hidden_states)
+        out.loss.backward()
+        hook.remove()
+        assert seen == [tokens]
+        outs.append(out)
+    torch.testing.assert_close(outs[0].logits, outs[1].logits, atol=1e-6, rtol=0)
+    torch.testing.assert_close(outs[0].loss, outs[1].loss, atol=1e-6, rtol=0)
+    for (name, a), b in zip(full.named_parameters(), model.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, atol=1e-6, rtol=1e-5, msg=lambda text, name=name: f"{name}: {text}")
+    # the bare encoder: every token unless asked, the first tokens' outputs when asked
+    with torch.no_grad():
+        every = model.vit(x).last_hidden_state
+        first = model.vit(x, output_tokens=heads).last_hidden_state
+    assert every.shape[1] == (32 // 8) ** 2 + heads and first.shape[1] == heads
+    torch.testing.assert_close(first, every[:, :heads], atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("bad", [0, -1, "1", 1.0])
+def test_a_bad_number_of_output_tokens_is_named(bad):
+    with pytest.raises(ValueError, match="output_tokens"):
+        tiny_model().vit(pixels(1), output_tokens=bad)
 
 
 def test_mlp_tanh_pretraining_head():
