@@ -24,9 +24,10 @@ under `torch.compile`, which fuses the per-row quantization of the activations (
 
 `--training_step` times one fp32 training update instead (forward, cross-entropy, backward, AdamW with torch's
 defaults, gradients set to None), each model on its own copy of the same weights and its own optimizer, in turn;
-the GEMM-peak share counts 3 forward passes' FLOPs (forward, and backward's two products per GEMM). The FLOPs
-counted are the whole encoder's, as timm computes it: ours computes its last block for the class token alone (its
-keys and values for every token), so its share is an effective one.
+the GEMM-peak share counts 3 forward passes' FLOPs (forward, and backward's two products per GEMM).
+
+In every table the FLOPs counted are the whole encoder's, as timm computes it: our classifier computes its last block
+for the class token alone (its keys and values for every token), so its GFLOP/s and share are effective ones.
 
 "ours" is hf_vit_plus with the opt-in `hf_vit_plus.cpu_precision.use_fp32_matmul_for_low_precision` (bf16/fp16 CPU
 products computed in fp32 where the CPU lacks native bf16 instructions; a no-op in fp32 and on CPUs with native
