@@ -28,10 +28,12 @@ PACKAGE_DIR = Path(run_lock.__file__).resolve().parents[1]
 # same run_lock module (and the errors module it imports) under empty stand-ins for the two packages above it.
 STAND_INS = {"hf_vit_plus": str(PACKAGE_DIR), "hf_vit_plus.training": str(PACKAGE_DIR / "training")}
 # Takes the lock on argv[1] and holds it until killed; with argv[2], says "ready" and waits for that file to appear
-# first (runs started together). Prints "held PID" or "refused MESSAGE".
+# first (runs started together). Prints "held PID" or "refused MESSAGE". Ctrl-C (SIGINT) raises KeyboardInterrupt
+# in it even where the tests run in a background job, which a shell starts with SIGINT ignored, inherited.
 HOLDER = f"""
-import os, sys, time, types
+import os, signal, sys, time, types
 from pathlib import Path
+signal.signal(signal.SIGINT, signal.default_int_handler)
 for name, folder in {STAND_INS!r}.items():
     package = types.ModuleType(name)
     package.__path__ = [folder]
