@@ -107,8 +107,8 @@ class DecodingRules:
         bos, has forced eos, early_stopping is True) as an int64 (5,) tensor.
 
         Flags and scores are float, not bool: a compiled step reads them in the same vector loop as the (R, V) scores,
-        where inductor loads float vectors directly but bool ones element by element (about twice the time of the
-        log-softmax over a 64-row beam-search step)."""
+        where inductor loads float vectors directly but bool ones element by element (`bench_seq2seq.py` measures
+        the step)."""
         bad_bias = torch.zeros(vocab_size, device=device)
         bad_bias[list(self.bad_token_ids)] = NEG_INF
         eos = torch.zeros(vocab_size, device=device)

@@ -446,6 +446,8 @@ class ViTPlusModel(ViTPlusPreTrainedModel):
                 f"`pixel_values` has an empty dimension: shape {tuple(pixel_values.shape)}; an image has at least one "
                 "channel and one pixel in height and width."
             )
+        if output_tokens is not None and (type(output_tokens) is not int or output_tokens < 1):
+            raise ValueError(f"`output_tokens` must be a positive int or None, got {output_tokens!r}.")
         output_attentions = config_flag(output_attentions, self.config, "output_attentions")
         output_hidden_states = config_flag(output_hidden_states, self.config, "output_hidden_states")
         return_dict = config_flag(return_dict, self.config, "return_dict", default=True)
@@ -457,15 +459,16 @@ class ViTPlusModel(ViTPlusPreTrainedModel):
         kwargs.pop("num_items_in_batch", None)
         all_hidden_states = (hidden_states,) if output_hidden_states else None
         all_attentions = () if output_attentions else None
-        if output_tokens is not None and (not isinstance(output_tokens, int) or output_tokens < 1):
-            raise ValueError(f"`output_tokens` must be a positive int or None, got {output_tokens!r}.")
-        last_queries = None
-        if output_tokens is not None and not (output_attentions or output_hidden_states):
-            last = self.layers[-1] if len(self.layers) else None
-            if last is not None and last.attention.sparse_pattern is None and output_tokens < hidden_states.shape[1]:
-                last_queries = output_tokens
+        # the last block computes the first `output_tokens` tokens alone where nothing reads the others
+        shortcut = (
+            output_tokens is not None
+            and output_tokens < hidden_states.shape[1]
+            and not (output_attentions or output_hidden_states)
+            and len(self.layers) > 0
+            and self.layers[-1].attention.sparse_pattern is None
+        )
         for i, layer in enumerate(self.layers):
-            queries = last_queries if i == len(self.layers) - 1 else None
+            queries = output_tokens if shortcut and i == len(self.layers) - 1 else None
             hidden_states, attn_weights = layer(
                 hidden_states, None, output_attentions=output_attentions, query_tokens=queries, **kwargs
             )

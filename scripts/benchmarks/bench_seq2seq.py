@@ -84,10 +84,11 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from transformers import CompileConfig, MarianConfig, MarianMTModel
+from transformers import CompileConfig, GenerationConfig, MarianConfig, MarianMTModel
 
 from hf_vit_plus.cli_utils import CommandParser
 from hf_vit_plus.conversion import seq2seq_from_marian
+from hf_vit_plus.models.decoding_rules import DecodingRules
 from hf_vit_plus.models.fast_kernels import PRECISIONS, SMALL_ROWS
 
 FAST = {
@@ -742,14 +743,16 @@ class _ScreenedChoice(nn.Module):
         super().__init__()
         self.screen = decoder.screen
         vocab = decoder.lm_head.weight.shape[0]
-        self.register_buffer("bad_bias", torch.zeros(vocab))
-        self.register_buffer("off", torch.zeros(vocab))  # no end token
-        self.register_buffer("unforced", torch.full((vocab,), float("-inf")))
-        self.register_buffer("lengths", torch.tensor([0, 1 << 20, 0, 0, 0]))
+        # no end token, bad word or forced token; no length limit within the profile
+        rules = DecodingRules.from_generation_config(GenerationConfig(max_length=1 << 20))
+        controls = rules.controls(vocab, decoder.lm_head.weight.device)
+        self.num_controls = len(controls)
+        for i, tensor in enumerate(controls):
+            self.register_buffer(f"control_{i}", tensor)
         self.register_buffer("cur_len", torch.tensor(3))
 
     def forward(self, hidden):
-        controls = (self.bad_bias, self.off, self.unforced, self.unforced, self.lengths)
+        controls = tuple(getattr(self, f"control_{i}") for i in range(self.num_controls))
         return self.screen(hidden, self.cur_len, controls)[0]
 
 

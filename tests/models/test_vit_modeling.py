@@ -280,7 +280,7 @@ def test_the_classifier_computes_the_last_block_for_the_tokens_its_heads_read(di
     torch.testing.assert_close(first, every[:, :heads], atol=1e-6, rtol=0)
 
 
-@pytest.mark.parametrize("bad", [0, -1, "1", 1.0])
+@pytest.mark.parametrize("bad", [0, -1, "1", 1.0, True])
 def test_a_bad_number_of_output_tokens_is_named(bad):
     with pytest.raises(ValueError, match="output_tokens"):
         tiny_model().vit(pixels(1), output_tokens=bad)
