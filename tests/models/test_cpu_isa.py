@@ -1,0 +1,58 @@
+"""The instruction-set choice (`hf_vit_plus.models.cpu_isa`): the CPU's widest level, the cap of
+`HF_VIT_PLUS_CPU_ISA`, one clear error for a cap the CPU cannot meet, and the variables that cap the other
+libraries at the same level."""
+
+from __future__ import annotations
+
+import pytest
+
+from hf_vit_plus.models import cpu_isa
+
+
+def test_widest_level_follows_the_flags(monkeypatch):
+    monkeypatch.setattr(cpu_isa, "is_x86", lambda: True)
+    for flags, expected in [
+        ({"sse4_2"}, "generic"),
+        ({"avx2", "fma"}, "avx2"),
+        ({"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq"}, "avx512"),
+        ({"avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq"}, "generic"),  # no FMA: not even AVX2
+    ]:
+        monkeypatch.setattr(cpu_isa, "cpu_flags", lambda flags=flags: frozenset(flags))
+        assert cpu_isa.supported_isa() == expected
+    monkeypatch.setattr(cpu_isa, "is_x86", lambda: False)
+    assert cpu_isa.supported_isa() == "generic"
+
+
+def test_cap(monkeypatch):
+    monkeypatch.setattr(cpu_isa, "is_x86", lambda: True)
+    monkeypatch.setattr(cpu_isa, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    monkeypatch.delenv(cpu_isa.ISA_ENV, raising=False)
+    assert cpu_isa.cpu_isa() == "avx2" and cpu_isa.isa_label() == "avx2"
+    monkeypatch.setenv(cpu_isa.ISA_ENV, "GENERIC")
+    assert cpu_isa.cpu_isa() == "generic"
+    monkeypatch.setenv(cpu_isa.ISA_ENV, "avx512")
+    with pytest.raises(ValueError, match="avx512.*more than this CPU has.*'avx2'"):
+        cpu_isa.cpu_isa()
+    monkeypatch.setenv(cpu_isa.ISA_ENV, "sse9")
+    with pytest.raises(ValueError, match="'sse9'.*generic, avx2, avx512"):
+        cpu_isa.cpu_isa()
+
+
+def test_label_names_vnni(monkeypatch):
+    monkeypatch.setattr(cpu_isa, "is_x86", lambda: True)
+    wide = {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq"}
+    monkeypatch.setattr(cpu_isa, "cpu_flags", lambda: frozenset(wide | {"avx512_vnni"}))
+    assert cpu_isa.isa_label("avx512") == "avx512_vnni" and cpu_isa.isa_label("avx2") == "avx2"
+    monkeypatch.setattr(cpu_isa, "cpu_flags", lambda: frozenset(wide))
+    assert cpu_isa.isa_label("avx512") == "avx512"
+
+
+def test_capped_environment_caps_every_library(monkeypatch):
+    monkeypatch.setattr(cpu_isa, "is_x86", lambda: True)
+    monkeypatch.setattr(cpu_isa, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    env = cpu_isa.capped_environment("avx2", {"PATH": "/bin"})
+    assert env["PATH"] == "/bin" and env[cpu_isa.ISA_ENV] == "avx2"
+    assert env["CT2_FORCE_CPU_ISA"] == "AVX2" and env["ONEDNN_MAX_CPU_ISA"] == "AVX2"
+    assert env["MKL_ENABLE_INSTRUCTIONS"] == "AVX2" and env["ATEN_CPU_CAPABILITY"] == "avx2"
+    with pytest.raises(ValueError, match="more than this CPU has"):
+        cpu_isa.capped_environment("avx512")
