@@ -270,8 +270,13 @@ def test_the_classifier_computes_the_last_block_for_the_tokens_its_heads_read(di
         outs.append(out)
     torch.testing.assert_close(outs[0].logits, outs[1].logits, atol=1e-6, rtol=0)
     torch.testing.assert_close(outs[0].loss, outs[1].loss, atol=1e-6, rtol=0)
+    # gradients summed over every token in another order: float32 rounding of about 1e-5 of the largest gradient
+    # (a token left out would differ by the token's whole share)
     for (name, a), b in zip(full.named_parameters(), model.parameters()):
-        torch.testing.assert_close(b.grad, a.grad, atol=1e-6, rtol=1e-5, msg=lambda text, name=name: f"{name}: {text}")
+        scale = a.grad.abs().max().item()
+        torch.testing.assert_close(
+            b.grad, a.grad, atol=3e-5 * max(scale, 1.0), rtol=0, msg=lambda text, name=name: f"{name}: {text}"
+        )
     # the bare encoder: every token unless asked, the first tokens' outputs when asked
     with torch.no_grad():
         every = model.vit(x).last_hidden_state
