@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Any
 
 from transformers import PretrainedConfig
 
@@ -89,6 +90,7 @@ FIELD_CHECKS = {
     "qkv_bias": check_bool,
     "classifier_head": choice(CLASSIFIER_HEADS),
     "classifier_hidden_size": check_optional_positive_int,
+    "encoder_stride": check_optional_positive_int,
     "attention_type": check_str,
     "sparse_stride": check_optional_positive_int,
     "sparse_summary_size": lambda name, value: value is None or check_non_negative_int(name, value),
@@ -102,6 +104,17 @@ FIELD_CHECKS = {
     "conv_stem_layers": check_non_negative_int,
     "conv_stem_channels": check_positive_int,
 }
+
+
+def check_encoder_stride(config) -> None:
+    """A `ValueError` where `encoder_stride` is not `patch_size`: the patch embedding (linear or a convolutional stem)
+    shrinks the image by the patch size, and masked image modeling masks whole patches (transformers' `run_mim.py`
+    sets both fields, with `config.update`, after the config is made: `ViTPlusForMaskedImageModeling` checks)."""
+    if config.encoder_stride != config.patch_size:
+        raise ValueError(
+            f"`encoder_stride`={config.encoder_stride} must equal `patch_size`={config.patch_size}: the encoder "
+            f"shrinks the image by the patch size (pass encoder_stride={config.patch_size}, or leave it unset)."
+        )
 
 
 def conv_stem_grid(size: int, layers: int) -> int:
@@ -128,6 +141,10 @@ class ViTPlusConfig(HubConfigMixin, PretrainedConfig):
         patch_size: patch size P; the sequence has (image_size / P)^2 + 1 tokens.
         num_channels: input channels.
         qkv_bias: bias in the query/key/value projections.
+        encoder_stride: the factor by which the encoder shrinks the image, as transformers' masked image modeling reads
+            it (`config.encoder_stride` of `ViTConfig`, used by its example scripts `run_mim.py`): the patch size for
+            a plain ViT, here always `patch_size` (None, the default, resolves to it; masked image modeling refuses
+            another value).
         classifier_head: "linear" (fine-tuning head of the paper) or "mlp_tanh" (the pre-training head: one hidden
             layer of `classifier_hidden_size` units with tanh).
         classifier_hidden_size: width of the tanh layer of the "mlp_tanh" head (defaults to `hidden_size`).
@@ -197,6 +214,7 @@ class ViTPlusConfig(HubConfigMixin, PretrainedConfig):
         patch_size: int = 16,
         num_channels: int = 3,
         qkv_bias: bool = True,
+        encoder_stride: int | None = None,
         classifier_head: str = "linear",
         classifier_hidden_size: int | None = None,
         attention_type: str = "dense",
@@ -229,6 +247,7 @@ class ViTPlusConfig(HubConfigMixin, PretrainedConfig):
         self.patch_size = patch_size
         self.num_channels = num_channels
         self.qkv_bias = qkv_bias
+        self.encoder_stride = patch_size if encoder_stride is None else encoder_stride
         self.classifier_head = classifier_head
         self.classifier_hidden_size = classifier_hidden_size
         self.attention_type = attention_type
@@ -252,6 +271,14 @@ class ViTPlusConfig(HubConfigMixin, PretrainedConfig):
         self.conv_stem_channels = conv_stem_channels
         super().__init__(**kwargs)
         self.validate_vit_plus()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # `encoder_stride` follows `patch_size` when that is set after the config is made (`config.update`, as
+        # transformers' run_mim.py and --config_overrides do), unless it was set to another value
+        fields = self.__dict__
+        if name == "patch_size" and "encoder_stride" in fields and fields["encoder_stride"] == fields.get(name):
+            super().__setattr__("encoder_stride", value)
+        super().__setattr__(name, value)
 
     def validate_vit_plus(self) -> None:
         """Raise a `ValueError` (`TypeError`) naming the offending values if the fields do not describe a valid

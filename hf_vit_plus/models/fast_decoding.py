@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import importlib
 import logging
 import warnings
 import weakref
@@ -578,6 +579,67 @@ BACKENDS = ("aoti", "compile", "eager")
 _CHECKED_STATE: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("fast_decoding_state", default=None)
 
 
+# Checkpoints FastDecoding converts on the fly, exactly: model_type -> (module, converter, the command that converts a
+# folder once). Named as data, as a family record names its training task: the converters live above models/, which
+# imports nothing of the package outside it, and where this file runs as a checkpoint's remote code without the
+# package there is none to call.
+EXACT_CONVERSIONS = {"marian": ("hf_vit_plus.conversion.marian", "seq2seq_from_marian", "hf-vit-plus convert marian")}
+
+
+def decodable_model(model: nn.Module, converted: weakref.WeakKeyDictionary | None = None) -> nn.Module:
+    """`model` where FastDecoding decodes it (the Seq2seq Transformer); a model of `EXACT_CONVERSIONS` (an opus-mt
+    `MarianMTModel`) converted, with one log line saying so, kept in `converted` until its tensors change.
+
+    Args:
+        model: the model `generate` was called on.
+        converted: where conversions are kept, per model (None: convert, keep nothing).
+
+    Returns:
+        The model to decode.
+
+    Raises:
+        ValueError: in one line, a model FastDecoding neither decodes nor converts, naming the command that
+            converts a checkpoint once.
+    """
+    if hasattr(model.get_decoder() if hasattr(model, "get_decoder") else None, "max_positions"):
+        return model
+    name = type(model).__name__
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if model_type not in EXACT_CONVERSIONS:
+        commands = ", ".join(f"`{command}`" for _, _, command in EXACT_CONVERSIONS.values())
+        raise ValueError(
+            f"FastDecoding decodes the Seq2seq Transformer (Seq2SeqTransformerForConditionalGeneration), not {name}; "
+            f"it converts an opus-mt MarianMTModel on the fly ({commands} converts one once)."
+        )
+    module, function, command = EXACT_CONVERSIONS[model_type]
+    versions = tuple((id(t), t._version) for t in (*model.parameters(), *model.buffers()))
+    cached = converted.get(model) if converted is not None else None
+    if cached is not None and cached[0] == versions:
+        return cached[1]
+    try:
+        convert = getattr(importlib.import_module(module), function)
+    except ImportError:
+        raise ValueError(
+            f"FastDecoding converts a {name} on the fly with the hf_vit_plus package installed: install it, or "
+            f"convert the checkpoint once with `{command} FOLDER OUTPUT` and decode the output."
+        ) from None
+    try:
+        result = convert(model)
+    except (TypeError, ValueError) as error:
+        raise ValueError(
+            f"FastDecoding: {error} (`{command}` refuses it too); use generate() without custom_generate."
+        ) from None
+    logger.warning(
+        "FastDecoding: converted the %s to a Seq2SeqTransformerForConditionalGeneration on the fly (exact: the same "
+        "tokens); `%s FOLDER OUTPUT` saves the converted checkpoint once.",
+        name,
+        command,
+    )
+    if converted is not None:
+        converted[model] = (versions, result)
+    return result
+
+
 class FastDecoding:
     """A decoding loop for `generate(custom_generate=...)` that runs each token as one compiled graph (see the module
     docstring).
@@ -617,6 +679,7 @@ class FastDecoding:
         self.screened_steps = 0
         self.screen_fallbacks = 0
         self._models: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._converted: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Marian -> (versions, converted)
         self._warned = False
 
     def __repr__(self) -> str:
@@ -655,6 +718,7 @@ class FastDecoding:
         """
         if torch.is_tensor(input_ids) and input_ids.dim() != 2:
             raise ValueError(f"input_ids must be (batch, source length), got shape {tuple(input_ids.shape)}.")
+        model = decodable_model(model, self._converted)
         state = self.decoding_state(model)
         checked = _CHECKED_STATE.set((self, model, state))
         try:
@@ -697,6 +761,7 @@ class FastDecoding:
         """The decoding loop `generate` calls with `custom_generate=self`, after its own preparation: `input_ids` are
         the decoder start tokens (batch x beams rows), `model_kwargs` hold the encoder output. Returns the sequences,
         as `generate` does."""
+        model = decodable_model(model, self._converted)  # an opus-mt MarianMTModel: its exact conversion
         settings = _Settings(model, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs)
         if synced_gpus:
             raise ValueError("FastDecoding does not run with synced_gpus=True (several processes): use generate().")

@@ -3,7 +3,10 @@ normalise. A thin subclass of transformers' ViT processor so that it is saved wi
 `AutoImageProcessor.from_pretrained` / `pipeline("image-classification")` work on a saved folder.
 
 A processor for a 1-channel model (`do_convert_grayscale=True`, saved in preprocessor_config.json) turns every
-input into one grey channel, whatever it arrives as: the pipeline opens image files as RGB.
+input into one grey channel, whatever it arrives as: the pipeline opens image files as RGB. A processor whose
+`image_mean`/`image_std` hold C values (a call's or its own, one per channel: RGB + near-infrared is 4) keeps C
+channels, so multispectral images reach a `num_channels=C` model as they are; only a 3-channel processor composites
+RGBA onto white.
 """
 
 from __future__ import annotations
@@ -78,10 +81,53 @@ def channels_to_rgb(image: torch.Tensor) -> torch.Tensor:
     return image
 
 
-def check_images(images) -> None:
+def target_channels(
+    image_mean, image_std, do_normalize: bool | None, do_convert_rgb: bool | None, do_convert_grayscale: bool | None
+) -> int | None:
+    """How many channels the processed images have: one for a grey processor, else as many as `image_mean` /
+    `image_std` hold values (one per channel), else three for an RGB processor; None where nothing says (the images
+    keep theirs). A one-value mean or std broadcasts over any channels, as a number does.
+
+    Raises:
+        ValueError: `image_mean` and `image_std` of different lengths, or a grey processor with a mean or std of
+            several values.
+    """
+    lengths = {
+        name: len(value)
+        for name, value in (("image_mean", image_mean), ("image_std", image_std))
+        if do_normalize and isinstance(value, (list, tuple)) and len(value) != 1
+    }
+    if len(set(lengths.values())) > 1:
+        raise ValueError(
+            f"`image_mean` has {lengths['image_mean']} values and `image_std` {lengths['image_std']}: give one value "
+            "per channel, as many of each."
+        )
+    said = next(iter(lengths.values()), None)
+    if do_convert_grayscale:
+        if said is not None:
+            raise ValueError(
+                f"`do_convert_grayscale=True` makes one channel, but `image_mean`/`image_std` hold {said} values: "
+                "give one value each (e.g. image_mean=[0.5], image_std=[0.5]) or set do_convert_grayscale=False."
+            )
+        return 1
+    if said is not None:
+        return said
+    return 3 if do_convert_rgb else None
+
+
+def _channels_said_by(channels: int, do_convert_rgb: bool | None, do_convert_grayscale: bool | None) -> str:
+    """What made the processor want `channels` channels, for an error message."""
+    if do_convert_grayscale:
+        return "the processor makes one grey channel (do_convert_grayscale=True)"
+    if channels == 3 and do_convert_rgb:
+        return "the processor converts to RGB (do_convert_rgb=True; grey and RGBA images are converted)"
+    return f"`image_mean`/`image_std` hold {channels} values (one per channel)"
+
+
+def check_images(images, channels: int | None = None) -> None:
     """A `ValueError` / `TypeError` naming what is wrong with `images` before any processing: None, an empty list,
-    an empty image, an array of objects, a number of channels that is not 1 (grey), 3 (RGB) or 4 (RGBA), or pixels
-    that are NaN or infinite."""
+    an empty image, an array of objects, a number of channels that is not 1 (grey), 3 (RGB), 4 (RGBA) or
+    `channels` (what the processor's mean and std say), or pixels that are NaN or infinite."""
     if images is None:
         raise ValueError(
             "`images` is None: pass a PIL image, an array or tensor (H x W [x C]), a file path, or a list."
@@ -116,10 +162,12 @@ def check_images(images) -> None:
             raise ValueError(f"{where} has shape {shape}: expected H x W (grey), C x H x W or H x W x C.")
         if 0 in shape:
             raise ValueError(f"{where} is empty: shape {shape}.")
-        if image.ndim == 3 and shape[0] not in (1, 3, 4) and shape[-1] not in (1, 3, 4):
+        allowed = (1, 3, 4) if channels is None else tuple(sorted({1, 3, 4, channels}))
+        if image.ndim == 3 and shape[0] not in allowed and shape[-1] not in allowed:
+            extra = "" if channels in (None, 1, 3, 4) else f" or {channels} (as many as `image_mean` holds values)"
             raise ValueError(
                 f"{where} has shape {shape}: neither its first nor its last axis holds 1 (grey), 3 (RGB) or 4 "
-                "(RGBA) channels."
+                f"(RGBA) channels{extra}."
             )
         values = torch.as_tensor(image) if isinstance(image, np.ndarray) else image
         if values.is_floating_point() and not bool(torch.isfinite(values).all()):
@@ -174,7 +222,11 @@ class ViTPlusImageProcessor(ViTImageProcessor):
         Raises:
             ValueError: no images, or images the processor cannot read.
         """
-        check_images(images)
+        settings = {
+            name: kwargs.get(name, getattr(self, name, None))
+            for name in ("image_mean", "image_std", "do_normalize", "do_convert_rgb", "do_convert_grayscale")
+        }
+        check_images(images, channels=target_channels(**settings))
         return super().preprocess(with_channel_axis(images), *args, **kwargs)
 
     def process_image(
@@ -197,19 +249,50 @@ class ViTPlusImageProcessor(ViTImageProcessor):
             **kwargs: passed to `ViTImageProcessor.process_image`.
 
         Returns:
-            (C, H, W): RGB, grey (one channel), or the image's own channels when neither conversion is asked for.
+            (C, H, W): grey (one channel), as many channels as `image_mean`/`image_std` hold values, RGB, or the
+            image's own channels when nothing asks for a number.
+
+        Raises:
+            ValueError: an image whose channels are not the number the processor makes and cannot be converted to it
+                (only grey and RGBA images become RGB, and RGB becomes grey).
         """
-        if isinstance(image, PIL.Image.Image) and (do_convert_rgb or do_convert_grayscale):
-            image = pil_to_rgb(image)
-        if not do_convert_grayscale:
-            image = super().process_image(
-                image, do_convert_rgb=do_convert_rgb, input_data_format=input_data_format, device=device, **kwargs
-            )
-            return channels_to_rgb(image) if do_convert_rgb else image
-        rgb = super().process_image(
-            image, do_convert_rgb=True, input_data_format=input_data_format, device=device, **kwargs
+        channels = target_channels(
+            kwargs.get("image_mean"),
+            kwargs.get("image_std"),
+            kwargs.get("do_normalize"),
+            do_convert_rgb,
+            do_convert_grayscale,
         )
-        return rgb_to_luma(channels_to_rgb(rgb))
+        if do_convert_grayscale:
+            if isinstance(image, PIL.Image.Image):
+                image = pil_to_rgb(image)
+            rgb = super().process_image(
+                image, do_convert_rgb=True, input_data_format=input_data_format, device=device, **kwargs
+            )
+            return rgb_to_luma(channels_to_rgb(rgb))
+        # RGB conversion only for a 3-channel processor: a 4-value mean means four channels (RGB + near-infrared,
+        # say), not RGBA
+        to_rgb = bool(do_convert_rgb) and channels == 3
+        if isinstance(image, PIL.Image.Image) and to_rgb:
+            image = pil_to_rgb(image)
+        if input_data_format is None and channels not in (None, 1, 3, 4) and not isinstance(image, PIL.Image.Image):
+            # transformers guesses the channel axis among 1, 3 and 4 channels only
+            if image.ndim == 3 and image.shape[0] == channels:
+                input_data_format = ChannelDimension.FIRST
+            elif image.ndim == 3 and image.shape[-1] == channels:
+                input_data_format = ChannelDimension.LAST
+        image = super().process_image(
+            image, do_convert_rgb=to_rgb, input_data_format=input_data_format, device=device, **kwargs
+        )
+        if to_rgb:
+            image = channels_to_rgb(image)
+        if channels is not None and image.shape[0] != channels:
+            raise ValueError(
+                f"An image has {image.shape[0]} channels (shape {tuple(image.shape)}, channels first), but "
+                f"{_channels_said_by(channels, do_convert_rgb, do_convert_grayscale)}: give images with {channels} "
+                f"channels, or image_mean/image_std with {image.shape[0]} values for a {image.shape[0]}-channel model."
+            )
+        return image
 
     @classmethod
     def from_model_config(cls, config, **kwargs) -> ViTPlusImageProcessor:
@@ -223,19 +306,19 @@ class ViTPlusImageProcessor(ViTImageProcessor):
             The processor.
 
         Raises:
-            ValueError: a config whose images have neither 1 nor 3 channels.
+            ValueError: a config whose `num_channels` is not a positive number.
         """
         size = {"height": config.image_size, "width": config.image_size}
-        if config.num_channels not in (1, 3):
-            raise ValueError(
-                f"ViTPlusImageProcessor handles 1- or 3-channel images; the config has num_channels="
-                f"{config.num_channels}."
-            )
-        if config.num_channels == 1:
+        channels = config.num_channels
+        if isinstance(channels, bool) or not isinstance(channels, int) or channels < 1:
+            raise ValueError(f"The config's num_channels must be a positive integer, got {channels!r}.")
+        if channels == 1:
             kwargs.setdefault("do_convert_grayscale", True)
+        if channels != 3:
+            # one mean and std per channel: the processor keeps that many (4: RGB + near-infrared, not RGBA)
             kwargs.setdefault("do_convert_rgb", False)
-            kwargs.setdefault("image_mean", [0.5])
-            kwargs.setdefault("image_std", [0.5])
+            kwargs.setdefault("image_mean", [0.5] * channels)
+            kwargs.setdefault("image_std", [0.5] * channels)
         return cls(size=size, **kwargs)
 
 
@@ -265,4 +348,11 @@ class ViTPlusVideoProcessor:
         """Nothing to save with a checkpoint (transformers calls this on a class it loads as remote code)."""
 
 
-__all__ = ["ViTPlusImageProcessor", "ViTPlusVideoProcessor", "channels_to_rgb", "check_images", "rgb_to_luma"]
+__all__ = [
+    "ViTPlusImageProcessor",
+    "ViTPlusVideoProcessor",
+    "channels_to_rgb",
+    "check_images",
+    "rgb_to_luma",
+    "target_channels",
+]

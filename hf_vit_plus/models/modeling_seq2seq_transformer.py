@@ -509,6 +509,24 @@ class Seq2SeqTransformerPreTrainedModel(HubMixin, PreTrainedModel):
         elif isinstance(module, Seq2SeqTransformerForConditionalGeneration) and module.final_logits_bias is not None:
             init.zeros_(module.final_logits_bias)
 
+    def mark_tied_weights_as_initialized(self, loading_info) -> None:
+        """transformers' marking of the tied targets as loaded, which keeps a missing shared embedding missing.
+
+        The stacks' embeddings are the shared module itself, not copies tied to its weight, so marking the targets
+        `encoder.embed_tokens.weight` / `decoder.embed_tokens.weight` marks `shared.weight` too, and transformers then
+        drops it from the missing keys of a checkpoint without it: it stayed on the meta device. A source missing from
+        the checkpoint stays missing, to be moved off the meta device and initialised.
+
+        Args:
+            loading_info: transformers' record of the keys loaded (its `missing_keys` is updated in place).
+        """
+        missing = set(loading_info.missing_keys)
+        super().mark_tied_weights_as_initialized(loading_info)
+        for target, source in getattr(self, "all_tied_weights_keys", {}).items():
+            if source in missing and self.get_parameter(source) is self.get_parameter(target):
+                self.get_parameter(source)._is_hf_initialized = False
+                loading_info.missing_keys.add(source)
+
     def resize_token_embeddings(
         self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
     ) -> nn.Embedding:
@@ -574,19 +592,22 @@ class Seq2SeqTransformerModel(Seq2SeqTransformerPreTrainedModel):
         # `shared` module left unused.
         self.shared = None
         self._keys_to_ignore_on_save = None
+        self._tied_weights_keys = None
         if config.tie_word_embeddings and config.share_encoder_decoder_embeddings:
             self.shared = nn.Embedding(config.vocab_size, config.d_model, padding_idx=config.pad_token_id)
             # The stacks' names of the shared module: only `shared.weight` is written, as before.
             self._keys_to_ignore_on_save = ["encoder.embed_tokens.weight", "decoder.embed_tokens.weight"]
+            # {target: source}, as transformers' BART and Marian base models declare them: save, load,
+            # `resize_token_embeddings` and `tie_weights` of the base model keep the three names one tensor.
+            self._tied_weights_keys = {
+                "encoder.embed_tokens.weight": "shared.weight",
+                "decoder.embed_tokens.weight": "shared.weight",
+            }
         self.encoder = Seq2SeqTransformerStack(config, is_decoder=False)
         self.decoder = Seq2SeqTransformerStack(config, is_decoder=True)
         if self.shared is not None:
             # One module, not three that share a weight: what `get_input_embeddings()` returns is what both stacks
             # run, so a hook on it (NEFTune, `enable_input_require_grads`, attribution tools) sees every forward.
-            # The stacks' names are therefore not `_tied_weights_keys`: transformers marks the targets of a tie as
-            # loaded before it loads anything, and a target that is the source's own module marks the source too, so
-            # a checkpoint without the embedding left it on the meta device. A module shared from `__init__` is
-            # loaded once, under `shared.weight`, and transformers drops the other names from the missing keys.
             self.encoder.embed_tokens = self.shared
             self.decoder.embed_tokens = self.shared
         self.gradient_checkpointing = False

@@ -26,7 +26,7 @@ from transformers.modeling_outputs import ImageClassifierOutput, ModelOutput
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .attention import eager_attention_forward, select_attention_kernel
-from .configuration_vit_plus import ViTPlusConfig, conv_stem_grid
+from .configuration_vit_plus import ViTPlusConfig, check_encoder_stride, conv_stem_grid
 from .hub_mixin import HubMixin
 from .input_checks import IGNORE_INDEX, label_tensor, tracing
 from .layers import FeedForward, config_flag, rgb_to_grey, split_heads
@@ -719,7 +719,8 @@ class ViTPlusForMaskedImageModeling(ViTPlusPreTrainedModel):
 
     Raises:
         ValueError: a config with a convolutional stem (`conv_stem_layers` > 0), whose overlapping receptive
-            fields would let the tokens around a masked patch see its pixels.
+            fields would let the tokens around a masked patch see its pixels, or an `encoder_stride` other than
+            `patch_size`.
     """
 
     # The inputs the loss is computed from when a batch has no `labels` (see `SparseTransformerForImageGeneration`).
@@ -732,6 +733,8 @@ class ViTPlusForMaskedImageModeling(ViTPlusPreTrainedModel):
                 f"conv_stem_layers={config.conv_stem_layers}: the stem's overlapping receptive fields let the tokens "
                 "around a masked patch see its pixels, so its colour would be copied, not predicted."
             )
+        # masks are per patch: transformers' run_mim.py sets `encoder_stride` and `patch_size` after the config is made
+        check_encoder_stride(config)
         super().__init__(config)
         self.vit = ViTPlusModel(config, use_mask_token=True)
         self.mpp_head = nn.Linear(config.hidden_size, config.mpp_num_classes)

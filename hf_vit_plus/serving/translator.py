@@ -32,7 +32,8 @@ class Translator:
 
     Args:
         location: a checkpoint folder or Hub id, or a folder written by `export_ctranslate2` (then the engine is
-            "ctranslate2"; given a checkpoint, the "ctranslate2" engine converts it into a temporary folder first).
+            "ctranslate2"; given a checkpoint, the "ctranslate2" engine converts it into a temporary folder first). An
+            opus-mt folder (a `MarianMTModel`) runs on the "fast" engine converted exactly, once, on loading.
         engine: one of `TRANSLATION_ENGINES`: "generate" (`model.generate`), "fast" (FastDecoding) or "ctranslate2".
         precision: FastDecoding's (`hf_vit_plus.models.fast_kernels.PRECISIONS`).
         compute_type: CTranslate2's ("default": the type the folder was written in).
@@ -70,9 +71,11 @@ class Translator:
             return
         self.model = AutoModelForSeq2SeqLM.from_pretrained(location).eval()
         if engine == "fast":
-            from ..models.fast_decoding import FastDecoding
+            from ..models.fast_decoding import FastDecoding, decodable_model
 
             self.decoder = FastDecoding(precision=precision)
+            # an opus-mt folder (a MarianMTModel): converted once here, exactly, said in one log line
+            self.model = decodable_model(self.model)
         elif engine == "ctranslate2":
             import tempfile
 

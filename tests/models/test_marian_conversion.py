@@ -398,3 +398,97 @@ def test_the_marian_tokenizer_works_with_the_converted_model(tmp_path):
     ours = loaded.batch_decode(converted.generate(**batch), skip_special_tokens=True)
     theirs = tokenizer.batch_decode(marian.generate(**batch), skip_special_tokens=True)
     assert ours == theirs
+
+
+# --------------------------------------------------------------------------------------------- the fast engine
+def _save_opus_mt_folder(folder: Path, marian: MarianMTModel) -> None:
+    """A Marian saved with a word-level tokenizer of its vocabulary ("w1" ... "w59", `</s>` 0, `<pad>` the last id):
+    what `Translator` needs of an opus-mt folder, without sentencepiece."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"</s>": EOS, **{f"w{i}": i for i in range(1, PAD)}, "<pad>": PAD}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="w1"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", EOS)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="</s>", pad_token="<pad>", unk_token="w1")
+    marian.save_pretrained(folder)
+    fast.save_pretrained(folder)
+
+
+def test_fast_decoding_converts_an_opus_mt_model_on_the_fly(tmp_path, caplog):
+    """`MarianMTModel.generate(custom_generate=FastDecoding())` and `Translator(opus-mt folder, engine="fast")`
+    decode the exact conversion: the converted model's tokens, with one log line saying so (per model, not per
+    call)."""
+    from hf_vit_plus.models.fast_decoding import FastDecoding
+    from hf_vit_plus.serving.translator import Translator
+
+    marian = marian_model()
+    converted = seq2seq_from_marian(marian)
+    src, mask = source_batch()
+    engine = FastDecoding(backend="eager")  # the compiled steps are tested in test_fast_decoding.py
+    with caplog.at_level(logging.WARNING, logger="hf_vit_plus.models.fast_decoding"):
+        for settings in (dict(num_beams=1, max_new_tokens=12), dict(num_beams=3, max_new_tokens=12)):
+            expected = converted.generate(src, attention_mask=mask, **settings)
+            got = marian.generate(src, attention_mask=mask, custom_generate=engine, **settings)
+            assert torch.equal(got, expected), settings
+            assert torch.equal(engine.generate(marian, src, attention_mask=mask, **settings), expected), settings
+    lines = [r.getMessage() for r in caplog.records if "on the fly" in r.getMessage()]
+    assert len(lines) == 1 and "converted the MarianMTModel" in lines[0] and "hf-vit-plus convert marian" in lines[0]
+
+    folder = tmp_path / "opus-mt"
+    _save_opus_mt_folder(folder, marian)
+    texts = ["w3 w7 w9 w11", "w5 w2"]
+    reference = Translator(folder)(texts, num_beams=1, max_new_tokens=10)
+    fast = Translator(folder, engine="fast")
+    assert type(fast.model) is Seq2SeqTransformerForConditionalGeneration
+    fast.decoder = engine
+    assert fast(texts, num_beams=1, max_new_tokens=10) == reference and any(reference)
+
+
+def test_fast_decoding_refuses_what_it_cannot_convert_in_one_line(monkeypatch):
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    from hf_vit_plus.models import fast_decoding
+    from hf_vit_plus.models.fast_decoding import FastDecoding
+
+    src, mask = source_batch()
+    engine = FastDecoding(backend="eager")
+    other_vocabulary = marian_model(share_encoder_decoder_embeddings=False, decoder_vocab_size=VOCAB + 3)
+    bart = BartForConditionalGeneration(
+        BartConfig(
+            vocab_size=VOCAB,
+            d_model=16,
+            encoder_layers=1,
+            decoder_layers=1,
+            encoder_ffn_dim=16,
+            decoder_ffn_dim=16,
+            encoder_attention_heads=2,
+            decoder_attention_heads=2,
+        )
+    ).eval()
+    cases = {
+        "Cannot convert this MarianMTModel: .*64.*`hf-vit-plus convert marian` refuses": other_vocabulary,
+        "decodes the Seq2seq Transformer .* not BartForConditionalGeneration.*`hf-vit-plus convert marian`": bart,
+    }
+    for message, model in cases.items():
+        calls = {
+            "generate": lambda model=model: model.generate(
+                src, attention_mask=mask, custom_generate=engine, max_new_tokens=4
+            ),
+            "FastDecoding.generate": lambda model=model: engine.generate(
+                model, src, attention_mask=mask, max_new_tokens=4
+            ),
+        }
+        for name, call in calls.items():
+            with pytest.raises(ValueError, match=message) as error:
+                call()
+            assert "\n" not in str(error.value), name
+    # as a checkpoint's remote code, without the package: no converter to call, and the command named
+    monkeypatch.setitem(
+        fast_decoding.EXACT_CONVERSIONS, "marian", ("no_such_package.marian", "convert", "hf-vit-plus convert marian")
+    )
+    with pytest.raises(
+        ValueError, match=r"with the hf_vit_plus package installed.*`hf-vit-plus convert marian FOLDER"
+    ):
+        engine.generate(marian_model(), src, attention_mask=mask, max_new_tokens=4)

@@ -3,8 +3,10 @@ paper's parameter count, cached decoding, save/load, remote code, attention kern
 
 from __future__ import annotations
 
+import collections
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -509,3 +511,60 @@ def test_auto_config_round_trip(tmp_path):
     config = AutoConfig.from_pretrained(tmp_path)
     assert type(config) is Seq2SeqTransformerConfig and config.d_model == 32
     assert math.isclose(config.label_smoothing, 0.1)
+
+
+def _one_tensor(model: Seq2SeqTransformerModel) -> bool:
+    """`shared`, the encoder's and the decoder's embedding are one tensor (one storage, one parameter)."""
+    weights = (model.shared.weight, model.encoder.embed_tokens.weight, model.decoder.embed_tokens.weight)
+    return len({w.data_ptr() for w in weights}) == 1 and all(w is weights[0] for w in weights)
+
+
+def test_the_base_model_declares_its_tied_embeddings(tmp_path):
+    """transformers' `test_tied_weights_keys` on the base model, and the base model's save, load, resize and
+    `tie_weights` keeping the three names of the shared embedding one tensor, as the head model does."""
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    model = Seq2SeqTransformerModel(tiny_config())
+    assert model._tied_weights_keys == {
+        "encoder.embed_tokens.weight": "shared.weight",
+        "decoder.embed_tokens.weight": "shared.weight",
+    }
+    # transformers' check: every declared key is a name of a shared tensor, and no shared tensor is left with more
+    # than one undeclared name
+    groups = collections.defaultdict(list)
+    for name, tensor in model.state_dict().items():
+        groups[tensor.untyped_storage().data_ptr()].append(name)
+    tied = [names for names in groups.values() if len(names) > 1]
+    assert all(any(re.search(key, name) for group in tied for name in group) for key in model._tied_weights_keys)
+    left = [[n for n in group if not any(re.search(key, n) for key in model._tied_weights_keys)] for group in tied]
+    assert [group for group in left if len(group) > 1] == []
+
+    model.save_pretrained(tmp_path / "base")
+    loaded, info = Seq2SeqTransformerModel.from_pretrained(tmp_path / "base", output_loading_info=True)
+    assert info["missing_keys"] == set() and info["unexpected_keys"] == set()
+    assert _one_tensor(loaded)
+    torch.testing.assert_close(loaded.shared.weight, model.shared.weight, atol=0, rtol=0)
+    # the base model from a head checkpoint, and back
+    head = Seq2SeqTransformerForConditionalGeneration(tiny_config())
+    head.save_pretrained(tmp_path / "head")
+    base = Seq2SeqTransformerModel.from_pretrained(tmp_path / "head")
+    assert _one_tensor(base)
+    torch.testing.assert_close(base.shared.weight, head.model.shared.weight, atol=0, rtol=0)
+    headed = Seq2SeqTransformerForConditionalGeneration.from_pretrained(tmp_path / "base")
+    assert _one_tensor(headed.model) and headed.lm_head.weight is headed.model.shared.weight
+
+    loaded.resize_token_embeddings(VOCAB + 5)
+    assert loaded.shared.num_embeddings == VOCAB + 5 and _one_tensor(loaded)
+    loaded.tie_weights()
+    assert _one_tensor(loaded)
+    # a checkpoint without the embedding: reported missing, initialised off the meta device (marking the tied
+    # names as loaded marked the shared module's weight too, and left it on the meta device)
+    save_file({"tensor": torch.tensor([1, 2])}, tmp_path / "base" / "model.safetensors", metadata={"format": "pt"})
+    empty, info = Seq2SeqTransformerModel.from_pretrained(tmp_path / "base", output_loading_info=True)
+    assert {"shared.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight"} <= info["missing_keys"]
+    assert empty.shared.weight.device.type == "cpu" and _one_tensor(empty)
+    assert 0 < empty.shared.weight.std().item() < 10 * empty.config.init_std
+    # untied (or Marian's separate source embedding): nothing is declared, nothing is shared
+    untied = Seq2SeqTransformerModel(tiny_config(tie_word_embeddings=False))
+    assert untied._tied_weights_keys is None and untied.shared is None
