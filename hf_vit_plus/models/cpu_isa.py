@@ -82,7 +82,8 @@ def check_isa(value: str) -> str:
     """A level name as `HF_VIT_PLUS_CPU_ISA` accepts it (any case), or a ValueError naming the value."""
     level = value.strip().lower()
     if level not in ISA_LEVELS:
-        raise ValueError(f"{ISA_ENV}={value!r} is not an instruction set level: expected one of {', '.join(ISA_LEVELS)}")
+        expected = ", ".join(ISA_LEVELS)
+        raise ValueError(f"{ISA_ENV}={value!r} is not an instruction set level: expected one of {expected}")
     widest = supported_isa()
     if ISA_LEVELS.index(level) > ISA_LEVELS.index(widest):
         raise ValueError(f"{ISA_ENV}={value!r} asks for more than this CPU has: its widest level is {widest!r}")
