@@ -35,6 +35,7 @@ import logging
 import os
 import warnings
 import weakref
+from collections.abc import Iterator
 from typing import NamedTuple
 
 import torch
@@ -446,7 +447,7 @@ def cpp_kernels() -> CppKernels:
 
 
 @contextlib.contextmanager
-def use_cpu_isa(level: str):
+def use_cpu_isa(level: str) -> Iterator[CppKernels]:
     """Run the C++ kernels, and every choice of kernel made inside (`FastLinear`, `FastDecoder`, `kernel_paths`), at
     `level` (at most the CPU's widest) in this process, then at the level before: how the tests run every path on
     one machine. Objects built inside keep the choices they made there. torch's own kernels are not capped (their
