@@ -11,8 +11,8 @@ export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM := false
 PYTEST_ARGS ?= -n 2 --dist loadfile --durations=15
 
-.PHONY: demo test test-learning test-oldest test-slow test-deepspeed lint format bench bench-import clean venv venv-test env \
-	gpu-check gpu-wheelhouse gpu-rehearsal docs docs-serve results screenshots
+.PHONY: demo test test-learning test-oldest test-slow test-deepspeed test-generic aarch64-headers lint format bench \
+	bench-import clean venv venv-test env gpu-check gpu-wheelhouse gpu-rehearsal docs docs-serve results screenshots
 
 # The oldest releases the package supports (pyproject's lower bounds), in an environment of their own.
 OLDEST_VENV ?= .venv-oldest
@@ -82,6 +82,21 @@ test-deepspeed: $(VENV)/.stamp-test
 # threads against its target; each matrix runs its one-thread cells two at a time itself (no pytest-xdist).
 test-learning: $(VENV)/.stamp-test
 	$(PY) -m pytest -m learning -p no:xdist -q --durations=10 tests/training/test_default_recipes.py
+
+# The fast decoding engine's token-for-token checks with the C++ kernels on their portable paths
+# (HF_VIT_PLUS_CPU_ISA=generic: what ARM64 and x86 without AVX2 run), on this CPU; the kernels' own tests run every
+# level in `make test` (tests/models/test_fast_kernels.py).
+GENERIC_TESTS := tests/models/test_decoding_engines.py::test_every_engine_gives_the_tokens_of_eager_generate \
+	tests/models/test_fast_decoding.py::test_marian_options_and_pre_norm \
+	tests/models/test_fast_decoding.py::test_fast_decoding_generate_runs_the_encoder_and_gives_the_tokens_of_generate \
+	tests/models/test_fast_kernels.py::test_the_engine_runs_the_paths_of_the_cap
+test-generic: $(VENV)/.stamp-test
+	HF_VIT_PLUS_CPU_ISA=generic OMP_NUM_THREADS=1 $(PY) -m pytest -p no:xdist -q -k fast $(GENERIC_TESTS)
+
+# The aarch64 compile check's cross compiler and torch's aarch64 headers (scripts/aarch64_headers.sh), best effort,
+# downloaded once into .cache/aarch64/: `make test` then runs the check (it skips without them).
+aarch64-headers: $(VENV)/.stamp-test
+	PY=$(PY) bash scripts/aarch64_headers.sh
 
 test-slow: $(VENV)/.stamp-test
 	$(PY) -m pytest -m slow tests

@@ -38,6 +38,8 @@ import torch
 from transformers import masking_utils
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from .cpu_isa import cpu_isa
+
 # The name of the cache in the installed release: the `forward` keyword `generate` passes, and the output field it
 # reads back ("cache" from 5.24, "past_key_values" before).
 _OUTPUT_FIELDS = {field.name for field in dataclasses.fields(CausalLMOutputWithPast)}
@@ -233,12 +235,17 @@ def _cpu_flags() -> frozenset[str] | None:
     return None
 
 
+# Of those, the ones each instruction-set level (`cpu_isa`) may use: a cap at AVX2 leaves AVX-VNNI only
+INT8_PRODUCT_FLAGS_AT = {"avx512": INT8_PRODUCT_FLAGS, "avx2": ("avx_vnni",), "generic": ()}
+
+
 def cpu_has_fast_int8_products() -> bool:
-    """Whether the running CPU multiplies int8 matrices natively (VNNI or AMX), so that dynamic int8 pays."""
+    """Whether the running CPU multiplies int8 matrices natively (VNNI or AMX) at the level the package's kernels run
+    at (`cpu_isa`, capped by `HF_VIT_PLUS_CPU_ISA`), so that dynamic int8 pays."""
     flags = _cpu_flags()
     if flags is None:
         return torch.backends.cpu.get_cpu_capability() not in ("DEFAULT", "NO AVX", "AVX2")
-    return any(flag in flags for flag in INT8_PRODUCT_FLAGS)
+    return any(flag in flags for flag in INT8_PRODUCT_FLAGS_AT[cpu_isa()])
 
 
 @functools.cache

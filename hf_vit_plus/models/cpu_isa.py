@@ -26,7 +26,8 @@ LEVEL_FLAGS = {
     "avx2": ("avx2", "fma"),
     "avx512": ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq"),
 }
-# what caps each library at a level: torch's ATen, MKL (float32 GEMM), oneDNN (`_int_mm`, bf16), CTranslate2
+# what caps each library at a level: torch's ATen, MKL (float32 GEMM), oneDNN (`_int_mm`, bf16), FBGEMM (torch's
+# quantized int8 linear; its narrowest kernels are AVX2), CTranslate2
 LIBRARY_CAPS = {
     "generic": {
         "ATEN_CPU_CAPABILITY": "default",
@@ -38,12 +39,14 @@ LIBRARY_CAPS = {
         "ATEN_CPU_CAPABILITY": "avx2",
         "MKL_ENABLE_INSTRUCTIONS": "AVX2",
         "ONEDNN_MAX_CPU_ISA": "AVX2",
+        "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2",
         "CT2_FORCE_CPU_ISA": "AVX2",
     },
     "avx512": {
         "ATEN_CPU_CAPABILITY": "avx512",
         "MKL_ENABLE_INSTRUCTIONS": "AVX512",
         "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16",
+        "FBGEMM_ENABLE_INSTRUCTIONS": "AVX512",
         "CT2_FORCE_CPU_ISA": "AVX512",
     },
 }
@@ -82,9 +85,8 @@ def check_isa(value: str) -> str:
     """A level name as `HF_VIT_PLUS_CPU_ISA` accepts it (any case), or a ValueError naming the value."""
     level = value.strip().lower()
     if level not in ISA_LEVELS:
-        raise ValueError(
-            f"{ISA_ENV}={value!r} is not an instruction set level: expected one of {', '.join(ISA_LEVELS)}"
-        )
+        expected = ", ".join(ISA_LEVELS)
+        raise ValueError(f"{ISA_ENV}={value!r} is not an instruction set level: expected one of {expected}")
     widest = supported_isa()
     if ISA_LEVELS.index(level) > ISA_LEVELS.index(widest):
         raise ValueError(f"{ISA_ENV}={value!r} asks for more than this CPU has: its widest level is {widest!r}")

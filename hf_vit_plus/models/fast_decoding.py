@@ -85,7 +85,7 @@ from .fast_kernels import (
     FastLinear,
     OutputScreen,
     cache_attention,
-    cpp_avx512_kernels,
+    cpp_kernels,
     fbgemm_fp16_available,
     fbgemm_int8_available,
     fused_attention_available,
@@ -340,7 +340,7 @@ class FastDecoder(nn.Module):
         self.num_layers = len(self.layers)
         self.d_model = self.embed_positions.shape[1]
         # beam search's top-k of the candidates by the C++ kernel where the CPU runs it (`fast_kernels.topk_rows`)
-        self.fast_topk = self.lm_head.weight.device.type == "cpu" and cpp_avx512_kernels()[1]
+        self.fast_topk = self.lm_head.weight.device.type == "cpu" and cpp_kernels().level is not None
 
     def new_cache(self, rows: int, length: int, device) -> list[torch.Tensor]:
         """Zeroed self-attention keys and values: layer 0's keys, its values, layer 1's keys, ..., each
@@ -734,10 +734,12 @@ class FastDecoding:
 
     def _warn_if_slower_than_float32(self, decoder: FastDecoder) -> None:
         """On a CPU without native int8 products (VNNI / AMX), weight-only and dynamic int8 decode more slowly than
-        float32: say so, once. Read from the product the decoder's layers really use (FBGEMM's is the fast one)."""
+        float32: say so, once. Read from the product the decoder's layers really use (FBGEMM's and our C++ kernel's
+        vpmaddubsw path, `cpp_int8_rows`, are the fast ones)."""
         if self._warned or decoder.lm_head.weight.device.type != "cpu" or cpu_has_fast_int8_products():
             return
-        if decoder.lm_head.kernel(1) in ("int8-weight-only", "int8-dynamic"):
+        head = decoder.lm_head
+        if head.kernel(1) == "int8-weight-only" or (head.kernel(1) == "int8-dynamic" and head.cpp_int8 is None):
             self._warned = True
             advice = (
                 "precision='int8', which takes FBGEMM's int8 products on such CPUs, or precision='float32'"

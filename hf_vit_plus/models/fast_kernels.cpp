@@ -3,23 +3,30 @@
 // - FBGEMM's products (int8, float16 weights): each keeps FBGEMM's packed weights in its own table, under the tensor
 //   that owns them (a weak reference: an entry whose owner was freed is dropped at the next pack), and calls FBGEMM's
 //   ops through the dispatcher (boxed: no header of torch's quantized classes needed). `pack_counts` reads the counts.
-// - AVX-512 products of weights packed once into column blocks (tables like FBGEMM's): `int8_vnni_linear`, dynamic
-//   int8 (each row of x quantized to int8 over its own range, int8 weights with one scale per output row, int32 sums
-//   by VNNI's vpdpbusd), and `fp32_packed_linear`, float32 (FMA). Both are for the batched steps, where ATen's
-//   products (oneDNN's `_int_mm` repacks the weights at every call, MKL's sgemm) are slow at 4-64 rows. Compiled for
-//   AVX-512 with function attributes and chosen at run time (`cpu_kernels`): the file builds for any x86 CPU.
+// - Products of weights packed once into column blocks (tables like FBGEMM's): `int8_vnni_linear`, dynamic int8 (each
+//   row of x quantized to int8 over its own range, int8 weights with one scale per output row, exact int32 sums), and
+//   `fp32_packed_linear`, float32 (FMA). Both are for the batched steps, where ATen's products (oneDNN's `_int_mm`
+//   repacks the weights at every call, MKL's sgemm) are slow at 4-64 rows.
+// - The attention of one new token over its caches (`cache_attention`, `source_attention`) and beam search's top-k
+//   (`topk_rows`).
+// Each of these has an AVX-512 path (VNNI's vpdpbusd for int8), an AVX2+FMA path (vpmaddubsw / vpmaddwd for int8) and
+// a portable one in plain C++ (ARM64, x86 without AVX2), compiled with function attributes (intrinsics behind
+// `__x86_64__`: the file builds for any x86 CPU and for aarch64) and chosen at run time: the level `set_cpu_isa` sets
+// once per process (fast_kernels.py passes `cpu_isa()`), a level the CPU lacks refused.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <mutex>
 #include <tuple>
+#include <utility>
 #include <unordered_map>
 #include <vector>
 
@@ -118,72 +125,103 @@ at::Tensor fp16_fbgemm_linear(const at::Tensor& x, const at::Tensor& weight, con
 }
 
 
-// ------------------------------------------------------------------------------------------------ AVX-512 products
-// Weights are packed in groups of 64 output columns (four 512-bit registers of float32 or int32 sums), each group one
-// stream read once per row tile, N padded to a multiple of 64 with zero columns:
-// - int8: [N/64][K/4][64][4], four consecutive k of a column side by side (vpdpbusd's operand), K padded to a multiple
-//   of 4 with zeros; with each column's sum times 128 (the activations are shifted from int8 to uint8).
-// - float32: [N/64][K][64].
-constexpr int64_t kGroup = 64;
+
+// ------------------------------------------------------------------------------------ instruction-set dispatch
+// Each kernel below has a path per level: 2 = AVX-512 (F, BW, VL, DQ; VNNI for int8 where the CPU has it), 1 = AVX2
+// and FMA, 0 = portable C++ (what the compiler vectorizes: ARM64, x86 without AVX2). The level is set once per process
+// by `set_cpu_isa` (fast_kernels.py passes `cpu_isa()`), the CPU's widest until then; a level the CPU lacks is refused.
+enum Level : int64_t { kGeneric = 0, kAvx2 = 1, kAvx512 = 2 };
+
+#ifdef HF_VIT_PLUS_X86
+bool cpu_supports_avx2() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+bool cpu_supports_avx512() {
+  __builtin_cpu_init();
+  return cpu_supports_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+}
+bool cpu_supports_vnni() {
+  __builtin_cpu_init();
+  return cpu_supports_avx512() && __builtin_cpu_supports("avx512vnni");
+}
+#else
+bool cpu_supports_avx2() { return false; }
+bool cpu_supports_avx512() { return false; }
+bool cpu_supports_vnni() { return false; }
+#endif
+
+int64_t widest_level() {
+  static const int64_t widest = cpu_supports_avx512() ? kAvx512 : cpu_supports_avx2() ? kAvx2 : kGeneric;
+  return widest;
+}
+
+std::atomic<int64_t> chosen_level{-1};
+
+int64_t level() {
+  const int64_t chosen = chosen_level.load(std::memory_order_relaxed);
+  return chosen < 0 ? widest_level() : chosen;
+}
+
+const char* level_name(int64_t value) { return value == kAvx512 ? "avx512" : value == kAvx2 ? "avx2" : "generic"; }
+
+int64_t set_cpu_isa(int64_t value) {
+  TORCH_CHECK(value >= kGeneric && value <= kAvx512, "set_cpu_isa: level ", value,
+              " is not one of 0 (generic), 1 (avx2), 2 (avx512)");
+  TORCH_CHECK(value <= widest_level(), "set_cpu_isa: level ", level_name(value),
+              " asks for more than this CPU has: its widest level is ", level_name(widest_level()));
+  chosen_level.store(value, std::memory_order_relaxed);
+  return value;
+}
+
+// int8 at level 2 runs VNNI's vpdpbusd where the CPU has it, else the AVX2 path
+bool vnni_in_use() { return level() == kAvx512 && cpu_supports_vnni(); }
+
+// -------------------------------------------------------------------------------------------- packed weights
+// Weights are packed in groups of output columns, each group one stream read once per row tile, N padded to a multiple
+// of the group with zero columns: 64 columns at AVX-512 (four 512-bit registers of sums), 16 at AVX2 and generic.
+// - int8: [N/G][K/4][G][4], four consecutive k of a column side by side (vpdpbusd's and vpmaddubsw's operand), K
+//   padded to a multiple of 4 with zeros; with each column's sum times 128 for VNNI (whose activations are shifted
+//   from int8 to uint8). The portable path reads the weights as they are.
+// - float32: [N/G][K][G].
+constexpr int64_t kGroup = 64, kGroupAvx2 = 16;
+
+int64_t group_width(int64_t at_level) { return at_level == kAvx512 ? kGroup : kGroupAvx2; }
 
 struct PackedInt8 {
-  at::Tensor weight;        // int8 [N/16][K/4][16][4]
+  at::Tensor weight;        // int8 [N/G][K/4][G][4]
   at::Tensor compensation;  // int32 [N padded]: 128 * the column's sum
   int64_t k_padded;
 };
 
-
-struct PackedFloat {
-  at::Tensor weight;  // float [N/16][K][16]
-};
-
 PackTable vnni_table, fp32_table;
 
-bool cpu_has(const char* feature) {
-#ifdef HF_VIT_PLUS_X86
-  __builtin_cpu_init();
-  if (std::strcmp(feature, "avx512f") == 0) return __builtin_cpu_supports("avx512f");
-  if (std::strcmp(feature, "avx512bw") == 0) return __builtin_cpu_supports("avx512bw");
-  if (std::strcmp(feature, "avx512vnni") == 0) return __builtin_cpu_supports("avx512vnni");
-#endif
-  (void)feature;
-  return false;
-}
-
-bool avx512_vnni() {
-  static const bool yes = cpu_has("avx512f") && cpu_has("avx512bw") && cpu_has("avx512vnni");
-  return yes;
-}
-
-bool avx512() {
-  static const bool yes = cpu_has("avx512f");
-  return yes;
-}
-
-c10::IValue pack_int8(const at::Tensor& weight) {
+c10::IValue pack_int8(const at::Tensor& weight, int64_t group) {
   const int64_t n = weight.size(0), k = weight.size(1);
-  const int64_t np = (n + kGroup - 1) / kGroup * kGroup, kp = (k + 3) / 4 * 4;
+  const int64_t np = (n + group - 1) / group * group, kp = (k + 3) / 4 * 4;
   auto padded = at::zeros({np, kp}, at::kChar);
   padded.narrow(0, 0, n).narrow(1, 0, k).copy_(weight);
-  auto packed = padded.view({np / kGroup, kGroup, kp / 4, 4}).permute({0, 2, 1, 3}).contiguous();
+  auto packed = padded.view({np / group, group, kp / 4, 4}).permute({0, 2, 1, 3}).contiguous();
   auto compensation = (padded.to(at::kInt).sum(1) * 128).to(at::kInt).contiguous();
   auto holder = c10::make_intrusive<c10::ivalue::Tuple>(
       std::vector<c10::IValue>{packed, compensation, c10::IValue(kp)});
   return c10::IValue(holder);
 }
 
-c10::IValue pack_float(const at::Tensor& weight) {
+c10::IValue pack_float(const at::Tensor& weight, int64_t group) {
   const int64_t n = weight.size(0), k = weight.size(1);
-  const int64_t np = (n + kGroup - 1) / kGroup * kGroup;
+  const int64_t np = (n + group - 1) / group * group;
   auto padded = at::zeros({np, k}, at::kFloat);
   padded.narrow(0, 0, n).copy_(weight);
-  return padded.view({np / kGroup, kGroup, k}).permute({0, 2, 1}).contiguous();
+  return padded.view({np / group, group, k}).permute({0, 2, 1}).contiguous();
 }
 
 // ------------------------------------------------------------------------------------------------------- top-k
 // The k largest values of each row (and their indices), largest first, equal values by smaller index first, NaN
-// above every number (as torch.topk ranks it). A heap of the k best so far; 16 values at a time are compared with
-// its worst and only those above it are looked at one by one, which after the first few hundred is rarely any.
+// above every number (as torch.topk ranks it). A heap of the k best so far; with vector comparisons 16 (AVX-512) or 8
+// (AVX2) values at a time are compared with its worst and only those above it are looked at one by one, which after
+// the first few hundred is rarely any.
 struct Candidate {
   float value;
   int64_t index;
@@ -208,10 +246,106 @@ inline void offer(std::vector<Candidate>& heap, Candidate c) {
   std::push_heap(heap.begin(), heap.end(), WorstFirst());
 }
 
+void topk_row_generic(const float* row, int64_t n, int64_t k, std::vector<Candidate>& heap) {
+  for (int64_t i = k; i < n; ++i) offer(heap, Candidate{row[i], i});
+}
+
+// ------------------------------------------------------------------------------------ portable (generic) paths
+// Plain C++: what runs on ARM64 and on x86 without AVX2, and the reference the tests hold the others to.
+
+// Each row of x quantized to int8 as `FastLinear`'s Python definition of dynamic int8 does it: s = max|x| / 127,
+// q = round(x / s) (division, half to even) in [-127, 127]; `magnitudes` gets |q| (vpmaddubsw's unsigned operand).
+// Rows are padded with zeros to kp values.
+void quantize_rows_s8(const float* x, int64_t rows, int64_t k, int64_t kp, int8_t* out, uint8_t* magnitudes,
+                      float* scales) {
+  for (int64_t m = 0; m < rows; ++m) {
+    const float* row = x + m * k;
+    float top = 0.0f;
+    for (int64_t i = 0; i < k; ++i) top = std::max(top, std::fabs(row[i]));
+    const float scale = std::max(top, 1e-12f) / 127.0f;
+    scales[m] = scale;
+    int8_t* dst = out + m * kp;
+    for (int64_t i = 0; i < k; ++i) {
+      const float q = std::min(std::max(std::nearbyint(row[i] / scale), -127.0f), 127.0f);
+      dst[i] = static_cast<int8_t>(q);
+    }
+    for (int64_t i = k; i < kp; ++i) dst[i] = 0;
+    if (magnitudes != nullptr)
+      for (int64_t i = 0; i < kp; ++i) magnitudes[m * kp + i] = static_cast<uint8_t>(std::abs(int(dst[i])));
+  }
+}
+
+// The columns [first, last) of the int8 product from int8 weights as they are (N, K): int32 sums, then
+// float(sum) * (s_x * s_w) + bias, as the Python definition computes it
+void int8_generic_columns(int64_t first, int64_t last, const int8_t* xq, const float* xs, int64_t rows, int64_t k,
+                          const int8_t* w, const float* scale, const float* bias, int64_t n, float* out) {
+  for (int64_t c = first; c < last; ++c) {
+    const int8_t* wc = w + c * k;
+    for (int64_t m = 0; m < rows; ++m) {
+      const int8_t* xm = xq + m * k;
+      int32_t sum = 0;
+      for (int64_t i = 0; i < k; ++i) sum += int32_t(xm[i]) * int32_t(wc[i]);
+      float y = float(sum) * (xs[m] * scale[c]);
+      if (bias != nullptr) y = y + bias[c];
+      out[m * n + c] = y;
+    }
+  }
+}
+
+// Column groups [first, last) of x @ w^T + bias from weights packed [N/16][K][16]: the inner loop over a group's 16
+// columns is what the compiler vectorizes (no reordering of a sum)
+void fp32_generic_groups(int64_t first, int64_t last, const float* x, int64_t rows, int64_t k, const float* w,
+                         const float* bias, int64_t n, float* out) {
+  constexpr int64_t G = kGroupAvx2;
+  for (int64_t g = first; g < last; ++g) {
+    const float* base = w + g * k * G;
+    const int64_t valid = std::min<int64_t>(G, n - g * G);
+    for (int64_t m = 0; m < rows; ++m) {
+      float acc[G];
+      for (int64_t j = 0; j < G; ++j) acc[j] = (bias != nullptr && j < valid) ? bias[g * G + j] : 0.0f;
+      const float* xm = x + m * k;
+      for (int64_t q = 0; q < k; ++q) {
+        const float a = xm[q];
+        const float* step = base + q * G;
+        for (int64_t j = 0; j < G; ++j) acc[j] += a * step[j];
+      }
+      for (int64_t j = 0; j < valid; ++j) out[m * n + g * G + j] = acc[j];
+    }
+  }
+}
+
+// out[0:d] = softmax over j < count of (q . k_j * scaling + bias_j) applied to v_j; k_j = keys + offsets[j], v_j likewise
+void attend_generic(const float* q, const float* keys, const float* values, const int64_t* offsets, int64_t count,
+                    const float* bias, int64_t d, float scaling, float* scores, float* out) {
+  float top = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < count; ++j) {
+    const float* k = keys + offsets[j];
+    float acc = 0.0f;
+    for (int64_t i = 0; i < d; ++i) acc += q[i] * k[i];
+    float score = acc * scaling;
+    if (bias != nullptr) score += bias[j];
+    scores[j] = score;
+    top = std::max(top, score);
+  }
+  float total = 0.0f;
+  for (int64_t j = 0; j < count; ++j) {
+    scores[j] = top == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp(scores[j] - top);
+    total += scores[j];
+  }
+  for (int64_t i = 0; i < d; ++i) out[i] = 0.0f;
+  for (int64_t j = 0; j < count; ++j) {
+    const float p = scores[j] / total;
+    const float* v = values + offsets[j];
+    for (int64_t i = 0; i < d; ++i) out[i] += p * v[i];
+  }
+}
+
 #ifdef HF_VIT_PLUS_X86
 #define HF_AVX512_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
 #define HF_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
+#define HF_AVX2 __attribute__((target("avx2,fma")))
 
+// ------------------------------------------------------------------------------------------------ AVX-512 paths
 // Each row of x: its int8 values shifted to uint8 (q + 128, q = round(x / s) in [-127, 127]) and s = max|x| / 127,
 // as `FastLinear`'s Python definition of dynamic int8 computes them (division, round half to even).
 HF_AVX512_VNNI void quantize_rows_u8(const float* x, int64_t rows, int64_t k, int64_t kp, uint8_t* out,
@@ -316,19 +450,6 @@ HF_AVX512_VNNI void int8_vnni_groups(int64_t first, int64_t last, const uint8_t*
   }
 }
 
-void int8_vnni_kernel(const float* x, int64_t rows, int64_t k, const PackedInt8& packed, const float* scale,
-                      const float* bias, int64_t n, float* out) {
-  const int64_t kp = packed.k_padded, groups = (n + kGroup - 1) / kGroup;
-  std::vector<uint8_t> xq(rows * kp);
-  std::vector<float> xs(rows);
-  quantize_rows_u8(x, rows, k, kp, xq.data(), xs.data());
-  const int8_t* w = packed.weight.data_ptr<int8_t>();
-  const int32_t* comp = packed.compensation.data_ptr<int32_t>();
-  at::parallel_for(0, groups, 1, [&](int64_t first, int64_t last) {
-    int8_vnni_groups(first, last, xq.data(), xs.data(), rows, kp, w, comp, scale, bias, n, out);
-  });
-}
-
 // ROWS x 64 columns (group `group`) of x @ w^T + bias, stored for the columns below n
 template <int ROWS>
 HF_AVX512 void fp32_tile(const float* x, int64_t k, const float* w, int64_t group, const float* bias, int64_t n,
@@ -383,20 +504,9 @@ HF_AVX512 void fp32_groups(int64_t first, int64_t last, const float* x, int64_t 
   }
 }
 
-void fp32_packed_kernel(const float* x, int64_t rows, int64_t k, const float* w, const float* bias, int64_t n,
-                        float* out) {
-  const int64_t groups = (n + kGroup - 1) / kGroup;
-  at::parallel_for(0, groups, 1, [&](int64_t first, int64_t last) { fp32_groups(first, last, x, rows, k, w, bias, n, out); });
-}
-
-// -------------------------------------------------------------------------------------- attention of one new token
-// One query per row against keys and values read in place: no score over a masked or padded position is computed, and
-// beam search's cache history is followed inside the loop (no gathered copy of the cache). Rows x heads are shared
-// among the threads. Heads of a multiple of 16 dimensions (AVX-512), else the caller's graph runs.
-
-// out[0:d] = softmax over j < count of (q . k_j * scaling + bias_j) applied to v_j; k_j = keys + offsets[j], v_j likewise
-HF_AVX512 void attend(const float* q, const float* keys, const float* values, const int64_t* offsets, int64_t count,
-                      const float* bias, int64_t d, float scaling, float* scores, float* out) {
+// Attention of one new token (see `attend_generic`), 16 dimensions at a time: heads of a multiple of 16
+HF_AVX512 void attend_avx512(const float* q, const float* keys, const float* values, const int64_t* offsets,
+                             int64_t count, const float* bias, int64_t d, float scaling, float* scores, float* out) {
   float top = -std::numeric_limits<float>::infinity();
   for (int64_t j = 0; j < count; ++j) {
     const float* k = keys + offsets[j];
@@ -421,37 +531,6 @@ HF_AVX512 void attend(const float* q, const float* keys, const float* values, co
   }
 }
 
-HF_AVX512 void cache_attention_rows(int64_t first, int64_t last, const float* query, const float* keys,
-                                    const float* values, const int64_t* history, int64_t length, int64_t count,
-                                    int64_t heads, int64_t dim, float scaling, float* out) {
-  const int64_t d = dim / heads;
-  std::vector<int64_t> offsets(count);
-  std::vector<float> scores(count);
-  for (int64_t task = first; task < last; ++task) {
-    const int64_t r = task / heads, h = task % heads;
-    for (int64_t j = 0; j < count; ++j) {
-      const int64_t slot = history != nullptr ? history[r * length + j] : r;
-      offsets[j] = (slot * length + j) * dim + h * d;
-    }
-    attend(query + r * dim + h * d, keys, values, offsets.data(), count, nullptr, d, scaling, scores.data(),
-           out + r * dim + h * d);
-  }
-}
-
-HF_AVX512 void source_attention_rows(int64_t first, int64_t last, const float* query, const float* keys,
-                                     const float* values, const float* bias, int64_t group, int64_t length,
-                                     int64_t heads, int64_t dim, float scaling, float* out) {
-  const int64_t d = dim / heads;
-  std::vector<int64_t> offsets(length);
-  std::vector<float> scores(length);
-  for (int64_t task = first; task < last; ++task) {
-    const int64_t r = task / heads, h = task % heads, b = r / group;
-    for (int64_t j = 0; j < length; ++j) offsets[j] = (b * length + j) * dim + h * d;
-    attend(query + r * dim + h * d, keys, values, offsets.data(), length, bias + b * length, d, scaling,
-           scores.data(), out + r * dim + h * d);
-  }
-}
-
 HF_AVX512 void topk_row_avx512(const float* row, int64_t n, int64_t k, std::vector<Candidate>& heap) {
   int64_t i = k;
   for (; i + 16 <= n; i += 16) {
@@ -466,8 +545,231 @@ HF_AVX512 void topk_row_avx512(const float* row, int64_t n, int64_t k, std::vect
   }
   for (; i < n; ++i) offer(heap, Candidate{row[i], i});
 }
-#endif
 
+// --------------------------------------------------------------------------------------------------- AVX2 paths
+// int8 without VNNI: vpmaddubsw multiplies unsigned by signed bytes and adds pairs into int16 with saturation, so the
+// activations enter as |q| (0..127) and the weights with q's sign (vpsignb): a pair sums to at most 2 * 127 * 127 =
+// 32258 < 32767, never saturated, and vpmaddwd by ones adds the pairs into int32: the exact sums, bit for bit those of
+// `torch._int_mm` (the weights are in [-127, 127]: `quantize_rows`).
+
+// ROWS x 16 int32 sums (two registers of 8 columns) of the group `group` of weights packed [N/16][K/4][16][4]
+template <int ROWS>
+HF_AVX2 void int8_tile_avx2(const int8_t* xq, const uint8_t* xa, int64_t kp, const int8_t* w, int64_t group,
+                            int32_t* out) {
+  const int64_t kq = kp / 4;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i acc[ROWS][2];
+#pragma GCC unroll 4
+  for (int m = 0; m < ROWS; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_si256();
+  const int8_t* base = w + group * kq * 64;
+  for (int64_t q = 0; q < kq; ++q) {
+    const int8_t* step = base + q * 64;
+    _mm_prefetch(reinterpret_cast<const char*>(step + 512), _MM_HINT_T0);
+    const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(step));
+    const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(step + 32));
+#pragma GCC unroll 4
+    for (int m = 0; m < ROWS; ++m) {
+      int32_t signed_four, magnitude_four;
+      std::memcpy(&signed_four, xq + m * kp + q * 4, 4);
+      std::memcpy(&magnitude_four, xa + m * kp + q * 4, 4);
+      const __m256i s = _mm256_set1_epi32(signed_four), a = _mm256_set1_epi32(magnitude_four);
+      acc[m][0] = _mm256_add_epi32(acc[m][0], _mm256_madd_epi16(_mm256_maddubs_epi16(a, _mm256_sign_epi8(b0, s)), ones));
+      acc[m][1] = _mm256_add_epi32(acc[m][1], _mm256_madd_epi16(_mm256_maddubs_epi16(a, _mm256_sign_epi8(b1, s)), ones));
+    }
+  }
+#pragma GCC unroll 4
+  for (int m = 0; m < ROWS; ++m) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + m * 16), acc[m][0]);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + m * 16 + 8), acc[m][1]);
+  }
+}
+
+// The column groups [first, last) of the int8 product: sums, then float(sum) * (s_x * s_w) + bias, as the Python
+// definition computes it (no fused multiply-add)
+HF_AVX2 void int8_avx2_groups(int64_t first, int64_t last, const int8_t* xq, const uint8_t* xa, const float* xs,
+                              int64_t rows, int64_t kp, const int8_t* w, const float* scale, const float* bias,
+                              int64_t n, float* out) {
+  constexpr int64_t G = kGroupAvx2;
+  alignas(32) int32_t sums[4 * G];
+  for (int64_t g = first; g < last; ++g) {
+    for (int64_t m = 0; m < rows; m += 4) {
+      const int64_t r = std::min<int64_t>(4, rows - m);
+      switch (r) {
+        case 4: int8_tile_avx2<4>(xq + m * kp, xa + m * kp, kp, w, g, sums); break;
+        case 3: int8_tile_avx2<3>(xq + m * kp, xa + m * kp, kp, w, g, sums); break;
+        case 2: int8_tile_avx2<2>(xq + m * kp, xa + m * kp, kp, w, g, sums); break;
+        default: int8_tile_avx2<1>(xq + m * kp, xa + m * kp, kp, w, g, sums); break;
+      }
+      for (int64_t i = 0; i < r; ++i) {
+        const float sx = xs[m + i];
+        float* row = out + (m + i) * n;
+        for (int64_t j = 0; j < G; j += 8) {
+          const int64_t col = g * G + j;
+          if (col + 8 <= n) {
+            const __m256 sxw = _mm256_mul_ps(_mm256_set1_ps(sx), _mm256_loadu_ps(scale + col));
+            const __m256i acc = _mm256_load_si256(reinterpret_cast<const __m256i*>(sums + i * G + j));
+            __m256 y = _mm256_mul_ps(_mm256_cvtepi32_ps(acc), sxw);
+            if (bias != nullptr) y = _mm256_add_ps(y, _mm256_loadu_ps(bias + col));
+            _mm256_storeu_ps(row + col, y);
+          } else {
+            for (int64_t c = col; c < n && c < col + 8; ++c) {
+              float y = float(sums[i * G + (c - g * G)]) * (sx * scale[c]);
+              if (bias != nullptr) y = y + bias[c];
+              row[c] = y;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// ROWS x (16 GROUPS) columns of x @ w^T + bias from weights packed [N/16][K][16], the groups `group` ..
+// `group + GROUPS - 1`: 2 GROUPS registers of 8 sums per row (6 x 16 and 3 x 32: 12 accumulators), stored for the
+// columns below n
+template <int ROWS, int GROUPS>
+HF_AVX2 void fp32_tile_avx2(const float* x, int64_t k, const float* w, int64_t group, const float* bias, int64_t n,
+                            float* out) {
+  constexpr int64_t G = kGroupAvx2;
+  constexpr int V = 2 * GROUPS;
+  __m256 acc[ROWS][V];
+#pragma GCC unroll 4
+  for (int j = 0; j < V; ++j) {
+    const int64_t col = group * G + j * 8;
+    __m256 b = _mm256_setzero_ps();
+    if (bias != nullptr) {
+      if (col + 8 <= n) {
+        b = _mm256_loadu_ps(bias + col);
+      } else {
+        alignas(32) float tail[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int64_t c = col; c < n; ++c) tail[c - col] = bias[c];
+        b = _mm256_load_ps(tail);
+      }
+    }
+#pragma GCC unroll 6
+    for (int m = 0; m < ROWS; ++m) acc[m][j] = b;
+  }
+  const float* base = w + group * k * G;
+  for (int64_t q = 0; q < k; ++q) {
+    __m256 b[V];
+#pragma GCC unroll 2
+    for (int g = 0; g < GROUPS; ++g) {
+      const float* step = base + g * k * G + q * G;
+      _mm_prefetch(reinterpret_cast<const char*>(step + 8 * G), _MM_HINT_T0);
+      b[2 * g] = _mm256_loadu_ps(step);
+      b[2 * g + 1] = _mm256_loadu_ps(step + 8);
+    }
+#pragma GCC unroll 6
+    for (int m = 0; m < ROWS; ++m) {
+      const __m256 a = _mm256_broadcast_ss(x + m * k + q);
+#pragma GCC unroll 4
+      for (int j = 0; j < V; ++j) acc[m][j] = _mm256_fmadd_ps(a, b[j], acc[m][j]);
+    }
+  }
+  // (every index of acc a constant once unrolled, so that the accumulators stay in registers)
+#pragma GCC unroll 4
+  for (int j = 0; j < V; ++j) {
+    const int64_t col = group * G + j * 8;
+#pragma GCC unroll 6
+    for (int m = 0; m < ROWS; ++m) {
+      if (col + 8 <= n) {
+        _mm256_storeu_ps(out + m * n + col, acc[m][j]);
+      } else if (col < n) {
+        alignas(32) float tail[8];
+        _mm256_store_ps(tail, acc[m][j]);
+        for (int64_t c = col; c < n; ++c) out[m * n + c] = tail[c - col];
+      }
+    }
+  }
+}
+
+template <int GROUPS>
+HF_AVX2 void fp32_rows_avx2(int64_t g, const float* x, int64_t rows, int64_t k, const float* w, const float* bias,
+                            int64_t n, float* out) {
+  constexpr int64_t R = GROUPS == 2 ? 3 : 6;  // 12 accumulators
+  int64_t m = 0;
+  for (; m + R <= rows; m += R) fp32_tile_avx2<R, GROUPS>(x + m * k, k, w, g, bias, n, out + m * n);
+  switch (rows - m) {
+    case 5: fp32_tile_avx2<5, 1>(x + m * k, k, w, g, bias, n, out + m * n); break;  // (GROUPS 1 only: R = 6)
+    case 4: fp32_tile_avx2<4, 1>(x + m * k, k, w, g, bias, n, out + m * n); break;
+    case 3: fp32_tile_avx2<3, 1>(x + m * k, k, w, g, bias, n, out + m * n); break;
+    case 2: fp32_tile_avx2<2, GROUPS>(x + m * k, k, w, g, bias, n, out + m * n); break;
+    case 1: fp32_tile_avx2<1, GROUPS>(x + m * k, k, w, g, bias, n, out + m * n); break;
+    default: break;
+  }
+}
+
+// Column groups [first, last): few rows (at most 3) two groups at a time (3 x 32), more rows one group (6 x 16)
+HF_AVX2 void fp32_avx2_groups(int64_t first, int64_t last, const float* x, int64_t rows, int64_t k, const float* w,
+                              const float* bias, int64_t n, float* out) {
+  int64_t g = first;
+  if (rows <= 3)
+    for (; g + 2 <= last; g += 2) fp32_rows_avx2<2>(g, x, rows, k, w, bias, n, out);
+  for (; g < last; ++g) fp32_rows_avx2<1>(g, x, rows, k, w, bias, n, out);
+}
+
+HF_AVX2 inline float sum_avx2(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// Attention of one new token (see `attend_generic`), 8 dimensions at a time: heads of a multiple of 8
+HF_AVX2 void attend_avx2(const float* q, const float* keys, const float* values, const int64_t* offsets,
+                         int64_t count, const float* bias, int64_t d, float scaling, float* scores, float* out) {
+  float top = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < count; ++j) {
+    const float* k = keys + offsets[j];
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < d; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(k + i), acc);
+    float score = sum_avx2(acc) * scaling;
+    if (bias != nullptr) score += bias[j];
+    scores[j] = score;
+    top = std::max(top, score);
+  }
+  float total = 0.0f;
+  for (int64_t j = 0; j < count; ++j) {
+    scores[j] = top == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp(scores[j] - top);
+    total += scores[j];
+  }
+  for (int64_t i = 0; i < d; i += 8) _mm256_storeu_ps(out + i, _mm256_setzero_ps());
+  for (int64_t j = 0; j < count; ++j) {
+    const __m256 p = _mm256_set1_ps(scores[j] / total);
+    const float* v = values + offsets[j];
+    for (int64_t i = 0; i < d; i += 8)
+      _mm256_storeu_ps(out + i, _mm256_fmadd_ps(p, _mm256_loadu_ps(v + i), _mm256_loadu_ps(out + i)));
+  }
+}
+
+HF_AVX2 void topk_row_avx2(const float* row, int64_t n, int64_t k, std::vector<Candidate>& heap) {
+  int64_t i = k;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 worst = _mm256_set1_ps(heap.front().value);
+    unsigned above = unsigned(_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(row + i), worst, _CMP_NLE_UQ)));
+    while (above) {
+      const int lane = __builtin_ctz(above);
+      above &= above - 1;
+      offer(heap, Candidate{row[i + lane], i + lane});
+    }
+  }
+  for (; i < n; ++i) offer(heap, Candidate{row[i], i});
+}
+#endif  // HF_VIT_PLUS_X86
+
+using AttendFn = void (*)(const float*, const float*, const float*, const int64_t*, int64_t, const float*, int64_t,
+                          float, float*, float*);
+
+// the attention kernel of the level in use and the multiple of dimensions its heads need
+std::pair<AttendFn, int64_t> attention_kernel() {
+#ifdef HF_VIT_PLUS_X86
+  if (level() == kAvx512) return {attend_avx512, 16};
+  if (level() == kAvx2) return {attend_avx2, 8};
+#endif
+  return {attend_generic, 1};
+}
+
+// ------------------------------------------------------------------------------------------------- the operators
 const float* bias_pointer(const c10::optional<at::Tensor>& bias, int64_t n) {
   if (!bias.has_value() || !bias->defined()) return nullptr;
   TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == n,
@@ -475,55 +777,131 @@ const float* bias_pointer(const c10::optional<at::Tensor>& bias, int64_t n) {
   return bias->data_ptr<float>();
 }
 
-// x @ (weight * scale[:, None])^T + bias with x's rows quantized to int8 at run time (per row, symmetric), int32 sums
+// x @ (weight * scale[:, None])^T + bias with x's rows quantized to int8 at run time (per row, symmetric), int32 sums:
+// VNNI at AVX-512 where the CPU has it, else vpmaddubsw (AVX2), else plain loops
 at::Tensor int8_vnni_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scale,
                             const c10::optional<at::Tensor>& bias) {
-  TORCH_CHECK(avx512_vnni(), "int8_vnni_linear needs a CPU with AVX512-VNNI");
   TORCH_CHECK(weight.scalar_type() == at::kChar && weight.dim() == 2, "int8_vnni_linear: weight must be 2-D int8");
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.size(1) == weight.size(1), "x must be (M, K) float");
   TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.numel() == weight.size(0), "scale: one float per row");
-  const int64_t n = weight.size(0);
-  c10::IValue entry = vnni_table.get(weight, {weight._version()}, [&] { return pack_int8(weight); });
-  auto parts = entry.toTuple()->elements();
-  PackedInt8 packed{parts[0].toTensor(), parts[1].toTensor(), parts[2].toInt()};
+  const int64_t n = weight.size(0), rows = x.size(0), k = x.size(1);
   auto input = x.contiguous();
   auto scales = scale.contiguous();
-  auto out = at::empty({x.size(0), n}, x.options());
+  auto out = at::empty({rows, n}, x.options());
+  const float* xp = input.data_ptr<float>();
+  const float* sp = scales.data_ptr<float>();
+  const float* bp = bias_pointer(bias, n);
+  float* op = out.data_ptr<float>();
+  const int64_t at_level = level();
+  const bool vnni = vnni_in_use();
+  if (at_level == kGeneric) {
+    auto w = weight.contiguous();
+    std::vector<int8_t> xq(rows * k);
+    std::vector<float> xs(rows);
+    quantize_rows_s8(xp, rows, k, k, xq.data(), nullptr, xs.data());
+    const int8_t* wp = w.data_ptr<int8_t>();
+    at::parallel_for(0, n, 16, [&](int64_t first, int64_t last) {
+      int8_generic_columns(first, last, xq.data(), xs.data(), rows, k, wp, sp, bp, n, op);
+    });
+    return out;
+  }
+  const int64_t group = vnni ? kGroup : kGroupAvx2;
+  c10::IValue entry = vnni_table.get(weight, {weight._version(), group}, [&] { return pack_int8(weight, group); });
+  auto parts = entry.toTuple()->elements();
+  PackedInt8 packed{parts[0].toTensor(), parts[1].toTensor(), parts[2].toInt()};
+  const int64_t kp = packed.k_padded, groups = (n + group - 1) / group;
+  const int8_t* wp = packed.weight.data_ptr<int8_t>();
+  std::vector<float> xs(rows);
 #ifdef HF_VIT_PLUS_X86
-  int8_vnni_kernel(input.data_ptr<float>(), input.size(0), input.size(1), packed, scales.data_ptr<float>(),
-                   bias_pointer(bias, n), n, out.data_ptr<float>());
+  if (vnni) {
+    std::vector<uint8_t> xq(rows * kp);
+    quantize_rows_u8(xp, rows, k, kp, xq.data(), xs.data());
+    const int32_t* comp = packed.compensation.data_ptr<int32_t>();
+    at::parallel_for(0, groups, 1, [&](int64_t first, int64_t last) {
+      int8_vnni_groups(first, last, xq.data(), xs.data(), rows, kp, wp, comp, sp, bp, n, op);
+    });
+  } else {
+    std::vector<int8_t> xq(rows * kp);
+    std::vector<uint8_t> xa(rows * kp);
+    quantize_rows_s8(xp, rows, k, kp, xq.data(), xa.data(), xs.data());
+    at::parallel_for(0, groups, 1, [&](int64_t first, int64_t last) {
+      int8_avx2_groups(first, last, xq.data(), xa.data(), xs.data(), rows, kp, wp, sp, bp, n, op);
+    });
+  }
 #endif
+  (void)kp, (void)groups, (void)wp;
   return out;
 }
 
-// x @ weight^T + bias in float32, the weights packed once into column blocks (AVX-512 FMA)
+// x @ weight^T + bias in float32, the weights packed once into column blocks (FMA at AVX-512 and AVX2)
 at::Tensor fp32_packed_linear(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
-  TORCH_CHECK(avx512(), "fp32_packed_linear needs a CPU with AVX-512");
   TORCH_CHECK(weight.scalar_type() == at::kFloat && weight.dim() == 2, "fp32_packed_linear: weight must be 2-D float");
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.size(1) == weight.size(1), "x must be (M, K) float");
-  const int64_t n = weight.size(0);
-  std::vector<int64_t> source{reinterpret_cast<int64_t>(weight.data_ptr()), weight._version()};
+  const int64_t n = weight.size(0), at_level = level(), group = group_width(at_level);
+  std::vector<int64_t> source{reinterpret_cast<int64_t>(weight.data_ptr()), weight._version(), group};
   for (auto size : weight.sizes()) source.push_back(size);
   for (auto stride : weight.strides()) source.push_back(stride);
-  at::Tensor packed = fp32_table.get(weight, source, [&] { return pack_float(weight); }).toTensor();
+  at::Tensor packed = fp32_table.get(weight, source, [&] { return pack_float(weight, group); }).toTensor();
   auto input = x.contiguous();
   auto out = at::empty({x.size(0), n}, x.options());
+  const float *xp = input.data_ptr<float>(), *wp = packed.data_ptr<float>(), *bp = bias_pointer(bias, n);
+  float* op = out.data_ptr<float>();
+  const int64_t rows = input.size(0), k = input.size(1), groups = (n + group - 1) / group;
+  at::parallel_for(0, groups, 1, [&](int64_t first, int64_t last) {
 #ifdef HF_VIT_PLUS_X86
-  fp32_packed_kernel(input.data_ptr<float>(), input.size(0), input.size(1), packed.data_ptr<float>(),
-                     bias_pointer(bias, n), n, out.data_ptr<float>());
+    if (at_level == kAvx512) return fp32_groups(first, last, xp, rows, k, wp, bp, n, op);
+    if (at_level == kAvx2) return fp32_avx2_groups(first, last, xp, rows, k, wp, bp, n, op);
 #endif
+    fp32_generic_groups(first, last, xp, rows, k, wp, bp, n, op);
+  });
   return out;
 }
 
+void cache_attention_rows(int64_t first, int64_t last, AttendFn attend, const float* query, const float* keys,
+                          const float* values, const int64_t* history, int64_t length, int64_t count, int64_t heads,
+                          int64_t dim, float scaling, float* out) {
+  const int64_t d = dim / heads;
+  std::vector<int64_t> offsets(count);
+  std::vector<float> scores(count);
+  for (int64_t task = first; task < last; ++task) {
+    const int64_t r = task / heads, h = task % heads;
+    for (int64_t j = 0; j < count; ++j) {
+      const int64_t slot = history != nullptr ? history[r * length + j] : r;
+      offsets[j] = (slot * length + j) * dim + h * d;
+    }
+    attend(query + r * dim + h * d, keys, values, offsets.data(), count, nullptr, d, scaling, scores.data(),
+           out + r * dim + h * d);
+  }
+}
+
+void source_attention_rows(int64_t first, int64_t last, AttendFn attend, const float* query, const float* keys,
+                           const float* values, const float* bias, int64_t group, int64_t length, int64_t heads,
+                           int64_t dim, float scaling, float* out) {
+  const int64_t d = dim / heads;
+  std::vector<int64_t> offsets(length);
+  std::vector<float> scores(length);
+  for (int64_t task = first; task < last; ++task) {
+    const int64_t r = task / heads, h = task % heads, b = r / group;
+    for (int64_t j = 0; j < length; ++j) offsets[j] = (b * length + j) * dim + h * d;
+    attend(query + r * dim + h * d, keys, values, offsets.data(), length, bias + b * length, d, scaling,
+           scores.data(), out + r * dim + h * d);
+  }
+}
 
 // Masked self-attention of one new token per row over the positions 0..position of its cache (R, L, D); history:
 // empty (row r's positions are in slot r) or (R, L) int64, the slot holding each position of row r (beam search).
+// One query per row against keys and values read in place: no score over a masked or padded position is computed, and
+// beam search's cache history is followed inside the loop (no gathered copy of the cache). Rows x heads are shared
+// among the threads.
 at::Tensor cache_attention(const at::Tensor& query, const at::Tensor& keys, const at::Tensor& values,
                            const at::Tensor& position, const c10::optional<at::Tensor>& history, int64_t heads,
                            double scaling) {
-  TORCH_CHECK(avx512(), "cache_attention needs a CPU with AVX-512");
+  const auto kernel = attention_kernel();
+  const AttendFn attend = kernel.first;
+  const int64_t multiple = kernel.second;
   const int64_t rows = keys.size(0), length = keys.size(1), dim = keys.size(2);
-  TORCH_CHECK(dim % heads == 0 && (dim / heads) % 16 == 0, "cache_attention: heads of a multiple of 16 dimensions");
+  TORCH_CHECK(dim % heads == 0 && (dim / heads) % multiple == 0, "cache_attention: heads of a multiple of ", multiple,
+              " dimensions at ", level_name(level()));
   TORCH_CHECK(keys.is_contiguous() && values.is_contiguous() && keys.sizes() == values.sizes(), "contiguous caches");
   TORCH_CHECK(query.scalar_type() == at::kFloat && keys.scalar_type() == at::kFloat, "float tensors");
   const int64_t count = std::min<int64_t>(position.item<int64_t>() + 1, length);
@@ -531,15 +909,14 @@ at::Tensor cache_attention(const at::Tensor& query, const at::Tensor& keys, cons
   const bool follow = history.has_value() && history->defined();
   at::Tensor slots = follow ? history->to(at::kLong).contiguous() : at::Tensor();
   auto out = at::empty({rows, dim}, query.options());
-#ifdef HF_VIT_PLUS_X86
   const int64_t* h = follow ? slots.data_ptr<int64_t>() : nullptr;
   const float *qp = q.data_ptr<float>(), *kp = keys.data_ptr<float>(), *vp = values.data_ptr<float>();
   float* op = out.data_ptr<float>();
   const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, count * dim / heads));
   at::parallel_for(0, rows * heads, grain, [&](int64_t first, int64_t last) {
-    cache_attention_rows(first, last, qp, kp, vp, h, length, count, heads, dim, static_cast<float>(scaling), op);
+    cache_attention_rows(first, last, attend, qp, kp, vp, h, length, count, heads, dim, static_cast<float>(scaling),
+                         op);
   });
-#endif
   return out;
 }
 
@@ -547,28 +924,30 @@ at::Tensor cache_attention(const at::Tensor& query, const at::Tensor& keys, cons
 // 0 for real tokens, -inf for padding.
 at::Tensor source_attention(const at::Tensor& query, const at::Tensor& keys, const at::Tensor& values,
                             const at::Tensor& bias, int64_t heads, double scaling) {
-  TORCH_CHECK(avx512(), "source_attention needs a CPU with AVX-512");
+  const auto kernel = attention_kernel();
+  const AttendFn attend = kernel.first;
+  const int64_t multiple = kernel.second;
   const int64_t rows = query.size(0), batch = keys.size(0), length = keys.size(1), dim = keys.size(2);
-  TORCH_CHECK(dim % heads == 0 && (dim / heads) % 16 == 0, "source_attention: heads of a multiple of 16 dimensions");
+  TORCH_CHECK(dim % heads == 0 && (dim / heads) % multiple == 0, "source_attention: heads of a multiple of ",
+              multiple, " dimensions at ", level_name(level()));
   TORCH_CHECK(rows % batch == 0, "source_attention: rows must be a multiple of the sources");
   auto q = query.contiguous();
   auto k = keys.contiguous();
   auto v = values.contiguous();
   auto b = bias.to(at::kFloat).contiguous();
   auto out = at::empty({rows, dim}, query.options());
-#ifdef HF_VIT_PLUS_X86
   const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>(), *bp = b.data_ptr<float>();
   float* op = out.data_ptr<float>();
   const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, length * dim / heads));
   at::parallel_for(0, rows * heads, grain, [&](int64_t first, int64_t last) {
-    source_attention_rows(first, last, qp, kp, vp, bp, rows / batch, length, heads, dim, static_cast<float>(scaling), op);
+    source_attention_rows(first, last, attend, qp, kp, vp, bp, rows / batch, length, heads, dim,
+                          static_cast<float>(scaling), op);
   });
-#endif
   return out;
 }
 
-// torch.topk(x, k, dim=1) of a 2-D float tensor, ties by smaller index (see `topk_row_avx512`); `vectorized`: the
-// AVX-512 comparisons where the CPU has them (false: the plain loop, as on other CPUs)
+// torch.topk(x, k, dim=1) of a 2-D float tensor, ties by smaller index; `vectorized`: the vector comparisons of the
+// level in use (false: the plain loop, the portable path)
 std::tuple<at::Tensor, at::Tensor> topk_rows(const at::Tensor& x, int64_t k, bool vectorized) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "topk_rows: a 2-D float tensor");
   const int64_t rows = x.size(0), n = x.size(1);
@@ -579,22 +958,18 @@ std::tuple<at::Tensor, at::Tensor> topk_rows(const at::Tensor& x, int64_t k, boo
   const float* data = input.data_ptr<float>();
   float* out_values = values.data_ptr<float>();
   int64_t* out_indices = indices.data_ptr<int64_t>();
-  const bool vector = vectorized && avx512();
+  auto scan = topk_row_generic;
+#ifdef HF_VIT_PLUS_X86
+  if (vectorized && level() == kAvx512) scan = topk_row_avx512;
+  if (vectorized && level() == kAvx2) scan = topk_row_avx2;
+#endif
   at::parallel_for(0, rows, std::max<int64_t>(1, 65536 / n), [&](int64_t first, int64_t last) {
     std::vector<Candidate> heap(k);
     for (int64_t r = first; r < last; ++r) {
       const float* row = data + r * n;
       for (int64_t i = 0; i < k; ++i) heap[i] = Candidate{row[i], i};
       std::make_heap(heap.begin(), heap.end(), WorstFirst());
-#ifdef HF_VIT_PLUS_X86
-      if (vector) {
-        topk_row_avx512(row, n, k, heap);
-      } else {
-        for (int64_t i = k; i < n; ++i) offer(heap, Candidate{row[i], i});
-      }
-#else
-      for (int64_t i = k; i < n; ++i) offer(heap, Candidate{row[i], i});
-#endif
+      scan(row, n, k, heap);
       std::sort_heap(heap.begin(), heap.end(), WorstFirst());  // best first
       for (int64_t i = 0; i < k; ++i) {
         out_values[r * k + i] = heap[i].value;
@@ -605,7 +980,8 @@ std::tuple<at::Tensor, at::Tensor> topk_rows(const at::Tensor& x, int64_t k, boo
   return {values, indices};
 }
 
-std::vector<int64_t> cpu_kernels() { return {avx512_vnni(), avx512()}; }
+// [the level in use, its widest on this CPU, whether int8 runs VNNI]
+std::vector<int64_t> cpu_kernels() { return {level(), widest_level(), vnni_in_use()}; }
 
 std::vector<int64_t> pack_counts() {
   auto int8 = int8_table.counts();
@@ -627,6 +1003,7 @@ TORCH_LIBRARY(hf_vit_plus_cpp, m) {
   m.def("topk_rows(Tensor x, int k, bool vectorized=True) -> (Tensor values, Tensor indices)");
   m.def("pack_counts() -> int[]", pack_counts);
   m.def("cpu_kernels() -> int[]", cpu_kernels);
+  m.def("set_cpu_isa(int level) -> int", set_cpu_isa);
 }
 
 TORCH_LIBRARY_IMPL(hf_vit_plus_cpp, CPU, m) {

@@ -32,14 +32,18 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 import warnings
 import weakref
+from collections.abc import Iterator
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .compat import cpu_has_fast_int8_products, cpu_has_native_bf16_products
+from .cpu_isa import ISA_ENV, ISA_LEVELS, check_isa, cpu_isa
 from .decoding_rules import process_scores
 
 logger = logging.getLogger(__name__)
@@ -49,9 +53,20 @@ PRECISIONS = ("float32", "bfloat16", "int8", "int8-weight-only", "int8-dynamic",
 # (`compiled_decoding.row_matmul_pass`); larger ones as GEMMs.
 SMALL_ROWS = 4
 # float32 products of at least this many rows run on packed weights where the CPU has AVX-512
-# (`cpp_avx512_kernels`): from 2 rows on faster than inductor's vector-matrix loop (`row_matmul_pass`), timed
+# (`cpp_kernels`): from 2 rows on faster than inductor's vector-matrix loop (`row_matmul_pass`), timed
 # product by product, each compiled by AOTInductor; one row keeps the loop.
 PACKED_FLOAT32_MIN_ROWS = 2
+# The row counts (first, last; None: no bound) of float32 products on packed weights (`fp32_packed_linear`) per
+# level of the C++ kernels, where they beat MKL's F.linear at that level (timed product by product at the small and
+# opus-mt shapes, 1 to 64 rows, torch capped at the same level); the portable path never does (F.linear: MKL,
+# OpenBLAS or Arm's libraries on ARM64).
+PACKED_FLOAT32_ROWS = {"avx512": (PACKED_FLOAT32_MIN_ROWS, None), "avx2": (PACKED_FLOAT32_MIN_ROWS, None)}
+# The row counts of dynamic int8 by our kernel without VNNI (`int8_vnni_linear`'s vpmaddubsw path), where it beats
+# FBGEMM's int8 at that level; with VNNI it runs at every row count. At the generic level the Python definition runs.
+CPP_INT8_ROWS = {"avx512": (1, None), "avx2": (1, None)}
+# The multiple of dimensions per head that the attention kernels' vectors need, per level
+ATTENTION_MULTIPLE = {"avx512": 16, "avx2": 8, "generic": 1}
+CPP_KERNEL_NAMES = ("fp32_packed_linear", "int8_vnni_linear", "cache_attention", "source_attention", "topk_rows")
 # "int8" runs weight-only int8 up to this many rows per step and dynamic int8 above, on CPUs with native int8
 # products; elsewhere FBGEMM's int8 (or weight-only) at every row count (`cpu_has_fast_int8_products`).
 INT8_WEIGHT_ONLY_MAX_ROWS = 0
@@ -410,15 +425,90 @@ def _topk_fake(x, k, vectorized=True):
     return x.new_empty(x.shape[0], k), x.new_empty(x.shape[0], k, dtype=torch.long)
 
 
+class CppKernels(NamedTuple):
+    """What the C++ kernels run in this process (`cpp_kernels`)."""
+
+    level: str | None  # the instruction-set level of their paths (`cpu_isa()`); None where they are not built
+    vnni: bool  # whether `int8_vnni_linear` runs AVX512-VNNI (else vpmaddubsw at AVX2 and AVX-512, plain loops below)
+
+
 @functools.cache
-def cpp_avx512_kernels() -> tuple[bool, bool]:
-    """Whether the C++ kernels' AVX-512 products run here: (dynamic int8 by VNNI, `int8_vnni_linear`; float32 by FMA
-    on weights packed in column blocks, `fp32_packed_linear`). Both False where the C++ kernels are not built
-    (`cpp_fbgemm_ops`) or the CPU lacks AVX512-VNNI / AVX-512. Asks the CPU's flags only (no tensor work)."""
-    if not cpp_fbgemm_ops() or not hasattr(torch.ops.hf_vit_plus_cpp, "cpu_kernels"):
-        return False, False
-    vnni, avx512 = torch.ops.hf_vit_plus_cpp.cpu_kernels()
-    return bool(vnni), bool(avx512)
+def cpp_kernels() -> CppKernels:
+    """The level the C++ kernels run at: `cpu_isa()` (the CPU's widest, capped by `HF_VIT_PLUS_CPU_ISA`: a cap wider
+    than the CPU is a ValueError, and the C++ side refuses it too), passed to them once per process
+    (`hf_vit_plus_cpp::set_cpu_isa`); level None where they are not built (`cpp_fbgemm_ops`). Asks the CPU's flags
+    only (no tensor work)."""
+    level = cpu_isa()
+    if not cpp_fbgemm_ops() or not hasattr(torch.ops.hf_vit_plus_cpp, "set_cpu_isa"):
+        return CppKernels(None, False)
+    torch.ops.hf_vit_plus_cpp.set_cpu_isa(ISA_LEVELS.index(level))
+    in_use, _widest, vnni = torch.ops.hf_vit_plus_cpp.cpu_kernels()
+    return CppKernels(ISA_LEVELS[in_use], bool(vnni))
+
+
+@contextlib.contextmanager
+def use_cpu_isa(level: str) -> Iterator[CppKernels]:
+    """Run the C++ kernels, and every choice of kernel made inside (`FastLinear`, `FastDecoder`, `kernel_paths`), at
+    `level` (at most the CPU's widest) in this process, then at the level before: how the tests run every path on
+    one machine. Objects built inside keep the choices they made there. torch's own kernels are not capped (their
+    variables are read when torch loads: `cpu_isa.capped_environment` is for a new process)."""
+    level = check_isa(level)
+    previous = os.environ.get(ISA_ENV)
+    os.environ[ISA_ENV] = level
+    cpp_kernels.cache_clear()
+    try:
+        yield cpp_kernels()
+    finally:
+        if previous is None:
+            os.environ.pop(ISA_ENV, None)
+        else:
+            os.environ[ISA_ENV] = previous
+        cpp_kernels.cache_clear()
+        cpp_kernels()
+
+
+def packed_float32_rows(level: str | None = None) -> tuple[int, int | None] | None:
+    """The row counts (first, last; last None: no bound) at which float32 products run `fp32_packed_linear` at
+    `level` (default: the C++ kernels' level, `cpp_kernels`); None where they never do (F.linear instead)."""
+    level = cpp_kernels().level if level is None else level
+    return PACKED_FLOAT32_ROWS.get(level) if level is not None else None
+
+
+def cpp_int8_rows(level: str | None = None) -> tuple[int, int | None] | None:
+    """The row counts (first, last; last None: no bound) at which dynamic int8 runs `int8_vnni_linear` at `level`
+    (default: the C++ kernels'), and "int8" on a CPU without native int8 products takes it instead of FBGEMM's;
+    None where it never does (the Python definition, `torch._int_mm`, and FBGEMM for "int8")."""
+    kernels = cpp_kernels()
+    level = kernels.level if level is None else level
+    if level == "avx512" and kernels.vnni:
+        return (1, None)
+    return CPP_INT8_ROWS.get(level) if level is not None else None
+
+
+def _in_rows(rows: int, bounds: tuple[int, int | None] | None) -> bool:
+    return bounds is not None and rows >= bounds[0] and (bounds[1] is None or rows <= bounds[1])
+
+
+def kernel_paths() -> dict[str, str]:
+    """Which path of each C++ kernel the fast decoding engine runs in this process: kernel name ->
+    "avx512_vnni", "avx512", "avx2" (the instruction set of its path), "generic" (portable C++, e.g. on ARM64), or
+    "python" (the Python definition runs instead: `F.linear` for float32, `torch._int_mm` for dynamic int8 and FBGEMM
+    for "int8", torch's ops for attention and top-k; also where the C++ kernels are not built). The products run
+    their path at some row counts only (`packed_float32_rows`, `cpp_int8_rows`), F.linear / FBGEMM at the others.
+    What `hf-vit-plus env` and a benchmark's first lines report."""
+    kernels = cpp_kernels()
+    level = kernels.level
+    if level is None:
+        return dict.fromkeys(CPP_KERNEL_NAMES, "python")
+    attention = level
+    int8 = ("avx512_vnni" if kernels.vnni else "avx2") if cpp_int8_rows() is not None else "python"
+    return {
+        "fp32_packed_linear": level if packed_float32_rows() is not None else "python",
+        "int8_vnni_linear": int8,
+        "cache_attention": attention,
+        "source_attention": attention,
+        "topk_rows": level,
+    }
 
 
 def fbgemm_pack_counts() -> dict[str, int]:
@@ -434,9 +524,12 @@ def fbgemm_pack_counts() -> dict[str, int]:
 
 def fused_attention_available(weight: torch.Tensor, heads: int) -> bool:
     """Whether a decoder layer of `heads` heads whose projections are `weight` (D, D) attends through the C++ kernels
-    `cache_attention` / `source_attention`: a CPU tensor, heads of a multiple of 16 dimensions, AVX-512 here."""
-    dim = weight.shape[0]
-    return weight.device.type == "cpu" and dim % heads == 0 and (dim // heads) % 16 == 0 and cpp_avx512_kernels()[1]
+    `cache_attention` / `source_attention`: a CPU tensor, the C++ kernels built, heads of a multiple of the vector
+    width of their level (16 dimensions at AVX-512, 8 at AVX2, any for the portable path)."""
+    dim, level = weight.shape[0], cpp_kernels().level
+    if weight.device.type != "cpu" or level is None or dim % heads:
+        return False
+    return (dim // heads) % ATTENTION_MULTIPLE[level] == 0
 
 
 def cache_attention(query, keys, values, position, history, heads: int, scaling: float) -> torch.Tensor:
@@ -455,9 +548,10 @@ def source_attention(query, keys, values, bias, heads: int, scaling: float) -> t
 def topk_rows(x: torch.Tensor, k: int, vectorized: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """`torch.topk(x, k, dim=1)` of a 2-D float32 CPU tensor by the C++ kernel `hf_vit_plus_cpp::topk_rows`: the k
     largest values of each row, largest first, NaN above every number, equal values by smaller index (torch.topk
-    leaves their order unspecified). With AVX-512 (and `vectorized`) 16 values at a time are compared with the k-th
-    best so far, so that most of a row is only read; without, a plain loop over a heap of the k best. Needs the C++
-    kernels (`cpp_fbgemm_ops`); the decoder calls it where `cpp_avx512_kernels()[1]`."""
+    leaves their order unspecified). With `vectorized`, at AVX-512 16 values at a time (8 at AVX2) are compared with
+    the k-th best so far, so that most of a row is only read; without, or at the generic level, a plain loop over a
+    heap of the k best. Needs the C++ kernels (`cpp_fbgemm_ops`); the decoder calls it where they are built
+    (`cpp_kernels`)."""
     return torch.ops.hf_vit_plus_cpp.topk_rows.default(x, k, vectorized)
 
 
@@ -483,11 +577,12 @@ class FastLinear(nn.Module):
         check = {"bfloat16": cpu_has_native_bf16_products, "int8": cpu_has_fast_int8_products}.get(precision)
         self.native_products = weight.device.type != "cpu" or check is None or check()
         self.fbgemm = weight.device.type == "cpu" and fbgemm_int8_available()
-        # The C++ kernels' AVX-512 products where the CPU runs them: dynamic int8 by VNNI (the Python definition's
-        # numbers, bit for bit), float32 products of `PACKED_FLOAT32_MIN_ROWS` rows or more on packed weights (asked
-        # once, outside any traced graph; `cpp_avx512_kernels`)
+        # The C++ kernels' products at the row counts where they beat the library's at the level in use (asked once,
+        # outside any traced graph; `cpp_kernels`): dynamic int8 (the Python definition's numbers, bit for bit) by
+        # VNNI or vpmaddubsw, float32 on packed weights
         on_cpu = weight.device.type == "cpu" and precision in ("float32", "int8", "int8-dynamic")
-        self.vnni, self.packed_float32 = cpp_avx512_kernels() if on_cpu else (False, False)
+        self.cpp_int8 = cpp_int8_rows() if on_cpu else None
+        self.packed_float32 = packed_float32_rows() if on_cpu else None
         if precision == "int8-fbgemm" and not self.fbgemm:
             raise ValueError(
                 f"precision='int8-fbgemm' needs FBGEMM's int8 linear on a CPU tensor: this is a {weight.device.type} "
@@ -506,9 +601,11 @@ class FastLinear(nn.Module):
             q, scale = quantize_rows(weight)
             self.register_buffer("weight", q, persistent=False)
             self.scale = scale
-        # the int8 weights' row sums, for FBGEMM's products of rows mapped onto [0, 1] (see `forward`); "int8" takes
-        # FBGEMM's product at every row count or at none
-        fbgemm = self.kernel(1) == "int8-fbgemm"
+        # the int8 weights' row sums, for FBGEMM's products of rows mapped onto [0, 1] (see `forward`), where "int8"
+        # takes FBGEMM's product at some row count
+        fbgemm = self.precision == "int8-fbgemm" or (
+            self.precision == "int8" and not self.native_products and self.fbgemm and self.cpp_int8 != (1, None)
+        )
         if fbgemm:
             cpp_fbgemm_ops()  # the C++ kernels' one build, here rather than inside the step's export
         row_sums = (self.weight.float() * self.scale[:, None]).sum(dim=1) if fbgemm else None
@@ -518,11 +615,14 @@ class FastLinear(nn.Module):
         """The product used for `rows` input rows: "float32", "bfloat16-rows", "bfloat16", "int8-weight-only",
         "int8-dynamic" or "int8-fbgemm". On a CPU, "bfloat16" and "int8" take the bf16 or dynamic-int8 GEMM only
         where the CPU has native products of that kind; otherwise bf16 weights are converted to float32 inside the
-        product, and "int8" takes FBGEMM's int8 linear (AVX2), or weight-only int8 where torch has no FBGEMM."""
+        product, and "int8" takes dynamic int8 by our C++ kernel at the row counts where it beats FBGEMM's
+        (`cpp_int8_rows`), else FBGEMM's int8 linear (AVX2), or weight-only int8 where torch has no FBGEMM."""
         if self.precision == "bfloat16":
             return "bfloat16-rows" if rows <= SMALL_ROWS or not self.native_products else "bfloat16"
         if self.precision == "int8":
             if not self.native_products:
+                if _in_rows(rows, self.cpp_int8):
+                    return "int8-dynamic"
                 return "int8-fbgemm" if self.fbgemm else "int8-weight-only"
             return "int8-weight-only" if rows <= INT8_WEIGHT_ONLY_MAX_ROWS else "int8-dynamic"
         return self.precision
@@ -530,10 +630,10 @@ class FastLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (M, K) float32 -> (M, N) float32
         kernel = self.kernel(x.shape[0])
         if kernel == "float32":
-            if self.packed_float32 and x.shape[0] >= PACKED_FLOAT32_MIN_ROWS:
+            if _in_rows(x.shape[0], self.packed_float32):
                 return torch.ops.hf_vit_plus_cpp.fp32_packed_linear.default(x, self.weight, self.bias)
             return F.linear(x, self.weight, self.bias)
-        if kernel == "int8-dynamic" and self.vnni:
+        if kernel == "int8-dynamic" and _in_rows(x.shape[0], self.cpp_int8):
             return torch.ops.hf_vit_plus_cpp.int8_vnni_linear.default(x, self.weight, self.scale, self.bias)
         if kernel == "bfloat16-rows":
             # Few rows: the conversion fuses into the vector-matrix loop (`row_matmul_pass`), which reads bf16 bytes;
@@ -669,22 +769,30 @@ class OutputScreen(nn.Module):
 
 
 __all__ = [
+    "CPP_INT8_ROWS",
     "INT8_WEIGHT_ONLY_MAX_ROWS",
     "PACKED_FLOAT32_MIN_ROWS",
+    "PACKED_FLOAT32_ROWS",
     "PRECISIONS",
     "SMALL_ROWS",
+    "CppKernels",
     "FastLinear",
     "OutputScreen",
     "cpp_fbgemm_ops",
+    "cpp_int8_rows",
+    "cpp_kernels",
     "fbgemm_fp16_available",
     "fbgemm_fp16_linear_op",
     "fbgemm_int8_available",
     "fbgemm_int8_linear_op",
     "fbgemm_pack_counts",
+    "kernel_paths",
+    "packed_float32_rows",
     "python_fp16_fbgemm_linear_op",
     "python_int8_fbgemm_linear_op",
     "quantize_rows",
     "source_attention",
     "stacked_linear",
     "topk_rows",
+    "use_cpu_isa",
 ]

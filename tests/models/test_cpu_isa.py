@@ -54,5 +54,6 @@ def test_capped_environment_caps_every_library(monkeypatch):
     assert env["PATH"] == "/bin" and env[cpu_isa.ISA_ENV] == "avx2"
     assert env["CT2_FORCE_CPU_ISA"] == "AVX2" and env["ONEDNN_MAX_CPU_ISA"] == "AVX2"
     assert env["MKL_ENABLE_INSTRUCTIONS"] == "AVX2" and env["ATEN_CPU_CAPABILITY"] == "avx2"
+    assert env["FBGEMM_ENABLE_INSTRUCTIONS"] == "AVX2"
     with pytest.raises(ValueError, match="more than this CPU has"):
         cpu_isa.capped_environment("avx512")

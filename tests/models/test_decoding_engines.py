@@ -53,7 +53,8 @@ def batch():
 
 @pytest.fixture(scope="module")
 def engines(model, tmp_path_factory):
-    """engine name -> generate(src, mask, **settings) -> token ids as eager generate returns them."""
+    """engine name -> generate(src, mask, **settings) -> token ids as eager generate returns them. Each engine is
+    built at its first use (`-k fast` builds no export: `make test-generic`); one whose extra is missing is absent."""
 
     def with_generate(**extra):
         def run(src, mask, **settings):
@@ -62,30 +63,53 @@ def engines(model, tmp_path_factory):
 
         return run
 
-    runners = {
-        "static": with_generate(cache_implementation="static", disable_compile=True),
-        "fast": with_generate(custom_generate=FastDecoding(backend="eager")),
-    }
-    try:
+    def onnx():
         from hf_vit_plus.export import export_onnx
         from hf_vit_plus.serving import OnnxSeq2SeqGenerator
 
         folder = tmp_path_factory.mktemp("onnx")
         export_onnx(model, folder)
-        onnx = OnnxSeq2SeqGenerator(folder)
-        runners["onnx"] = lambda src, mask, **settings: torch.as_tensor(onnx.generate(src, mask, **settings))
-    except ImportError:  # the export extra is missing: that engine's cases skip
-        pass
-    try:
+        runner = OnnxSeq2SeqGenerator(folder)
+        return lambda src, mask, **settings: torch.as_tensor(runner.generate(src, mask, **settings))
+
+    def ctranslate2():
         from hf_vit_plus.export import export_ctranslate2
         from hf_vit_plus.models.pipeline_text2text_generation import CTranslate2Generator
 
         folder = export_ctranslate2(model, tmp_path_factory.mktemp("ct2") / "model")
-        ct2 = CTranslate2Generator(folder, compute_type="float32")
-        runners["ctranslate2"] = ct2.generate
-    except ImportError:
-        pass
-    return runners
+        return CTranslate2Generator(folder, compute_type="float32").generate
+
+    builders = {
+        "static": lambda: with_generate(cache_implementation="static", disable_compile=True),
+        "fast": lambda: with_generate(custom_generate=FastDecoding(backend="eager")),
+        "onnx": onnx,
+        "ctranslate2": ctranslate2,
+    }
+    return _Engines(builders)
+
+
+class _Engines(dict):
+    """The engines built so far, each built on the first `in` or `[]` that names it (absent where its extra is not
+    installed: ImportError)."""
+
+    def __init__(self, builders):
+        super().__init__()
+        self.builders = builders
+
+    def _build(self, name) -> bool:
+        if not dict.__contains__(self, name) and name in self.builders:
+            try:
+                self[name] = self.builders.pop(name)()
+            except ImportError:  # the export extra is missing: that engine's cases skip
+                pass
+        return dict.__contains__(self, name)
+
+    def __contains__(self, name) -> bool:
+        return self._build(name)
+
+    def __getitem__(self, name):
+        self._build(name)
+        return dict.__getitem__(self, name)
 
 
 @pytest.mark.parametrize("engine, case", CASES, ids=[f"{engine}: {case}" for engine, case in CASES])

@@ -276,6 +276,7 @@ def test_int8_and_bf16_use_their_own_products_only_where_the_cpu_has_them(monkey
     monkeypatch.setattr(fast_kernels, "cpu_has_fast_int8_products", lambda: native)
     monkeypatch.setattr(fast_decoding, "cpu_has_fast_int8_products", lambda: native)
     monkeypatch.setattr(fast_kernels, "cpu_has_native_bf16_products", lambda: native)
+    monkeypatch.setattr(fast_kernels, "cpp_int8_rows", lambda: None)  # not our C++ int8 (tested on its own)
     linear = model.model.decoder.layers[0].fc1
     without_native = "int8-fbgemm" if fbgemm_int8_available() else "int8-weight-only"
     for rows in (1, 64):
@@ -306,6 +307,7 @@ def test_int8_says_when_it_is_slower_than_float32_on_this_cpu(monkeypatch, model
     monkeypatch.setattr(fast_decoding, "cpu_has_fast_int8_products", lambda: native)
     monkeypatch.setattr(fast_kernels, "fbgemm_int8_available", lambda: False)  # "int8" weight-only without native
     monkeypatch.setattr(fast_decoding, "fbgemm_int8_available", lambda: False)  # "int8" weight-only without native
+    monkeypatch.setattr(fast_kernels, "cpp_int8_rows", lambda: None)  # and not our C++ int8 (fast: silent)
     settings = dict(num_beams=1, max_new_tokens=3)
     for precision in ("int8", "int8-weight-only", "float32"):
         fast = FastDecoding(precision=precision, backend="eager")
