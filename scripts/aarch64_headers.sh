@@ -17,7 +17,7 @@ target=.cache/aarch64/torch-$version
 if [ ! -f "$target/include/torch/library.h" ]; then
     download=$(mktemp -d)
     # (--no-deps: the headers only; the machine's pip constraints are for installs, not for this download)
-    if PIP_CONSTRAINT=/dev/null timeout 900 "$PY" -m pip download -q --disable-pip-version-check "torch==$version" \
+    if PIP_CONSTRAINT=/dev/null timeout 300 "$PY" -m pip download -q --disable-pip-version-check "torch==$version" \
         --platform manylinux_2_28_aarch64 --only-binary=:all: --no-deps -d "$download" >/dev/null 2>&1; then
         "$PY" - "$download" "$target" <<'PYTHON'
 import shutil
