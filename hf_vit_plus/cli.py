@@ -68,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
 
     Returns:
         The exit status: 0 on success, 2 for a user error, 1 for a step that failed after the work was kept (or a
-        missing optional dependency), 3 for a full disk while saving.
+        missing optional dependency), 3 for a full disk while saving, 143 for a training run SIGTERM stopped (its
+        state saved).
     """
     parser = build_parser()
     args, extras = parser.parse_known_args(argv)

@@ -23,17 +23,34 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 # Python code that makes `hf_vit_plus` unimportable in the process that runs it first (the package is installed
-# editable into the venv): an import raises ModuleNotFoundError, as on a machine without it.
+# editable into the venv): an import raises ModuleNotFoundError, as on a machine without it. It hides the package and
+# nothing else: by module name (a meta path finder ahead of every other, the editable install's included), and by
+# the package's own folders exactly (the package folder, and the checkout that holds it when that is not a site
+# directory), never by a path's text, since a checkout named `hf_vit_plus` holds the venv's site-packages too.
 BLOCK_PACKAGE = textwrap.dedent(
     """
-    import sys
+    import importlib.util as _util, os as _os, site as _site, sys
+    def _package_folders():
+        try:
+            spec = _util.find_spec("hf_vit_plus")  # a top-level spec: nothing of the package runs
+        except (ImportError, ValueError):
+            spec = None
+        sites = {_os.path.realpath(p) for p in [*_site.getsitepackages(), _site.getusersitepackages()]}
+        folders = set()
+        for location in (spec.submodule_search_locations or []) if spec is not None else []:
+            folders.add(_os.path.realpath(location))
+            if _os.path.realpath(_os.path.dirname(location)) not in sites:
+                folders.add(_os.path.realpath(_os.path.dirname(location)))
+        return folders
+    _folders = _package_folders()
     class _Block:
         def find_spec(self, name, path=None, target=None):
             if name == "hf_vit_plus" or name.startswith("hf_vit_plus."):
                 raise ModuleNotFoundError(f"No module named {name!r} (blocked by the test)")
             return None
     sys.meta_path.insert(0, _Block())
-    sys.path = [p for p in sys.path if p not in ("", ".") and "hf_vit_plus" not in p]
+    sys.path = [p for p in sys.path if _os.path.realpath(p or _os.curdir) not in _folders]
+    del _package_folders, _folders
     """
 )
 

@@ -142,11 +142,14 @@ def check_fields(values: dict, checks: dict[str, Callable[[str, object], None]])
 
 
 # Names that parts of transformers other than the config classes write into or read from a config dict (the Auto
-# classes' remote code, tokenizers, pipelines, the config.json of older versions): no config class declares them, so
-# introspection cannot find them.
+# classes' remote code, tokenizers, pipelines, the config.json of older versions; `Trainer` sets `use_cache` on every
+# model's config, and its base config's own check of generation settings exempts it; a quantized model's
+# `from_pretrained` sets `quantization_config`): no config class declares them, so introspection cannot find them. A
+# folder transformers saved loads without a warning.
 _TRANSFORMERS_EXTRA_KEYS = frozenset(
-    {"auto_map", "custom_pipelines", "tokenizer_class", "task_specific_params", "_attn_implementation_autoset"}
-)
+    {"auto_map", "custom_pipelines", "tokenizer_class", "task_specific_params", "_attn_implementation_autoset",
+     "use_cache", "quantization_config"}
+)  # fmt: skip
 # `kwargs.pop("name", ...)` / `kwargs.get("name", ...)` in the source of transformers' base config
 _KWARGS_READ = re.compile(r"""kwargs\.(?:pop|get)\(\s*["'](\w+)["']""")
 # How close (difflib's ratio) an unknown keyword must be to a known name for the warning to suggest that name.

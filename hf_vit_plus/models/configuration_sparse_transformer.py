@@ -200,6 +200,42 @@ class SparseTransformerConfig(HubConfigMixin, PretrainedConfig):
             self.architectures = [self.causal_lm_class_name]
         self.validate_sparse_transformer()
 
+    def __setattr__(self, name: str, value) -> None:
+        # An image model's fields that `for_images` derives from its size (the positions, the factorized shape, the
+        # row stride and its summary) are derived again when image_size or num_channels change after the config is
+        # built (`from_pretrained(..., image_size=[16, 16])`, `update`, --config_overrides on a saved config), each
+        # where it holds its derived value; a value set apart is kept, and checked with the rest (`from_dict`).
+        if name not in ("image_size", "num_channels") or "num_channels" not in self.__dict__:
+            super().__setattr__(name, value)
+            return
+        before = _image_derived(self.image_size, self.num_channels)
+        derived = [key for key, derived_value in before.items() if getattr(self, key) == derived_value]
+        super().__setattr__(name, list(value) if name == "image_size" and isinstance(value, tuple) else value)
+        after = _image_derived(self.image_size, self.num_channels)
+        for key in derived:
+            if key in after and (key != "factorized_shape" or self.position_embedding_type == "factorized"):
+                super().__setattr__(key, after[key])
+
+    @classmethod
+    def from_dict(cls, config_dict: dict, **kwargs) -> PretrainedConfig | tuple[PretrainedConfig, dict]:
+        """transformers' `from_dict`, then the checks of `__init__` again: transformers sets the keyword arguments
+        of `from_pretrained` after the config is built, so a combination they make that cannot work is refused
+        here, by name.
+
+        Args:
+            config_dict: the saved fields.
+            **kwargs: fields set on top, and transformers' own options of `from_dict` (`return_unused_kwargs`).
+
+        Returns:
+            The config (with the unused keyword arguments, where `return_unused_kwargs=True`).
+
+        Raises:
+            ValueError: fields that cannot work together, named.
+        """
+        result = super().from_dict(config_dict, **kwargs)
+        (result[0] if isinstance(result, tuple) else result).validate_sparse_transformer()
+        return result
+
     def validate_sparse_transformer(self) -> None:
         """Raise a `ValueError` naming the offending values if the fields do not describe a valid model."""
         check_fields(vars(self), FIELD_CHECKS)
@@ -301,24 +337,37 @@ class SparseTransformerConfig(HubConfigMixin, PretrainedConfig):
         """
         for name, value in (("height", height), ("width", width), ("num_channels", num_channels)):
             check_positive_int(name, value)
-        row = width * num_channels
         values = dict(
             vocab_size=PIXEL_LEVELS + 1,
             bos_token_id=PIXEL_LEVELS,
             pad_token_id=None,
             eos_token_id=None,
-            max_position_embeddings=height * row,
             position_embedding_type="factorized",
-            factorized_shape=[height, width, num_channels] if num_channels > 1 else [height, width],
             attention_type="strided",
-            sparse_stride=row,
-            sparse_summary_size=max(1, row // 4),
+            **_image_derived([height, width], num_channels),
             tie_word_embeddings=False,
             image_size=[height, width],
             num_channels=num_channels,
         )
         values.update(kwargs)
         return cls(**values)
+
+
+def _image_derived(image_size, num_channels) -> dict:
+    """The fields an image model's size gives (`for_images`): one position per pixel and channel, the factorized
+    shape of those positions, a stride of one image row and summaries of a quarter row; {} for a size that is not
+    positive integers (its check names it)."""
+    sizes = [*image_size, num_channels] if isinstance(image_size, (list, tuple)) else []
+    if len(sizes) != 3 or any(isinstance(s, bool) or not isinstance(s, int) or s <= 0 for s in sizes):
+        return {}
+    height, width, channels = sizes
+    row = width * channels
+    return dict(
+        max_position_embeddings=height * row,
+        factorized_shape=[height, width, channels] if channels > 1 else [height, width],
+        sparse_stride=row,
+        sparse_summary_size=max(1, row // 4),
+    )
 
 
 __all__ = ["PIXEL_LEVELS", "POSITION_EMBEDDING_TYPES", "SparseTransformerConfig"]

@@ -155,7 +155,10 @@ class ViTPlusConfig(HubConfigMixin, PretrainedConfig):
         sparse_stride: l, the pattern's length (stride, block length or window); None (the default) resolves to the
             number of patches per row (image_size // patch_size).
         sparse_summary_size: the pattern's second setting where it reads one; None (the default) resolves to the
-            pattern's default (`sparse_layouts.default_summary_size`). Both are saved resolved, as numbers.
+            pattern's default (`sparse_layouts.default_summary_size`). Both are saved resolved, as numbers, and a value
+            equal to its default is derived again when image_size, patch_size, attention_type (or, for the summary
+            size, sparse_stride) change after the config is built; a value set apart from the default is kept, and
+            refused by name where it cannot work with the new sizes.
         sparse_num_summary_blocks: distinct summary sub-blocks across heads (patterns that read it).
         sparse_pattern_mode: "merged" (one head sees the union of the parts), "interleaved" (layer i uses part
             i mod the number of parts) or "heads" (head h uses part h mod the number of parts).
@@ -251,12 +254,12 @@ class ViTPlusConfig(HubConfigMixin, PretrainedConfig):
         self.classifier_head = classifier_head
         self.classifier_hidden_size = classifier_hidden_size
         self.attention_type = attention_type
-        # Defaults that depend on the image geometry are resolved here, once (a config file of 0.1 holds null).
-        if sparse_stride is None and _is_positive_int(image_size) and _is_positive_int(patch_size):
-            # (an image smaller than a patch leaves it unset: the check of image_size names the problem)
-            sparse_stride = image_size // patch_size or None
-        if sparse_summary_size is None and _is_positive_int(sparse_stride):
-            sparse_summary_size = default_summary_size(attention_type, sparse_stride)
+        # Defaults that depend on the image geometry are resolved here (a config file of 0.1 holds null), and again
+        # when the geometry changes (`__setattr__`).
+        if sparse_stride is None:
+            sparse_stride = _derived_stride(image_size, patch_size)
+        if sparse_summary_size is None:
+            sparse_summary_size = _derived_summary_size(attention_type, sparse_stride)
         self.sparse_stride = sparse_stride
         self.sparse_summary_size = sparse_summary_size
         self.sparse_num_summary_blocks = sparse_num_summary_blocks
@@ -278,7 +281,41 @@ class ViTPlusConfig(HubConfigMixin, PretrainedConfig):
         fields = self.__dict__
         if name == "patch_size" and "encoder_stride" in fields and fields["encoder_stride"] == fields.get(name):
             super().__setattr__("encoder_stride", value)
+        # A sparse field that holds the value its inputs derive (the default: a saved config holds it as a number)
+        # is derived again when an input changes (`from_pretrained(..., image_size=...)`, `update`, --config_overrides
+        # on a saved config); a value set apart from them is kept, and checked with the rest (`from_dict`).
+        if name not in _SPARSE_INPUTS or "sparse_summary_size" not in self.__dict__:
+            super().__setattr__(name, value)
+            return
+        stride_derived = name != "sparse_stride" and self.sparse_stride == _derived_stride(
+            self.image_size, self.patch_size
+        )
+        summary_derived = self.sparse_summary_size == _derived_summary_size(self.attention_type, self.sparse_stride)
         super().__setattr__(name, value)
+        if stride_derived:
+            super().__setattr__("sparse_stride", _derived_stride(self.image_size, self.patch_size))
+        if summary_derived:
+            super().__setattr__("sparse_summary_size", _derived_summary_size(self.attention_type, self.sparse_stride))
+
+    @classmethod
+    def from_dict(cls, config_dict: dict, **kwargs) -> PretrainedConfig | tuple[PretrainedConfig, dict]:
+        """transformers' `from_dict`, then the checks of `__init__` again: transformers sets the keyword arguments
+        of `from_pretrained` after the config is built (`from_pretrained(folder, image_size=32)`), so a combination
+        they make that cannot work is refused here, by name.
+
+        Args:
+            config_dict: the saved fields.
+            **kwargs: fields set on top, and transformers' own options of `from_dict` (`return_unused_kwargs`).
+
+        Returns:
+            The config (with the unused keyword arguments, where `return_unused_kwargs=True`).
+
+        Raises:
+            ValueError: fields that cannot work together, named.
+        """
+        result = super().from_dict(config_dict, **kwargs)
+        (result[0] if isinstance(result, tuple) else result).validate_vit_plus()
+        return result
 
     def validate_vit_plus(self) -> None:
         """Raise a `ValueError` (`TypeError`) naming the offending values if the fields do not describe a valid
@@ -376,6 +413,23 @@ class ViTPlusConfig(HubConfigMixin, PretrainedConfig):
 
 def _is_positive_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+# The fields the sparse defaults are derived from (`ViTPlusConfig.__setattr__`).
+_SPARSE_INPUTS = frozenset({"image_size", "patch_size", "attention_type", "sparse_stride"})
+
+
+def _derived_stride(image_size, patch_size) -> int | None:
+    """`sparse_stride`'s default: the patches per row; None for an image smaller than a patch (the check of
+    image_size names the problem) or sizes that are not positive ints (their checks name them)."""
+    if _is_positive_int(image_size) and _is_positive_int(patch_size):
+        return image_size // patch_size or None
+    return None
+
+
+def _derived_summary_size(attention_type, sparse_stride) -> int | None:
+    """`sparse_summary_size`'s default: the pattern's for the stride (`sparse_layouts.default_summary_size`)."""
+    return default_summary_size(attention_type, sparse_stride) if _is_positive_int(sparse_stride) else None
 
 
 __all__ = ["POSITION_INTERPOLATIONS", "conv_stem_grid", "ViTPlusConfig", "VIT_PLUS_SIZES"]

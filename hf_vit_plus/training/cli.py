@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -25,6 +26,9 @@ from .args import FamilyParser, TrainingArguments, add_training_arguments, args_
 DESCRIPTION = __doc__.replace("{families}", "{" + ",".join(FAMILIES) + "}")
 # The demo keeps the last training state only: enough to resume, small on disk.
 DEMO_DEFAULTS = dict(num_train_epochs=30.0, save_steps="epoch", save_total_limit=1)
+# A run that SIGTERM stopped saved its state and ends with the status of a process SIGTERM ended (128 + 15): `&&`, a
+# scheduler's "after success" dependency or a launcher sees an unfinished run, and a requeue sees a preempted one.
+SIGTERM_EXIT_STATUS = 128 + signal.SIGTERM
 
 
 def add_parser(subparsers) -> None:
@@ -82,8 +86,9 @@ def run_train(namespace: argparse.Namespace) -> int:
         namespace: the parsed command line.
 
     Returns:
-        The exit status: 0 when the run finished or stopped as asked (--stop_after_steps, SIGTERM) or its options were
-        printed (--print_config), 1 otherwise.
+        The exit status: 0 when the run finished or stopped as asked (--stop_after_steps) or its options were printed
+        (--print_config), 143 (`SIGTERM_EXIT_STATUS`) when SIGTERM stopped it (its state saved: resume it with
+        --resume_from_checkpoint latest; on each machine's first process, 0 on the others), 1 otherwise.
 
     Raises:
         UsageError: a bad value, or data, model or checkpoint paths that do not exist.
@@ -103,7 +108,17 @@ def run_train(namespace: argparse.Namespace) -> int:
         print(run_config_text(plan), end="")
         return 0
     result = train(args)
-    return 0 if result.stop_reason in ("finished", "stop_after_steps", "SIGTERM") else 1
+    return _exit_status(result.stop_reason)
+
+
+def _exit_status(stop_reason: str) -> int:
+    if stop_reason == "SIGTERM":
+        from accelerate import PartialState
+
+        # Under a launcher, each machine's first process alone: the launcher ends a machine's other processes
+        # when one fails, and the first one has its last lines to write (and the run's lock to release).
+        return SIGTERM_EXIT_STATUS if PartialState().is_local_main_process else 0
+    return 0 if stop_reason in ("finished", "stop_after_steps") else 1
 
 
 def check_inputs(args: TrainingArguments) -> None:
@@ -129,8 +144,8 @@ def run_demo(namespace: argparse.Namespace) -> int:
         namespace: the parsed command line.
 
     Returns:
-        The exit status: 1 when the held-out accuracy is below --min_accuracy, else 0 (an interrupted demo prints how
-        to resume).
+        The exit status: 1 when the held-out accuracy is below --min_accuracy or the loss diverged, 143 when SIGTERM
+        stopped it (it prints how to resume), else 0.
     """
     require("train", "hf-vit-plus demo")
     import torch
@@ -160,7 +175,7 @@ def run_demo(namespace: argparse.Namespace) -> int:
     if result.interrupted:
         print(f"Demo interrupted ({result.stop_reason}); resume with: hf-vit-plus train vit --output_dir "
               f"{args.output_dir} --resume_from_checkpoint latest")  # fmt: skip
-        return 0
+        return _exit_status(result.stop_reason)
     if not PartialState().is_main_process:
         return 0
     accuracy = result.eval_metrics["accuracy"]

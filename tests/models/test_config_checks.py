@@ -4,6 +4,7 @@ bools that are bools, strings that are strings; a typo of a field name warns wit
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import re
 import sys
@@ -273,6 +274,25 @@ def test_the_keys_of_transformers_base_config_pass(cls, caplog):
     quietly(caplog, build, cls, num_labels=3, problem_type="single_label_classification", output_hidden_states=True,
             output_attentions=False, return_dict=True, dtype="float32", chunk_size_feed_forward=0,
             id2label={0: "a", 1: "b", 2: "c"}, label2id={"a": 0, "b": 1, "c": 2}, architectures=["X"])  # fmt: skip
+
+
+def test_a_folder_transformers_trainer_saved_loads_without_a_warning(tmp_path, caplog):
+    """transformers' `Trainer` sets `use_cache` on the model's config (a quantized model's loading sets
+    `quantization_config`): a key transformers writes itself is no unknown keyword, for ours as for its ViTConfig."""
+    from transformers import Trainer, TrainingArguments, ViTConfig
+
+    from hf_vit_plus import ViTPlusForImageClassification
+
+    model = ViTPlusForImageClassification(ViTPlusConfig(**TINY[ViTPlusConfig], num_labels=2))
+    args = TrainingArguments(output_dir=str(tmp_path / "trainer"), report_to="none", use_cpu=True)
+    Trainer(model=model, args=args).save_model(str(tmp_path / "saved"))
+    saved = json.loads((tmp_path / "saved" / "config.json").read_text())
+    assert "use_cache" in saved  # written by Trainer
+    loaded = quietly(caplog, ViTPlusForImageClassification.from_pretrained, tmp_path / "saved")
+    quietly(caplog, AutoConfig.from_pretrained, tmp_path / "saved")
+    quietly(caplog, build, ViTPlusConfig, quantization_config={"quant_method": "bitsandbytes", "load_in_8bit": True})
+    vit = quietly(caplog, ViTConfig.from_dict, {**saved, "model_type": "vit"})
+    assert hasattr(loaded.config, "use_cache") == hasattr(vit, "use_cache")  # transformers' base config decides
 
 
 def test_the_known_names_come_from_the_installed_transformers():

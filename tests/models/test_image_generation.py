@@ -41,6 +41,31 @@ def test_inconsistent_image_configs_are_refused(fields, message):
         SparseTransformerConfig(**{**base, **fields})
 
 
+def _image_fields(config) -> tuple:
+    return (config.image_size, config.num_channels, config.max_position_embeddings, config.factorized_shape,
+            config.sparse_stride, config.sparse_summary_size)  # fmt: skip
+
+
+def test_an_image_config_derives_its_positions_and_stride_again_when_its_size_changes(tmp_path):
+    """The fields `for_images` derives from the size follow a size given to `from_pretrained` of a saved image
+    config or to `update` (a saved config loads as saved); a stride set apart is kept, and refused by name where the
+    new size cannot hold it."""
+    from transformers import AutoConfig
+
+    SparseTransformerConfig.for_images(8, 8, **TINY_IMAGE_MODEL).save_pretrained(tmp_path / "saved")
+    assert _image_fields(AutoConfig.from_pretrained(tmp_path / "saved")) == ([8, 8], 1, 64, [8, 8], 8, 2)
+    bigger = _image_fields(SparseTransformerConfig.for_images(16, 16, 3, **TINY_IMAGE_MODEL))
+    assert _image_fields(AutoConfig.from_pretrained(tmp_path / "saved", image_size=[16, 16], num_channels=3)) == bigger
+    updated = SparseTransformerConfig.for_images(8, 8, **TINY_IMAGE_MODEL)
+    updated.update({"image_size": [16, 16], "num_channels": 3})
+    assert _image_fields(updated) == bigger
+
+    SparseTransformerConfig.for_images(8, 8, sparse_stride=4, **TINY_IMAGE_MODEL).save_pretrained(tmp_path / "own")
+    assert _image_fields(AutoConfig.from_pretrained(tmp_path / "own", image_size=[16, 16]))[2:5] == (256, [16, 16], 4)
+    with pytest.raises(ValueError, match=r"`sparse_stride` \(4\) is longer than the sequence"):
+        AutoConfig.from_pretrained(tmp_path / "own", image_size=[1, 2])
+
+
 def test_the_head_needs_an_image_config():
     with pytest.raises(ValueError, match="image_size"):
         SparseTransformerForImageGeneration(SparseTransformerConfig(attention_type="dense", **TINY_IMAGE_MODEL))

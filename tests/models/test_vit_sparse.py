@@ -98,6 +98,72 @@ def test_bad_sparse_configs_are_rejected(overrides, message):
         ViTPlusConfig(**{**BASE, **overrides})
 
 
+def _sparse_fields(config) -> tuple:
+    return config.image_size, config.patch_size, config.sparse_stride, config.sparse_summary_size
+
+
+@pytest.mark.parametrize("attention_type", ["strided", "fixed"])
+def test_the_sparse_defaults_are_derived_again_when_the_geometry_changes(attention_type, tmp_path):
+    """`sparse_stride` (patches per row) and `sparse_summary_size` follow image_size and patch_size however they are
+    given: to the config, to `from_preset`, to `from_pretrained` of a saved config, through `update`; a saved config
+    loads to the values it was saved with."""
+    from transformers import AutoConfig
+
+    # 32 / 4: 8 patches per row; the summary size is the pattern's default for a stride of 8
+    expected = _sparse_fields(ViTPlusConfig(image_size=32, patch_size=4, attention_type=attention_type))
+    assert expected[:3] == (32, 4, 8)
+    assert _sparse_fields(ViTPlusConfig.from_preset("base-patch16-224", attention_type=attention_type))[2] == 14
+    preset = ViTPlusConfig.from_preset("tiny-patch16-224", attention_type=attention_type, image_size=32, patch_size=4)
+    assert _sparse_fields(preset) == expected
+    ViTPlusConfig.from_preset("tiny-patch16-224", attention_type=attention_type).save_pretrained(tmp_path / "saved")
+    assert _sparse_fields(AutoConfig.from_pretrained(tmp_path / "saved"))[2] == 14  # as saved
+    assert _sparse_fields(AutoConfig.from_pretrained(tmp_path / "saved", image_size=32, patch_size=4)) == expected
+    updated = ViTPlusConfig(attention_type=attention_type)
+    updated.update({"image_size": 32, "patch_size": 4})
+    assert _sparse_fields(updated) == expected
+    updated.save_pretrained(tmp_path / "updated")
+    assert _sparse_fields(AutoConfig.from_pretrained(tmp_path / "updated")) == expected
+
+
+def test_a_sparse_value_set_apart_from_its_default_is_kept_or_refused_by_name(tmp_path):
+    """A stride the user set stays when the geometry changes (its summary size, left to its default, follows it);
+    one the new geometry cannot hold is refused, naming it, on `from_pretrained` as on the config."""
+    from transformers import AutoConfig
+
+    config = ViTPlusConfig(attention_type="strided", sparse_stride=20)
+    config.update({"image_size": 32, "patch_size": 4})
+    assert _sparse_fields(config) == (
+        32,
+        4,
+        20,
+        ViTPlusConfig(attention_type="strided", sparse_stride=20).sparse_summary_size,
+    )
+    config.save_pretrained(tmp_path / "saved")
+    assert _sparse_fields(AutoConfig.from_pretrained(tmp_path / "saved")) == _sparse_fields(config)
+    with pytest.raises(ValueError, match=r"`sparse_stride` \(20\) is longer than the sequence"):
+        AutoConfig.from_pretrained(tmp_path / "saved", image_size=8)  # 2 x 2 patches: 5 tokens
+    fixed = ViTPlusConfig(image_size=32, patch_size=4, attention_type="fixed", sparse_stride=8, sparse_summary_size=8)
+    fixed.save_pretrained(tmp_path / "fixed")
+    with pytest.raises(ValueError, match=r"`sparse_summary_size`=8 and `sparse_stride`=4"):
+        AutoConfig.from_pretrained(tmp_path / "fixed", sparse_stride=4)
+
+
+def test_config_overrides_of_the_geometry_re_derive_the_sparse_fields(tmp_path):
+    """`hf-vit-plus train vit --config_name FOLDER --config_overrides image_size=32,patch_size=4`: the run's config
+    (built as the command builds it) has the sparse fields of a 32 / 4 config, not the saved 224 / 16 ones."""
+    from hf_vit_plus.training.args import family_arguments
+    from hf_vit_plus.training.tasks import get_task
+
+    ViTPlusConfig.from_preset("tiny-patch16-224", attention_type="fixed").save_pretrained(tmp_path / "saved")
+    args = family_arguments(
+        "vit", output_dir=str(tmp_path / "run"), config_name=str(tmp_path / "saved"),
+        config_overrides="image_size=32,patch_size=4",
+    )  # fmt: skip
+    task = get_task("vit")
+    config = task.build_config(args, task.default_config(args), {})
+    assert _sparse_fields(config) == _sparse_fields(ViTPlusConfig(image_size=32, patch_size=4, attention_type="fixed"))
+
+
 def test_sparse_vit_loads_as_remote_code_without_the_package(tmp_path):
     model = sparse_vit("fixed", sparse_stride=16, sparse_summary_size=4)
     model.save_pretrained(tmp_path / "ckpt")

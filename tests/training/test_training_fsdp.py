@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -389,7 +390,10 @@ def test_accelerate_config_shards_on_cpu_on_one_machine_and_on_two(tmp_path):
     assert all(torch.equal(one_weights[k], two_weights[k]) for k in one_weights)
 
 
-def test_sigterm_during_sharded_training_saves_and_exits_cleanly(tmp_path):
+def test_sigterm_during_sharded_training_saves_and_says_it_stopped(tmp_path):
+    """SIGTERM on one process stops both after the same update with a complete sharded state saved; the first
+    process exits 143 (the other 0, so that the launcher, which ends a machine's other processes when one fails,
+    never cuts the first one off), and the launcher exits non-zero."""
     import psutil
 
     config = tmp_path / "fsdp.yaml"
@@ -412,13 +416,15 @@ def test_sigterm_during_sharded_training_saves_and_exits_cleanly(tmp_path):
         if proc.poll() is None:
             proc.kill()
     output = "".join(lines) + out
-    assert proc.returncode == 0, output[-4000:]
-    assert "SIGTERM" in output
+    assert proc.returncode != 0, output[-4000:]
+    assert re.search(r"Root Cause.*\n.*\n.*\n.*\n +rank +: 0 .*\n +exitcode +: 143 ", output), output[-4000:]
+    assert "Stopped at update" in output and "SIGTERM" in output
     checkpoints = sorted((output_dir / "checkpoints").glob("checkpoint-*"))
     assert len(checkpoints) == 1, output[-3000:]
     state = json.loads((checkpoints[0] / "training_state.json").read_text())
     assert state["checkpoint_layout"] == "fsdp-sharded" and state["global_step"] >= 1
     assert (checkpoints[0] / "pytorch_model_fsdp_0").is_dir() and (checkpoints[0] / "optimizer_0").is_dir()
+    assert (checkpoints[0] / "manifest.json").is_file()  # written last: the state is complete
     assert not (output_dir / "model.safetensors").exists()  # no final model: the run did not finish
 
 

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -303,35 +302,54 @@ def test_image_folder_user_data(tmp_path):
         train(tiny_vit(tmp_path, train_dir=str(tmp_path / "missing")))
 
 
-def test_sigterm_saves_the_state_and_exits_cleanly(tmp_path):
-    output_dir = tmp_path / "sigterm"
-    command = [
-        sys.executable, "-m", "hf_vit_plus.cli", "train", "vit", "--output_dir", str(output_dir),
-        "--config_overrides", TINY_VIT_OVERRIDES, "--report_to", "none", "--num_train_epochs", "1000",
-        "--max_train_samples", "64", "--per_device_train_batch_size", "16", "--save_steps", "none",
-    ]  # fmt: skip
+def test_sigterm_saves_the_state_exits_143_and_resumes_exactly(tmp_path):
+    """SIGTERM stops the run after the update under way with its state saved and exit status 143 (as a process that
+    SIGTERM ended: `train ... && push ...` goes no further); `--resume_from_checkpoint latest` then continues it to
+    the weights and optimizer state of a run that was never stopped."""
+    from hf_vit_plus.cli import main
+    from hf_vit_plus.training.cli import SIGTERM_EXIT_STATUS
+
+    def flags(name: str, *more: str) -> list[str]:
+        return [
+            "train", "vit", "--output_dir", str(tmp_path / name), "--config_overrides", TINY_VIT_OVERRIDES,
+            "--report_to", "none", "--max_steps", "1000", "--max_train_samples", "64", "--max_eval_samples", "16",
+            "--per_device_train_batch_size", "16", "--save_steps", "none", "--write_card", "false", *more,
+        ]  # fmt: skip
+
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO_ROOT))
+    command = [sys.executable, "-m", "hf_vit_plus.cli", *flags("stopped")]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     lines = []
     try:
-        for line in proc.stdout:  # wait until the loop runs (the handler is installed before this line)
+        for line in proc.stdout:  # the loop runs (the handler is installed before this line): stop it at once
             lines.append(line)
             if line.startswith("Training vit"):
                 break
-        time.sleep(3)
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
     output = "".join(lines) + out
-    assert proc.returncode == 0, output[-3000:]
+    assert proc.returncode == SIGTERM_EXIT_STATUS == 143, output[-3000:]
     assert "SIGTERM" in output
+    output_dir = tmp_path / "stopped"
     [checkpoint] = checkpoint_dirs(output_dir)
     state = json.loads((checkpoint / "training_state.json").read_text())
-    assert state["global_step"] >= 1 and checkpoint.name == f"checkpoint-{state['global_step']}"
+    stopped_at = state["global_step"]
+    assert 1 <= stopped_at < 1000 and checkpoint.name == f"checkpoint-{stopped_at}"
     assert (checkpoint / "model.safetensors").is_file() and (checkpoint / "optimizer.bin").is_file()
     assert not (output_dir / "model.safetensors").exists()  # no final model: the run did not finish
+
+    # Two updates more, from the saved state and from the start (--stop_after_steps keeps the run's schedule).
+    later = str(stopped_at + 2)
+    assert main(flags("stopped", "--resume_from_checkpoint", "latest", "--stop_after_steps", later)) == 0
+    assert main(flags("never_stopped", "--stop_after_steps", later)) == 0
+    resumed, never_stopped = (
+        tmp_path / name / "checkpoints" / f"checkpoint-{later}" for name in ("stopped", "never_stopped")
+    )
+    _assert_same_tree(load_file(resumed / "model.safetensors"), load_file(never_stopped / "model.safetensors"))
+    _assert_same_tree(_load_bin(resumed / "optimizer.bin"), _load_bin(never_stopped / "optimizer.bin"), "optimizer")
 
 
 def test_bf16_mixed_precision_trains(tmp_path):
