@@ -4,6 +4,7 @@ one switch: transformers' `generate`, `FastDecoding` (the fused step, `models/fa
 
 from __future__ import annotations
 
+import copy
 import itertools
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -70,6 +71,8 @@ class Translator:
         self.model = None
         self.decoder = None
         self._scratch = None
+        # FastDecoding: what `generate` hands its loop, per setting (`_fast_generate`)
+        self._prepared: dict = {}
         self.tokenizer = AutoTokenizer.from_pretrained(location)
         if is_ctranslate2_folder(location):
             if engine != "ctranslate2":
@@ -107,9 +110,82 @@ class Translator:
         if self.engine == "ctranslate2":
             return self.decoder.generate(input_ids, attention_mask=attention_mask, **generate_kwargs)
         if self.engine == "fast":
-            generate_kwargs["custom_generate"] = self.decoder
+            return self._fast_generate(input_ids, attention_mask, generate_kwargs)
         with torch.no_grad():
             return self.model.generate(input_ids, attention_mask=attention_mask, **generate_kwargs)
+
+    @torch.no_grad()
+    def _fast_generate(self, input_ids, attention_mask, generate_kwargs: dict) -> torch.Tensor:
+        """FastDecoding as `FastDecoding.generate` runs it (its encoder, then its loop through
+        `generate(custom_generate=...)`), without `generate`'s preparation after the first call of each setting:
+        what `generate` hands the loop (logits processors, stopping criteria, the resolved generation config)
+        depends on the settings and the model's generation config only, not on the batch, so it is kept and handed
+        over again, with the call's length limit. CTranslate2 pays no such set-up per call."""
+        decoder = self.decoder
+        state = decoder.decoding_state(self.model)
+        lengths = {
+            name: generate_kwargs.pop(name) for name in ("max_new_tokens", "max_length") if name in generate_kwargs
+        }
+        key = (
+            decoder,
+            tuple(sorted((name, repr(value)) for name, value in generate_kwargs.items())),
+            tuple(sorted((name, repr(value)) for name, value in vars(self.model.generation_config).items())),
+        )
+        if state.encoder is None:  # a sparse encoder: FastDecoding.generate runs the model's own
+            return decoder.generate(self.model, input_ids, attention_mask=attention_mask, **generate_kwargs, **lengths)
+        encoder_outputs = state.encoder(input_ids, attention_mask)
+        prepared = self._prepared.get(key)
+        if prepared is None:
+            handed = {}
+
+            def capture(model, decoder_ids, logits_processor=None, stopping_criteria=None, generation_config=None,
+                        synced_gpus=False, **model_kwargs):  # fmt: skip
+                handed.update(
+                    logits_processor=logits_processor,
+                    stopping_criteria=stopping_criteria,
+                    generation_config=generation_config,
+                    rows=decoder_ids.shape[0] // input_ids.shape[0],
+                    start=decoder_ids[:1],
+                    synced_gpus=synced_gpus,
+                )
+                return decoder(model, decoder_ids, logits_processor, stopping_criteria, generation_config,
+                               synced_gpus, **model_kwargs)  # fmt: skip
+
+            output = self.model.generate(
+                encoder_outputs=encoder_outputs,
+                attention_mask=attention_mask,
+                custom_generate=capture,
+                use_cache=False,  # the loop keeps its own cache
+                **generate_kwargs,
+                **lengths,
+            )
+            if not handed["synced_gpus"]:
+                self._prepared = {k: v for k, v in self._prepared.items() if k[0] is decoder}
+                self._prepared[key] = handed
+            return output
+        config = copy.copy(prepared["generation_config"])
+        if "max_new_tokens" in lengths:  # as generate resolves it: the decoder start token + the new tokens
+            config.max_new_tokens = lengths["max_new_tokens"]
+            config.max_length = prepared["start"].shape[1] + lengths["max_new_tokens"]
+        else:
+            config.max_new_tokens, config.max_length = None, lengths["max_length"]
+        rows = prepared["rows"]
+        states = encoder_outputs.last_hidden_state
+        if rows > 1:  # generate's expansion of the inputs for the beams / returned sequences
+            states = states.repeat_interleave(rows, dim=0)
+            attention_mask = attention_mask.repeat_interleave(rows, dim=0)
+        encoder_outputs.last_hidden_state = states
+        start = prepared["start"].expand(input_ids.shape[0] * rows, -1)
+        return decoder(
+            self.model,
+            start,
+            prepared["logits_processor"],
+            prepared["stopping_criteria"],
+            config,
+            encoder_outputs=encoder_outputs,
+            attention_mask=attention_mask,
+            use_cache=False,
+        )
 
     def __call__(
         self, texts: str | list[str], batch_size: int = 16, buffer_size: int | None = None, **generate_kwargs

@@ -91,6 +91,17 @@ def test_beams_and_returned_sequences_stay_with_their_text(checkpoint):
     assert translator(TEXTS, batch_size=3, **settings) == [text for pair in alone for text in pair]
 
 
+def test_the_fast_engine_hands_generates_preparation_over_again(checkpoint):
+    """After its first call of a setting the fast engine skips `generate`'s preparation: the same tokens as
+    `generate`, at any batch and length limit (the default's too), beams and returned sequences included."""
+    translators = _translators(checkpoint)
+    for settings in (SETTINGS, dict(num_beams=2, num_return_sequences=2, max_new_tokens=4), dict(num_beams=1)):
+        for batch_size in (4, 3):  # the second round: the setting's preparation is kept
+            expected = translators["generate"](TEXTS, batch_size=batch_size, **settings)
+            assert translators["fast"](TEXTS, batch_size=batch_size, **settings) == expected, settings
+    assert len(translators["fast"]._prepared) == 2  # one per setting, whatever the length limit
+
+
 def test_the_buffer_bounds_what_is_read_ahead(checkpoint):
     translator = Translator(checkpoint)
     consumed = []
