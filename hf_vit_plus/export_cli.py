@@ -17,6 +17,7 @@ exported folder, or a checkpoint converted on the fly, `--compute_type`).
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
 import sys
 from pathlib import Path
@@ -107,6 +108,13 @@ def add_translate_parser(subparsers) -> None:
         "--max_new_tokens", type=positive_int, default=None, help="maximum new tokens (default: source length + 50)"
     )
     parser.add_argument("--batch_size", type=positive_int, default=16, help="sentences decoded together")
+    parser.add_argument(
+        "--buffer_size",
+        type=positive_int,
+        default=None,
+        help="sentences read ahead and sorted by length into batches, at least --batch_size (default: 16 x "
+        "--batch_size, as CTranslate2 reads ahead); the translations are printed in input order",
+    )
     parser.add_argument("--threads", type=non_negative_int, default=0, help="CTranslate2 threads (0: its default)")
     parser.set_defaults(func=run_translate)
 
@@ -248,8 +256,12 @@ def run_translate(args: argparse.Namespace) -> int:
         family = family_of_config(config)
         if family is None or family.id != "seq2seq":
             raise UsageError(f"MODEL {args.model!r} is a {config.model_type!r} model, not a seq2seq translator.")
-    texts = args.text or [line.rstrip("\n") for line in sys.stdin if line.strip()]
-    if not texts:
+    if args.buffer_size is not None and args.buffer_size < args.batch_size:
+        raise UsageError(f"--buffer_size must be at least --batch_size ({args.batch_size}), got {args.buffer_size}.")
+    # standard input is read as it is translated, a buffer at a time
+    texts = iter(args.text) if args.text else (line.rstrip("\n") for line in sys.stdin if line.strip())
+    first = next(texts, None)
+    if first is None:
         raise UsageError("no text to translate: pass TEXT arguments or lines on standard input.")
     from .serving import Translator
 
@@ -261,6 +273,7 @@ def run_translate(args: argparse.Namespace) -> int:
         settings["num_beams"] = args.num_beams
     if args.max_new_tokens is not None:
         settings["max_new_tokens"] = args.max_new_tokens
-    for translation in translator(texts, batch_size=args.batch_size, **settings):
-        print(translation)
+    lines = itertools.chain([first], texts)
+    for translation in translator.translate_iterable(lines, args.batch_size, args.buffer_size, **settings):
+        print(translation, flush=True)
     return 0

@@ -11,6 +11,7 @@ from .._lazy import lazy_attributes
 
 # public name -> the module that defines it, imported when the name is first used
 _LAZY_NAMES = {
+    "BUFFER_BATCHES": ".translator",
     "EXTRA_TARGET_TOKENS": ".translator",
     "TRANSLATION_ENGINES": ".translator",
     "Translator": ".translator",
@@ -20,8 +21,15 @@ _LAZY_NAMES = {
 
 if TYPE_CHECKING:
     from .onnx import OnnxCausalLMGenerator, OnnxSeq2SeqGenerator
-    from .translator import EXTRA_TARGET_TOKENS, TRANSLATION_ENGINES, Translator
+    from .translator import BUFFER_BATCHES, EXTRA_TARGET_TOKENS, TRANSLATION_ENGINES, Translator
 
 __getattr__, __dir__ = lazy_attributes(__name__, _LAZY_NAMES)
 
-__all__ = ["EXTRA_TARGET_TOKENS", "TRANSLATION_ENGINES", "OnnxCausalLMGenerator", "OnnxSeq2SeqGenerator", "Translator"]
+__all__ = [
+    "BUFFER_BATCHES",
+    "EXTRA_TARGET_TOKENS",
+    "TRANSLATION_ENGINES",
+    "OnnxCausalLMGenerator",
+    "OnnxSeq2SeqGenerator",
+    "Translator",
+]

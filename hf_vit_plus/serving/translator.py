@@ -4,6 +4,9 @@ one switch: transformers' `generate`, `FastDecoding` (the fused step, `models/fa
 
 from __future__ import annotations
 
+import copy
+import itertools
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -13,13 +16,19 @@ from ..utils.logging import tqdm
 TRANSLATION_ENGINES = ("generate", "fast", "ctranslate2")
 # The paper's maximum output length: the source length + 50 (sec. 6.1), when no maximum is given.
 EXTRA_TARGET_TOKENS = 50
+# Sentences read ahead and sorted by length together, in batches: CTranslate2's `translate_iterable` reads 16 x its
+# `max_batch_size` (a bound on memory and on the delay of the first translations).
+BUFFER_BATCHES = 16
 
 
 class Translator:
     """Text in, text out, with a saved seq2seq checkpoint or its CTranslate2 export, on one of three engines.
 
     Keyword arguments of a call are `generate`'s; without `max_new_tokens` / `max_length` a batch gets its longest
-    source + 50 new tokens, as in the paper.
+    source + 50 new tokens, as in the paper. A call sorts the texts by length into batches within a bounded buffer
+    (`buffer_size`, default `BUFFER_BATCHES` x `batch_size`, as CTranslate2's `translate_iterable` reads ahead) and
+    returns the translations in input order; `translate_iterable` does the same for the lines of a file, buffer by
+    buffer.
 
     Example:
         ```python
@@ -63,6 +72,8 @@ class Translator:
         self.model = None
         self.decoder = None
         self._scratch = None
+        # FastDecoding: what `generate` hands its loop, per setting (`_fast_generate`)
+        self._prepared: dict = {}
         self.tokenizer = AutoTokenizer.from_pretrained(location)
         if is_ctranslate2_folder(location):
             if engine != "ctranslate2":
@@ -102,26 +113,181 @@ class Translator:
         if self.engine == "ctranslate2":
             return self.decoder.generate(input_ids, attention_mask=attention_mask, **generate_kwargs)
         if self.engine == "fast":
-            generate_kwargs["custom_generate"] = self.decoder
+            return self._fast_generate(input_ids, attention_mask, generate_kwargs)
         with torch.no_grad():
             return self.model.generate(input_ids, attention_mask=attention_mask, **generate_kwargs)
 
-    def __call__(self, texts: str | list[str], batch_size: int = 16, **generate_kwargs) -> list[str]:
-        """The translations of `texts` (`num_return_sequences` per text, in order), decoded without special
-        tokens."""
+    @torch.no_grad()
+    def _fast_generate(self, input_ids, attention_mask, generate_kwargs: dict) -> torch.Tensor:
+        """FastDecoding as `FastDecoding.generate` runs it (its encoder, then its loop through
+        `generate(custom_generate=...)`), without `generate`'s preparation after the first call of each setting:
+        what `generate` hands the loop (logits processors, stopping criteria, the resolved generation config)
+        depends on the settings and the model's generation config only, not on the batch, so it is kept and handed
+        over again, with the call's length limit. CTranslate2 pays no such set-up per call."""
+        decoder = self.decoder
+        state = decoder.decoding_state(self.model)
+        lengths = {
+            name: generate_kwargs.pop(name) for name in ("max_new_tokens", "max_length") if name in generate_kwargs
+        }
+        key = (
+            decoder,
+            tuple(sorted((name, repr(value)) for name, value in generate_kwargs.items())),
+            tuple(sorted((name, repr(value)) for name, value in vars(self.model.generation_config).items())),
+        )
+        if state.encoder is None:  # a sparse encoder: FastDecoding.generate runs the model's own
+            return decoder.generate(self.model, input_ids, attention_mask=attention_mask, **generate_kwargs, **lengths)
+        encoder_outputs = state.encoder(input_ids, attention_mask)
+        prepared = self._prepared.get(key)
+        if prepared is None:
+            handed = {}
+
+            def capture(model, decoder_ids, logits_processor=None, stopping_criteria=None, generation_config=None,
+                        synced_gpus=False, **model_kwargs):  # fmt: skip
+                handed.update(
+                    logits_processor=logits_processor,
+                    stopping_criteria=stopping_criteria,
+                    generation_config=generation_config,
+                    rows=decoder_ids.shape[0] // input_ids.shape[0],
+                    start=decoder_ids[:1],
+                    synced_gpus=synced_gpus,
+                )
+                return decoder(model, decoder_ids, logits_processor, stopping_criteria, generation_config,
+                               synced_gpus, **model_kwargs)  # fmt: skip
+
+            output = self.model.generate(
+                encoder_outputs=encoder_outputs,
+                attention_mask=attention_mask,
+                custom_generate=capture,
+                use_cache=False,  # the loop keeps its own cache
+                **generate_kwargs,
+                **lengths,
+            )
+            if not handed["synced_gpus"]:
+                self._prepared = {k: v for k, v in self._prepared.items() if k[0] is decoder}
+                self._prepared[key] = handed
+            return output
+        config = copy.copy(prepared["generation_config"])
+        if "max_new_tokens" in lengths:  # as generate resolves it: the decoder start token + the new tokens
+            config.max_new_tokens = lengths["max_new_tokens"]
+            config.max_length = prepared["start"].shape[1] + lengths["max_new_tokens"]
+        else:
+            config.max_new_tokens, config.max_length = None, lengths["max_length"]
+        rows = prepared["rows"]
+        states = encoder_outputs.last_hidden_state
+        if rows > 1:  # generate's expansion of the inputs for the beams / returned sequences
+            states = states.repeat_interleave(rows, dim=0)
+            attention_mask = attention_mask.repeat_interleave(rows, dim=0)
+        encoder_outputs.last_hidden_state = states
+        start = prepared["start"].expand(input_ids.shape[0] * rows, -1)
+        return decoder(
+            self.model,
+            start,
+            prepared["logits_processor"],
+            prepared["stopping_criteria"],
+            config,
+            encoder_outputs=encoder_outputs,
+            attention_mask=attention_mask,
+            use_cache=False,
+        )
+
+    def __call__(
+        self, texts: str | list[str], batch_size: int = 16, buffer_size: int | None = None, **generate_kwargs
+    ) -> list[str]:
+        """The translations of `texts` (`num_return_sequences` per text), in the order of `texts`, decoded without
+        special tokens.
+
+        The texts are read `buffer_size` at a time (default `BUFFER_BATCHES` x `batch_size`, CTranslate2's read-ahead
+        in `translate_iterable`); each buffer is tokenized once, sorted by source length and decoded in batches of at
+        most `batch_size` sentences of near-equal length, so that a batch pads little; the translations come back
+        in input order. `buffer_size=batch_size` batches in input order. A sentence gets the tokens it gets alone
+        (where its translation ends within the batch's length limit: a `max_new_tokens` given, or by default the
+        batch's longest source + 50).
+
+        Args:
+            texts: a text or a list of texts.
+            batch_size: sentences decoded together (CTranslate2's `max_batch_size`).
+            buffer_size: sentences sorted together, at least `batch_size`; it bounds the memory and the delay of the
+                first translations (`translate_iterable` yields each buffer's as it is done).
+            **generate_kwargs: `generate`'s settings (`num_beams`, `max_new_tokens`, ...).
+
+        Returns:
+            The translations, `num_return_sequences` per text, text by text.
+
+        Raises:
+            ValueError: a batch_size below 1, or a buffer_size below batch_size.
+        """
         if isinstance(texts, str):
             texts = [texts]
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
-        outputs = []
+        buffer_size = self._buffer_size(batch_size, buffer_size)
         # a bar where there is more than one batch (a file of texts); switched off with disable_progress_bar()
         with tqdm(total=len(texts), desc="translating", unit="text", disable=len(texts) <= batch_size) as bar:
-            for start in range(0, len(texts), batch_size):
-                batch = self.tokenizer(texts[start : start + batch_size], return_tensors="pt", padding=True)
-                ids = self.generate(batch["input_ids"], batch["attention_mask"], **generate_kwargs)
-                outputs += [text.strip() for text in self.tokenizer.batch_decode(ids, skip_special_tokens=True)]
-                bar.update(len(batch["input_ids"]))
-        return outputs
+            return list(self.translate_iterable(texts, batch_size, buffer_size, progress=bar, **generate_kwargs))
+
+    @staticmethod
+    def _buffer_size(batch_size: int, buffer_size: int | None) -> int:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}.")
+        if buffer_size is None:
+            return BUFFER_BATCHES * batch_size
+        if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size < batch_size:
+            raise ValueError(f"buffer_size must be an integer >= batch_size ({batch_size}), got {buffer_size!r}.")
+        return buffer_size
+
+    def translate_iterable(
+        self,
+        texts: Iterable[str],
+        batch_size: int = 16,
+        buffer_size: int | None = None,
+        progress=None,
+        **generate_kwargs,
+    ) -> Iterator[str]:
+        """`__call__` on an iterable (the lines of a file): the translations in input order, yielded buffer by
+        buffer, so that at most `buffer_size` texts are held at once.
+
+        Args:
+            texts: the texts, read `buffer_size` at a time.
+            batch_size, buffer_size, **generate_kwargs: as in `__call__`.
+            progress: a tqdm bar updated with the texts translated (None: none).
+
+        Yields:
+            The translations, `num_return_sequences` per text, text by text.
+        """
+        buffer_size = self._buffer_size(batch_size, buffer_size)
+        iterator = iter(texts)
+        while buffer := list(itertools.islice(iterator, buffer_size)):
+            yield from self._translate_buffer(buffer, batch_size, generate_kwargs, progress)
+
+    def _translate_buffer(self, texts: list[str], batch_size: int, generate_kwargs: dict, progress) -> list[str]:
+        """One buffer: tokenized once, sorted by length (stable: equal lengths keep their order), decoded in batches,
+        put back in input order."""
+        encoded = self.tokenizer(texts)["input_ids"]
+        order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
+        returned = generate_kwargs.get("num_return_sequences") or 1
+        outputs: list[list[str]] = [[] for _ in texts]
+        for start in range(0, len(order), batch_size):
+            rows = order[start : start + batch_size]
+            input_ids, attention_mask = self._pad([encoded[i] for i in rows])
+            ids = self.generate(input_ids, attention_mask, **dict(generate_kwargs))
+            decoded = self.tokenizer.batch_decode(ids, skip_special_tokens=True)
+            for k, i in enumerate(rows):
+                outputs[i] = [text.strip() for text in decoded[k * returned : (k + 1) * returned]]
+            if progress is not None:
+                progress.update(len(rows))
+        return [text for per_text in outputs for text in per_text]
+
+    def _pad(self, sequences: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(batch, longest) ids and attention mask, padded on the tokenizer's side with its pad id, as
+        `tokenizer(..., padding=True)` pads them."""
+        longest = max(len(ids) for ids in sequences)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        input_ids = torch.full((len(sequences), longest), pad, dtype=torch.long)
+        attention_mask = torch.zeros((len(sequences), longest), dtype=torch.long)
+        left = self.tokenizer.padding_side == "left"
+        for row, ids in enumerate(sequences):
+            span = slice(longest - len(ids), longest) if left else slice(0, len(ids))
+            input_ids[row, span] = torch.tensor(ids, dtype=torch.long)
+            attention_mask[row, span] = 1
+        return input_ids, attention_mask
 
 
-__all__ = ["EXTRA_TARGET_TOKENS", "TRANSLATION_ENGINES", "Translator"]
+__all__ = ["BUFFER_BATCHES", "EXTRA_TARGET_TOKENS", "TRANSLATION_ENGINES", "Translator"]
