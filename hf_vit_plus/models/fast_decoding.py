@@ -26,8 +26,13 @@ criteria) and hands over the loop, so the settings mean exactly what they mean i
     model.generate(**batch, custom_generate=FastDecoding(precision="int8"))   # int8 weights, see below
 
 One `FastDecoding` object keeps, per model, the converted weights and the compiled steps; reuse it. A step is
-compiled by AOTInductor at its first use for a number of rows (batch x beams) and decoding mode, and serves every
-source and output length (both are dynamic in the compiled code); the compilation takes seconds per step.
+compiled by AOTInductor at its first use for a decoding mode and a class of batch sizes (one row; up to `SMALL_ROWS`
+rows; more: `_batch_range`), and serves every batch size of its class and every source and output length (all three
+are dynamic in the compiled code); the compilation takes seconds to minutes per step, once per machine: the package
+is kept on disk (`step_cache.py`, keyed by the weights, the step, the precision, torch, Python, threads and the
+instruction set) and the next process loads it. An INFO line says which step is compiled and which is loaded from
+where. Rows that are finished (greedy) and sources whose beams are (beam search) leave the running batch when the
+step of the smaller batch is at hand (compiled or kept already): the same tokens, fewer rows per step.
 
 Precisions (`fast_kernels.py`: the decoder's linear layers, the projections of its cross-attention keys and values,
 and the output projection; the encoder's linear layers too under `FastDecoding.generate`, not under
@@ -90,6 +95,7 @@ from .fast_kernels import (
     OutputScreen,
     cache_attention,
     cpp_avx512_kernels,
+    cpp_fbgemm_ops,
     fbgemm_fp16_available,
     fbgemm_int8_available,
     fused_attention_available,
@@ -587,6 +593,8 @@ class _Steps:
         method, constants, shapes, dtypes, _ = key
         parts = dict(method=method, constants=constants, shapes=shapes, dtypes=dtypes, weights=self._weights)
         parts.update(precision=self.decoder.precision, options=_options_identity(self.options))
+        # the ops the step calls: the C++ kernels' (`hf_vit_plus_cpp::...`) where they are built, else the Python ones
+        parts.update(cpp_kernels=(cpp_fbgemm_ops(), tuple(cpp_avx512_kernels())))
         return Path(self.cache_dir) / step_key(**parts)
 
     def _aoti_runner(self, key, module: nn.Module, args: tuple):

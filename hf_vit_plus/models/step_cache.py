@@ -129,6 +129,12 @@ def _intact(path: Path) -> bool:
         return False
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def load_or_build(path: Path, build: Callable[[str], None], load: Callable[[str], T]) -> tuple[T, bool]:
     """`load(path)` of the package kept at `path`, else `build(temporary)` writing it under a temporary name in the
     same folder, renamed to `path` once complete, then loaded. A package at `path` that is damaged (its checksums, or
@@ -149,6 +155,7 @@ def load_or_build(path: Path, build: Callable[[str], None], load: Callable[[str]
     os.close(handle)
     try:
         build(temporary)
+        os.chmod(temporary, 0o666 & ~_umask())  # mkstemp's file is the owner's alone; a kept package is not
         os.replace(temporary, path)
     finally:
         with contextlib.suppress(OSError):
