@@ -26,7 +26,8 @@ the tokens of eager `generate` in float32). "ctranslate2" runs the exported mode
 (`CTranslate2Generator`), the tokenizer staying this pipeline's.
 
 The file imports only torch, transformers and its siblings `decoding_rules`, `fast_decoding`, `fast_kernels`,
-`step_cache` and `cpu_isa` (shipped next to it), so it also runs as remote code where the hf_vit_plus package is not installed.
+`step_cache` and `cpu_isa` (shipped next to it), so it also runs as remote code where the hf_vit_plus package is not
+installed.
 """
 
 from __future__ import annotations
