@@ -47,6 +47,23 @@ def package_logs_reach_caplog():
     package_logging.disable_propagation()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def step_cache_of_the_session(tmp_path_factory):
+    """FastDecoding keeps its compiled steps in a folder of the session (HF_VIT_PLUS_STEP_CACHE), not in the user's
+    cache: a step that a test compiles is not there for the next run, whose counts of compilations it would change.
+    Subprocesses inherit it."""
+    import os
+
+    folder = tmp_path_factory.mktemp("compiled_steps")
+    previous = os.environ.get("HF_VIT_PLUS_STEP_CACHE")
+    os.environ["HF_VIT_PLUS_STEP_CACHE"] = str(folder)
+    yield folder
+    if previous is None:
+        os.environ.pop("HF_VIT_PLUS_STEP_CACHE", None)
+    else:
+        os.environ["HF_VIT_PLUS_STEP_CACHE"] = previous
+
+
 @pytest.fixture(autouse=True)
 def no_deprecation_notices():
     """Fails the test when transformers, accelerate, huggingface_hub, datasets or torch logs a deprecation notice."""

@@ -26,8 +26,13 @@ criteria) and hands over the loop, so the settings mean exactly what they mean i
     model.generate(**batch, custom_generate=FastDecoding(precision="int8"))   # int8 weights, see below
 
 One `FastDecoding` object keeps, per model, the converted weights and the compiled steps; reuse it. A step is
-compiled by AOTInductor at its first use for a number of rows (batch x beams) and decoding mode, and serves every
-source and output length (both are dynamic in the compiled code); the compilation takes seconds per step.
+compiled by AOTInductor at its first use for a decoding mode and a class of batch sizes (one row; up to `SMALL_ROWS`
+rows; more: `_batch_range`), and serves every batch size of its class and every source and output length (all three
+are dynamic in the compiled code); the compilation takes seconds to minutes per step, once per machine: the package
+is kept on disk (`step_cache.py`, keyed by the weights, the step, the precision, torch, Python, threads and the
+instruction set) and the next process loads it. An INFO line says which step is compiled and which is loaded from
+where. Rows that are finished (greedy) and sources whose beams are (beam search) leave the running batch when the
+step of the smaller batch is at hand (compiled or kept already): the same tokens, fewer rows per step.
 
 Precisions (`fast_kernels.py`: the decoder's linear layers, the projections of its cross-attention keys and values,
 and the output projection; the encoder's linear layers too under `FastDecoding.generate`, not under
@@ -51,12 +56,17 @@ This module ships with the checkpoints (remote code): it imports only torch, tra
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import contextvars
+import functools
 import importlib
 import logging
+import os
+import time
 import warnings
 import weakref
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -85,6 +95,7 @@ from .fast_kernels import (
     FastLinear,
     OutputScreen,
     cache_attention,
+    cpp_fbgemm_ops,
     cpp_kernels,
     fbgemm_fp16_available,
     fbgemm_int8_available,
@@ -341,6 +352,13 @@ class FastDecoder(nn.Module):
         self.d_model = self.embed_positions.shape[1]
         # beam search's top-k of the candidates by the C++ kernel where the CPU runs it (`fast_kernels.topk_rows`)
         self.fast_topk = self.lm_head.weight.device.type == "cpu" and cpp_kernels().level is not None
+        # whether products of 2 to SMALL_ROWS rows are loops over a fixed number of rows (`row_matmul_pass`), so that
+        # each such batch is compiled for its own size (`_batch_range`); float32 takes the packed product where its
+        # row range holds them (`packed_float32_rows`)
+        kernel, packed = self.lm_head.kernel(2), self.lm_head.packed_float32
+        packs_two = packed is not None and packed[0] <= 2 and (packed[1] is None or packed[1] >= 2)
+        row_loops = kernel in ("bfloat16-rows", "int8-weight-only") or (kernel == "float32" and not packs_two)
+        self.static_small_rows = self.lm_head.weight.device.type == "cpu" and row_loops
 
     def new_cache(self, rows: int, length: int, device) -> list[torch.Tensor]:
         """Zeroed self-attention keys and values: layer 0's keys, its values, layer 1's keys, ..., each
@@ -436,66 +454,179 @@ class _Step(nn.Module):
         return getattr(self.decoder, self.method)(*args, **self.constants)
 
 
-def _shape_key(method: str, args, constants: dict, dynamic: bool) -> tuple:
-    """What selects a compiled step: the method, its fixed Python numbers and the shapes of its tensors, without the
-    cache and source lengths when those are dynamic (AOTInductor), and torch's threads (inductor writes its loops for
-    the threads of the process that compiles them)."""
+def _batch_range(batch: int, group: int, static_small_rows: bool = False) -> tuple[int, int | None]:
+    """The batch sizes (sources) that one compiled step serves, for `group` rows per source (beams): those whose rows
+    (batch x group) take the same products (`FastLinear.kernel`) and the same greedy choice (the output screen):
+    one row; at most `SMALL_ROWS` rows; more (no upper bound: None). A batch of one is a class of its own (torch.export
+    specializes a size of 1); so is each batch of at most `SMALL_ROWS` rows where those products are loops over a
+    fixed number of rows (`static_small_rows`: `row_matmul_pass`)."""
+    rows = batch * group
+    if batch == 1:
+        return 1, 1
+    if rows <= SMALL_ROWS:
+        return (batch, batch) if static_small_rows else (2, SMALL_ROWS // group)
+    return max(2, SMALL_ROWS // group + 1), None
+
+
+def _step_sizes(method: str, args) -> tuple[int, int, int]:
+    """(batch, rows per source, decoder layers) of a step's arguments."""
+    if method == "greedy_step":  # tokens, position, cache, cross, source_bias, unfinished, pad, controls
+        return args[0].shape[0], 1, len(args[2])
+    running = args[4][0]  # position, cache, cross, source_bias, state (running, ...), denominators, controls
+    return running.shape[0], running.shape[1], len(args[1])
+
+
+def _shape_key(method: str, args, constants: dict, dynamic: bool, static_small_rows: bool = False, batch=None):
+    """What selects a compiled step: the method, its fixed Python numbers and the shapes of its tensors, and torch's
+    threads (inductor writes its loops for the threads of the process that compiles them). Dynamic (AOTInductor):
+    the class of batch sizes (`_batch_range`) and the rows per source instead of the shapes (the cache and source
+    lengths and the batch vary in the compiled code); `batch` asks for another batch size than that of `args`."""
     leaves = torch.utils._pytree.tree_leaves(args)
-    if dynamic:  # the rows (batch x beams) and the sources fix the step
-        cache, cross = (args[2], args[3]) if method == "greedy_step" else (args[1], args[2])
-        shapes = (cache[0].shape[0], cross.shape[2], len(cache))
-    else:
+    if dynamic:
+        size, group, layers = _step_sizes(method, args)
+        shapes = (_batch_range(size if batch is None else batch, group, static_small_rows), group, layers)
+    elif batch is None:
         shapes = tuple(tuple(t.shape) for t in leaves)
+    else:
+        return None  # a batch that is not the arguments': a shape compiled only when it comes
     dtypes = tuple(t.dtype for t in leaves)
     return method, tuple(sorted(constants.items())), shapes, dtypes, torch.get_num_threads()
 
 
-def _dynamic_shapes(method: str, args) -> tuple:
+def _axes(**axes) -> dict | None:
+    """A `dynamic_shapes` entry: {axis: Dim} of the axes that vary (None: a static tensor)."""
+    entry = {int(axis[1:]): dim for axis, dim in axes.items() if dim is not None}
+    return entry or None
+
+
+def _dynamic_shapes(method: str, args, batch_range: tuple[int, int | None] = (1, 1)) -> tuple:
     """torch.export's `dynamic_shapes` of a step's arguments: the self-attention cache's length L and the source
-    length S vary (both at least 2: the caller pads), so one compiled step serves every length."""
+    length S vary (both at least 2: the caller pads), and the batch B over `batch_range` (rows: B x beams), so that
+    one compiled step serves every length and every batch of its class."""
     from torch.export import Dim
 
     length, source = Dim("cache_length", min=2), Dim("source_length", min=2)
+    low, high = batch_range
+    batch = None
+    if low != high:
+        batch = Dim("batch", min=low) if high is None else Dim("batch", min=low, max=high)
     if method == "greedy_step":  # tokens, position, cache, cross, source_bias, unfinished, pad, controls
-        cache = [{1: length}] * len(args[2])
-        return ((None, None, cache, {3: source}, {1: source}, None, None, (None,) * len(args[7])),)
+        rows = _axes(a0=batch)
+        cache = [_axes(a0=batch, a1=length)] * len(args[2])
+        cross, bias = _axes(a2=batch, a3=source), _axes(a0=batch, a1=source)
+        return ((rows, None, cache, cross, bias, rows, None, (None,) * len(args[7])),)
     # position, cache, cross, source_bias, state, denominators, controls
-    cache = [{1: length}] * len(args[1])
-    state = ({2: length + 1}, None, {2: length}, {2: length + 1}, None, {2: length}, None, None, {1: length})
-    return ((None, cache, {3: source}, {1: source}, state, {1: length + 2}, (None,) * len(args[6])),)
+    beams = args[4][0].shape[1]
+    rows = None if batch is None else beams * batch
+    cache = [_axes(a0=rows, a1=length)] * len(args[1])
+    cross, bias = _axes(a2=batch, a3=source), _axes(a0=batch, a1=source)
+    sequences, indices, per_source = _axes(a0=batch, a2=length + 1), _axes(a0=batch, a2=length), _axes(a0=batch)
+    history = _axes(a0=rows, a1=length)
+    state = (sequences, per_source, indices, sequences, per_source, indices, per_source, per_source, history)
+    return ((None, cache, cross, bias, state, {1: length + 2}, (None,) * len(args[6])),)
+
+
+# Steps this process compiled and loaded from disk ("compiled", "loaded"), over every FastDecoding
+step_counts: collections.Counter = collections.Counter()
 
 
 class _Steps:
-    """The compiled steps of one `FastDecoder`, one per method and shape (rows, cache and source lengths, ...):
+    """The compiled steps of one `FastDecoder`, one per method and shape class (`_shape_key`):
 
     - "aoti" (the default): the step is exported (`torch.export`) and compiled by AOTInductor into a shared library,
       called from C++: no Dynamo and no guard between tokens. The library holds no weights: they are the decoder's
-      own tensors, passed as user-managed constants (float32: the model's parameters themselves).
+      own tensors, passed as user-managed constants (float32: the model's parameters themselves). The cache and
+      source lengths and the batch size (within its class, `_batch_range`) are dynamic. With `cache_dir`, the
+      compiled package is kept there (`step_cache.py`) and loaded by the next process instead of compiled.
     - "compile": `torch.compile(fullgraph=True, dynamic=False)`; `skip_guards=True` runs the calls after the first of
       each `generate` under `torch.compiler.set_stance(skip_guard_eval_unsafe=True)`.
     - "eager": the same step without compilation (for checks)."""
 
-    def __init__(self, decoder: FastDecoder, backend: str, options: dict, skip_guards: bool):
+    def __init__(
+        self, decoder: FastDecoder, backend: str, options: dict, skip_guards: bool, cache_dir=None, identity=None
+    ):
         self.decoder = decoder
         self.backend = backend
         self.options = options
         self.skip_guards = skip_guards
+        self.cache_dir = cache_dir
+        self.identity = identity  # () -> the model's weights digest (`step_cache.weights_digest`), asked once
+        self._weights = None
         self.runners: dict = {}
 
+    def _key(self, method: str, args: tuple, constants: dict, batch=None):
+        static = self.decoder.static_small_rows
+        return _shape_key(method, args, constants, self.backend == "aoti", static, batch)
+
+    def available(self, method: str, args: tuple, batch: int, **constants) -> bool:
+        """Whether the step of `method` for `batch` sources (otherwise like `args`) runs without compiling: built
+        already, kept on disk, or uncompiled (backend "eager")."""
+        if self.backend == "eager":
+            return True
+        key = self._key(method, args, constants, batch)
+        if key is None:
+            return False
+        if key in self.runners:
+            return True
+        return self.backend == "aoti" and self.cache_dir is not None and self._package_path(key).is_file()
+
     def get(self, method: str, args: tuple, **constants):
-        """The runner of `method` for arguments shaped like `args`, built (compiled) at its first use."""
-        key = _shape_key(method, args, constants, dynamic=self.backend == "aoti")
+        """The runner of `method` for arguments shaped like `args`, built (compiled or loaded) at its first use."""
+        key = self._key(method, args, constants)
         runner = self.runners.get(key)
         if runner is None:
             module = _Step(self.decoder, method, **constants)
             if self.backend == "aoti":
-                runner = aoti_compile(module, args, _dynamic_shapes(method, args), self.options)
+                runner = self._aoti_runner(key, module, args)
                 runner = aoti_flat_call(runner) or runner
             elif self.backend == "compile":
                 runner = _compiled_runner(module, args, self.options, len(self.runners))
             else:
                 runner = module
             self.runners[key] = runner
+        return runner
+
+    def _package_path(self, key):
+        from .step_cache import step_key
+
+        if self._weights is None:
+            self._weights = self.identity() if self.identity is not None else ""
+        method, constants, shapes, dtypes, _ = key
+        parts = dict(method=method, constants=constants, shapes=shapes, dtypes=dtypes, weights=self._weights)
+        parts.update(precision=self.decoder.precision, options=_options_identity(self.options))
+        # the ops the step calls: the C++ kernels' (`hf_vit_plus_cpp::...`) where they are built, else the Python ones
+        parts.update(cpp_kernels=(cpp_fbgemm_ops(), tuple(cpp_kernels())))
+        return Path(self.cache_dir) / step_key(**parts)
+
+    def _aoti_runner(self, key, module: nn.Module, args: tuple):
+        (low, high), group = key[2][0], key[2][1]
+        sizes = f"{low}" if low == high else f"{low}-{high}" if high is not None else f"{low}+"
+        what = f"the {key[0].replace('_step', '')} step ({self.decoder.precision}, batch {sizes}"
+        what += f" x {group} beams)" if group > 1 else ")"
+        dynamic_shapes = _dynamic_shapes(key[0], args, key[2][0])
+        if self.cache_dir is None:
+            started = time.perf_counter()
+            logger.info("FastDecoding: compiling %s (not kept: no step cache)", what)
+            runner = aoti_compile(module, args, dynamic_shapes, self.options)
+            step_counts["compiled"] += 1
+            logger.info("FastDecoding: compiled %s in %.1f s", what, time.perf_counter() - started)
+            return runner
+        from .step_cache import load_or_build
+
+        path = self._package_path(key)
+        started = time.perf_counter()
+
+        def build(target: str) -> None:
+            logger.info("FastDecoding: compiling %s, once per machine, into %s", what, path)
+            aoti_package(module, args, dynamic_shapes, self.options, target)
+            step_counts["compiled"] += 1
+
+        runner, built = load_or_build(path, build, functools.partial(aoti_load, module))
+        if built:
+            logger.info("FastDecoding: compiled %s in %.1f s", what, time.perf_counter() - started)
+        else:
+            step_counts["loaded"] += 1
+            logger.info("FastDecoding: loaded %s from %s in %.2f s", what, path, time.perf_counter() - started)
         return runner
 
     def loop_context(self):
@@ -505,28 +636,49 @@ class _Steps:
         return contextlib.nullcontext()
 
 
-def aoti_compile(module: nn.Module, args: tuple, dynamic_shapes=None, options: dict | None = None):
-    """`module` exported with `args` (`torch.export`, `dynamic_shapes` as it takes them), compiled by AOTInductor
-    with the inductor `options` (default `compile_options()`) and loaded; its parameters and buffers are not copied
-    into the library but passed as user-managed constants (the module's own tensors). Returns the callable."""
-    import os
-    import tempfile
+def _options_identity(options: dict) -> dict:
+    """inductor options as text for a step's key (a custom pass by its own `uuid`)."""
+    out = {}
+    for name, value in sorted(options.items()):
+        uuid = getattr(value, "uuid", None)
+        out[name] = uuid().hex() if callable(uuid) else repr(value)
+    return out
 
+
+def aoti_package(module: nn.Module, args: tuple, dynamic_shapes, options: dict | None, path: str) -> str:
+    """`module` exported with `args` (`torch.export`, `dynamic_shapes` as it takes them) and compiled by AOTInductor
+    with the inductor `options` (default `compile_options()`) into the package `path`, without its parameters and
+    buffers (`aoti_load` passes the module's own tensors)."""
     import torch._inductor
 
     options = compile_options() if options is None else options
     exported = export_program(module, args, dynamic_shapes=dynamic_shapes, strict=False)
     configs = {**options, "aot_inductor.package_constants_in_so": False}
-    with tempfile.TemporaryDirectory(prefix="hf_vit_plus_fast_decoding_") as folder:
-        path = torch._inductor.aoti_compile_and_package(
-            exported, package_path=os.path.join(folder, "step.pt2"), inductor_configs=configs
-        )
-        runner = torch._inductor.aoti_load_package(path)
+    return torch._inductor.aoti_compile_and_package(exported, package_path=path, inductor_configs=configs)
+
+
+def aoti_load(module: nn.Module, path: str):
+    """The AOTInductor package at `path` (`aoti_package`) loaded, its constants the tensors of `module` (user-managed:
+    not copied)."""
+    import torch._inductor
+
+    runner = torch._inductor.aoti_load_package(path)
     tensors = dict(module.named_parameters(remove_duplicate=False))
     tensors.update(module.named_buffers(remove_duplicate=False))
     constants = {name: tensors[name] for name in runner.get_constant_fqns()}
     runner.load_constants(constants, check_full_update=True, user_managed=True)
     return runner
+
+
+def aoti_compile(module: nn.Module, args: tuple, dynamic_shapes=None, options: dict | None = None):
+    """`module` exported with `args` (`torch.export`, `dynamic_shapes` as it takes them), compiled by AOTInductor
+    with the inductor `options` (default `compile_options()`) and loaded; its parameters and buffers are not copied
+    into the library but passed as user-managed constants (the module's own tensors). Returns the callable."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="hf_vit_plus_fast_decoding_") as folder:
+        path = aoti_package(module, args, dynamic_shapes, options, os.path.join(folder, "step.pt2"))
+        return aoti_load(module, path)
 
 
 def _compiled_runner(module: nn.Module, args: tuple, options: dict, compiled_so_far: int):
@@ -550,12 +702,28 @@ class _ModelDecoding:
     """What `FastDecoding` keeps per model: the converted decoder, its compiled steps, and the versions of the model's
     tensors it was built from (a change, e.g. by training, rebuilds it)."""
 
-    def __init__(self, model: nn.Module, precision: str, backend: str, options: dict, skip_guards: bool, screen: bool):
+    def __init__(
+        self,
+        model: nn.Module,
+        precision: str,
+        backend: str,
+        options: dict,
+        skip_guards: bool,
+        screen: bool,
+        cache_dir=None,
+    ):
+        from .step_cache import weights_digest
+
         self.precision = precision
         self.versions = self._versions(model)
         self.decoder = FastDecoder(model, precision, screen=screen).eval()
         self.encoder = FastEncoder(model, precision).eval() if FastEncoder.supports(model) else None
-        self.steps = _Steps(self.decoder, backend, options, skip_guards)
+        reference = weakref.ref(model)  # not the model itself: the engine's dictionary of models holds it weakly
+
+        def identity() -> str:
+            return weights_digest(reference())
+
+        self.steps = _Steps(self.decoder, backend, options, skip_guards, cache_dir, identity)
 
     def _versions(self, model: nn.Module) -> tuple:
         # float32 steps read the model's tensors themselves: only replaced tensors make them stale; the converted
@@ -653,7 +821,11 @@ class FastDecoding:
     the output projection, the candidates recomputed in float32, float32's token proven by an error bound), where
     torch has FBGEMM's float16 linear; False computes all logits in float32. The same tokens either way;
     `screened_steps` counts the greedy steps that went through the screen, `screen_fallbacks` those of them where it
-    could not prove every row's token (chosen from all float32 logits instead)."""
+    could not prove every row's token (chosen from all float32 logits instead). step_cache: with backend "aoti",
+    where compiled steps are kept for the next process (`step_cache.py`): True (the default) for
+    `step_cache.step_cache_dir()`, a folder, or False to keep nothing. drop_finished: finished rows (greedy) and
+    sources whose beams are finished (beam search) leave the running batch (the same tokens; `dropped_rows` counts
+    them); False keeps the whole batch to the end."""
 
     def __init__(
         self,
@@ -663,6 +835,8 @@ class FastDecoding:
         options: dict | None = None,
         skip_guards: bool = True,
         screened_greedy: bool = True,
+        step_cache: bool | str | os.PathLike = True,
+        drop_finished: bool = True,
     ):
         if precision not in PRECISIONS:
             raise ValueError(f"Unknown precision {precision!r}: expected one of {', '.join(map(repr, PRECISIONS))}.")
@@ -676,8 +850,13 @@ class FastDecoding:
         self.options = options
         self.skip_guards = skip_guards
         self.screened_greedy = screened_greedy
+        if not isinstance(step_cache, (bool, str, os.PathLike)):
+            raise TypeError(f"step_cache must be a bool or a folder, got {type(step_cache).__name__}.")
+        self.step_cache = step_cache
+        self.drop_finished = drop_finished
         self.screened_steps = 0
         self.screen_fallbacks = 0
+        self.dropped_rows = 0
         self._models: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._converted: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Marian -> (versions, converted)
         self._warned = False
@@ -691,8 +870,19 @@ class FastDecoding:
         state = self._models.get(model)
         if state is None or not state.current(model):
             options = self.options if self.options is not None else compile_options(model.device)
+            cache_dir = self.step_cache
+            if cache_dir is True:
+                from .step_cache import step_cache_dir
+
+                cache_dir = step_cache_dir()
             state = _ModelDecoding(
-                model, self.precision, self.backend, options, self.skip_guards, self.screened_greedy
+                model,
+                self.precision,
+                self.backend,
+                options,
+                self.skip_guards,
+                self.screened_greedy,
+                cache_dir=cache_dir or None,
             )
             self._models[model] = state
             self._warn_if_slower_than_float32(state.decoder)
@@ -796,42 +986,73 @@ class FastDecoding:
         return cross, source_bias
 
     def _greedy(self, state, settings, input_ids, cross, source_bias) -> torch.LongTensor:
-        """transformers' greedy loop (`_sample` with do_sample=False), one `greedy_step` per token."""
+        """transformers' greedy loop (`_sample` with do_sample=False), one `greedy_step` per token; finished rows
+        leave the running batch (`_drops`), their later tokens are the padding eager decoding gives them."""
         rows, device = input_ids.shape[0], input_ids.device
         length = self._cache_length(settings)
         cache = state.decoder.new_cache(rows, length, device)
         controls, pad = settings.controls(device), torch.tensor(settings.pad_token_id, device=device)
         unfinished = torch.ones(rows, dtype=torch.long, device=device)
         positions = [torch.tensor(p, device=device) for p in range(min(settings.max_length - 1, length))]
-        args = (input_ids[:, 0], positions[0], cache, cross, source_bias, unfinished, pad, controls)
-        screened = state.decoder.screen is not None and rows <= SMALL_ROWS
-        compiled = state.steps.get("greedy_step", args, screened=screened)
+        tokens = input_ids[:, 0]
 
-        def step(tokens, position, unfinished):
-            out = compiled(tokens, position, cache, cross, source_bias, unfinished, pad, controls)
-            if not screened:
-                return out
-            self.screened_steps += 1
-            if out[3]:
-                return out[:3]
-            self.screen_fallbacks += 1  # not proven: the choice from all float32 logits
-            return state.decoder.greedy_choice(out[4], position, unfinished, pad, controls)
+        def runner(tokens, cache, cross, source_bias, unfinished):
+            args = (tokens, positions[0], cache, cross, source_bias, unfinished, pad, controls)
+            screened = state.decoder.screen is not None and tokens.shape[0] <= SMALL_ROWS
+            return state.steps.get("greedy_step", args, screened=screened), screened
 
-        tokens, unfinished, more = step(input_ids[:, 0], positions[0], unfinished)
-        generated = [tokens]
-        if more:
-            with state.steps.loop_context():
-                for position in positions[1:]:
-                    tokens, unfinished, more = step(tokens, position, unfinished)
-                    generated.append(tokens)
-                    if not more:
-                        break
+        compiled, screened = runner(tokens, cache, cross, source_bias, unfinished)
+        alive = None  # the row of the output of each running row (None: every row, in order)
+        generated = []  # (alive, tokens) of each step
+        with contextlib.ExitStack() as loop:
+            for index, position in enumerate(positions):
+                out = compiled(tokens, position, cache, cross, source_bias, unfinished, pad, controls)
+                if screened:
+                    self.screened_steps += 1
+                    if not out[3]:
+                        self.screen_fallbacks += 1  # not proven: the choice from all float32 logits
+                        out = state.decoder.greedy_choice(out[4], position, unfinished, pad, controls)
+                tokens, unfinished, more = out[:3]
+                generated.append((alive, tokens))
+                if not more:
+                    break
+                if index == 0:
+                    loop.enter_context(state.steps.loop_context())
+                args = (tokens, positions[0], cache, cross, source_bias, unfinished, pad, controls)
+                keep = self._drops(state, "greedy_step", unfinished.bool(), args)
+                if keep is not None:
+                    self.dropped_rows += tokens.shape[0] - keep.shape[0]
+                    tokens, unfinished = tokens[keep], unfinished[keep]
+                    cache = [buffer.index_select(0, keep) for buffer in cache]
+                    cross, source_bias = cross.index_select(2, keep), source_bias.index_select(0, keep)
+                    alive = keep if alive is None else alive[keep]
+                    compiled, screened = runner(tokens, cache, cross, source_bias, unfinished)
         if more:
             settings.check_length(len(generated))
-        return torch.cat([input_ids, torch.stack(generated, dim=1)], dim=1)
+        return torch.cat([input_ids, _scattered(generated, rows, settings.pad_token_id)], dim=1)
+
+    def _drops(self, state, method: str, running: torch.Tensor, args: tuple) -> torch.Tensor | None:
+        """The sources to keep running (indices), when enough of them are finished (`running`: (B,) bool) that
+        dropping the others pays (an eighth of the batch, one source at least) and the step for the smaller batch is
+        at hand (built, kept on disk, or uncompiled: no compilation to drop rows); else None."""
+        batch = running.shape[0]
+        if not self.drop_finished or batch == 1:
+            return None
+        left = int(running.sum())
+        if left == batch or left == 0 or (batch - left) * 8 < batch:
+            return None
+        if method == "beam_step":
+            constants = {"keep": args[-1]}
+            args = args[:-1]
+        else:
+            constants = {"screened": state.decoder.screen is not None and left <= SMALL_ROWS}
+        if not state.steps.available(method, args, left, **constants):
+            return None
+        return running.nonzero()[:, 0]
 
     def _beam_search(self, state, settings, input_ids, cross, source_bias) -> torch.LongTensor:
-        """transformers' beam search (`_beam_search` without sampling), one `beam_step` per token."""
+        """transformers' beam search (`_beam_search` without sampling), one `beam_step` per token; a source whose
+        hypotheses can no longer change (`_finished_sources`) leaves the running batch with them."""
         rows, device = input_ids.shape[0], input_ids.device
         beams = settings.num_beams
         batch = rows // beams
@@ -857,23 +1078,52 @@ class FastDecoding:
             torch.arange(rows, device=device)[:, None].repeat(1, length),  # the cache history: no position yet
         )
         keep = max(2, 1 + len(settings.eos_token_ids)) * beams
+        early_stopping = settings.rules.early_stopping is True
         positions = [torch.tensor(p, device=device) for p in range(min(settings.max_length - 1, length))]
-        args = (positions[0], cache, cross, source_bias, beam_state, denominators, controls)
-        step = state.steps.get("beam_step", args, keep=keep)
-        beam_state, done = step(*args)
-        steps = 1
-        if not done:
-            with state.steps.loop_context():
-                for position in positions[1:]:
-                    beam_state, done = step(position, cache, cross, source_bias, beam_state, denominators, controls)
-                    steps += 1
-                    if done:
-                        break
+        returned = settings.num_return_sequences
+        sequences = running.new_empty(batch, returned, total)  # each source's hypotheses, once final
+        indices = running_indices.new_empty(batch, returned, total - 1)
+        alive = torch.arange(batch, device=device)  # the source of each running source
+        step = state.steps.get(
+            "beam_step", (positions[0], cache, cross, source_bias, beam_state, denominators, controls), keep=keep
+        )
+        steps = 0
+        with contextlib.ExitStack() as loop:
+            for position in positions:
+                beam_state, done = step(position, cache, cross, source_bias, beam_state, denominators, controls)
+                steps += 1
+                if done:
+                    break
+                if steps == 1:
+                    loop.enter_context(state.steps.loop_context())
+                running_sources = ~_finished_sources(beam_state, early_stopping)
+                args = (positions[0], cache, cross, source_bias, beam_state, denominators, controls, keep)
+                kept = self._drops(state, "beam_step", running_sources, args)
+                if kept is None:
+                    continue
+                gone = (~running_sources).nonzero()[:, 0]
+                self.dropped_rows += gone.shape[0] * beams
+                sequences[alive[gone]] = beam_state[3][gone, :returned]
+                indices[alive[gone]] = beam_state[5][gone, :returned]
+                kept_rows = (kept[:, None] * beams + torch.arange(beams, device=device)).view(-1)
+                renumbered = torch.full((beam_state[8].shape[0],), -1, dtype=torch.long, device=device)
+                renumbered[kept_rows] = torch.arange(kept_rows.shape[0], device=device)
+                *search, history = beam_state
+                beam_state = (
+                    *(t.index_select(0, kept) for t in search),
+                    renumbered[history.index_select(0, kept_rows)],
+                )
+                cache = [buffer.index_select(0, kept_rows) for buffer in cache]
+                cross, source_bias = cross.index_select(2, kept), source_bias.index_select(0, kept)
+                alive = alive[kept]
+                args = (positions[0], cache, cross, source_bias, beam_state, denominators, controls)
+                step = state.steps.get("beam_step", args, keep=keep)
         if not done:
             settings.check_length(steps)
-        returned = settings.num_return_sequences
-        sequences = beam_state[3][:, :returned].reshape(batch * returned, total)
-        indices = beam_state[5][:, :returned].reshape(batch * returned, total - 1)
+        sequences[alive] = beam_state[3][:, :returned]
+        indices[alive] = beam_state[5][:, :returned]
+        sequences = sequences.reshape(batch * returned, total)
+        indices = indices.reshape(batch * returned, total - 1)
         generated = int(((indices + 1).bool()).sum(dim=1).max())
         return sequences[:, : 1 + generated]
 
@@ -882,6 +1132,33 @@ class FastDecoding:
         position table (eager decoding raises when it gets past the table; so does `check_length`)."""
         needed = settings.max_length - 1
         return max(2, min(_round_up(needed, self.shape_multiple), settings.max_positions))
+
+
+def _scattered(generated: list, rows: int, pad: int) -> torch.Tensor:
+    """(rows, steps) tokens from `generated`, each step's (rows it ran, tokens): padding where a row did not run."""
+    out = torch.full((rows, len(generated)), pad, dtype=generated[0][1].dtype, device=generated[0][1].device)
+    start = 0
+    while start < len(generated):
+        alive, end = generated[start][0], start + 1
+        while end < len(generated) and generated[end][0] is alive:
+            end += 1
+        block = torch.stack([tokens for _, tokens in generated[start:end]], dim=1)
+        if alive is None:
+            out[:, start:end] = block
+        else:
+            out[alive, start:end] = block
+        start = end
+    return out
+
+
+def _finished_sources(beam_state: tuple, early_stopping: bool) -> torch.Tensor:
+    """(B,) bool: the sources whose finished hypotheses no later step changes (`beam_search_update` adds none): no
+    running beam can beat the worst finished one any more (the early-stop heuristic), or all are finished under
+    `early_stopping=True`."""
+    finished, improvable = beam_state[6], beam_state[7][:, 0]
+    if early_stopping:
+        return ~improvable | finished.all(dim=1)
+    return ~improvable
 
 
 class _Settings:
