@@ -4,7 +4,10 @@ the pages show keep running.
 A python block runs as written in a fresh interpreter (cwd a temporary folder, no Hub traffic, the repository on
 PYTHONPATH) and fails when it raises. An HTML comment on the line before a block changes that:
   <!-- example: skip (REASON) -->   the block is reported skipped with REASON (needs a GPU, downloads, trains long)
-  <!-- example: continue -->        the block runs after the page's previous block, in the same interpreter
+  <!-- example: continue -->        the block runs after the page's previous block of its language, in the same
+                                    interpreter (a sign-in bash block may stand between two python steps)
+                                    (a chain of such blocks, a guide's steps, runs once: as its last block's case;
+                                    the earlier blocks' cases are reported skipped, naming it)
   <!-- example: run -->             a bash block runs: its `hf-vit-plus`, `python` and `make` lines, in order
 A bash block without a marker fails: most are installs or long trainings, and each must say which it is.
 
@@ -42,7 +45,7 @@ class Block:
     code: str
     marker: str | None  # "skip", "continue", "run" or None
     reason: str | None = None
-    previous: Block | None = None  # the page's block before this one, for "continue"
+    previous: Block | None = None  # the page's block of the same language before this one, for "continue"
 
     @property
     def id(self) -> str:
@@ -68,7 +71,7 @@ def _blocks(page: Path) -> list[Block]:
             "\n".join(lines[index + 1 : end]) + "\n",
             kind,
             marker.group("reason") if marker else None,
-            blocks[-1] if blocks else None,
+            next((previous for previous in reversed(blocks) if previous.language == fence.group(1)), None),
         )
         blocks.append(block)
         index = end + 1
@@ -76,6 +79,8 @@ def _blocks(page: Path) -> list[Block]:
 
 
 BLOCKS = [block for page in PAGES for block in _blocks(page)]
+# the block that continues each block, where one does: that block's case runs this one's code too
+_CONTINUED_BY = {id(block.previous): block for block in BLOCKS if block.marker == "continue" and block.previous}
 
 
 def _python_source(block: Block) -> str:
@@ -87,7 +92,7 @@ def _python_source(block: Block) -> str:
     return "\n".join(part.code for part in reversed(chain))
 
 
-_PUSHES = ("push_to_hub", "hf-vit-plus push")
+_PUSHES = ("push_to_hub", "push_checkpoint", "hf-vit-plus push")
 
 
 def _hub_env(code: str, request: pytest.FixtureRequest) -> dict[str, str]:
@@ -114,6 +119,11 @@ def _run(args: list[str], tmp_path: Path, extra_env: dict[str, str] | None = Non
 def test_example_runs(block: Block, tmp_path: Path, request: pytest.FixtureRequest):
     if block.marker == "skip":
         pytest.skip(f"{block.id}: {block.reason}")
+    later = _CONTINUED_BY.get(id(block))
+    if later is not None and later.marker == "continue" and block.language == later.language == "python":
+        while id(later) in _CONTINUED_BY:
+            later = _CONTINUED_BY[id(later)]
+        pytest.skip(f"{block.id}: runs as part of {later.id}, which continues it")
     if block.language == "python":
         source = _python_source(block)
         result = _run([sys.executable, "-c", source], tmp_path, _hub_env(source, request))

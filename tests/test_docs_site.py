@@ -73,6 +73,9 @@ def test_long_pages_have_subheadings():
     assert not walls, f"walls of text: {walls}"
 
 
+SITE_URL = "https://docs.example.invalid/hf_vit_plus/"  # where a publisher would put it (mkdocs.yml's site_url)
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
     """The site, built strictly by mkdocs into a temporary folder (about 10 s): a warning (a broken link or anchor, a
@@ -87,7 +90,7 @@ def site(tmp_path_factory) -> Path:
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
-        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1", "HF_VIT_PLUS_SITE_URL": SITE_URL},
         timeout=300,
     )
     assert result.returncode == 0, f"mkdocs build --strict failed:\n{result.stderr[-4000:]}"
@@ -103,6 +106,32 @@ def test_built_pages_have_no_literal_cross_references(site: Path):
         for match in literal.finditer(html.read_text(encoding="utf-8")):
             found.append(f"{html.relative_to(site)}: {match.group(0)}")
     assert not found, f"unresolved cross-references shown as text: {found}"
+
+
+def test_the_sitemap_lists_every_page_at_the_published_address(site: Path):
+    """With the site's address in HF_VIT_PLUS_SITE_URL (mkdocs.yml's site_url) the sitemap names each page there."""
+    sitemap = (site / "sitemap.xml").read_text(encoding="utf-8")
+    addresses = re.findall(r"<loc>([^<]+)</loc>", sitemap)
+    pages = sum(1 for _ in (REPO_ROOT / "docs").rglob("*.md"))
+    assert len(addresses) == pages and all(address.startswith(SITE_URL) for address in addresses), addresses[:3]
+
+
+MAX_SIGNATURE_LINE = 100  # characters: as the code blocks (the signature is a code block of the same font)
+
+
+def test_built_signatures_fit_the_column(site: Path):
+    """mkdocstrings prints a signature on one line unless a formatter (ruff, in the `docs` extra) wraps it: no line of
+    a rendered signature is over 100 characters."""
+    import html
+
+    long = []
+    for page in sorted(site.rglob("*.html")):
+        text = page.read_text(encoding="utf-8")
+        for match in re.finditer(r'<div class="doc-signature[^>]*>\s*<pre>(.*?)</pre>', text, flags=re.S):
+            for line in html.unescape(re.sub(r"<[^>]+>", "", match.group(1))).splitlines():
+                if len(line) > MAX_SIGNATURE_LINE:
+                    long.append(f"{page.relative_to(site)}: {line[:60]}... ({len(line)} characters)")
+    assert not long, f"signature lines over {MAX_SIGNATURE_LINE} characters (is ruff installed?): {long}"
 
 
 def _results_module():

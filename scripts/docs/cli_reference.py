@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -47,12 +48,30 @@ def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.Argument
     return commands
 
 
+# the docs' longest paragraph (tests/test_docs_text.py): a longer description is split into paragraphs at sentences
+MAX_WORDS = 100
+_SENTENCE_END = re.compile(r"(?<=[a-z0-9)`'])\. (?=[A-Z`])")
+
+
+def _paragraphs(text: str) -> list[str]:
+    """`text` as paragraphs of whole sentences, each at most MAX_WORDS words where its sentences allow."""
+    paragraphs: list[str] = []
+    for sentence in _SENTENCE_END.split(text):
+        sentence = sentence if sentence.endswith(".") or sentence is text else f"{sentence}."
+        if paragraphs and len(f"{paragraphs[-1]} {sentence}".split()) <= MAX_WORDS:
+            paragraphs[-1] = f"{paragraphs[-1]} {sentence}"
+        else:
+            paragraphs.append(sentence)
+    paragraphs[-1] = paragraphs[-1] if text.endswith(".") else paragraphs[-1].removesuffix(".")
+    return [line for paragraph in paragraphs for line in (paragraph, "")]
+
+
 def _description(parser: argparse.ArgumentParser) -> list[str]:
     """The description's first paragraph as text; a raw description's other paragraphs (usage examples) verbatim."""
     first, _, rest = parser.description.strip().partition("\n\n")
     if not issubclass(parser.formatter_class, argparse.RawDescriptionHelpFormatter):
-        return [_escape(parser.description), ""]
-    lines = [_escape(first), ""]
+        return _paragraphs(_escape(parser.description))
+    lines = _paragraphs(_escape(first))
     if rest.strip():
         lines += ["```text", *_fit(textwrap.dedent(rest).strip("\n").splitlines()), "```", ""]
     return lines

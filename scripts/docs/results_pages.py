@@ -689,7 +689,9 @@ class Plot:
 
 @dataclass(frozen=True)
 class Claim:
-    """One row of the summary table: a headline figure of ours, the peer's, their ratio, and where it comes from."""
+    """One row of the summary table: a headline figure of ours, the peer's, their ratio, where it was measured and
+    the file behind it (the file's part below names the command). `summary=False`: a figure the README may quote
+    that the one-screen summary leaves to its section."""
 
     what: str
     ours: str
@@ -697,6 +699,8 @@ class Claim:
     ratio: str
     file: str
     command: str
+    machine: str = ""
+    summary: bool = True
 
 
 @dataclass(frozen=True)
@@ -717,27 +721,102 @@ class Topic:
         return re.sub(r"[^\w\s-]", "", self.title.lower()).strip().replace(" ", "-")
 
 
-def _ratio(ours: float, peer: float) -> str:
-    return f"{ours / peer:.2f}x"
+# ------------------------------------------------------------------------------- number formats (one for the page)
+def fmt_ratio(ours: float, peer: float, kind: str = "speed") -> str:
+    """ours / peer with two decimals and what it means: for a speed (higher is better) "1.49x faster" or "0.93x the
+    speed"; for a time, a memory or a share (lower is better) "0.07x the time" / "the memory" / "the padding"."""
+    ratio = ours / peer
+    if kind == "speed":
+        return f"{ratio:.2f}x faster" if round(ratio, 2) >= 1 else f"{ratio:.2f}x the speed"
+    return f"{ratio:.2f}x the {kind}"
 
 
+def fmt_multiple(ratio: float | str, kind: str = "speed") -> str:
+    """A ratio a benchmark wrote (ours over the peer), in fmt_ratio's words."""
+    return fmt_ratio(float(ratio), 1.0, kind)
+
+
+def fmt_time(seconds: float | str) -> str:
+    """A time in seconds to three significant digits."""
+    return f"{float(seconds):.3g}"
+
+
+def fmt_rate(value: float | str) -> str:
+    """A rate (images/s, tokens/s): whole numbers from 100 up, else three significant digits."""
+    value = float(value)
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
+def fmt_accuracy(percent: float | str) -> str:
+    """An accuracy in percent, to one decimal."""
+    return f"{float(percent):.1f}%"
+
+
+def fmt_score(value: float | str) -> str:
+    """A BLEU score, or a share of a whole: two decimals."""
+    return f"{float(value):.2f}"
+
+
+def fmt_mib(value: float | str) -> str:
+    """A memory in MiB, whole."""
+    return f"{float(value):,.0f}"
+
+
+def _cell(value: str) -> str:
+    """A row's value as the tables show it: a float's binary noise (0.9980000257492065) cut to 6 significant digits."""
+    try:
+        number = float(value)
+    except ValueError:
+        return value
+    return f"{number:.6g}" if "." in value and len(value.split(".")[1]) > 6 else value
+
+
+_ISA_NAMES = {"avx512_vnni": "AVX-512 VNNI", "avx512": "AVX-512", "avx2": "AVX2", "neon": "NEON", "generic": "generic"}
+
+
+def measured_on(*rows: dict) -> str:
+    """Where rows were measured: the CPU (`device`) and the widest instruction set in use (`isa`, or what `device`
+    says); "several machines" when the rows disagree. Figures from different machines are never set side by side."""
+    places = set()
+    for row in rows:
+        recorded = row.get("device") or row.get("machine") or ""
+        device = recorded.removeprefix("CPU: ").split(",")[0].strip()
+        device = "CPU" if "AVX" in device or device in ("", "x86_64") else device
+        isa = _ISA_NAMES.get(row.get("isa") or "", row.get("isa") or "")
+        if not isa:
+            text = recorded.upper().replace("-", "")
+            wide = "AVX512" in text.replace("NO AVX512", "")
+            isa = "AVX-512" if wide else "AVX2" if "AVX2" in text else "ISA not recorded"
+        places.add(f"{device}, {isa}" if recorded or row.get("isa") else "not recorded")
+    return places.pop() if len(places) == 1 else "several machines (see the rows)"
+
+
+# ------------------------------------------------------------------------------------------------- the claims
 def _claims_start_up(rows) -> list[Claim]:
     by = {row["row"]: row for row in rows("import_time.csv")}
     ours, peer = float(by["import hf_vit_plus"]["median_s"]), float(by[by["import hf_vit_plus"]["peer"]]["median_s"])
-    cli = max(
-        float(row["median_s"]) for name, row in by.items() if name.startswith("hf-vit-plus") and "pattern" not in name
+    name, slowest = max(
+        ((name, float(row["median_s"])) for name, row in by.items() if name.startswith("hf-vit-plus")),
+        key=lambda item: item[1],
     )
     return [
         Claim(
             "`import hf_vit_plus` (s)",
-            f"{ours:.2f}",
-            f"{peer:.2f} (importing transformers' ViT)",
-            _ratio(ours, peer),
+            fmt_time(ours),
+            f"{fmt_time(peer)} (importing transformers' ViT)",
+            fmt_ratio(ours, peer, "time"),
             "import_time.csv",
             "make bench-import",
+            measured_on(by["import hf_vit_plus"]),
         ),
         Claim(
-            "`hf-vit-plus COMMAND --help` (s, slowest)", f"{cli:.2f}", "", "", "import_time.csv", "make bench-import"
+            "the slowest `hf-vit-plus COMMAND --help` (s)",
+            f"{fmt_time(slowest)} (`{name.removeprefix('hf-vit-plus ').removesuffix(' --help')}`)",
+            "",
+            "",
+            "import_time.csv",
+            "make bench-import",
+            measured_on(by[name]),
         ),
     ]
 
@@ -748,58 +827,68 @@ def _claims_learning(rows) -> list[Claim]:
     passed = sum(row["passed"] == "True" for row in defaults)
     return [
         Claim(
-            "`make demo`: held-out digits accuracy (%)",
-            demo["held_out_accuracy_percent"],
-            "",
-            "",
-            "demo.csv",
-            "hf-vit-plus demo --output_dir outputs/demo",
-        ),
-        Claim(
-            "default runs that reach their target",
+            "default `hf-vit-plus train` runs that reach their target",
             f"{passed} of {len(defaults)}",
             "",
             "",
             "learning_defaults.csv",
             "scripts/learning_matrix.py",
+            measured_on(*defaults),
+        ),
+        Claim(
+            "`make demo`: held-out digits accuracy",
+            fmt_accuracy(demo["held_out_accuracy_percent"]),
+            "",
+            "",
+            "demo.csv",
+            "hf-vit-plus demo --output_dir outputs/demo",
+            measured_on(demo),
+            summary=False,
         ),
     ]
 
 
+def _joined(rows: list[dict], column: str, format_value) -> str:
+    return " / ".join(format_value(row[column]) for row in rows)
+
+
 def _claims_vit(rows) -> list[Claim]:
     claims = []
-    for precision in ("fp32", "bf16"):
-        chosen = [row for row in rows("vit_throughput.csv") if row["precision"] == precision and row["batch"] == "8"]
-        if chosen:
-            row = chosen[0]
+    throughput = rows("vit_throughput.csv")
+    chosen = [
+        next((r for r in throughput if r["precision"] == precision and r["batch"] == "8"), None)
+        for precision in ("fp32", "bf16")
+    ]
+    if all(chosen):
+        claims.append(
+            Claim(
+                "ViT-B/16 images/s, batch 8, fp32 / bf16",
+                _joined(chosen, "ours_images_per_s", fmt_rate),
+                f"{_joined(chosen, 'timm_images_per_s', fmt_rate)} (timm)",
+                " / ".join(fmt_multiple(r["vs_timm"]) for r in chosen),
+                "vit_throughput.csv",
+                "make bench",
+                measured_on(*chosen),
+            )
+        )
+    for name, precisions, what in (
+        ("vit_training_step.csv", ("fp32-training-step",), "ViT-S/16 images/s in training updates, fp32"),
+        ("vit_int8.csv", ("int8-dynamic", "int8-dynamic-compiled"), "ViT-B/16 images/s, int8 eager / compiled"),
+    ):
+        table = rows(name) if (RESULTS / name).is_file() else []
+        found = [next((r for r in table if r["precision"] == p and r["batch"] == "32"), None) for p in precisions]
+        if all(found):
             claims.append(
                 Claim(
-                    f"ViT-B/16 images/s, {precision}, batch 8",
-                    row["ours_images_per_s"],
-                    f"{row['timm_images_per_s']} (timm)",
-                    f"{float(row['vs_timm']):.2f}x",
-                    "vit_throughput.csv",
-                    "make bench",
+                    f"{what}, batch 32",
+                    _joined(found, "ours_images_per_s", fmt_rate),
+                    f"{fmt_rate(found[0]['timm_images_per_s'])} (timm fp32)",
+                    " / ".join(fmt_multiple(r["vs_timm"]) for r in found),
+                    name,
+                    "python scripts/benchmarks/bench_vit.py",
+                    measured_on(*found),
                 )
             )
-    for name, precision, what in (
-        ("vit_training_step.csv", "fp32-training-step", "ViT-S/16 images/s in training updates, fp32"),
-        ("vit_int8.csv", "int8-dynamic", "ViT-B/16 images/s, int8 (eager) against fp32"),
-        ("vit_int8.csv", "int8-dynamic-compiled", "ViT-B/16 images/s, int8 (compiled) against fp32"),
-    ):
-        for row in rows(name) if (RESULTS / name).is_file() else []:
-            if row["precision"] == precision and row["batch"] == "32":
-                claims.append(
-                    Claim(
-                        f"{what}, batch 32",
-                        row["ours_images_per_s"],
-                        f"{row['timm_images_per_s']} (timm fp32)",
-                        f"{float(row['vs_timm']):.2f}x",
-                        name,
-                        "python scripts/benchmarks/bench_vit.py "
-                        + ("--training_step" if precision.endswith("step") else "--precisions " + precision),
-                    )
-                )
     return claims
 
 
@@ -817,12 +906,13 @@ def _claims_small_data(rows) -> list[Claim]:
     )
     return [
         Claim(
-            "Fashion-MNIST test accuracy in a 45-minute budget (%)",
-            f"{best['test_accuracy_pct']} ({best['model']}, {best['row']}, {best['minutes']} min)",
-            f"{cnn['test_accuracy_pct']} (a ResNet, {cnn['minutes']} min)",
-            f"{float(best['test_accuracy_pct']) - float(cnn['test_accuracy_pct']):+.2f} points",
+            "Fashion-MNIST test accuracy in a 45-minute budget",
+            f"{fmt_accuracy(best['test_accuracy_pct'])} ({best['model']}, {best['minutes']} min)",
+            f"{fmt_accuracy(cnn['test_accuracy_pct'])} (a ResNet, {cnn['minutes']} min)",
+            f"{float(best['test_accuracy_pct']) - float(cnn['test_accuracy_pct']):+.1f} points",
             "small_data.csv",
             "scripts/benchmarks/bench_small_data.py",
+            measured_on(best, cnn),
         ),
     ]
 
@@ -830,60 +920,57 @@ def _claims_small_data(rows) -> list[Claim]:
 def _claims_decoding(rows) -> list[Claim]:
     first = rows("fast_decoding.csv")[0]
     run = [r for r in rows("fast_decoding.csv") if (r["preset"], r["command"]) == (first["preset"], first["command"])]
-    claims = []
     case = "generate greedy, batch 1"
     marian = next((r for r in run if r["engine"] == "marian" and r["case"] == case), None)
-    for engine in ("ours-fast", "ours-fast-int8"):
-        row = next((r for r in run if r["engine"] == engine and r["case"] == case and r["vs_marian"]), None)
-        if row and marian:
-            claims.append(
-                Claim(
-                    f"tokens/s, greedy decoding, batch 1, `{engine}` ({first['preset']} sizes)",
-                    row["tokens_per_s"] or "(not kept)",
-                    f"{marian['tokens_per_s']} (transformers' Marian, eager)",
-                    f"{row['vs_marian']}x (paired)",
-                    "fast_decoding.csv",
-                    "python scripts/benchmarks/bench_seq2seq.py",
-                )
-            )
-    return claims + _claims_against_ctranslate2(rows("fast_decoding.csv"))
+    found = [
+        next((r for r in run if r["engine"] == engine and r["case"] == case and r["vs_marian"]), None)
+        for engine in ("ours-fast", "ours-fast-int8")
+    ]
+    if not (marian and all(found)):
+        return []
+    return [
+        Claim(
+            f"tokens/s, greedy decoding, batch 1, `FastDecoding` fp32 / int8 ({first['preset']} sizes)",
+            _joined(found, "tokens_per_s", fmt_rate),
+            f"{fmt_rate(marian['tokens_per_s'])} (transformers' Marian, eager)",
+            " / ".join(fmt_multiple(r["vs_marian"]) for r in found),
+            "fast_decoding.csv",
+            "python scripts/benchmarks/bench_seq2seq.py",
+            measured_on(marian, *found),
+        )
+    ]
 
 
-def _claims_against_ctranslate2(table: list[dict]) -> list[Claim]:
-    """Per preset and case: ours-fast against CTranslate2 at the same precision (fp32, int8), each at its fastest
-    thread count, with the paired ratio the benchmark wrote (`vs_ctranslate2`)."""
-    claims = []
-    for ours_engine, peer_engine, precision in (
-        ("ours-fast", "ct2-fp32", "fp32"),
-        ("ours-fast-int8", "ct2-int8", "int8"),
-    ):
-        for row in table:
-            if row["engine"] != ours_engine or not row.get("vs_ctranslate2"):
-                continue
-            peer = next(
-                (
-                    r
-                    for r in table
-                    if (r["preset"], r["case"], r["engine"]) == (row["preset"], row["case"], peer_engine)
-                ),
-                None,
-            )
-            if peer is None:
-                continue
-            command = "python scripts/benchmarks/bench_seq2seq.py" + (
-                " --preset opus-mt" if row["preset"] == "opus-mt" else ""
-            )
-            claims.append(
-                Claim(
-                    f"tokens/s, {row['case'].removeprefix('generate ')}, {precision} ({row['preset']} sizes)",
-                    row["tokens_per_s"],
-                    f"{peer['tokens_per_s']} (CTranslate2 {precision})",
-                    f"{float(row['vs_ctranslate2']):.2f}x (paired)",
-                    "fast_decoding.csv",
-                    command,
-                )
-            )
-    return claims
+def ctranslate2_grid(table: list[dict]) -> list[str]:
+    """`FastDecoding` against CTranslate2 at the same precision, each at its fastest thread count, as one grid: a
+    row per case, a column per size and precision, each cell the benchmark's ratio (`vs_ctranslate2`)."""
+    pairs = (("ours-fast", "fp32"), ("ours-fast-int8", "int8"))
+    presets = list(dict.fromkeys(r["preset"] for r in table))
+    cases = list(dict.fromkeys(r["case"] for r in table if r.get("vs_ctranslate2")))
+    columns = [(preset, engine, precision) for preset in presets for engine, precision in pairs]
+    cells = {(r["preset"], r["engine"], r["case"]): r for r in table if r.get("vs_ctranslate2")}
+    if not cells:
+        return []
+    lines = [
+        "| case | " + " | ".join(f"{preset} {precision}" for preset, _, precision in columns) + " |",
+        "|---|" + "---|" * len(columns),
+    ]
+    for case in cases:
+        values = []
+        for preset, engine, _ in columns:
+            row = cells.get((preset, engine, case))
+            ratio = float(row["vs_ctranslate2"]) if row else None
+            values.append("" if ratio is None else f"{ratio:.2f}x" if ratio >= 1 else f"**{ratio:.2f}x**")
+        lines.append(f"| {case.removeprefix('generate ')} | " + " | ".join(values) + " |")
+    where = measured_on(*cells.values())
+    return [
+        f"[`FastDecoding` against CTranslate2](#translation-decoding-speed) at the same precision, each engine at "
+        f"its fastest thread count: our tokens/s over CTranslate2's (above 1.00x ours is faster; below, in bold, "
+        f"slower). Measured on {where} (`fast_decoding.csv`); on another instruction set the cells differ.",
+        "",
+        *lines,
+        "",
+    ]
 
 
 def _claims_quality(rows) -> list[Claim]:
@@ -897,11 +984,12 @@ def _claims_quality(rows) -> list[Claim]:
         claims.append(
             Claim(
                 "BLEU, beam 4, `FastDecoding` int8 against float32 `generate`",
-                ours["bleu"],
-                peer["bleu"],
-                _ratio(float(ours["bleu"]), float(peer["bleu"])),
+                fmt_score(ours["bleu"]),
+                fmt_score(peer["bleu"]),
+                f"{float(ours['bleu']) - float(peer['bleu']):+.2f} BLEU",
                 "translation_quality.csv",
                 "python scripts/benchmarks/bench_seq2seq.py --quality MODEL_DIR",
+                measured_on(ours, peer),
             )
         )
     floor = next((r for r in sword if r["weights"].startswith("copy")), None)
@@ -910,11 +998,13 @@ def _claims_quality(rows) -> list[Claim]:
         claims.append(
             Claim(
                 "English -> Spanish verses, test BLEU (averaged checkpoints)",
-                model["test_bleu"],
-                f"{floor['test_bleu']} (copying the source)",
+                fmt_score(model["test_bleu"]),
+                f"{fmt_score(floor['test_bleu'])} (copying the source)",
                 "",
                 "translation_sword.csv",
                 "python scripts/train_translation.py",
+                measured_on(model),
+                summary=False,
             )
         )
     return claims
@@ -927,39 +1017,40 @@ def _claims_sparse(rows) -> list[Claim]:
         (r for r in table if int(r["n"]) == longest and r["kernel"] == "sparse_block" and r["pattern"] == "strided"),
         None,
     )
-    claims = []
-    if row:
-        sdpa = next(r for r in table if int(r["n"]) == longest and r["kernel"] == "sdpa")
-        claims.append(
-            Claim(
-                f"attention fwd+bwd at {longest:,} tokens, strided block-sparse (s)",
-                row["fwd_bwd_s"],
-                f"{sdpa['fwd_bwd_s']} (dense causal SDPA)",
-                f"{float(row['fwd_bwd_vs_sdpa']):.2f}x",
-                "sparse_attention.csv",
-                "python scripts/benchmarks/bench_sparse_attention.py",
-            )
+    if not row:
+        return []
+    sdpa = next(r for r in table if int(r["n"]) == longest and r["kernel"] == "sdpa")
+    return [
+        Claim(
+            f"attention fwd+bwd at {longest:,} tokens, strided block-sparse (s)",
+            fmt_time(row["fwd_bwd_s"]),
+            f"{fmt_time(sdpa['fwd_bwd_s'])} (dense causal SDPA)",
+            fmt_multiple(row["fwd_bwd_vs_sdpa"], "time"),
+            "sparse_attention.csv",
+            "python scripts/benchmarks/bench_sparse_attention.py",
+            measured_on(row, sdpa),
         )
-    return claims
+    ]
 
 
 def _claims_sharding(rows) -> list[Claim]:
     table = [r for r in rows("sharding_memory.csv") if r["state_mib"]]
-    claims = []
-    for processes in sorted({r["processes"] for r in table}):
-        ddp = next(r for r in table if r["processes"] == processes and r["run"] == "DDP")
-        fsdp = next(r for r in table if r["processes"] == processes and r["run"] == "FSDP2")
-        claims.append(
-            Claim(
-                f"ViT-B/16 training state per process, {processes} processes (MiB)",
-                fsdp["state_mib"],
-                f"{ddp['state_mib']} (DDP)",
-                _ratio(float(fsdp["state_mib"]), float(ddp["state_mib"])),
-                "sharding_memory.csv",
-                "python scripts/benchmarks/bench_sharding.py",
-            )
+    counts = sorted({r["processes"] for r in table}, key=int)
+    ddp = [next(r for r in table if r["processes"] == n and r["run"] == "DDP") for n in counts]
+    fsdp = [next(r for r in table if r["processes"] == n and r["run"] == "FSDP2") for n in counts]
+    if not counts:
+        return []
+    return [
+        Claim(
+            f"ViT-B/16 training state per process, FSDP2, {' / '.join(counts)} processes (MiB)",
+            _joined(fsdp, "state_mib", fmt_mib),
+            f"{_joined(ddp, 'state_mib', fmt_mib)} (DDP)",
+            " / ".join(fmt_ratio(float(f["state_mib"]), float(d["state_mib"]), "memory") for f, d in zip(fsdp, ddp)),
+            "sharding_memory.csv",
+            "python scripts/benchmarks/bench_sharding.py",
+            measured_on(*fsdp),
         )
-    return claims
+    ]
 
 
 def _claims_input_pipeline(rows) -> list[Claim]:
@@ -967,30 +1058,35 @@ def _claims_input_pipeline(rows) -> list[Claim]:
     command = "python scripts/benchmarks/bench_input_pipeline.py --output results/input_pipeline.csv"
     claims = []
     images = [r for r in table if r["part"] == "images"]
-    for workers in sorted({r["workers"] for r in images}, key=int):
-        timm = next((r for r in images if r["workers"] == workers and r["case"].startswith("timm")), None)
-        ours = next((r for r in images if r["workers"] == workers and r["case"] == "ours, streamed"), None)
-        if timm and ours:
-            claims.append(
-                Claim(
-                    f"images/s streamed with DeiT's augmentations at 224 px, {workers} loader worker(s)",
-                    ours["images_per_s"],
-                    f"{timm['images_per_s']} (timm's create_loader)",
-                    _ratio(float(ours["images_per_s"]), float(timm["images_per_s"])),
-                    "input_pipeline.csv",
-                    command,
-                )
+    workers = max((r["workers"] for r in images), key=int, default=None)
+    timm = next((r for r in images if r["workers"] == workers and r["case"].startswith("timm")), None)
+    ours = next((r for r in images if r["workers"] == workers and r["case"] == "ours, streamed"), None)
+    if timm and ours:
+        claims.append(
+            Claim(
+                f"images/s streamed with DeiT's augmentations at 224 px, {workers} loader workers",
+                fmt_rate(ours["images_per_s"]),
+                f"{fmt_rate(timm['images_per_s'])} (timm's create_loader)",
+                fmt_ratio(float(ours["images_per_s"]), float(timm["images_per_s"])),
+                "input_pipeline.csv",
+                command,
+                measured_on(ours, timm),
             )
+        )
     text = {r["case"].split(" ")[0]: r for r in table if r["part"] == "text"}
     if "token" in text and "fixed" in text:
         claims.append(
             Claim(
-                "padded share of a seq2seq batch's tokens, token budget (fraction)",
-                text["token"]["padding_fraction"],
-                f"{text['fixed']['padding_fraction']} (fixed-size batches)",
-                _ratio(float(text["token"]["padding_fraction"]), float(text["fixed"]["padding_fraction"])),
+                "padded share of a seq2seq batch's tokens, token budget",
+                fmt_score(text["token"]["padding_fraction"]),
+                f"{fmt_score(text['fixed']['padding_fraction'])} (fixed-size batches)",
+                fmt_ratio(
+                    float(text["token"]["padding_fraction"]), float(text["fixed"]["padding_fraction"]), "padding"
+                ),
                 "input_pipeline.csv",
                 command,
+                measured_on(text["token"]),
+                summary=False,
             )
         )
     return claims
@@ -999,8 +1095,8 @@ def _claims_input_pipeline(rows) -> list[Claim]:
 TOPICS = (
     Topic(
         "Start-up time",
-        "Importing the package costs what importing transformers' own ViT costs, and every command's `--help` answers "
-        "in a fraction of a second: the heavy parts are imported when first used.",
+        "Importing the package costs what importing transformers' own ViT costs, and every command's `--help` but "
+        "`explain pattern`'s answers in a fraction of a second: the heavy parts are imported when first used.",
         ("import_time.csv",),
         (Plot("import_time.csv", plot_import_time),),
         _claims_start_up,
@@ -1107,7 +1203,9 @@ TOPICS = (
 def _table(rows: list[dict], columns: tuple[str, ...]) -> str:
     columns = columns or tuple(key for key in rows[0] if key not in CONTEXT)
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(row.get(column, "").replace("|", "\\|") for column in columns) + " |" for row in rows]
+    lines += [
+        "| " + " | ".join(_cell(row.get(column, "")).replace("|", "\\|") for column in columns) + " |" for row in rows
+    ]
     return "\n".join(lines)
 
 
@@ -1115,9 +1213,15 @@ def _indent(text: str) -> str:
     return "\n".join(f"    {line}" if line else "" for line in text.splitlines())
 
 
+def _file_anchor(entry: ResultFile) -> str:
+    """The anchor of a file's part: its name, or `<name>-rows` where a section's heading has that id already."""
+    anchor = entry.name.removesuffix(".csv").replace("_", "-")
+    return f"{anchor}-rows" if anchor in {topic.anchor for topic in TOPICS} else anchor
+
+
 def _file_part(entry: ResultFile, rows: list[dict]) -> list[str]:
     """One file's part of a topic: an anchor named after the file, what it holds, its rows collapsed."""
-    anchor = entry.name.removesuffix(".csv").replace("_", "-")
+    anchor = _file_anchor(entry)
     return [
         f'<a id="{anchor}"></a>',
         "",
@@ -1132,13 +1236,121 @@ def _file_part(entry: ResultFile, rows: list[dict]) -> list[str]:
 
 def _missing_file_part(entry: ResultFile) -> list[str]:
     """A described file that is not committed: its anchor (pages link to it), what it will hold, what writes it."""
-    anchor = entry.name.removesuffix(".csv").replace("_", "-")
+    anchor = _file_anchor(entry)
     return [
         f'<a id="{anchor}"></a>',
         "",
         f"`results/{entry.name}` is not committed yet: it will hold {entry.holds}. Written by {entry.written_by}.",
         "",
     ]
+
+
+MAX_SUMMARY_ROWS = 12
+MACHINES_NOTE = (
+    "Figures from different machines are not compared: each row names the CPU it ran on and its widest instruction "
+    "set (ISA: the result files' `device` and `isa`), every ratio sets two figures of one run on one machine "
+    "against each other, and a speed "
+    "measured with AVX-512 need not hold with AVX2 alone."
+)
+PAIRED_NOTE = (
+    "A decoding ratio is the median of the per-repetition ratios (the engines take turns in each repetition, so "
+    "that the machine's load weighs on both alike); it can differ from the ratio of the two medians beside it."
+)
+
+
+def summary(topics, rows, present: set[str]) -> list[str]:
+    """The summary: one screen of headline rows (at most MAX_SUMMARY_ROWS, each naming where it was measured),
+    then the CTranslate2 cells as one grid; every section below has a row."""
+    lines = [
+        "## Summary",
+        "",
+        MACHINES_NOTE,
+        "",
+        "| what (the section: its files and commands) | ours | peer | ours against the peer | measured on |",
+        "|---|---|---|---|---|",
+    ]
+    count = 0
+    for topic in topics:
+        measured = any(name in present for name in topic.files)
+        claims = topic.claims(rows) if all(name in present for name in topic.files[:1]) else []
+        what = "see the section" if measured else f"{topic.title.lower()}: not measured yet (no rows committed)"
+        claims = [claim for claim in claims if claim.summary] or [Claim(what, "", "", "", topic.files[0], "")]
+        for claim in claims:
+            count += 1
+            lines.append(
+                f"| [{claim.what}](#{topic.anchor}) | {claim.ours} | {claim.peer} | {claim.ratio} | {claim.machine} |"
+            )
+    if count > MAX_SUMMARY_ROWS:
+        raise ValueError(f"the summary has {count} rows, over {MAX_SUMMARY_ROWS}: mark the rest summary=False")
+    lines += ["", PAIRED_NOTE, ""]
+    if "fast_decoding.csv" in present:
+        lines += ctranslate2_grid(rows("fast_decoding.csv"))
+    return lines
+
+
+def plot_caption(topic, plot: Plot, rows) -> str:
+    """What a plot shows the run of: its file, its dates and machine, and, where the section has a newer plot, that
+    this one is an older run (its figures are not those of the newer one)."""
+    table = rows(plot.file)
+    dates = sorted({row["date"] for row in table if row.get("date")})
+    newest = max((row.get("date") or "" for other in topic.plots for row in rows(other.file)), default="")
+    when = f", {dates[0]}" + (f" to {dates[-1]}" if dates[-1] != dates[0] else "") if dates else ""
+    older = (
+        " An older run than the section's other plot: compare within a plot, not across."
+        if dates and newest and dates[-1] < newest
+        else ""
+    )
+    return f"*The rows of `results/{plot.file}`{when}, measured on {measured_on(*table)}.{older}*"
+
+
+README = ROOT / "README.md"
+README_START = "<!-- headlines: generated by scripts/docs/results_pages.py from results/; do not edit by hand -->"
+README_END = "<!-- end of headlines -->"
+# the summary's claims the README quotes, by file and the start of their `what`
+README_CLAIMS = (
+    ("demo.csv", "`make demo`"),
+    ("vit_int8.csv", "ViT-B/16"),
+    ("fast_decoding.csv", "tokens/s, greedy decoding"),
+    ("sparse_attention.csv", "attention fwd+bwd"),
+)
+
+
+def readme_headlines() -> str:
+    """The README's headline figures: claims of the summary, from the same rows, with where they were measured."""
+    cache: dict[str, list[dict]] = {}
+
+    def rows(name: str) -> list[dict]:
+        if name not in cache:
+            cache[name] = read_rows(RESULTS / name)
+        return cache[name]
+
+    claims = [claim for topic in TOPICS for claim in topic.claims(rows)]
+    lines = [README_START]
+    for file, start in README_CLAIMS:
+        claim = next((c for c in claims if c.file == file and c.what.startswith(start)), None)
+        if claim is None:
+            continue
+        against = f" against {claim.peer}" if claim.peer else ""
+        ratio = f": {claim.ratio}" if claim.ratio else ""
+        lines.append(f"- {claim.what}: {claim.ours}{against}{ratio} (on {claim.machine}).")
+        if file == "fast_decoding.csv":
+            cells = [float(r["vs_ctranslate2"]) for r in rows(file) if r.get("vs_ctranslate2")]
+            lines.append(
+                f"- `FastDecoding` against CTranslate2 at the same precision: {min(cells):.2f}x to "
+                f"{max(cells):.2f}x its tokens/s in {len(cells)} cells (on {measured_on(*rows(file))})."
+            )
+    lines += [
+        "",
+        "Figures from different machines are not compared; all of them, with their commands: "
+        "[Results](docs/results.md).",
+        README_END,
+    ]
+    return "\n".join(lines)
+
+
+def _readme_with_headlines(text: str) -> str:
+    start, end = text.index(README_START), text.index(README_END) + len(README_END)
+    return text[:start] + readme_headlines() + text[end:]
 
 
 def render(plots: bool = True) -> str:
@@ -1162,25 +1374,8 @@ def render(plots: bool = True) -> str:
         "`results/gpu/` holds a lent GPU machine's check, committed after it (`make gpu-check`, see "
         "[the GPU check](contributing/testing.md#gpu-check)).",
         "",
-        "## Summary",
-        "",
-        "One row per headline claim: our figure, the peer's, their ratio, and the file and command behind it.",
-        "",
-        "| what (the section) | ours | peer | ratio | file | command |",
-        "|---|---|---|---|---|---|",
     ]
-    for topic in topics:
-        measured = any(name in present for name in topic.files)
-        claims = topic.claims(rows) if all(name in present for name in topic.files[:1]) else []
-        what = "see the section" if measured else f"{topic.title.lower()}: not measured yet (no rows committed)"
-        claims = claims or [Claim(what, "", "", "", topic.files[0], "")]
-        for claim in claims:
-            command = f"`{claim.command}`" if claim.command else ""
-            parts.append(
-                f"| [{claim.what}](#{topic.anchor}) | {claim.ours} | {claim.peer} | {claim.ratio} | "
-                f"`{claim.file}` | {command} |"
-            )
-    parts.append("")
+    parts += summary(topics, rows, present)
     if plots:
         IMAGES.mkdir(parents=True, exist_ok=True)
     for topic in topics:
@@ -1191,6 +1386,7 @@ def render(plots: bool = True) -> str:
             if plots:
                 plot.draw(rows(plot.file), IMAGES / f"{plot.name}.png")
             parts += [f"![{plot.name.replace('_', ' ')}](images/results/{plot.name}.png)", ""]
+            parts += [plot_caption(topic, plot, rows), ""]
         for name in topic.files:
             if name in present:
                 parts += _file_part(FILE_BY_NAME[name], rows(name))
@@ -1212,12 +1408,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="compare docs/results.md with the files; write nothing")
     args = parser.parse_args(argv)
+    readme = README.read_text(encoding="utf-8")
     if args.check:
-        if PAGE.read_text(encoding="utf-8") != render(plots=False):
-            print(f"{PAGE.relative_to(ROOT)} is out of date with results/: run python scripts/docs/results_pages.py")
-            return 1
-        return 0
+        stale = [PAGE] if PAGE.read_text(encoding="utf-8") != render(plots=False) else []
+        stale += [README] if readme != _readme_with_headlines(readme) else []
+        for path in stale:
+            print(f"{path.relative_to(ROOT)} is out of date with results/: run python scripts/docs/results_pages.py")
+        return 1 if stale else 0
     PAGE.write_text(render(), encoding="utf-8")
+    README.write_text(_readme_with_headlines(readme), encoding="utf-8")
     print(f"wrote {PAGE.relative_to(ROOT)} and {len(list(IMAGES.glob('*.png')))} plots in {IMAGES.relative_to(ROOT)}")
     return 0
 

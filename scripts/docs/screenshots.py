@@ -26,12 +26,13 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 OUTPUT = REPO_ROOT / "docs" / "assets" / "screenshots"
-# Home, the quick tour, a task guide, a model page, the top of the Results page and one of its plots, as the browser
-# shows the image at its own size (headless Chromium draws a blank page when a URL's anchor scrolls it)
+# Home, the quick tour, a task guide, the Hub guide, a model page, the top of the Results page and one of its plots, as
+# the browser shows the image at its own size (headless Chromium draws a blank page when a URL's anchor scrolls it)
 PAGES = (
     "index.md",
     "quick-tour.md",
     "tasks/image-classification.md",
+    "guides/hub.md",
     "families/vit.md",
     "results.md",
     "images/results/fast_decoding.png",
