@@ -1,4 +1,5 @@
-"""Compiled decoding steps kept on disk, so that a process loads what an earlier one compiled on this machine.
+"""Compiled decoding steps kept on disk, so that a process loads what an earlier one compiled for the same weights,
+shapes, torch and instruction set.
 
 `FastDecoding` compiles each step with AOTInductor into a package (`.pt2`, a zip archive holding a shared library
 and no weights); compiling takes seconds to minutes, loading a fraction of a second. A package is kept under
