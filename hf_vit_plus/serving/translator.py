@@ -246,7 +246,9 @@ class Translator:
 
         Args:
             texts: the texts, read `buffer_size` at a time.
-            batch_size, buffer_size, **generate_kwargs: as in `__call__`.
+            batch_size: as in `__call__`.
+            buffer_size: as in `__call__`.
+            **generate_kwargs: as in `__call__`.
             progress: a tqdm bar updated with the texts translated (None: none).
 
         Yields:
