@@ -234,7 +234,13 @@ def _cpu_flags() -> frozenset[str] | None:
 
 
 def cpu_has_fast_int8_products() -> bool:
-    """Whether the running CPU multiplies int8 matrices natively (VNNI or AMX), so that dynamic int8 pays."""
+    """Whether the running CPU multiplies int8 matrices natively (VNNI or AMX), so that dynamic int8 pays, at the
+    instruction-set level in use: a cap below the CPU's widest (`HF_VIT_PLUS_CPU_ISA`, which caps oneDNN too) runs
+    without them. A bad cap raises its ValueError."""
+    from .cpu_isa import isa_capped
+
+    if isa_capped():
+        return False
     flags = _cpu_flags()
     if flags is None:
         return torch.backends.cpu.get_cpu_capability() not in ("DEFAULT", "NO AVX", "AVX2")
