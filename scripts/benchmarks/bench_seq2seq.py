@@ -70,6 +70,14 @@ results/fast_decoding.csv and results/translation_quality.csv, which the docs' R
     python scripts/benchmarks/bench_seq2seq.py --quick               # a short check that every engine runs
     python scripts/benchmarks/bench_seq2seq.py --quality outputs/translation/model   # BLEU / chrF per engine
     python scripts/benchmarks/bench_seq2seq.py --output results/fast_decoding.csv    # + the rows as CSV
+    python scripts/benchmarks/bench_seq2seq.py --isa avx2    # ours and CTranslate2 capped at AVX2 together
+
+`--isa LEVEL` (generic, avx2, avx512) caps every library of the run at that instruction set: ours
+(`HF_VIT_PLUS_CPU_ISA`), torch's ATen, MKL, oneDNN, FBGEMM and CTranslate2 (`CT2_FORCE_CPU_ISA`), through
+`hf_vit_plus.models.cpu_isa.capped_environment`. The libraries read the caps when they load, so the script starts
+again in a process capped so (`result_rows.run_capped`). The output names the level and its source, and each row
+records `isa` and `isa_capped`: a capped run on a wider CPU executes the narrower set's instructions, not with a
+narrower CPU's caches, clocks and memory bandwidth.
 """
 
 from __future__ import annotations

@@ -103,7 +103,7 @@ def add_isa_argument(parser: argparse.ArgumentParser) -> None:
 
 def run_capped(level: str | None, from_command_line: bool = True) -> None:
     """Unless this process already runs with every library capped at `level` (None: nothing to do), start this
-    script again in its place (`os.execve`, the same arguments) with `cpu_isa.capped_environment(level)`. A level
+    script again in its place (`os.execve`, the same command line) with `cpu_isa.capped_environment(level)`. A level
     the CPU cannot meet exits with its one-line error, as does a call from Python (`from_command_line=False`: there
     is no command line to start again) in a process not capped so."""
     if level is None:
@@ -121,7 +121,8 @@ def run_capped(level: str | None, from_command_line: bool = True) -> None:
             f"error: --isa {level} from Python needs a process started with cpu_isa.capped_environment({level!r})"
         )
     sys.stdout.flush()
-    os.execve(sys.executable, [sys.executable, *sys.argv], env)
+    # the interpreter's own options too (-W, -X): sys.orig_argv is the command line as the interpreter got it
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
 
 
 def isa_summary() -> str:

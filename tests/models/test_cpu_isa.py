@@ -90,3 +90,16 @@ def test_fast_int8_products_honour_the_cap(monkeypatch):
     monkeypatch.setattr(compat, "_cpu_flags", lambda: frozenset({"avx2", "fma"}))
     monkeypatch.delenv(cpu_isa.ISA_ENV)
     assert not compat.cpu_has_fast_int8_products()
+
+
+def test_a_cpu_runs_first_lines_name_the_instruction_set(monkeypatch):
+    """A training run on the CPU says which instruction set its kernels run at; a bad cap is a usage error (one
+    line), not a traceback."""
+    from hf_vit_plus.errors import UsageError
+    from hf_vit_plus.training.plan import cpu_kernels_line
+
+    monkeypatch.delenv(cpu_isa.ISA_ENV, raising=False)
+    assert cpu_kernels_line() == f"CPU kernels: instruction set {cpu_isa.describe_isa()}"
+    monkeypatch.setenv(cpu_isa.ISA_ENV, "sse9")
+    with pytest.raises(UsageError, match="'sse9' is not an instruction set level"):
+        cpu_kernels_line()
