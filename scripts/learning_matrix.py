@@ -144,13 +144,16 @@ def main(argv: list[str] | None = None) -> int:
     args.output.parent.mkdir(parents=True, exist_ok=True)
     with args.output.open("w", newline="") as handle:
         writer = csv.writer(handle)
+        from hf_vit_plus.models.cpu_isa import isa_capped, isa_label
+
+        isa = [isa_label(), str(isa_capped()).lower()]  # what every result row records (the runs inherit the cap)
         writer.writerow(["family", "seed", "threads", "metric", "value", "baseline", "target", "passed", "minutes",
-                         "command"])  # fmt: skip
+                         "command", "isa", "isa_capped"])  # fmt: skip
         for cell in cells:
             target = TARGETS[cell.family]
             command = f"OMP_NUM_THREADS={cell.threads} hf-vit-plus " + " ".join(cell.command[1:]) + " --output_dir X"
             writer.writerow([cell.family, cell.seed, cell.threads, target.metric, cell.value, cell.baseline,
-                             target.passes, cell.passed, round(cell.minutes, 2), command])  # fmt: skip
+                             target.passes, cell.passed, round(cell.minutes, 2), command, *isa])  # fmt: skip
     print("| family | seed | threads | metric | value | baseline | target | passed | minutes |")
     print("|---|---|---|---|---|---|---|---|---|")
     for cell in cells:

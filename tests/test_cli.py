@@ -355,3 +355,18 @@ def test_env_prints_the_versions_and_the_machine_for_bug_reports(capsys):
     for name in ("accelerate", "huggingface_hub", "datasets"):
         assert lines[name] == importlib.metadata.version(name)
     assert {"Python", "Device", "CPU", "CPU features"} <= set(lines)
+    from hf_vit_plus.models.cpu_isa import describe_isa
+
+    assert lines["Instruction set"] == describe_isa() and lines["Kernel paths"]
+    assert lines["int8-dynamic quantization"].split()[0] in ("torchao", "FBGEMM's")
+
+
+def test_env_reports_a_bad_instruction_set_cap_in_one_line(capsys, monkeypatch):
+    monkeypatch.setenv("HF_VIT_PLUS_CPU_ISA", "sse9")
+    assert main(["env"]) == 2
+    captured = capsys.readouterr()
+    assert "- Instruction set: invalid: HF_VIT_PLUS_CPU_ISA='sse9'" in captured.out
+    assert captured.err.strip().splitlines() == [
+        "hf-vit-plus env: error: HF_VIT_PLUS_CPU_ISA='sse9' is not an instruction set level: expected one of generic, "
+        "avx2, avx512"
+    ]

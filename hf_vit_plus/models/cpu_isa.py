@@ -9,8 +9,12 @@ The levels, narrowest first:
 `HF_VIT_PLUS_CPU_ISA=avx2` runs the AVX2 paths on a wider CPU; asking for more than the CPU has is a `ValueError`.
 `isa_label()` is what a result row records as `isa`: the widest set in use (`avx512_vnni`, `avx512`, `avx2`,
 `generic`, or `neon` for the generic path on ARM64). `capped_environment` gives the variables that cap torch's own
-kernels, MKL, oneDNN and CTranslate2 at the same level, for a process started with them (they are read when each
-library loads, so a running process cannot change them).
+kernels, MKL, oneDNN, FBGEMM and CTranslate2 at the same level, for a process started with them (they are read
+when each library loads, so a running process cannot change them). FBGEMM (torch's quantized int8 linear) has no
+path below AVX2: at `generic` it is capped at AVX2, the narrowest it can run. `describe_isa()` is the line
+`hf-vit-plus env` and a run's first lines print: the level, the label and where it comes from (the CPU's widest, or
+the cap); `isa_capped()` says whether a cap holds the level below the CPU's widest (a capped run on a wider CPU
+executes a narrower CPU's instructions, not with that CPU's caches and clocks).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ LIBRARY_CAPS = {
         "ATEN_CPU_CAPABILITY": "default",
         "MKL_ENABLE_INSTRUCTIONS": "SSE4_2",
         "ONEDNN_MAX_CPU_ISA": "SSE41",
+        "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2",
         "CT2_FORCE_CPU_ISA": "GENERIC",
     },
     "avx2": {
@@ -46,7 +51,7 @@ LIBRARY_CAPS = {
         "ATEN_CPU_CAPABILITY": "avx512",
         "MKL_ENABLE_INSTRUCTIONS": "AVX512",
         "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16",
-        "FBGEMM_ENABLE_INSTRUCTIONS": "AVX512",
+        "FBGEMM_ENABLE_INSTRUCTIONS": "AVX512_E1",
         "CT2_FORCE_CPU_ISA": "AVX512",
     },
 }
@@ -109,6 +114,24 @@ def isa_label(level: str | None = None) -> str:
     return level
 
 
+def isa_capped(level: str | None = None) -> bool:
+    """Whether `level` (default: `cpu_isa()`) is below the CPU's widest: a run capped on a wider CPU."""
+    level = cpu_isa() if level is None else check_isa(level)
+    return ISA_LEVELS.index(level) < ISA_LEVELS.index(supported_isa())
+
+
+def describe_isa() -> str:
+    """The level in use, its label and where it comes from, in one line: "avx512 (avx512_vnni), the CPU's widest",
+    or "avx2 (avx2), capped by HF_VIT_PLUS_CPU_ISA=avx2; the CPU's widest is avx512 (avx512_vnni)". A bad cap
+    raises the ValueError of `cpu_isa()`."""
+    level, widest = cpu_isa(), supported_isa()
+    described = f"{level} ({isa_label(level)})"
+    if not os.environ.get(ISA_ENV, "").strip():
+        return f"{described}, the CPU's widest"
+    cap = os.environ[ISA_ENV].strip()
+    return f"{described}, capped by {ISA_ENV}={cap}; the CPU's widest is {widest} ({isa_label(widest)})"
+
+
 def capped_environment(level: str, environ: dict[str, str] | None = None) -> dict[str, str]:
     """`environ` (default: this process's) with every library capped at `level`, ours included: for a process
     started with it."""
@@ -128,6 +151,8 @@ __all__ = [
     "check_isa",
     "cpu_flags",
     "cpu_isa",
+    "describe_isa",
+    "isa_capped",
     "isa_label",
     "supported_isa",
 ]

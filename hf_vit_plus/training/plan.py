@@ -669,7 +669,24 @@ def describe(plan: RunPlan, accelerator, weights_from_main: bool = False) -> lis
     lines += chosen_lines(plan)
     if plan.processor_from:
         lines.append(f"Processor: the one saved with the checkpoint resumed ({plan.processor_from})")
+    if accelerator.device.type == "cpu":
+        lines.append(cpu_kernels_line())
     return lines
+
+
+def cpu_kernels_line() -> str:
+    """The run's line on the CPU kernels: the instruction set in use and its source (`cpu_isa.describe_isa`).
+
+    Raises:
+        UsageError: `HF_VIT_PLUS_CPU_ISA` names no level, or one the CPU cannot meet.
+    """
+    from ..errors import UsageError
+    from ..models.cpu_isa import describe_isa
+
+    try:
+        return f"CPU kernels: instruction set {describe_isa()}"
+    except ValueError as error:
+        raise UsageError(str(error)) from None
 
 
 def data_lines(plan: RunPlan) -> list[str]:

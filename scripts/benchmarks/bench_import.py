@@ -106,12 +106,15 @@ def main(argv: list[str] | None = None) -> int:
     args.output.parent.mkdir(parents=True, exist_ok=True)
     with args.output.open("w", newline="") as file:
         writer = csv.writer(file)
+        from hf_vit_plus.models.cpu_isa import isa_capped, isa_label
+
+        isa = [isa_label(), str(isa_capped()).lower()]  # what every result row records
         writer.writerow(["row", "peer", "median_s", "min_s", "max_s", "repeats", "python", "torch", "transformers",
-                         "machine"])  # fmt: skip
+                         "machine", "isa", "isa_capped"])  # fmt: skip
         for row in rows:
             writer.writerow([row, IMPORT_ROWS.get(row) or "", f"{medians[row]:.3f}", f"{min(times[row]):.3f}",
                              f"{max(times[row]):.3f}", args.repeats, platform.python_version(), torch, transformers,
-                             f"{platform.machine()}, {os.cpu_count()} CPUs"])  # fmt: skip
+                             f"{platform.machine()}, {os.cpu_count()} CPUs", *isa])  # fmt: skip
     print(f"wrote {args.output}")
     if failed:
         print("over target: " + "; ".join(failed))

@@ -42,7 +42,8 @@ SPARSE_LM = dict(
     sparse_stride=32, max_position_embeddings=1024,
 )  # fmt: skip
 FIELDS = (
-    "model", "processes", "flag", "rank", "weights_bytes", "base_rss", "set_up_peak", "run_peak", "reads",
+    "model", "processes", "flag", "rank", "weights_bytes", "base_rss", "set_up_peak", "run_peak", "reads", "isa",
+    "isa_capped",
 )  # fmt: skip
 
 
@@ -225,6 +226,10 @@ def main(argv: list[str] | None = None) -> None:
                     out_rows += [
                         dict(model=model, processes=processes, flag=flag, weights_bytes=weights, **row) for row in rows
                     ]
+    from hf_vit_plus.models.cpu_isa import isa_capped, isa_label
+
+    isa = dict(isa=isa_label(), isa_capped=str(isa_capped()).lower())  # what every result row records
+    out_rows = [{**row, **isa} for row in out_rows]
     args.output.parent.mkdir(parents=True, exist_ok=True)
     with open(args.output, "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=FIELDS)

@@ -70,6 +70,14 @@ results/fast_decoding.csv and results/translation_quality.csv, which the docs' R
     python scripts/benchmarks/bench_seq2seq.py --quick               # a short check that every engine runs
     python scripts/benchmarks/bench_seq2seq.py --quality outputs/translation/model   # BLEU / chrF per engine
     python scripts/benchmarks/bench_seq2seq.py --output results/fast_decoding.csv    # + the rows as CSV
+    python scripts/benchmarks/bench_seq2seq.py --isa avx2    # ours and CTranslate2 capped at AVX2 together
+
+`--isa LEVEL` (generic, avx2, avx512) caps every library of the run at that instruction set: ours
+(`HF_VIT_PLUS_CPU_ISA`), torch's ATen, MKL, oneDNN, FBGEMM and CTranslate2 (`CT2_FORCE_CPU_ISA`), through
+`hf_vit_plus.models.cpu_isa.capped_environment`. The libraries read the caps when they load, so the script starts
+again in a process capped so (`result_rows.run_capped`). The output names the level and its source, and each row
+records `isa` and `isa_capped`: a capped run on a wider CPU executes the narrower set's instructions, not with a
+narrower CPU's caches, clocks and memory bandwidth.
 """
 
 from __future__ import annotations
@@ -186,6 +194,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "run's context",
     )  # fmt: skip
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
+    _result_rows().add_isa_argument(p)
     args = p.parse_args(argv)
     args.engines = _names(args.engines)
     unknown = [name for name in args.engines if name not in ENGINES]
@@ -426,6 +435,8 @@ def training_rate(model, optimizer, input_ids, labels, device: str, steps: int =
 
 def main(argv: list[str] | None = None) -> dict[str, dict[str, dict]]:
     args = parse_args(argv)
+    # ours and CTranslate2 capped together: the libraries read the caps when they load, so the script starts again
+    _result_rows().run_capped(args.isa, from_command_line=argv is None)
     torch.set_num_threads(args.threads[0])
     if args.quality is not None:
         return quality(args)
@@ -525,13 +536,27 @@ def _version(package: str) -> str:
         return ""
 
 
-def _write_rows(path: Path, rows: list[dict], threads: int) -> Path:
+def _result_rows():
+    """scripts/benchmarks/result_rows.py (the rows' context, `--isa`)."""
     import sys
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from result_rows import write_rows
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    import result_rows
 
-    return write_rows(path, rows, threads=threads)
+    return result_rows
+
+
+def _write_rows(path: Path, rows: list[dict], threads: int) -> Path:
+    return _result_rows().write_rows(path, rows, threads=threads)
+
+
+def kernel_paths_line() -> str:
+    """The fast engine's kernels and the path each runs at this instruction set (`hf-vit-plus env`'s line)."""
+    from hf_vit_plus.env_cli import kernel_paths_text
+
+    return f"kernel paths: {kernel_paths_text()}"
 
 
 def write_speed_rows(args: argparse.Namespace, summary: dict) -> Path:
@@ -561,14 +586,11 @@ def write_speed_rows(args: argparse.Namespace, summary: dict) -> Path:
                              threads=str(entry.get("threads", args.threads[0]))))  # fmt: skip
     kept = []
     if args.output.is_file():  # other presets' rows, each with its own run's context, the columns of this run's
-        import sys
-
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from result_rows import CONTEXT_FIELDS
+        context_fields = _result_rows().CONTEXT_FIELDS
 
         with args.output.open(newline="", encoding="utf-8") as file:
             kept = [row for row in csv.DictReader(file) if row.get("preset") != args.preset]
-        columns = [*rows[0], *(field for field in CONTEXT_FIELDS if field not in rows[0])]
+        columns = [*rows[0], *(field for field in context_fields if field not in rows[0])]
         kept = [{key: row.get(key) or "" for key in columns} for row in kept]
     order = list(PRESETS)
     ordered = sorted(kept + rows, key=lambda row: order.index(row["preset"]) if row["preset"] in order else len(order))
@@ -606,6 +628,8 @@ def report(args, rates, first_calls, agreement, best=None, all_rates=None) -> di
         f"ffn {args.ffn_dim}, {args.activation}; source {args.source_length} tokens, {args.new_tokens} new tokens; "
         f"median of {args.repeats}; FastDecoding backend {args.fast_backend}"
     )
+    print(_result_rows().isa_summary())
+    print(kernel_paths_line())
     for reference, shares in agreement.items():
         print(
             f"greedy tokens equal to {reference}'s (first batch): "

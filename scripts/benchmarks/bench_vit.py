@@ -21,6 +21,13 @@ layer), while timm and transformers stay in fp32, the baseline int8 is measured 
 GEMM peak for ours is that of an int8 x int8 -> int32 product (`torch._int_mm`) of the same shape; weight-only int8
 computes its products in fp32 (fp32 peak). int8-dynamic-compiled (not in the default list): the int8-dynamic model
 under `torch.compile`, which fuses the per-row quantization of the activations (compiled during the warm-up).
+Where the instruction set in use has no int8 dot products (no VNNI or AMX, or `--isa avx2` on a CPU with them),
+`quantize` gives int8-dynamic FBGEMM's dynamic int8 linear instead (`hf_vit_plus.quantization.dynamic_int8_backend`,
+in the table's header), and its GEMM peak is FBGEMM's product of the same shape.
+
+`--isa LEVEL` measures with every library capped at that instruction set (ours, torch's ATen, MKL, oneDNN, FBGEMM):
+the script starts again in a process capped so, and its rows record `isa` and `isa_capped`. A capped run on a wider
+CPU runs the narrower set's instructions, not a narrower CPU's caches and clocks (the header says so).
 
 `--training_step` times one fp32 training update instead (forward, cross-entropy, backward, AdamW with torch's
 defaults, gradients set to None), each model on its own copy of the same weights and its own optimizer, in turn;
@@ -102,7 +109,18 @@ def forward_flops(config, batch: int) -> float:
 
 def gemm_peak(config, batch: int, dtype: torch.dtype, repeats: int = 5) -> float:
     m = batch * (config.num_patches + 1)
-    if dtype == torch.int8:  # int8 x int8 -> int32, the product of dynamic int8 quantization
+    if dtype == torch.int8 and _int8_backend() == "fbgemm":  # FBGEMM's dynamic int8 linear, as the model runs it
+        from hf_vit_plus.quantization import FbgemmInt8Linear
+
+        layer = torch.nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        FbgemmInt8Linear.from_float(layer)
+        a = torch.randn(m, config.hidden_size)
+        b = None
+
+        def product(a, _b, layer=layer):
+            return layer(a)
+
+    elif dtype == torch.int8:  # int8 x int8 -> int32, the product of dynamic int8 quantization
         a = torch.randint(-127, 128, (m, config.hidden_size), dtype=dtype)
         b = torch.randint(-127, 128, (config.hidden_size, config.intermediate_size), dtype=dtype)
         product = torch._int_mm
@@ -118,6 +136,12 @@ def gemm_peak(config, batch: int, dtype: torch.dtype, repeats: int = 5) -> float
         product(a, b)
         times.append(time.perf_counter() - start)
     return 2 * m * config.hidden_size * config.intermediate_size / min(times)
+
+
+def _int8_backend() -> str:
+    from hf_vit_plus.quantization import dynamic_int8_backend
+
+    return dynamic_int8_backend()
 
 
 def timed_in_turn(calls: dict, warmup: int, repeats: int) -> dict[str, list[float]]:
@@ -144,11 +168,12 @@ def run(args) -> list[dict]:
     ours = "ours (fp32-matmul opt-in)" if fp32_matmul else "ours (plain)"
     print(f"# {args.preset}: torch {torch.__version__}, {torch.get_num_threads()} threads, {platform.processor()}")
     print(f"# CPU: {_cpu_name()}, native bf16 matmul: {cpu_has_native_low_precision_matmul()}")
+    print(f"# {_result_rows().isa_summary()}")
     if fp32_matmul:
         print("# ours = hf_vit_plus with hf_vit_plus.cpu_precision.use_fp32_matmul_for_low_precision (opt-in)")
     if any(p.startswith("int8") for p in args.precisions):
-        print("# int8-* rows: ours = hf_vit_plus quantized with hf_vit_plus.quantization.quantize (torchao); timm and "
-              "transformers in fp32")  # fmt: skip
+        print(f"# int8-* rows: ours = hf_vit_plus quantized with hf_vit_plus.quantization.quantize (int8-dynamic: "
+              f"{_int8_backend()}); timm and transformers in fp32")  # fmt: skip
     header = (
         f"| precision | batch | {ours} img/s | timm img/s | transformers img/s | vs timm | vs transformers "
         "| ours GFLOP/s | % of GEMM peak | timm % | transformers % |"
@@ -253,7 +278,7 @@ def _copy_to(model, dtype):
 
 
 def _quantized(model, scheme: str):
-    """A copy of `model` with standard layers (the fp32-matmul opt-in undone), quantized by torchao."""
+    """A copy of `model` with standard layers (the fp32-matmul opt-in undone), quantized by `quantize`."""
     import copy
 
     from hf_vit_plus.cpu_precision import restore_standard_layers
@@ -348,7 +373,9 @@ def main() -> None:
         help="time an fp32 training update (forward, backward, AdamW) of each model instead of inference",
     )
     parser.add_argument("--output", type=Path, default=None, help="write the table's rows to this CSV (results/)")
+    _result_rows().add_isa_argument(parser)
     args = parser.parse_args()
+    _result_rows().run_capped(args.isa)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.attention_lengths:
@@ -359,10 +386,17 @@ def main() -> None:
         return
     rows = training_step_rows(args) if args.training_step else run(args)
     if args.output is not None:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from result_rows import write_rows
+        print(f"wrote {_result_rows().write_rows(args.output, rows, threads=torch.get_num_threads())}")
 
-        print(f"wrote {write_rows(args.output, rows, threads=torch.get_num_threads())}")
+
+def _result_rows():
+    """scripts/benchmarks/result_rows.py (the rows' context, `--isa`)."""
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    import result_rows
+
+    return result_rows
 
 
 if __name__ == "__main__":

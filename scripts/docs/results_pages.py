@@ -670,7 +670,19 @@ FILES = (
         "torch's default (per-tensor) AdamW against the fused kernel ([training](guides/training.md))",
     ),
 )
-CONTEXT = {"command", "date", "hf_vit_plus", "python", "torch", "transformers", "device", "threads", "machine"}
+CONTEXT = {
+    "command",
+    "date",
+    "hf_vit_plus",
+    "python",
+    "torch",
+    "transformers",
+    "device",
+    "isa",
+    "isa_capped",
+    "threads",
+    "machine",
+}
 FILE_BY_NAME = {entry.name: entry for entry in FILES}
 
 
@@ -1200,13 +1212,41 @@ TOPICS = (
 )
 
 
+NOT_RECORDED = "not recorded"
+
+
+def _isa(row: dict) -> str:
+    """The instruction set a row was measured at (`isa`, "capped" when a cap held it below the CPU's widest), or
+    "not recorded" (rows from before result files recorded it)."""
+    isa = (row.get("isa") or "").strip()
+    if not isa:
+        return NOT_RECORDED
+    return f"{isa} (capped)" if (row.get("isa_capped") or "").strip().lower() == "true" else isa
+
+
 def _table(rows: list[dict], columns: tuple[str, ...]) -> str:
     columns = columns or tuple(key for key in rows[0] if key not in CONTEXT)
+    if "device" in columns and "isa" not in columns:  # the instruction set next to the CPU
+        at = columns.index("device") + 1
+        columns = (*columns[:at], "isa", *columns[at:])
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += [
-        "| " + " | ".join(_cell(row.get(column, "")).replace("|", "\\|") for column in columns) + " |" for row in rows
-    ]
+    for row in rows:
+        cells = [_isa(row) if column == "isa" else _cell(row.get(column, "")) for column in columns]
+        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
     return "\n".join(lines)
+
+
+def _measured_on(rows: list[dict]) -> str:
+    """The devices of a file's rows, each with its instruction set(s), in the order they first appear ("" for a file
+    without a device column)."""
+    if not rows or "device" not in rows[0]:
+        return ""
+    seen: dict[str, list[str]] = {}
+    for row in rows:
+        isas = seen.setdefault(row.get("device") or NOT_RECORDED, [])
+        if _isa(row) not in isas:
+            isas.append(_isa(row))
+    return "; ".join(f"{device} (instruction set: {', '.join(isas)})" for device, isas in seen.items())
 
 
 def _indent(text: str) -> str:
@@ -1222,11 +1262,13 @@ def _file_anchor(entry: ResultFile) -> str:
 def _file_part(entry: ResultFile, rows: list[dict]) -> list[str]:
     """One file's part of a topic: an anchor named after the file, what it holds, its rows collapsed."""
     anchor = _file_anchor(entry)
+    measured_on = _measured_on(rows)
     return [
         f'<a id="{anchor}"></a>',
         "",
         f"`results/{entry.name}`: {entry.holds}. Written by {entry.written_by}.",
         "",
+        *([f"Measured on: {measured_on}.", ""] if measured_on else []),
         f'??? note "rows ({len(rows)})"',
         "",
         _indent(_table(rows, entry.columns)),

@@ -57,3 +57,50 @@ def test_capped_environment_caps_every_library(monkeypatch):
     assert env["FBGEMM_ENABLE_INSTRUCTIONS"] == "AVX2"
     with pytest.raises(ValueError, match="more than this CPU has"):
         cpu_isa.capped_environment("avx512")
+
+
+def test_capped_and_described(monkeypatch):
+    """A cap below the CPU's widest is a capped run (the line names the cap and the CPU's widest); the CPU's own
+    level is not, and FBGEMM is capped with the others (AVX2 is its narrowest)."""
+    monkeypatch.setattr(cpu_isa, "is_x86", lambda: True)
+    wide = {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"}
+    monkeypatch.setattr(cpu_isa, "cpu_flags", lambda: frozenset(wide))
+    monkeypatch.delenv(cpu_isa.ISA_ENV, raising=False)
+    assert not cpu_isa.isa_capped() and cpu_isa.describe_isa() == "avx512 (avx512_vnni), the CPU's widest"
+    monkeypatch.setenv(cpu_isa.ISA_ENV, "avx2")
+    assert cpu_isa.isa_capped() and not cpu_isa.isa_capped("avx512")
+    assert cpu_isa.describe_isa() == (
+        "avx2 (avx2), capped by HF_VIT_PLUS_CPU_ISA=avx2; the CPU's widest is avx512 (avx512_vnni)"
+    )
+    assert cpu_isa.capped_environment("generic", {})["FBGEMM_ENABLE_INSTRUCTIONS"] == "AVX2"
+    assert cpu_isa.capped_environment("avx512", {})["FBGEMM_ENABLE_INSTRUCTIONS"] == "AVX512_E1"
+
+
+def test_fast_int8_products_honour_the_cap(monkeypatch):
+    """`compat.cpu_has_fast_int8_products` reads the CPU's flags, and a cap below them (which caps oneDNN too)."""
+    from hf_vit_plus.models import compat
+
+    monkeypatch.setattr(cpu_isa, "is_x86", lambda: True)
+    wide = {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"}
+    monkeypatch.setattr(cpu_isa, "cpu_flags", lambda: frozenset(wide))
+    monkeypatch.setattr(compat, "_cpu_flags", lambda: frozenset(wide))
+    monkeypatch.delenv(cpu_isa.ISA_ENV, raising=False)
+    assert compat.cpu_has_fast_int8_products()
+    monkeypatch.setenv(cpu_isa.ISA_ENV, "avx2")
+    assert not compat.cpu_has_fast_int8_products()
+    monkeypatch.setattr(compat, "_cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    monkeypatch.delenv(cpu_isa.ISA_ENV)
+    assert not compat.cpu_has_fast_int8_products()
+
+
+def test_a_cpu_runs_first_lines_name_the_instruction_set(monkeypatch):
+    """A training run on the CPU says which instruction set its kernels run at; a bad cap is a usage error (one
+    line), not a traceback."""
+    from hf_vit_plus.errors import UsageError
+    from hf_vit_plus.training.plan import cpu_kernels_line
+
+    monkeypatch.delenv(cpu_isa.ISA_ENV, raising=False)
+    assert cpu_kernels_line() == f"CPU kernels: instruction set {cpu_isa.describe_isa()}"
+    monkeypatch.setenv(cpu_isa.ISA_ENV, "sse9")
+    with pytest.raises(UsageError, match="'sse9' is not an instruction set level"):
+        cpu_kernels_line()

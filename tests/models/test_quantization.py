@@ -152,3 +152,81 @@ def test_transformers_torchao_config_route_loads_and_saves(case_id, tmp_path):
 
 def _first_linear(model) -> str:
     return next(name for name, module in model.named_modules() if isinstance(module, nn.Linear))
+
+
+FBGEMM_CASES = ["vit-dense", "seq2seq-dense", "image-lm-dense"]
+
+
+@pytest.mark.parametrize("case_id", FBGEMM_CASES)
+def test_fbgemm_path_gives_the_vnni_paths_logits_within_int8_rounding(case_id, monkeypatch):
+    """Without int8 dot-product instructions (AVX2 alone, or a cap below VNNI) "int8-dynamic" runs FBGEMM's dynamic
+    int8 linear (`FbgemmInt8Linear`): int8 weights per row, activations per tensor: the logits of fp32 within the
+    tolerance above, and of the torchao (VNNI) path within int8 rounding of both."""
+    from hf_vit_plus import quantization
+
+    case = next(c for c in MODEL_CASES if c.id == case_id)
+    model, inputs = case.model(), case.inputs()
+    pixels = slice(0, 256) if case.family == "image-lm" else slice(None)
+    expected = _logits(model, inputs)[..., pixels]
+    vnni = _logits(quantize(copy.deepcopy(model), "int8-dynamic"), inputs)[..., pixels]
+    monkeypatch.setattr(quantization, "dynamic_int8_backend", lambda: "fbgemm")
+    fbgemm = quantize(copy.deepcopy(model), "int8-dynamic")
+    linears = [m for m in fbgemm.modules() if isinstance(m, nn.Linear)]
+    assert linears and all(type(m) is quantization.FbgemmInt8Linear for m in linears)
+    assert all(m.weight.dtype == torch.qint8 and quantization.is_quantized_weight(m.weight) for m in linears)
+    got = _logits(fbgemm, inputs)[..., pixels]
+    scale = expected.abs().max()
+    assert (got - expected).abs().max() <= 0.05 * scale, (got - expected).abs().max()
+    assert (got - vnni).abs().max() <= 0.05 * scale, (got - vnni).abs().max()
+    with pytest.raises(ValueError, match="already quantized"):
+        quantize(fbgemm, "int8-dynamic")
+    with pytest.raises(ValueError, match="cannot be saved"):
+        fbgemm.save_pretrained("unused")
+    torch.testing.assert_close(_logits(copy.deepcopy(fbgemm), inputs)[..., pixels], got, rtol=0, atol=0)
+    if case.family == "seq2seq":  # the tied output projection gets its own int8 copy; the lookup stays float
+        assert fbgemm.lm_head.weight.dtype == torch.qint8
+        assert type(fbgemm.get_input_embeddings().weight) is nn.Parameter
+
+
+def test_a_cap_below_vnni_chooses_the_fbgemm_path_with_the_same_logits(tmp_path):
+    """Under `capped_environment("avx2")` (set before torch loads, in a fresh process) `quantize` takes the FBGEMM
+    path, whose AVX2 kernels give the logits of its widest ones (FBGEMM_ENABLE_INSTRUCTIONS caps them)."""
+    import os
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    from hf_vit_plus.models.cpu_isa import capped_environment, supported_isa
+    from tests.utils import REPO_ROOT
+
+    if supported_isa() == "generic":
+        pytest.skip("the CPU has no AVX2 to cap at")
+    script = (
+        "import sys, torch\n"
+        "from safetensors.torch import save_file\n"
+        "from hf_vit_plus import quantization\n"
+        "from tests.conftest import MODEL_CASES\n"
+        "case = next(c for c in MODEL_CASES if c.id == 'vit-dense')\n"
+        "model = quantization.quantize(case.model(), 'int8-dynamic')\n"
+        "with torch.no_grad():\n"
+        "    logits = model(**case.inputs()).logits\n"
+        "save_file({'logits': logits.contiguous()}, sys.argv[1])\n"
+        "first = next(m for m in model.modules() if isinstance(m, torch.nn.Linear))\n"
+        "print(quantization.dynamic_int8_backend(), type(first).__name__)\n"
+    )
+    env = capped_environment("avx2", dict(os.environ, PYTHONPATH=str(REPO_ROOT)))
+    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path / "capped.safetensors")], env=env,
+                          capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["fbgemm", "FbgemmInt8Linear"]
+    from hf_vit_plus import quantization
+
+    case = next(c for c in MODEL_CASES if c.id == "vit-dense")
+    model = case.model()
+    expected = _logits(model, case.inputs())
+    for module in [m for m in model.modules() if isinstance(m, nn.Linear)]:
+        quantization.FbgemmInt8Linear.from_float(module)
+    widest = _logits(model, case.inputs())
+    capped = load_file(tmp_path / "capped.safetensors")["logits"]
+    torch.testing.assert_close(capped, widest, rtol=1e-4, atol=1e-4 * float(expected.abs().max()))

@@ -16,7 +16,8 @@ import torch
 
 from tests.utils import REPO_ROOT, load_script
 
-CONTEXT = {"command", "date", "hf_vit_plus", "python", "torch", "transformers", "device", "threads", "machine"}
+CONTEXT = {"command", "date", "hf_vit_plus", "python", "torch", "transformers", "device", "isa", "isa_capped",
+           "threads", "machine"}  # fmt: skip
 
 
 def _run(script: str, *argv: str, cwd) -> None:
@@ -31,14 +32,24 @@ def _rows(path) -> list[dict]:
         return list(csv.DictReader(file))
 
 
-def _context_is_this_run(row: dict, script: str) -> None:
+def _context_is_this_run(row: dict, script: str, isa: str | None = None) -> None:
+    """The row's context is this run's: versions, device, command, date, and the instruction set (`isa`: the level
+    the run was capped at; default this process's)."""
+    from hf_vit_plus.models.cpu_isa import isa_capped, isa_label
+
     assert row["torch"] == torch.__version__.split("+")[0] and row["hf_vit_plus"] and row["device"]
+    assert (row["isa"], row["isa_capped"]) == (isa_label(isa), str(isa_capped(isa)).lower())
     assert row["command"].startswith("python ") and script in row["command"] and len(row["date"]) == 10
 
 
 def test_bench_vit_writes_its_throughput_rows(tmp_path):
+    """At `--isa avx2` where the CPU has AVX2: the script starts again capped, and its rows say so."""
+    from hf_vit_plus.models.cpu_isa import supported_isa
+
+    isa = None if supported_isa() == "generic" else "avx2"
     _run(
         "bench_vit.py",
+        *(["--isa", isa] if isa else []),
         "--preset",
         "tiny-patch16-224",
         "--batch_sizes",
@@ -63,7 +74,7 @@ def test_bench_vit_writes_its_throughput_rows(tmp_path):
         ratio = float(row["ours_images_per_s"]) / float(row["timm_images_per_s"])
         assert abs(float(row["vs_timm"]) - ratio) < 0.01 * ratio
         assert row["threads"] == "1"
-        _context_is_this_run(row, "bench_vit.py")
+        _context_is_this_run(row, "bench_vit.py", isa)
 
 
 def test_bench_vit_times_a_training_step_of_each_model(tmp_path):
