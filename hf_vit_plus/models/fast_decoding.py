@@ -95,7 +95,6 @@ from .fast_kernels import (
     FastLinear,
     OutputScreen,
     cache_attention,
-    cpp_fbgemm_ops,
     cpp_kernels,
     fbgemm_fp16_available,
     fbgemm_int8_available,
@@ -595,7 +594,9 @@ class _Steps:
         parts = dict(method=method, constants=constants, shapes=shapes, dtypes=dtypes, weights=self._weights)
         parts.update(precision=self.decoder.precision, options=_options_identity(self.options))
         # the ops the step calls: the C++ kernels' (`hf_vit_plus_cpp::...`) where they are built, else the Python ones
-        parts.update(cpp_kernels=(cpp_fbgemm_ops(), tuple(cpp_kernels())))
+        # (asked of the module, as the decoder's products ask it when they choose their op)
+        kernels = importlib.import_module(cpp_kernels.__module__)
+        parts.update(cpp_kernels=(kernels.cpp_fbgemm_ops(), tuple(kernels.cpp_kernels())))
         return Path(self.cache_dir) / step_key(**parts)
 
     def _aoti_runner(self, key, module: nn.Module, args: tuple):

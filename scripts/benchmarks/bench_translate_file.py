@@ -295,6 +295,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     return rows
 
 
+def _significant(seconds: float, digits: int = 4) -> float:
+    """`seconds` to `digits` significant digits (a warm pass of the quick run takes milliseconds)."""
+    return float(f"{seconds:.{digits}g}")
+
+
 def case_rows(dataset, case, texts, results, args, isa, cpu) -> list[dict]:
     """The rows of one dataset and case: each engine's times, its ratios to CTranslate2 at the same precision (their
     seconds over ours) and the checks."""
@@ -304,8 +309,8 @@ def case_rows(dataset, case, texts, results, args, isa, cpu) -> list[dict]:
         peer = ("ct2" if precision == "float32" else "ct2-int8") if engine.startswith("ours") else None
         ours = {"float32": "ours-fast", "int8": "ours-fast-int8"}[precision]
         row = dict(dataset=dataset, case=case, engine=engine, precision=precision, sentences=len(texts),
-                   max_batch_size=args.batch_size, threads=result["threads"], cold_s=round(result["cold_s"], 3),
-                   warm_s=round(result["warm_s"], 4), vs_ctranslate2_cold="", vs_ctranslate2_warm="",
+                   max_batch_size=args.batch_size, threads=result["threads"], cold_s=_significant(result["cold_s"]),
+                   warm_s=_significant(result["warm_s"]), vs_ctranslate2_cold="", vs_ctranslate2_warm="",
                    alone_equal=result.get("alone_equal", ""), agrees_with_ours="", isa=isa, cpu=cpu,
                    outputs=result["outputs"])  # fmt: skip
         if peer in results:
