@@ -118,8 +118,11 @@ def check_inputs(args: TrainingArguments) -> None:
             resolve_checkpoint(args.resume_from_checkpoint, args.output_dir)
         except (FileNotFoundError, ValueError) as error:  # missing folder, or not a training checkpoint
             raise UsageError(str(error)) from error
-    config_class = get_task(args.family).config_class_for(args)  # also checks --model_name_or_path / --config_name
-    check_config_overrides(config_class, parse_overrides(args.config_overrides))
+    task = get_task(args.family)
+    # a saved config's class is known once the plan reads it (once a run), and the keys are checked then; the class
+    # of a fresh config (or a --config_name preset, checked here) is known now
+    if not (args.model_name_or_path or (args.config_name and not task.is_preset(args.config_name))):
+        check_config_overrides(task.config_class_for(args), parse_overrides(args.config_overrides))
 
 
 def run_demo(namespace: argparse.Namespace) -> int:

@@ -418,11 +418,11 @@ def prepare_run(
     unit_recipe = family.unit_batches(data, processor, model, plan)
     optimizer = family.create_optimizer(model, plan)
     if unit_recipe is None:
-        loaders = make_dataloaders(options, datasets, family.collate_fn(processor))
+        loaders = make_dataloaders(plan, datasets, family.collate_fn(processor))
         train_dataloader, eval_dataloader = accelerator.prepare(*loaders)
     else:  # a stream, a token budget, images from files: batches made in the workers, placed on the device here
         train_dataloader = resumable_loader(plan, data, unit_recipe, accelerator)
-        eval_dataloader = accelerator.prepare(make_eval_dataloader(options, datasets, family.collate_fn(processor)))
+        eval_dataloader = accelerator.prepare(make_eval_dataloader(plan, datasets, family.collate_fn(processor)))
     # the plan counted the updates from the examples: the loader's batches give the same
     batches = len(train_dataloader) if unit_recipe is None else train_dataloader.batches_per_epoch
     per_epoch = None if batches is None else math.ceil(batches / options.gradient_accumulation_steps)
@@ -466,28 +466,32 @@ def prepare_run(
     )
 
 
-def make_dataloaders(args: TrainingArguments, datasets, collate) -> tuple[DataLoader, DataLoader]:
+def make_dataloaders(plan: RunPlan, datasets, collate) -> tuple[DataLoader, DataLoader]:
     """The training loader (shuffled with the run's seed, full batches only: `plan.build_plan` checked that there is
-    one global batch) and the evaluation loader."""
+    one global batch) and the evaluation loader, both with the plan's loader settings."""
+    options = plan.options
     train_dataloader = DataLoader(
         datasets["train"],
-        batch_size=args.per_device_train_batch_size,
+        batch_size=options.per_device_train_batch_size,
         shuffle=True,
         drop_last=True,  # every process and every update sees full batches: N processes == one with N x the batch
         collate_fn=collate,
-        num_workers=args.dataloader_num_workers,
-        generator=torch.Generator().manual_seed(args.seed),
+        generator=torch.Generator().manual_seed(options.seed),
+        **plan.data.loader_settings,
     )
-    return train_dataloader, make_eval_dataloader(args, datasets, collate)
+    return train_dataloader, make_eval_dataloader(plan, datasets, collate)
 
 
-def make_eval_dataloader(args: TrainingArguments, datasets, collate) -> DataLoader:
-    """The evaluation loader: the validation split in order, every example once."""
+def make_eval_dataloader(plan: RunPlan, datasets, collate) -> DataLoader:
+    """The evaluation loader: the validation split in order, every example once, with the plan's loader settings
+    (as transformers' `Trainer` gives its evaluation loaders its --dataloader_* options). With workers, their seed
+    comes from a generator of its own (persistent workers draw it once; `evaluate` draws from the global random state
+    what a loader without one draws each pass)."""
+    settings = plan.data.loader_settings
+    if settings["num_workers"]:
+        settings["generator"] = torch.Generator().manual_seed(plan.options.seed)
     return DataLoader(
-        datasets["validation"],
-        batch_size=args.per_device_eval_batch_size,
-        collate_fn=collate,
-        num_workers=args.dataloader_num_workers,
+        datasets["validation"], batch_size=plan.options.per_device_eval_batch_size, collate_fn=collate, **settings
     )
 
 
@@ -520,9 +524,8 @@ def resumable_loader(
         source = IndexSource(undecoded(data.raw["train"]), seed=options.seed, rank=rank, world_size=world,
                              unit_size=recipe.unit_size, whole_batches=recipe.whole_batches)  # fmt: skip
         batches = source.units_per_epoch if recipe.whole_batches else None
-    return ResumableLoader(source, recipe.make, seed=options.seed, num_workers=settings.num_workers,
-                           pin_memory=settings.pin_memory, persistent_workers=settings.persistent_workers,
-                           prefetch_factor=settings.prefetch_factor, batches_per_epoch=batches)  # fmt: skip
+    return ResumableLoader(source, recipe.make, seed=options.seed, batches_per_epoch=batches,
+                           **settings.loader_settings)  # fmt: skip
 
 
 def restore_progress(run: Run, resume: ResumePoint | None) -> Progress:
@@ -891,6 +894,10 @@ def evaluate_run(run: Run) -> dict[str, float]:
 def evaluate(accelerator: Accelerator, model, dataloader, family: TrainingTask) -> dict[str, float]:
     """Per-example outputs of every process, gathered without the padding `even_batches` adds."""
     model.eval()
+    if getattr(dataloader, "generator", None) is not None:
+        # the seed a loader without a generator of its own draws from the global random state each pass: the random
+        # state dropout reads next is that of a run with any number of workers, resumed or not (`make_eval_dataloader`)
+        torch.empty((), dtype=torch.int64).random_()
     chunks: dict[str, list[torch.Tensor]] = defaultdict(list)
     bar = tqdm(dataloader, desc="evaluating", leave=False, disable=not accelerator.is_local_main_process)
     with torch.no_grad():

@@ -15,8 +15,8 @@ value (`RunPlan.chosen_by`, the first lines of the run):
 - the rest (`build_plan`, once the data is loaded, before any model is built): a built-in data set's epochs, the run's
   length, the recipe's values for this data and run (`recipes.run_recipe_values`), the schedule 'auto' names, the
   warm-up, the optimizer and the schedule (transformers' `get_scheduler`, its peak at --learning_rate), the model
-  config fields the recipe sets, and how the data is read (`DataPlan`: a stream or not, batches of examples or of
-  tokens, the loader's workers and their settings).
+  config (built once by the task, with the fields the recipe sets on it), and how the data is read (`DataPlan`: a
+  stream or not, batches of examples or of tokens, the loader's workers and their settings).
 
 The Accelerator needs a process group before the folder is locked and the data read (under `main_process_first`), so
 the launch is decided first and the rest with it in `build_plan`; `preview_plan` plans without an Accelerator
@@ -157,6 +157,15 @@ class DataPlan:
     prefetch_factor: int | None = None
     eval_from: str = ""
 
+    @property
+    def loader_settings(self) -> dict[str, Any]:
+        """The keyword arguments of every loader the run builds, training and evaluation (torch refuses the worker
+        settings without workers)."""
+        settings: dict[str, Any] = dict(num_workers=self.num_workers, pin_memory=self.pin_memory)
+        if self.num_workers:
+            settings.update(persistent_workers=self.persistent_workers, prefetch_factor=self.prefetch_factor)
+        return settings
+
 
 def fixed_length_examples(family: str) -> bool:
     """Whether a family's training examples all have one length (the language model's blocks of --block_size): a
@@ -219,8 +228,10 @@ class RunPlan:
         total_steps: the updates of the run.
         optimizer: the optimizer to build.
         schedule: the learning-rate schedule to build.
-        config_fields: model config fields the run sets (e.g. the recipe's stochastic depth) -> value.
-        config_fields_from: config field -> who chose it.
+        model_config: the run's model config (`TrainingTask.model_config`: saved or fresh, the data's fields,
+            --config_overrides, then the fields the run sets), which `TrainingTask.build` instantiates; None for a
+            family that builds it with its processor (a tokenizer trained on the data).
+        config_fields_from: config field the run sets (e.g. the recipe's stochastic depth) -> who chose it.
         resume: the training state to resume from, if any.
         processor_from: where the processor comes from when the plan chose it (the resumed checkpoint's).
         data: how the training data is read.
@@ -235,11 +246,16 @@ class RunPlan:
     total_steps: int
     optimizer: OptimizerSpec
     schedule: ScheduleSpec
-    config_fields: Mapping[str, Any] = field(default_factory=dict)
+    model_config: Any = None
     config_fields_from: Mapping[str, str] = field(default_factory=dict)
     resume: ResumePoint | None = None
     processor_from: str | None = None
     data: DataPlan = field(default_factory=DataPlan)
+
+    @property
+    def config_fields(self) -> dict[str, Any]:
+        """The model config fields the run sets -> value."""
+        return {name: getattr(self.model_config, name) for name in self.config_fields_from}
 
     @property
     def request(self) -> ParallelismRequest:
@@ -517,9 +533,11 @@ def build_plan(
     # the recipe scales with the run's share of DeiT's epochs: a stream's run counts as large data, DeiT's whole budget
     epochs = total_steps / per_epoch if per_epoch else DEIT_EPOCHS
 
+    # the model's config, built once (None where the task builds it with its processor): the recipe reads it
+    config = task.model_config(options, data)
     # the recipe's values for this data and run
     if "recipe" in record.flags:
-        context = task.recipe_context(options, data, batch * world_size * accumulation, total_steps,
+        context = task.recipe_context(options, data, config, batch * world_size * accumulation, total_steps,
                                       epochs)  # fmt: skip
         for name, value in run_recipe_values(values["recipe"], context).items():
             if name in values:
@@ -549,7 +567,9 @@ def build_plan(
     )
     name = resolved.lr_scheduler_type
     schedule = ScheduleSpec(name, SCHEDULE_FUNCTIONS[name], warmup, total_steps, resolved.learning_rate)
-    fields = task.planned_config_fields(resolved, data, epochs)
+    fields = task.recipe_config_fields(resolved, config, epochs) if config is not None else {}
+    for key, (value, _) in fields.items():  # as `from_pretrained(location, key=value)` sets them
+        setattr(config, key, value)
     return RunPlan(
         options=resolved,
         chosen_by=chosen,
@@ -560,7 +580,7 @@ def build_plan(
         total_steps=total_steps,
         optimizer=optimizer,
         schedule=schedule,
-        config_fields={key: value for key, (value, _) in fields.items()},
+        model_config=config,
         config_fields_from={key: source for key, (_, source) in fields.items()},
         resume=resume,
         processor_from=processor_from,
