@@ -91,7 +91,8 @@ def test_the_plan_is_frozen(tmp_path):
 
 def test_a_run_asks_for_its_parallelism_once_and_prints_its_plan(tmp_path, monkeypatch):
     """`with_recipe_precision`, `create_accelerator` and `with_fsdp_checkpointing` each recomputed the request from
-    the arguments and the environment: three times a run. The plan computes it once, and the loop reads it."""
+    the arguments and the environment: three times a run. The plan computes it once, and the loop reads it; the
+    launch is decided once (`create_accelerator`, `plan_the_run` and `prepare_run` take it, or the plan)."""
     calls = []
     real = sharding.parallelism_request
 
@@ -101,9 +102,20 @@ def test_a_run_asks_for_its_parallelism_once_and_prints_its_plan(tmp_path, monke
 
     monkeypatch.setattr("hf_vit_plus.training.plan.parallelism_request", counted)
     monkeypatch.setattr(sharding, "parallelism_request", counted)
+    from hf_vit_plus.training import loop, plan
+
+    launches = []
+    real_launch = plan.decide_launch
+
+    def counted_launch(*args, **kwargs):
+        launches.append(args)
+        return real_launch(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "decide_launch", counted_launch)
+    monkeypatch.setattr(plan, "decide_launch", counted_launch)
     with run_report() as report:
         result = train(tiny(tmp_path, activation_checkpointing=True))
-    assert len(calls) == 1
+    assert len(calls) == 1 and len(launches) == 1  # one launch a run: the Accelerator's is the plan's
     lines = report.getvalue().splitlines()
     assert lines[3].endswith("activation checkpointing: on"), lines
     assert result.global_step == 1
