@@ -18,7 +18,7 @@ from typing import Any
 
 from ..cli_utils import CommandParser, HelpFormatter, parse_bool
 from ..data.number_words import number_to_words
-from ..errors import UsageError
+from ..errors import UsageError, check_model_location
 from ..families import FAMILIES, Family
 from ..utils.extras import require
 from .args import FAMILIES as FAMILY_IDS
@@ -256,9 +256,13 @@ def check_inputs(args: TrainingArguments) -> None:
         except (FileNotFoundError, ValueError) as error:  # missing folder, or not a training checkpoint
             raise UsageError(str(error)) from error
     task = get_task(args.family)
-    # a saved config's class is known once the plan reads it (once a run), and the keys are checked then; the class
-    # of a fresh config (or a --config_name preset, checked here) is known now
-    if not (args.model_name_or_path or (args.config_name and not task.is_preset(args.config_name))):
+    # a saved config is read once a run, by the plan, which checks the keys against its class then: here only its
+    # location; the class of a fresh config (or of a --config_name preset, checked here) is known now
+    if args.model_name_or_path:
+        check_model_location(args.model_name_or_path, "--model_name_or_path")
+    elif args.config_name and not task.is_preset(args.config_name):
+        check_model_location(args.config_name, "--config_name")
+    else:
         check_config_overrides(task.config_class_for(args), parse_overrides(args.config_overrides))
 
 
