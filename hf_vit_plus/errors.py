@@ -9,6 +9,8 @@ status 1; any other exception keeps its traceback.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -68,4 +70,18 @@ def load_config(location: str | Path, option: str, **kwargs):
         raise UsageError(f"Cannot load a model config from {option} {str(location)!r}: {first_line}") from error
 
 
-__all__ = ["UsageError", "check_exists", "check_model_location", "load_config"]
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """Report the `ValueError`s raised by the checks of what the user gave (a run's data, config and sizes, a
+    checkpoint that is not the model asked for) as `UsageError`s: the command line prints them as one line with exit
+    status 2, Python callers still get a `ValueError`. Wrap only such checks: an error of the computation itself is
+    a bug and keeps its traceback."""
+    try:
+        yield
+    except UsageError:
+        raise
+    except ValueError as error:
+        raise UsageError(str(error)) from error
+
+
+__all__ = ["UsageError", "check_exists", "check_model_location", "load_config", "user_errors"]

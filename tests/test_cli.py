@@ -275,7 +275,7 @@ def test_family_flags_are_on_their_subcommand_only(capsys, family, absent):
 
 def test_renamed_flags_are_hidden_aliases_of_the_new_ones():
     from hf_vit_plus.cli import build_parser
-    from hf_vit_plus.training.args import args_from_namespace
+    from hf_vit_plus.training.cli import args_from_namespace
 
     parser = build_parser()
     old = parser.parse_args(["train", "vit", "--max_train_steps", "5", "--lr_scheduler", "linear",

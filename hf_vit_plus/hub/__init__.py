@@ -9,7 +9,7 @@ from .._lazy import lazy_attributes
 
 # public name -> the module that defines it, imported when the name is first used
 _LAZY_NAMES = {
-    "validate_card_metadata": ".card",
+    "validate_card_metadata": ".card_metadata",
     "write_model_card": ".card",
     "plot_training_curves": ".figures",
     "HubPushError": ".push",
@@ -17,7 +17,8 @@ _LAZY_NAMES = {
 }
 
 if TYPE_CHECKING:
-    from .card import validate_card_metadata, write_model_card
+    from .card import write_model_card
+    from .card_metadata import validate_card_metadata
     from .figures import plot_training_curves
     from .push import HubPushError, push_checkpoint
 

@@ -16,31 +16,17 @@ from __future__ import annotations
 import argparse
 import logging
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from ..cli_utils import HelpFormatter, checked_number, existing_file, positive_int, unit_interval
 from ..data.images import IMAGE_DATASETS, split_names
 from ..errors import UsageError, load_config
+from ..errors import user_errors as user_input  # the checks of what the user gave
 from ..utils.extras import require
 
 logger = logging.getLogger(__name__)
 
 DESCRIPTION = __doc__.replace("{datasets}", "|".join(IMAGE_DATASETS))
-
-
-@contextmanager
-def user_input() -> Iterator[None]:
-    """Report the `ValueError`s of the checks run on what the user gave (the checkpoint is not a ViT, an image
-    does not fit the model, ...) as `UsageError`s. Wrap only such checks: an error while computing or drawing the
-    figures is a bug and keeps its traceback."""
-    try:
-        yield
-    except UsageError:
-        raise
-    except ValueError as error:
-        raise UsageError(str(error)) from error
 
 
 non_negative_int = checked_number(int, lambda value: value >= 0, "an integer >= 0")  # an index

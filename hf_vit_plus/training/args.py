@@ -2,7 +2,7 @@
 are given: on the command line, in a run file, or from Python.
 
 `hf-vit-plus train FAMILY [RUN_FILE] [flags]` takes one flag per field of the groups that applies to the family
-(`add_training_arguments`), in one section of `--help` per group; flags are written with underscores or dashes
+(`cli.add_training_arguments`), in one section of `--help` per group; flags are written with underscores or dashes
 (`--output_dir`, `--output-dir`), as transformers' `HfArgumentParser` reads them. A run file (`.yaml`, `.json`; e.g.
 the `run_config.yaml` a run writes, `run_file.py`) gives options in place of the flags, and flags given with it
 override it, as the example scripts of transformers take their options from one file. From Python:
@@ -19,8 +19,6 @@ The pre-0.3 names (`RENAMED`) are still accepted: as hidden flags, as keys of a 
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import math
 import os
 import re
@@ -29,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..cli_utils import CommandParser, HelpFormatter, one_of, parse_bool
+from ..cli_utils import one_of
 from ..data.files import is_glob, matching_files
 from ..errors import UsageError, check_exists, check_model_location
 from ..families import FAMILIES as FAMILY_RECORDS
@@ -39,7 +37,6 @@ from .fsdp_config import read_fsdp_config
 from .options import (
     AUTO_AUGMENTS,
     MIXED_PRECISION,
-    OPTION_GROUPS,
     OWN,
     RECIPES,
     RENAMED,
@@ -55,15 +52,12 @@ from .options import (
     OptimizationArguments,
     ParallelismArguments,
     RecipeArguments,
-    applies,
     base_type,
     flag_fields,
     group_fields,
-    help_text,
     option_default,
     option_fields,
 )
-from .run_file import RUN_FILE_SUFFIXES, read_run_file
 
 FAMILIES = tuple(FAMILY_RECORDS)
 
@@ -440,136 +434,6 @@ def check_output_dir(output_dir: str) -> None:
         )
 
 
-# --------------------------------------------------------------------------------------------- the command line
-class FamilyParser(CommandParser):
-    """The parser of `hf-vit-plus train FAMILY`: its RUN_FILE positional keeps a value only when it names a run file
-    (`.yaml`, `.yml`, `.json`); a stray value after an unknown flag stays with that flag in the error."""
-
-    def parse_known_args(self, args=None, namespace=None):
-        namespace, extras = super().parse_known_args(args, namespace)
-        run_file = getattr(namespace, "run_file", None)
-        if extras and run_file and not str(run_file).lower().endswith(RUN_FILE_SUFFIXES):
-            extras = [extras[0], run_file, *extras[1:]]
-            namespace.run_file = None
-        return namespace, extras
-
-
-def add_training_arguments(parser: argparse.ArgumentParser, family: str) -> argparse.ArgumentParser:
-    """Add the options of `family` to `parser`: a run file (positional), --print_config, and one flag per field of
-    the option groups that applies to the family, in one section per group, with the family's defaults and help.
-
-    A flag the command line does not give stays out of the namespace (its default is `argparse.SUPPRESS`): the
-    arguments know which options were given (`TrainingArguments.given`), and the help states each default. The
-    pre-0.3 names (`RENAMED`) are hidden flags with the same destination.
-
-    Args:
-        parser: the parser of `hf-vit-plus train FAMILY`.
-        family: a family id.
-
-    Returns:
-        The parser.
-
-    Raises:
-        ValueError: an unknown family.
-    """
-    if family not in FAMILIES:
-        raise ValueError(f"Unknown family {family!r}; expected one of {FAMILIES}.")
-    record = FAMILY_RECORDS[family]
-    old_names = {new: old for old, new in RENAMED.items()}
-    parser.add_argument(
-        "run_file",
-        nargs="?",
-        default=None,
-        metavar="RUN_FILE",
-        help="a .yaml or .json file of options (e.g. the run_config.yaml a run writes into its output folder); the "
-        "flags given with it override it",
-    )
-    parser.add_argument(
-        "--print_config", action="store_true", help="print the run's resolved options as YAML (a run file) and exit"
-    )
-    for group in OPTION_GROUPS:
-        flags = [f for f in group_fields(group) if applies(f, record)]
-        if not flags:
-            continue
-        section = parser.add_argument_group(group._argument_group_name)
-        for flag in flags:
-            kwargs = _flag_kwargs(flag, record)
-            section.add_argument(f"--{flag.name}", **kwargs)
-            if flag.name in old_names:
-                parser.add_argument(
-                    f"--{old_names[flag.name]}", dest=flag.name, **dict(kwargs, help=argparse.SUPPRESS)
-                )
-    parser.set_defaults(family=family)
-    return parser
-
-
-def _flag_kwargs(flag: dataclasses.Field, record: Family) -> dict[str, Any]:
-    """The `add_argument` keywords of an option's flag on `record`'s command line."""
-    default = option_default(flag, record)
-    text = help_text(flag, record)
-    if default not in (None, False) and "default:" not in text:
-        text += f" (default: {default})".replace("%", "%%")
-    kwargs: dict[str, Any] = dict(default=argparse.SUPPRESS, help=text)
-    kind = base_type(flag)
-    if kind is bool:
-        if default or default is None:  # `--write_card false` switches it off; None: the recipe decides
-            kwargs.update(type=parse_bool, nargs="?", const=True, metavar="{true,false}")
-        else:
-            kwargs.update(action="store_true")
-    else:
-        kwargs.update(type=kind, choices=flag.metadata["choices"])
-        if "nargs" in flag.metadata:
-            kwargs.update(nargs=flag.metadata["nargs"])
-    return kwargs
-
-
-def args_from_namespace(namespace: argparse.Namespace) -> TrainingArguments:
-    """`TrainingArguments` of a namespace parsed by `add_training_arguments`: the run file's options (if one was
-    given), then the flags given on top.
-
-    Args:
-        namespace: the parsed command line.
-
-    Returns:
-        The options.
-
-    Raises:
-        UsageError: a run file that cannot be read, or a bad value.
-    """
-    family = namespace.family
-    values: dict[str, Any] = {}
-    given: dict[str, str] = {}
-    run_file = getattr(namespace, "run_file", None)
-    if run_file:
-        values = read_run_file(run_file, family)
-        given = dict.fromkeys(values, Path(run_file).name)
-    flags = {f.name: getattr(namespace, f.name) for f in flag_fields(family) if hasattr(namespace, f.name)}
-    values.update(flags)
-    given.update({name: f"--{name}" for name in flags})
-    return TrainingArguments(family=family, given=given, run_file=run_file, **values)
-
-
-def parse_args(family: str, argv: list[str] | None = None) -> TrainingArguments:
-    """Parse the command line of `hf-vit-plus train FAMILY`.
-
-    A bad value exits with argparse's error (status 2).
-
-    Args:
-        family: the family whose flags are parsed.
-        argv: the arguments (a run file and flags); None: `sys.argv[1:]`.
-
-    Returns:
-        The parsed options.
-    """
-    parser = FamilyParser(description=f"Train the {family} family with Accelerate.", formatter_class=HelpFormatter)
-    add_training_arguments(parser, family)
-    namespace = parser.parse_args(argv)
-    try:
-        return args_from_namespace(namespace)
-    except UsageError as error:
-        parser.error(str(error))
-
-
 def family_arguments(family: str, **values) -> TrainingArguments:
     """`TrainingArguments` of `family` with `values`; the options left out take the family's defaults.
 
@@ -599,14 +463,10 @@ def family_arguments(family: str, **values) -> TrainingArguments:
 __all__ = [
     "FAMILIES",
     "OWN",
-    "FamilyParser",
     "RENAMED",
     "TrainingArguments",
-    "add_training_arguments",
-    "args_from_namespace",
     "base_type",
     "check_values",
     "family_arguments",
     "flag_fields",
-    "parse_args",
 ]

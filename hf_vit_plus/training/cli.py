@@ -9,18 +9,23 @@ on top; --print_config prints the run's resolved options and exits.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
-from ..cli_utils import HelpFormatter
+from ..cli_utils import CommandParser, HelpFormatter, parse_bool
 from ..data.number_words import number_to_words
-from ..errors import UsageError
-from ..families import FAMILIES
+from ..errors import UsageError, check_model_location
+from ..families import FAMILIES, Family
 from ..utils.extras import require
-from .args import FamilyParser, TrainingArguments, add_training_arguments, args_from_namespace, family_arguments
+from .args import FAMILIES as FAMILY_IDS
+from .args import TrainingArguments, family_arguments
+from .options import OPTION_GROUPS, RENAMED, applies, base_type, flag_fields, group_fields, help_text, option_default
+from .run_file import RUN_FILE_SUFFIXES, read_run_file
 
 # the command's description: the module's, with the families of `hf_vit_plus.families`
 DESCRIPTION = __doc__.replace("{families}", "{" + ",".join(FAMILIES) + "}")
@@ -79,6 +84,138 @@ def add_parser(subparsers) -> None:
     demo.set_defaults(func=run_demo)
 
 
+# ------------------------------------------------------------------------------------- the options' command line
+# The flags of `hf-vit-plus train FAMILY`, one section of `--help` per option group, made from the groups and read
+# into `TrainingArguments` (the module's docstring is the command's description).
+class FamilyParser(CommandParser):
+    """The parser of `hf-vit-plus train FAMILY`: its RUN_FILE positional keeps a value only when it names a run file
+    (`.yaml`, `.yml`, `.json`); a stray value after an unknown flag stays with that flag in the error."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        run_file = getattr(namespace, "run_file", None)
+        if extras and run_file and not str(run_file).lower().endswith(RUN_FILE_SUFFIXES):
+            extras = [extras[0], run_file, *extras[1:]]
+            namespace.run_file = None
+        return namespace, extras
+
+
+def add_training_arguments(parser: argparse.ArgumentParser, family: str) -> argparse.ArgumentParser:
+    """Add the options of `family` to `parser`: a run file (positional), --print_config, and one flag per field of
+    the option groups that applies to the family, in one section per group, with the family's defaults and help.
+
+    A flag the command line does not give stays out of the namespace (its default is `argparse.SUPPRESS`): the
+    arguments know which options were given (`TrainingArguments.given`), and the help states each default. The
+    pre-0.3 names (`RENAMED`) are hidden flags with the same destination.
+
+    Args:
+        parser: the parser of `hf-vit-plus train FAMILY`.
+        family: a family id.
+
+    Returns:
+        The parser.
+
+    Raises:
+        ValueError: an unknown family.
+    """
+    if family not in FAMILY_IDS:
+        raise ValueError(f"Unknown family {family!r}; expected one of {FAMILY_IDS}.")
+    record = FAMILIES[family]
+    old_names = {new: old for old, new in RENAMED.items()}
+    parser.add_argument(
+        "run_file",
+        nargs="?",
+        default=None,
+        metavar="RUN_FILE",
+        help="a .yaml or .json file of options (e.g. the run_config.yaml a run writes into its output folder); the "
+        "flags given with it override it",
+    )
+    parser.add_argument(
+        "--print_config", action="store_true", help="print the run's resolved options as YAML (a run file) and exit"
+    )
+    for group in OPTION_GROUPS:
+        flags = [f for f in group_fields(group) if applies(f, record)]
+        if not flags:
+            continue
+        section = parser.add_argument_group(group._argument_group_name)
+        for flag in flags:
+            kwargs = _flag_kwargs(flag, record)
+            section.add_argument(f"--{flag.name}", **kwargs)
+            if flag.name in old_names:
+                parser.add_argument(
+                    f"--{old_names[flag.name]}", dest=flag.name, **dict(kwargs, help=argparse.SUPPRESS)
+                )
+    parser.set_defaults(family=family)
+    return parser
+
+
+def _flag_kwargs(flag: dataclasses.Field, record: Family) -> dict[str, Any]:
+    """The `add_argument` keywords of an option's flag on `record`'s command line."""
+    default = option_default(flag, record)
+    text = help_text(flag, record)
+    if default not in (None, False) and "default:" not in text:
+        text += f" (default: {default})".replace("%", "%%")
+    kwargs: dict[str, Any] = dict(default=argparse.SUPPRESS, help=text)
+    kind = base_type(flag)
+    if kind is bool:
+        if default or default is None:  # `--write_card false` switches it off; None: the recipe decides
+            kwargs.update(type=parse_bool, nargs="?", const=True, metavar="{true,false}")
+        else:
+            kwargs.update(action="store_true")
+    else:
+        kwargs.update(type=kind, choices=flag.metadata["choices"])
+        if "nargs" in flag.metadata:
+            kwargs.update(nargs=flag.metadata["nargs"])
+    return kwargs
+
+
+def args_from_namespace(namespace: argparse.Namespace) -> TrainingArguments:
+    """`TrainingArguments` of a namespace parsed by `add_training_arguments`: the run file's options (if one was
+    given), then the flags given on top.
+
+    Args:
+        namespace: the parsed command line.
+
+    Returns:
+        The options.
+
+    Raises:
+        UsageError: a run file that cannot be read, or a bad value.
+    """
+    family = namespace.family
+    values: dict[str, Any] = {}
+    given: dict[str, str] = {}
+    run_file = getattr(namespace, "run_file", None)
+    if run_file:
+        values = read_run_file(run_file, family)
+        given = dict.fromkeys(values, Path(run_file).name)
+    flags = {f.name: getattr(namespace, f.name) for f in flag_fields(family) if hasattr(namespace, f.name)}
+    values.update(flags)
+    given.update({name: f"--{name}" for name in flags})
+    return TrainingArguments(family=family, given=given, run_file=run_file, **values)
+
+
+def parse_args(family: str, argv: list[str] | None = None) -> TrainingArguments:
+    """Parse the command line of `hf-vit-plus train FAMILY`.
+
+    A bad value exits with argparse's error (status 2).
+
+    Args:
+        family: the family whose flags are parsed.
+        argv: the arguments (a run file and flags); None: `sys.argv[1:]`.
+
+    Returns:
+        The parsed options.
+    """
+    parser = FamilyParser(description=f"Train the {family} family with Accelerate.", formatter_class=HelpFormatter)
+    add_training_arguments(parser, family)
+    namespace = parser.parse_args(argv)
+    try:
+        return args_from_namespace(namespace)
+    except UsageError as error:
+        parser.error(str(error))
+
+
 def run_train(namespace: argparse.Namespace) -> int:
     """Train a family with Accelerate (`hf-vit-plus train FAMILY`), after checking what the arguments point to.
 
@@ -100,7 +237,7 @@ def run_train(namespace: argparse.Namespace) -> int:
     check_inputs(args)
     if namespace.print_config:
         from .plan import preview_plan
-        from .run_config import run_config_text
+        from .run_file import run_config_text
         from .tasks import get_task
 
         with user_errors():
@@ -133,8 +270,15 @@ def check_inputs(args: TrainingArguments) -> None:
             resolve_checkpoint(args.resume_from_checkpoint, args.output_dir)
         except (FileNotFoundError, ValueError) as error:  # missing folder, or not a training checkpoint
             raise UsageError(str(error)) from error
-    config_class = get_task(args.family).config_class_for(args)  # also checks --model_name_or_path / --config_name
-    check_config_overrides(config_class, parse_overrides(args.config_overrides))
+    task = get_task(args.family)
+    # a saved config is read once a run, by the plan, which checks the keys against its class then: here only its
+    # location; the class of a fresh config (or of a --config_name preset, checked here) is known now
+    if args.model_name_or_path:
+        check_model_location(args.model_name_or_path, "--model_name_or_path")
+    elif args.config_name and not task.is_preset(args.config_name):
+        check_model_location(args.config_name, "--config_name")
+    else:
+        check_config_overrides(task.config_class_for(args), parse_overrides(args.config_overrides))
 
 
 def run_demo(namespace: argparse.Namespace) -> int:

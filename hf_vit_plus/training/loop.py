@@ -8,9 +8,10 @@ first lines of a run say what is in effect (`plan.describe`).
 Order (as in Accelerate's examples): Accelerator -> set_seed -> data under `main_process_first` -> model ->
 optimiser groups -> `prepare` -> `accumulate` -> `gather_for_metrics` -> save on the main process with
 `unwrap_model(...).save_pretrained`. `train` reads as these steps: `decide_launch` (what the Accelerator is built
-from, `plan.py`), `create_accelerator`, the output folder's lock, `plan_the_run` (the checkpoint to resume, the data,
-then `build_plan`: every value of the run decided once, into a frozen `RunPlan`; its options are written to
-OUTPUT_DIR/run_config.yaml), `prepare_run` (model, loaders, optimiser, schedule: a `Run`), `restore_progress`,
+from, `plan.py`), `create_accelerator` (`setup.py`), the output folder's lock, `plan_the_run` (the checkpoint to
+resume, the data, then `build_plan`: every value of the run decided once, into a frozen `RunPlan`; its options are
+written to OUTPUT_DIR/run_config.yaml), `prepare_run` (`setup.py`: model, loaders, optimiser, schedule: a `Run`),
+`restore_progress`,
 `run_epochs` (`train_epoch` -> `training_step` and `after_update`; `end_epoch`), then `finish` (final evaluation and
 `outputs.save_final`) or `stop_early`. From the plan on, the loop reads the plan only (`Run.options` are its
 resolved options), never the arguments it was given. What differs between the families is in `tasks/`; the
@@ -31,15 +32,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
-import os
 import signal
 import time
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from datetime import timedelta
 from itertools import count
 from pathlib import Path
 from typing import Any
@@ -47,56 +45,45 @@ from typing import Any
 import torch
 from accelerate import Accelerator, PartialState
 from accelerate.utils import (
-    DataLoaderConfiguration,
-    InitProcessGroupKwargs,
-    ProjectConfiguration,
     broadcast_object_list,
     gather_object,
     send_to_device,
     set_seed,
 )
-from torch.utils.data import DataLoader
 
-from ..data.pipeline import IndexSource, ResumableLoader, StreamSource
-from ..errors import UsageError
-from ..models.compat import enable_activation_checkpointing
+from ..data.pipeline import ResumableLoader
+from ..errors import UsageError, user_errors
 from ..utils.logging import tqdm
 from .args import TrainingArguments
-from .budget import TrainingClock, follow_the_clock
 from .checkpoints import (
     STATE_FORMAT,
     check_same_layout,
-    check_same_model,
-    model_fingerprint,
     save_checkpoint,
 )
 from .disk import UNLIMITED_CHECKPOINTS_CHECKED, checkpoint_bytes, tensor_bytes, warn_if_short_of_space
-from .ema import ModelEma
 from .learning import DivergenceGuard, LearningCheck, check_learning
 from .outputs import check_push_target, prefixed_metrics, save_final
 from .peers import peers_answer
 from .plan import Launch, ResumePoint, RunPlan, build_plan, decide_launch, describe, resume_point
-from .run_config import write_run_config
+from .run_file import write_run_config
 from .run_lock import output_dir_lock
+from .setup import (
+    Run,
+    create_accelerator,
+    prepare_run,
+    tracker_names,
+)
 from .sharding import (
     CHECKPOINT_LAYOUTS,
     DEEPSPEED_STATE_REFUSAL,
-    WeightsFromMainProcess,
     checkpoint_layout,
-    deepspeed_plugin,
-    fsdp_plugin,
-    honour,
     is_zero3,
-    keep_environment,
     local_share,
-    prepare_model,
-    refuse_before_start,
     reload_sharded_optimizer,
     trained_model,
     units,
 )
-from .tasks import TrainingData, TrainingTask, get_task, weights_from_main_process
-from .tasks.base import UnitBatches
+from .tasks import TrainingData, TrainingTask, get_task
 
 
 class _LocalMainProcessLogger(logging.LoggerAdapter):
@@ -135,52 +122,6 @@ class TrainResult:
 
 
 # ----------------------------------------------------------------------------------------------------- the loop
-@dataclass
-class Run:
-    """What the epochs need, built once by `prepare_run` (model, optimiser, scheduler and loaders prepared)."""
-
-    accelerator: Accelerator
-    plan: RunPlan  # the run's decisions (`plan.py`): all the loop reads of the run's options
-    family: TrainingTask
-    data: TrainingData
-    model: Any
-    processor: Any  # image processor or tokenizer saved with the model; None when the model needs none (image-lm)
-    optimizer: Any
-    scheduler: Any
-    train_dataloader: Any
-    eval_dataloader: Any
-    fingerprint: dict  # `model_fingerprint` of the model's config, recorded in each training state
-    extras: dict = field(default_factory=dict)  # what the family's loss needs besides the model (a teacher)
-    ema: ModelEma | None = None  # the average of the weights (--ema_decay): evaluated and saved as the model
-    clock: TrainingClock = field(default_factory=TrainingClock)  # training seconds; --max_train_minutes's budget
-    weights_from_main: bool = False  # cpu_ram_efficient_loading: the main process read the weights, sent them on
-
-    @property
-    def options(self) -> TrainingArguments:
-        """The run's options, as the plan resolved them."""
-        return self.plan.options
-
-    @property
-    def total_steps(self) -> int:
-        return self.plan.total_steps
-
-    @property
-    def num_epochs(self) -> int | None:
-        return self.plan.num_epochs
-
-    @property
-    def batches_per_epoch(self) -> int | None:
-        """The training batches of an epoch per process; None when not known in advance (a stream, token budgets)."""
-        loader = self.train_dataloader
-        if isinstance(loader, ResumableLoader):
-            return loader.batches_per_epoch
-        return len(loader)
-
-    @property
-    def output_dir(self) -> Path:
-        return Path(self.plan.options.output_dir)
-
-
 class RunningTokens:
     """The real and padded tokens of the training batches since the last log line, summed over processes when read:
     the padding fraction the run logs for text."""
@@ -284,245 +225,45 @@ def _train(args: TrainingArguments, family: TrainingTask, launch: Launch, accele
 
 
 def plan_the_run(
-    accelerator: Accelerator, args: TrainingArguments, family: TrainingTask, launch: Launch | None = None
+    accelerator: Accelerator, args: TrainingArguments, family: TrainingTask, launch: Launch
 ) -> tuple[RunPlan, TrainingData]:
     """The checkpoint to resume, the data (on the main process first, so that caches are written once), then the
-    plan (`plan.build_plan`), with the Accelerator's processes and precision.
+    plan (`plan.build_plan`), with the Accelerator's processes; the launch the Accelerator was built from is the
+    plan's (decided once a run).
 
     Args:
         accelerator: the run's Accelerator.
         args: the run's options.
         family: the family's training task.
-        launch: `plan.decide_launch(args, family)`, if made already.
+        launch: `plan.decide_launch(args, family)`, which the Accelerator was built from.
 
     Returns:
         The plan and the data.
     """
-    launch = launch or decide_launch(args, family)
     resume, processor_from = resume_point(args, family)
     with accelerator.main_process_first():
         data = family.load_data(args)
-    plan = build_plan(args, family, launch, data, accelerator.num_processes, accelerator.mixed_precision, resume,
-                      processor_from)  # fmt: skip
+    plan = build_plan(args, family, launch, data, accelerator.num_processes, resume, processor_from)
     return plan, data
 
 
-@contextmanager
-def user_errors() -> Iterator[None]:
-    """Turn the `ValueError`s raised while a run is prepared (reading the user's data, building the config and
-    model from the user's values, sizing the loaders) into `UsageError`s, which the command line reports as one line
-    with exit status 2 before any training; Python callers still get a `ValueError`. (Paths that do not exist are
-    found before, by `TrainingArguments.check_paths`.)"""
-    try:
-        yield
-    except UsageError:
-        raise
-    except ValueError as error:
-        raise UsageError(str(error)) from error
-
-
-def create_accelerator(args: TrainingArguments, launch: Launch | None = None) -> Accelerator:
-    """The run's Accelerator, doing what the launch says (FSDP on CPU too), or a `UsageError` naming what cannot be
-    honoured (`sharding.refuse_before_start`, `sharding.honour`).
+def set_up_run(args: TrainingArguments, family: TrainingTask | None = None) -> Run:
+    """A run set up as `train` sets it up, one plan for it (the launch, the Accelerator, the plan, then the model,
+    loaders, optimiser and schedule prepared), without the output folder's lock and before any update: for the tests
+    and benchmarks that look at a prepared run.
 
     Args:
         args: the run's options.
-        launch: `plan.decide_launch(args, task)`; decided here when not given.
+        family: the family's training task (default: `args.family`'s).
 
     Returns:
-        The Accelerator.
+        The run.
     """
-    launch = launch or decide_launch(args, get_task(args.family))
-    request, on_cpu = launch.request, launch.on_cpu
-    output_dir = Path(args.output_dir)
-    # Without an accelerator device, say so: then `accelerate launch --multi_gpu` / torchrun processes join one gloo
-    # group on CPU instead of each training alone.
-    refuse_before_start(request, on_cpu)
-    plugin = fsdp_plugin(request)
-    zero = deepspeed_plugin(request, args, on_cpu)
-    # --ddp_timeout: how long a collective operation waits for a process that stopped answering
-    group = {"timeout": timedelta(seconds=args.ddp_timeout)}
-    if zero is not None and on_cpu:
-        # DeepSpeed on CPU processes: not Accelerator(cpu=True), which sets up DDP instead (so does a launcher's
-        # use_cpu), but DeepSpeed's CPU accelerator over gloo
-        group["backend"] = "gloo"
-    handlers = [InitProcessGroupKwargs(**group)]
-    with keep_environment("ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED", "ACCELERATE_USE_CPU"):
-        if zero is not None:
-            os.environ.pop("ACCELERATE_USE_CPU", None)
-        accelerator = Accelerator(
-            cpu=on_cpu and zero is None,
-            fsdp_plugin=plugin,
-            deepspeed_plugin=zero,
-            kwargs_handlers=handlers,
-            mixed_precision=launch.mixed_precision,
-            gradient_accumulation_steps=args.gradient_accumulation_steps,
-            log_with=_trackers(args.report_to),
-            project_config=ProjectConfiguration(project_dir=str(output_dir), logging_dir=str(output_dir / "logs")),
-            # Data order depends on (seed, epoch) only: the same on every process, and again after a resume.
-            dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=args.seed),
-            # The schedule counts optimiser updates, whatever the number of processes (see `training_step`).
-            step_scheduler_with_optimizer=False,
-        )
-    honour(accelerator, request, plugin)
-    return accelerator
-
-
-def prepare_run(
-    accelerator: Accelerator,
-    plan: RunPlan | TrainingArguments,
-    family: TrainingTask,
-    data: TrainingData | None = None,
-) -> Run:
-    """Model and processor (on the main process first, so that caches are written once), then the loaders,
-    optimiser and schedule of the plan, all through `accelerator.prepare`. Given arguments, it plans them first
-    (`plan_the_run`, loading the data).
-
-    Args:
-        accelerator: the run's Accelerator.
-        plan: the run's plan, or its options.
-        family: the family's training task.
-        data: the run's data (`plan_the_run` gives both).
-
-    Returns:
-        The run, ready for its first update.
-    """
-    if isinstance(plan, TrainingArguments):
-        plan, data = plan_the_run(accelerator, plan, family)
-    options, resume = plan.options, plan.resume
-    # fsdp_cpu_ram_efficient_loading: only the main process reads the pretrained weights; the others build the model
-    # on the meta device and receive their shards (`WeightsFromMainProcess`). A fresh model is built everywhere.
-    from_main = accelerator.is_fsdp2 and plan.weights_from_main_process
-    with accelerator.main_process_first():
-        with weights_from_main_process(from_main and not accelerator.is_main_process):
-            model, processor = family.build(plan, data)
-        datasets = family.transform(data, processor, model, plan)
-        data = dataclasses.replace(data, baselines={**family.measure_baselines(data, datasets), **data.baselines})
-    if options.lora_r is not None:  # the base frozen, an adapter (and a new head) trained: saved as an adapter folder
-        from .lora import add_lora
-
-        model = add_lora(model, options.family, options.lora_r, options.lora_alpha, options.lora_target_modules,
-                         options.lora_dropout)  # fmt: skip
-    fingerprint = model_fingerprint(model.config)
-    if resume is not None:
-        check_same_model(resume.state, family.name, fingerprint, resume.path)
-    if plan.launch.activation_checkpointing:
-        if not getattr(model, "supports_gradient_checkpointing", False):
-            raise ValueError(f"{type(model).__name__} does not support --activation_checkpointing.")
-        # under FSDP2 the recomputed forward runs inside the unit's gathered parameters: non-reentrant checkpoints
-        enable_activation_checkpointing(model, {"use_reentrant": False} if accelerator.is_fsdp2 else None)
-    weights = WeightsFromMainProcess(accelerator, model) if from_main else None
-    if accelerator.is_fsdp2:
-        prepare_model(accelerator, model)  # the units, and the tied weights sharded together: before the optimiser
-
-    unit_recipe = family.unit_batches(data, processor, model, plan)
-    optimizer = family.create_optimizer(model, plan)
-    if unit_recipe is None:
-        loaders = make_dataloaders(options, datasets, family.collate_fn(processor))
-        train_dataloader, eval_dataloader = accelerator.prepare(*loaders)
-    else:  # a stream, a token budget, images from files: batches made in the workers, placed on the device here
-        train_dataloader = resumable_loader(plan, data, unit_recipe, accelerator)
-        eval_dataloader = accelerator.prepare(make_eval_dataloader(options, datasets, family.collate_fn(processor)))
-    # the plan counted the updates from the examples: the loader's batches give the same
-    batches = len(train_dataloader) if unit_recipe is None else train_dataloader.batches_per_epoch
-    per_epoch = None if batches is None else math.ceil(batches / options.gradient_accumulation_steps)
-    assert per_epoch == plan.updates_per_epoch, (batches, plan.updates_per_epoch)
-    scheduler = family.create_scheduler(optimizer, plan)
-    clock = TrainingClock(options.max_train_minutes)
-    if options.max_train_minutes:
-        scheduler = follow_the_clock(scheduler, plan.total_steps, clock)
-    if weights is not None:  # sharded, then the main process's weights sent to the others
-        model, optimizer, scheduler = weights.prepare(model, optimizer, scheduler)
-    else:
-        model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    if options.torch_compile:
-        # In place (`nn.Module.compile`: the module's call is compiled, the module stays itself), after Accelerate's
-        # wrapping (its autocast is traced in): the saved model, the training states and the EMA keep the model's
-        # own parameter names. (`torch.compile(model)` returns a wrapper whose names start with `_orig_mod.`, and
-        # Accelerate's `unwrap_model` keeps it: a model saved that way loads as untrained weights.)
-        model.compile()
-    ema = None
-    if options.ema_decay:
-        if accelerator.is_fsdp2 or is_zero3(accelerator):
-            raise UsageError("--ema_decay averages whole weights: it cannot be combined with FSDP or ZeRO-3 sharding.")
-        ema = ModelEma(accelerator.unwrap_model(model), options.ema_decay)
-        accelerator.register_for_checkpointing(ema)  # saved with each training state, restored on resume
-    return Run(
-        accelerator=accelerator,
-        plan=plan,
-        family=family,
-        data=data,
-        model=model,
-        processor=processor,
-        optimizer=optimizer,
-        scheduler=scheduler,
-        train_dataloader=train_dataloader,
-        eval_dataloader=eval_dataloader,
-        fingerprint=fingerprint,
-        extras=family.extras(plan, model, accelerator),
-        ema=ema,
-        clock=clock,
-        weights_from_main=weights is not None,
-    )
-
-
-def make_dataloaders(args: TrainingArguments, datasets, collate) -> tuple[DataLoader, DataLoader]:
-    """The training loader (shuffled with the run's seed, full batches only: `plan.build_plan` checked that there is
-    one global batch) and the evaluation loader."""
-    train_dataloader = DataLoader(
-        datasets["train"],
-        batch_size=args.per_device_train_batch_size,
-        shuffle=True,
-        drop_last=True,  # every process and every update sees full batches: N processes == one with N x the batch
-        collate_fn=collate,
-        num_workers=args.dataloader_num_workers,
-        generator=torch.Generator().manual_seed(args.seed),
-    )
-    return train_dataloader, make_eval_dataloader(args, datasets, collate)
-
-
-def make_eval_dataloader(args: TrainingArguments, datasets, collate) -> DataLoader:
-    """The evaluation loader: the validation split in order, every example once."""
-    return DataLoader(
-        datasets["validation"],
-        batch_size=args.per_device_eval_batch_size,
-        collate_fn=collate,
-        num_workers=args.dataloader_num_workers,
-    )
-
-
-def resumable_loader(
-    plan: RunPlan, data: TrainingData, recipe: UnitBatches, accelerator: Accelerator
-) -> ResumableLoader:
-    """The training loader of a stream, a token budget or images from files (`data.pipeline.ResumableLoader`): this
-    process's part of the data (`StreamSource` of the stream, or `IndexSource` of the training split with its images
-    undecoded) made into batches unit by unit, with the plan's loader settings.
-
-    Args:
-        plan: the run's plan.
-        data: the run's data.
-        recipe: how the family makes the batches (`TrainingTask.unit_batches`).
-        accelerator: the run's Accelerator (this process's rank, the processes).
-
-    Returns:
-        The loader.
-    """
-    from ..data.image_files import undecoded
-
-    options, settings = plan.options, plan.data
-    rank, world = accelerator.process_index, accelerator.num_processes
-    if data.stream is not None:
-        source = StreamSource(data.stream.dataset, seed=options.seed, buffer_size=settings.shuffle_buffer_size,
-                              rank=rank, world_size=world, unit_size=recipe.unit_size, drop_last=recipe.whole_batches,
-                              held_out=data.stream.held_out)  # fmt: skip
-        batches = None
-    else:
-        source = IndexSource(undecoded(data.raw["train"]), seed=options.seed, rank=rank, world_size=world,
-                             unit_size=recipe.unit_size, whole_batches=recipe.whole_batches)  # fmt: skip
-        batches = source.units_per_epoch if recipe.whole_batches else None
-    return ResumableLoader(source, recipe.make, seed=options.seed, num_workers=settings.num_workers,
-                           pin_memory=settings.pin_memory, persistent_workers=settings.persistent_workers,
-                           prefetch_factor=settings.prefetch_factor, batches_per_epoch=batches)  # fmt: skip
+    family = family or get_task(args.family)
+    launch = decide_launch(args, family)
+    accelerator = create_accelerator(args, launch)
+    plan, data = plan_the_run(accelerator, args, family, launch)
+    return prepare_run(accelerator, plan, family, data)
 
 
 def restore_progress(run: Run, resume: ResumePoint | None) -> Progress:
@@ -574,7 +315,7 @@ def restore_progress(run: Run, resume: ResumePoint | None) -> Progress:
 def announce(run: Run) -> None:
     """Start the trackers and print what is trained on what."""
     accelerator, options = run.accelerator, run.options
-    if _trackers(options.report_to):
+    if tracker_names(options.report_to):
         accelerator.init_trackers(options.project_name or f"hf_vit_plus-{run.family.name}", config=_hparams(options))
     world = accelerator.num_processes
     sharded = ""
@@ -891,6 +632,10 @@ def evaluate_run(run: Run) -> dict[str, float]:
 def evaluate(accelerator: Accelerator, model, dataloader, family: TrainingTask) -> dict[str, float]:
     """Per-example outputs of every process, gathered without the padding `even_batches` adds."""
     model.eval()
+    if getattr(dataloader, "generator", None) is not None:
+        # the seed a loader without a generator of its own draws from the global random state each pass: the random
+        # state dropout reads next is that of a run with any number of workers, resumed or not (`make_eval_dataloader`)
+        torch.empty((), dtype=torch.int64).random_()
     chunks: dict[str, list[torch.Tensor]] = defaultdict(list)
     bar = tqdm(dataloader, desc="evaluating", leave=False, disable=not accelerator.is_local_main_process)
     with torch.no_grad():
@@ -919,14 +664,6 @@ def stop_on_sigterm(accelerator: Accelerator) -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
-
-
-def _trackers(report_to: str | None):
-    if report_to is None or report_to.lower() == "none":
-        return None
-    if report_to == "all":
-        return "all"
-    return [name.strip() for name in report_to.split(",") if name.strip()]
 
 
 def _hparams(options: TrainingArguments) -> dict:

@@ -15,8 +15,8 @@ value (`RunPlan.chosen_by`, the first lines of the run):
 - the rest (`build_plan`, once the data is loaded, before any model is built): a built-in data set's epochs, the run's
   length, the recipe's values for this data and run (`recipes.run_recipe_values`), the schedule 'auto' names, the
   warm-up, the optimizer and the schedule (transformers' `get_scheduler`, its peak at --learning_rate), the model
-  config fields the recipe sets, and how the data is read (`DataPlan`: a stream or not, batches of examples or of
-  tokens, the loader's workers and their settings).
+  config (built once by the task, with the fields the recipe sets on it), and how the data is read (`DataPlan`: a
+  stream or not, batches of examples or of tokens, the loader's workers and their settings).
 
 The Accelerator needs a process group before the folder is locked and the data read (under `main_process_first`), so
 the launch is decided first and the rest with it in `build_plan`; `preview_plan` plans without an Accelerator
@@ -66,8 +66,8 @@ class Launch:
     Attributes:
         request: the sharding asked for, by the options and the launcher.
         on_cpu: whether the run trains on the CPU (--use_cpu, or no accelerator device here).
-        mixed_precision: the precision given to the Accelerator; None leaves it to Accelerate (the launcher's).
-        precision: the precision the run trains in ("no", "bf16", "fp16").
+        precision: the precision the run trains in ("no", "bf16", "fp16"): the one field that holds it (the
+            Accelerator is built from it, `mixed_precision`; the resolved --mixed_precision is it).
         precision_from: who chose it: "--mixed_precision", "the launcher", "--recipe deit", "the default", ...
         activation_checkpointing: whether the model recomputes its activations in the backward pass.
         checkpointing_from: who asked for activation checkpointing (None: off).
@@ -75,7 +75,6 @@ class Launch:
 
     request: ParallelismRequest
     on_cpu: bool
-    mixed_precision: str | None
     precision: str
     precision_from: str
     activation_checkpointing: bool = False
@@ -85,6 +84,12 @@ class Launch:
     def sharded(self) -> bool:
         """Whether FSDP or DeepSpeed shards the run (they then keep their own precision settings)."""
         return _sharded(self.request)
+
+    @property
+    def mixed_precision(self) -> str | None:
+        """The precision given to the Accelerator: None where Accelerate has it already (the launcher's, an earlier
+        run's in this process) or its default is the run's."""
+        return None if self.precision_from in _ACCELERATE_PRECISION else self.precision
 
 
 @dataclass(frozen=True)
@@ -157,6 +162,15 @@ class DataPlan:
     prefetch_factor: int | None = None
     eval_from: str = ""
 
+    @property
+    def loader_settings(self) -> dict[str, Any]:
+        """The keyword arguments of every loader the run builds, training and evaluation (torch refuses the worker
+        settings without workers)."""
+        settings: dict[str, Any] = dict(num_workers=self.num_workers, pin_memory=self.pin_memory)
+        if self.num_workers:
+            settings.update(persistent_workers=self.persistent_workers, prefetch_factor=self.prefetch_factor)
+        return settings
+
 
 def fixed_length_examples(family: str) -> bool:
     """Whether a family's training examples all have one length (the language model's blocks of --block_size): a
@@ -219,8 +233,10 @@ class RunPlan:
         total_steps: the updates of the run.
         optimizer: the optimizer to build.
         schedule: the learning-rate schedule to build.
-        config_fields: model config fields the run sets (e.g. the recipe's stochastic depth) -> value.
-        config_fields_from: config field -> who chose it.
+        model_config: the run's model config (`TrainingTask.model_config`: saved or fresh, the data's fields,
+            --config_overrides, then the fields the run sets), which `TrainingTask.build` instantiates; None for a
+            family that builds it with its processor (a tokenizer trained on the data).
+        config_fields_from: config field the run sets (e.g. the recipe's stochastic depth) -> who chose it.
         resume: the training state to resume from, if any.
         processor_from: where the processor comes from when the plan chose it (the resumed checkpoint's).
         data: how the training data is read.
@@ -235,11 +251,16 @@ class RunPlan:
     total_steps: int
     optimizer: OptimizerSpec
     schedule: ScheduleSpec
-    config_fields: Mapping[str, Any] = field(default_factory=dict)
+    model_config: Any = None
     config_fields_from: Mapping[str, str] = field(default_factory=dict)
     resume: ResumePoint | None = None
     processor_from: str | None = None
     data: DataPlan = field(default_factory=DataPlan)
+
+    @property
+    def config_fields(self) -> dict[str, Any]:
+        """The model config fields the run sets -> value."""
+        return {name: getattr(self.model_config, name) for name in self.config_fields_from}
 
     @property
     def request(self) -> ParallelismRequest:
@@ -336,7 +357,7 @@ def decide_launch(options: TrainingArguments, task) -> Launch:
     """
     request = parallelism_request(options.fsdp, options.fsdp_options)
     on_cpu = trains_on_cpu(options)
-    mixed_precision, precision, precision_from = _decide_precision(options, task, request, on_cpu)
+    precision, precision_from = _decide_precision(options, task, request, on_cpu)
     checkpointing_from = None
     asked_by = None
     if request.activation_checkpointing:
@@ -348,34 +369,35 @@ def decide_launch(options: TrainingArguments, task) -> Launch:
             checkpointing_from = asked_by
     elif asked_by:
         checkpointing_from = asked_by
-    return Launch(request, on_cpu, mixed_precision, precision, precision_from, checkpointing_from is not None,
-                  checkpointing_from)  # fmt: skip
+    return Launch(request, on_cpu, precision, precision_from, checkpointing_from is not None, checkpointing_from)
 
 
 def _decide_precision(options: TrainingArguments, task, request: ParallelismRequest, on_cpu: bool):
-    """(the precision for the Accelerator or None, the precision trained in, who chose it): --mixed_precision, else
-    the launcher's, else an earlier run of this process's (Accelerate's state is process-wide and refuses another
-    precision once set), else --recipe's, else Accelerate's default. A run file's value that is the one the plan
-    would choose anyway is that choice's."""
+    """(the precision trained in, who chose it): --mixed_precision, else the launcher's, else an earlier run of this
+    process's (Accelerate's state is process-wide and refuses another precision once set), else --recipe's, else
+    Accelerate's default. A run file's value that is the one the plan would choose anyway is that choice's."""
     given = options.mixed_precision
     if given is not None and not _from_run_file(options, "mixed_precision"):
-        return given, given, options.given.get("mixed_precision", "--mixed_precision")
-    value, precision, source = _precision_choice(options, task, request, on_cpu)
+        return given, options.given.get("mixed_precision", "--mixed_precision")
+    precision, source = _precision_choice(options, task, request, on_cpu)
     if given is None or given == precision:
-        return (value if given is None else given), precision, source
-    return given, given, options.given["mixed_precision"]
+        return precision, source
+    return given, options.given["mixed_precision"]
 
 
-def _precision_choice(
-    options: TrainingArguments, task, request: ParallelismRequest, on_cpu: bool
-) -> tuple[str | None, str, str]:
+# who chose a precision that Accelerate holds without being told (`Launch.mixed_precision`)
+_LAUNCHER, _EARLIER_RUN = "the launcher", "an earlier run in this process"
+_ACCELERATE_PRECISION = (_LAUNCHER, _EARLIER_RUN, THE_DEFAULT)
+
+
+def _precision_choice(options: TrainingArguments, task, request: ParallelismRequest, on_cpu: bool) -> tuple[str, str]:
     from accelerate.state import AcceleratorState, is_initialized
 
     launcher = os.environ.get("ACCELERATE_MIXED_PRECISION")
     if launcher:
-        return None, launcher, "the launcher"
+        return launcher, _LAUNCHER
     if is_initialized():
-        return None, AcceleratorState().mixed_precision, "an earlier run in this process"
+        return AcceleratorState().mixed_precision, _EARLIER_RUN
     device = "cpu" if on_cpu else torch.accelerator.current_accelerator().type
     sharded = _sharded(request)
     value = recipe_mixed_precision(options.recipe, device, sharded=sharded)
@@ -389,8 +411,8 @@ def _precision_choice(
                 "backward on the CPU gives non-finite gradients"
             )
     if value:
-        return value, value, chosen_by
-    return None, "no", THE_DEFAULT
+        return value, chosen_by
+    return "no", THE_DEFAULT
 
 
 # ------------------------------------------------------------------------------------------------------ the resume
@@ -436,7 +458,6 @@ def build_plan(
     launch: Launch,
     data,
     world_size: int,
-    precision: str | None = None,
     resume: ResumePoint | None = None,
     processor_from: str | None = None,
 ) -> RunPlan:
@@ -448,7 +469,6 @@ def build_plan(
         launch: `decide_launch(options, task)`.
         data: the run's data (`TrainingTask.load_data`).
         world_size: the processes of the run.
-        precision: the precision the Accelerator trains in (default: the launch's).
         resume: the training state to resume, if any (`resume_point`).
         processor_from: the resumed checkpoint's processor, if the plan takes it (`resume_point`).
 
@@ -517,15 +537,17 @@ def build_plan(
     # the recipe scales with the run's share of DeiT's epochs: a stream's run counts as large data, DeiT's whole budget
     epochs = total_steps / per_epoch if per_epoch else DEIT_EPOCHS
 
+    # the model's config, built once (None where the task builds it with its processor): the recipe reads it
+    config = task.model_config(options, data)
     # the recipe's values for this data and run
     if "recipe" in record.flags:
-        context = task.recipe_context(options, data, batch * world_size * accumulation, total_steps,
+        context = task.recipe_context(options, data, config, batch * world_size * accumulation, total_steps,
                                       epochs)  # fmt: skip
         for name, value in run_recipe_values(values["recipe"], context).items():
             if name in values:
                 settle(name, value, f"--recipe {values['recipe']}")
     # the launch's
-    values["mixed_precision"], chosen["mixed_precision"] = precision or launch.precision, launch.precision_from
+    values["mixed_precision"], chosen["mixed_precision"] = launch.precision, launch.precision_from
     if launch.checkpointing_from is not None:
         values["activation_checkpointing"], chosen["activation_checkpointing"] = True, launch.checkpointing_from
     if values["lr_scheduler_type"] == "auto":  # given as 'auto': the family's
@@ -549,7 +571,9 @@ def build_plan(
     )
     name = resolved.lr_scheduler_type
     schedule = ScheduleSpec(name, SCHEDULE_FUNCTIONS[name], warmup, total_steps, resolved.learning_rate)
-    fields = task.planned_config_fields(resolved, data, epochs)
+    fields = task.recipe_config_fields(resolved, config, epochs) if config is not None else {}
+    for key, (value, _) in fields.items():  # as `from_pretrained(location, key=value)` sets them
+        setattr(config, key, value)
     return RunPlan(
         options=resolved,
         chosen_by=chosen,
@@ -560,7 +584,7 @@ def build_plan(
         total_steps=total_steps,
         optimizer=optimizer,
         schedule=schedule,
-        config_fields={key: value for key, (value, _) in fields.items()},
+        model_config=config,
         config_fields_from={key: source for key, (_, source) in fields.items()},
         resume=resume,
         processor_from=processor_from,

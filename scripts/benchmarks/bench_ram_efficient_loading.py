@@ -116,7 +116,8 @@ def worker(args: argparse.Namespace) -> None:
     """One process of a torchrun launch: the library's set-up of a fine-tuning run under FSDP2, a few updates; its
     resident memory at three points goes to --report (one JSON line per process)."""
     from hf_vit_plus.training.args import family_arguments
-    from hf_vit_plus.training.loop import create_accelerator, prepare_run, training_step
+    from hf_vit_plus.training.loop import create_accelerator, plan_the_run, prepare_run, training_step
+    from hf_vit_plus.training.plan import decide_launch
     from hf_vit_plus.training.tasks import get_task
 
     family = get_task(args.worker)
@@ -135,9 +136,11 @@ def worker(args: argparse.Namespace) -> None:
             model_name_or_path=args.checkpoint, per_device_train_batch_size=1, max_steps=args.steps,
             max_train_samples=64, max_eval_samples=4, **extra,
         )  # fmt: skip
-        accelerator = create_accelerator(run_args)
+        launch = decide_launch(run_args, family)
+        accelerator = create_accelerator(run_args, launch)
         base = _rss("VmRSS")  # the libraries and the process group, no model yet
-        run = prepare_run(accelerator, run_args, family)
+        plan, data = plan_the_run(accelerator, run_args, family, launch)
+        run = prepare_run(accelerator, plan, family, data)
         set_up_peak = _rss("VmHWM")
         run.model.train()
         for _, batch in zip(range(args.steps), run.train_dataloader):

@@ -91,14 +91,16 @@ def worker(args: argparse.Namespace) -> None:
     from hf_vit_plus import ViTPlusForImageClassification
     from hf_vit_plus.training.args import family_arguments
     from hf_vit_plus.training.loop import create_accelerator
+    from hf_vit_plus.training.plan import decide_launch
     from hf_vit_plus.training.sharding import local_bytes, prepare_model
+    from hf_vit_plus.training.tasks import get_task
 
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as output_dir:
         run_args = family_arguments(
             "vit", output_dir=output_dir, report_to="none", fsdp=args.worker == "fsdp", write_card=False
         )
-        accelerator = create_accelerator(run_args)
+        accelerator = create_accelerator(run_args, decide_launch(run_args, get_task("vit")))
         model = ViTPlusForImageClassification(_config(args))
         if accelerator.is_fsdp2:
             prepare_model(accelerator, model)

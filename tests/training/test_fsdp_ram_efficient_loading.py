@@ -84,7 +84,7 @@ def _with_and_without(root: str, pretrained: str) -> None:
     """In each process: fine-tune `pretrained` under FSDP2 with every process reading it, then with
     cpu_ram_efficient_loading; then a look at a freshly prepared run of the latter. Each process writes its report."""
     from hf_vit_plus import Seq2SeqTransformerForConditionalGeneration
-    from hf_vit_plus.training.loop import create_accelerator, prepare_run, train
+    from hf_vit_plus.training.loop import set_up_run, train
     from hf_vit_plus.training.sharding import tied_module_groups
     from hf_vit_plus.training.tasks import get_task
 
@@ -99,9 +99,8 @@ def _with_and_without(root: str, pretrained: str) -> None:
         _reset_accelerate()
     with _launcher_asks(True):
         args = run_args(FAMILY, root_path / "look", fsdp=True, model_name_or_path=pretrained)
-        accelerator = create_accelerator(args)
-        run = prepare_run(accelerator, args, family)
-    model = accelerator.unwrap_model(run.model)
+        run = set_up_run(args, family)
+    model = run.accelerator.unwrap_model(run.model)
     reference = Seq2SeqTransformerForConditionalGeneration.from_pretrained(pretrained)  # each process reads it here
     weights, buffers = reference.state_dict(), dict(reference.named_buffers())
     full = {name: param.full_tensor() for name, param in model.named_parameters()}  # collective

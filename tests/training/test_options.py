@@ -91,7 +91,7 @@ def test_the_arguments_are_the_union_of_small_frozen_groups():
 
 def test_flags_take_dashes_or_underscores(tmp_path):
     from hf_vit_plus.cli import build_parser
-    from hf_vit_plus.training.args import args_from_namespace
+    from hf_vit_plus.training.cli import args_from_namespace
 
     parser = build_parser()
     dashes = parser.parse_args(["train", "vit", "--output-dir", str(tmp_path), "--max-steps", "3",
@@ -111,7 +111,7 @@ def test_a_run_file_gives_the_options_and_flags_after_it_override_it(tmp_path, c
     path = tmp_path / f"run{suffix}"
     path.write_text(json.dumps(values) if suffix == ".json" else "\n".join(f"{k}: {v}" for k, v in values.items()))
     from hf_vit_plus.cli import build_parser
-    from hf_vit_plus.training.args import args_from_namespace
+    from hf_vit_plus.training.cli import args_from_namespace
 
     args = args_from_namespace(build_parser().parse_args(["train", "vit", str(path), "--max_steps", "3"]))
     assert (args.max_steps, args.learning_rate, args.config_overrides) == (3, 1e-3, TINY_VIT_OVERRIDES)

@@ -91,7 +91,8 @@ def test_the_plan_is_frozen(tmp_path):
 
 def test_a_run_asks_for_its_parallelism_once_and_prints_its_plan(tmp_path, monkeypatch):
     """`with_recipe_precision`, `create_accelerator` and `with_fsdp_checkpointing` each recomputed the request from
-    the arguments and the environment: three times a run. The plan computes it once, and the loop reads it."""
+    the arguments and the environment: three times a run. The plan computes it once, and the loop reads it; the
+    launch is decided once (`create_accelerator`, `plan_the_run` and `prepare_run` take it, or the plan)."""
     calls = []
     real = sharding.parallelism_request
 
@@ -101,9 +102,20 @@ def test_a_run_asks_for_its_parallelism_once_and_prints_its_plan(tmp_path, monke
 
     monkeypatch.setattr("hf_vit_plus.training.plan.parallelism_request", counted)
     monkeypatch.setattr(sharding, "parallelism_request", counted)
+    from hf_vit_plus.training import loop, plan
+
+    launches = []
+    real_launch = plan.decide_launch
+
+    def counted_launch(*args, **kwargs):
+        launches.append(args)
+        return real_launch(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "decide_launch", counted_launch)
+    monkeypatch.setattr(plan, "decide_launch", counted_launch)
     with run_report() as report:
         result = train(tiny(tmp_path, activation_checkpointing=True))
-    assert len(calls) == 1
+    assert len(calls) == 1 and len(launches) == 1  # one launch a run: the Accelerator's is the plan's
     lines = report.getvalue().splitlines()
     assert lines[3].endswith("activation checkpointing: on"), lines
     assert result.global_step == 1
@@ -203,3 +215,37 @@ def test_the_first_lines_say_why_the_cnn_trains_in_fp32(tmp_path, monkeypatch):
     assert result.global_step == 1
     precision = next(line for line in report.getvalue().splitlines() if line.startswith("Precision: "))
     assert precision.startswith(f"Precision: fp32 (chosen by {FP32_FOR_1X1}"), precision
+
+
+def test_a_run_builds_its_model_config_once_and_reads_a_saved_one_once(tmp_path, monkeypatch):
+    """The plan asks the task for the run's config once (`TrainingTask.model_config`), the recipe's fields are set on
+    it, and the model is made from it: one config build a run (the recipe's drop-path, the input size and the model
+    each built one), and a saved config read once (it was read five times before `from_pretrained`)."""
+    from transformers import PretrainedConfig
+
+    from hf_vit_plus.cli import main
+    from hf_vit_plus.training.tasks.base import TrainingTask
+
+    builds, reads = [], []
+    build_config, get_config_dict = TrainingTask.build_config, PretrainedConfig.get_config_dict.__func__
+
+    def counted_build(self, *args, **kwargs):
+        builds.append(args)
+        return build_config(self, *args, **kwargs)
+
+    def counted_read(cls, location, *args, **kwargs):
+        reads.append(str(location))
+        return get_config_dict(cls, location, *args, **kwargs)
+
+    monkeypatch.setattr(TrainingTask, "build_config", counted_build)
+    monkeypatch.setattr(PretrainedConfig, "get_config_dict", classmethod(counted_read))
+    common = ["--config_overrides", TINY_VIT_OVERRIDES, "--max_train_samples", "32", "--max_eval_samples", "16",
+              "--per_device_train_batch_size", "16", "--max_steps", "1", "--save_steps", "none", "--report_to",
+              "none", "--write_card", "false", "--use_cpu", "--recipe", "deit", "--mixed_precision", "no"]  # fmt: skip
+    assert main(["train", "vit", "--output_dir", str(tmp_path / "fresh"), *common]) == 0
+    assert len(builds) == 1 and not reads, (builds, reads)
+    builds.clear()
+    tuned = ["--output_dir", str(tmp_path / "tuned"), "--model_name_or_path", str(tmp_path / "fresh")]
+    assert main(["train", "vit", *tuned, *common]) == 0
+    saved = str(tmp_path / "fresh")
+    assert len(builds) == 1 and reads.count(saved) == 1, (builds, reads)

@@ -440,6 +440,46 @@ def test_the_device_normalises_as_the_processor_and_erases_in_place_as_the_batch
     assert torch.equal(masked, in_place) and (masked == 0).any()
 
 
+@pytest.fixture
+def built_loaders(monkeypatch):
+    """The settings of every DataLoader built while the test runs, read from the loader once built (whoever built it:
+    the loop, `ResumableLoader`, Accelerate's `prepare`)."""
+    built = []
+    real = torch.utils.data.DataLoader.__init__
+
+    def recorded(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+        built.append((self.num_workers, self.persistent_workers, self.prefetch_factor, self.pin_memory))
+
+    monkeypatch.setattr(torch.utils.data.DataLoader, "__init__", recorded)
+    return built
+
+
+LOADER_FLAGS = ["--dataloader_num_workers", "2", "--dataloader_persistent_workers", "true",
+                "--dataloader_prefetch_factor", "3"]  # fmt: skip
+
+
+def test_every_loader_with_workers_gets_the_plans_settings(tmp_path, built_loaders):
+    """The training and evaluation loaders of a run, on each data path (a data set read whole through a DataLoader;
+    a stream through `ResumableLoader`, as a token budget and images from files are), with the --dataloader_*
+    settings the plan decided (the plan printed them while the evaluation loaders kept torch's defaults)."""
+    argv = ["train", "vit", "--output_dir", str(tmp_path / "vit"), "--config_overrides", TINY_VIT_OVERRIDES,
+            "--max_train_samples", "32", "--max_eval_samples", "16", "--per_device_train_batch_size", "16",
+            "--max_steps", "1", "--save_steps", "none", "--report_to", "none", "--write_card", "false", "--use_cpu",
+            *LOADER_FLAGS]  # fmt: skip
+    assert main(argv) == 0
+    pairs = write_parquet(pair_rows(60), tmp_path / "pairs", 2, image_column=None)
+    argv = ["train", "seq2seq", "--output_dir", str(tmp_path / "stream"), "--train_file", str(pairs / "*.parquet"),
+            "--streaming", "--config_overrides", TINY_SEQ2SEQ, "--vocab_size", "300", "--max_eval_samples", "8",
+            "--per_device_train_batch_size", "8", "--max_steps", "1", "--save_steps", "none", "--report_to", "none",
+            "--write_card", "false", "--use_cpu", *LOADER_FLAGS]  # fmt: skip
+    assert main(argv) == 0
+    with_workers = [loader for loader in built_loaders if loader[0]]
+    # per run: the training and the evaluation loader, and Accelerate's copies of those it prepares
+    assert len(with_workers) >= 4, built_loaders
+    assert set(with_workers) == {(2, True, 3, False)}, built_loaders
+
+
 def test_the_loader_settings_are_decided_where_not_given(tmp_path):
     from hf_vit_plus.training.plan import preview_plan
     from hf_vit_plus.training.tasks import get_task

@@ -80,9 +80,8 @@ def _reset_accelerate() -> None:
 def _runs(root: str) -> None:
     """In each of the two processes: DDP, ZeRO-2, ZeRO-3 (first lines, losses, the returned model), then a look at
     what a prepared ZeRO-3 run holds. Each process writes its report."""
-    from hf_vit_plus.training.loop import create_accelerator, prepare_run
+    from hf_vit_plus.training.loop import set_up_run
     from hf_vit_plus.training.sharding import local_numel
-    from hf_vit_plus.training.tasks import get_task
 
     root_path = Path(root)
     report: dict = {}
@@ -104,8 +103,7 @@ def _runs(root: str) -> None:
         _reset_accelerate()
     with deepspeed_launcher(3):
         args = run_args(root_path / "look")
-        accelerator = create_accelerator(args)
-        run = prepare_run(accelerator, args, get_task("sparse-lm"))
+        run = set_up_run(args)
         params = list(run.model.parameters())
         report["zero3_held"] = sum(local_numel(p) for p in params)
         report["zero3_total"] = sum(p.ds_numel for p in params)

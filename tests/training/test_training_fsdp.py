@@ -145,13 +145,12 @@ def _look_at_a_sharded_step(family: str, output_dir: Path) -> dict:
     whether the tied weights are still one; and the gathered model against the full view of the shards."""
     from accelerate.utils import send_to_device
 
-    from hf_vit_plus.training.loop import create_accelerator, prepare_run
+    from hf_vit_plus.training.loop import set_up_run
     from hf_vit_plus.training.sharding import local_bytes, local_numel, tied_module_groups, trained_model
-    from hf_vit_plus.training.tasks import get_task
 
     args = run_args(family, output_dir, fsdp=True)
-    accelerator = create_accelerator(args)
-    run = prepare_run(accelerator, args, get_task(family))
+    run = set_up_run(args)
+    accelerator = run.accelerator
     # as the loop's training step takes it: on the device, then the family's device-side preparation (image batches
     # come from the loader as uint8 and are normalised there)
     batch = run.family.on_device(send_to_device(next(iter(run.train_dataloader)), accelerator.device), run.extras)

@@ -13,8 +13,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from hf_vit_plus.training.args import TrainingArguments, family_arguments, parse_args
+from hf_vit_plus.training.args import TrainingArguments, family_arguments
 from hf_vit_plus.training.checkpoints import checkpoint_dirs, write_manifest
+from hf_vit_plus.training.cli import parse_args
 from hf_vit_plus.training.loop import train
 from tests.utils import REPO_ROOT, TINY_VIT_OVERRIDES, run_report
 

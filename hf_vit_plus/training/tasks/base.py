@@ -5,8 +5,10 @@ A task holds no state: each step takes what it needs and returns values. Before 
 loop and the plan call, with the options (`TrainingArguments`):
 
     load_data(options)                     -> TrainingData: "train" / "validation" with the family's columns
-    recipe_context(options, data, ...)    -> what the recipe's values depend on (the families with a --recipe)
-    planned_config_fields(options, data, epochs) -> the model config fields the run sets, and who chose each
+    model_config(options, data)            -> the run's model config (saved or fresh, the data's fields, the
+                                              overrides), built once, or None where `build` builds it
+    recipe_context(options, data, config, ...) -> what the recipe's values depend on (the families with a --recipe)
+    recipe_config_fields(options, config, epochs) -> the model config fields the run sets, and who chose each
 
 and then, with the plan (`RunPlan`, the resolved options in `plan.options`), which is all they read:
 
@@ -45,6 +47,7 @@ it from the main process once sharded (`sharding.WeightsFromMainProcess`).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -55,7 +58,7 @@ from typing import Any
 
 import torch
 from datasets import DatasetDict
-from transformers import AutoConfig, AutoTokenizer, PretrainedConfig
+from transformers import AutoTokenizer, PretrainedConfig
 
 from ...data.loading import load_user_dataset, load_user_stream, pick_column
 from ...errors import UsageError, load_config
@@ -262,14 +265,35 @@ class TrainingTask:
         """
         return hasattr(self.config_class, "from_preset") and not Path(config_name).is_dir()
 
-    def config_class_for(self, options: TrainingArguments) -> type:
-        """The class of the config `build_config` makes.
-
-        That of --model_name_or_path or a --config_name folder, else the family's own (after checking that a
-        --config_name preset exists).
+    def saved_config(self, options: TrainingArguments) -> PretrainedConfig | None:
+        """The config saved at --model_name_or_path, or at a --config_name folder or Hub id, read; None for a fresh
+        model (the family's config, or a --config_name preset). A run reads it once, when the plan builds the run's
+        config (`model_config`).
 
         Args:
             options: the run's options.
+
+        Returns:
+            The saved config, or None.
+
+        Raises:
+            UsageError: the location holds no model config.
+        """
+        if options.model_name_or_path:
+            return load_config(options.model_name_or_path, "--model_name_or_path")
+        if options.config_name and not self.is_preset(options.config_name):
+            return load_config(options.config_name, "--config_name")
+        return None
+
+    def config_class_for(self, options: TrainingArguments, saved: PretrainedConfig | None = None) -> type:
+        """The class of the config `build_config` makes.
+
+        That of the saved config (`saved`, else read from --model_name_or_path or a --config_name folder), else the
+        family's own (after checking that a --config_name preset exists).
+
+        Args:
+            options: the run's options.
+            saved: the saved config, if read already (`saved_config`).
 
         Returns:
             The config class.
@@ -277,10 +301,10 @@ class TrainingTask:
         Raises:
             UsageError: --config_name names no preset of the family.
         """
-        if options.model_name_or_path:
-            return type(load_config(options.model_name_or_path, "--model_name_or_path"))
-        if options.config_name and not self.is_preset(options.config_name):
-            return type(load_config(options.config_name, "--config_name"))
+        if saved is None:
+            saved = self.saved_config(options)
+        if saved is not None:
+            return type(saved)
         if options.config_name:
             try:
                 self.config_class.from_preset(options.config_name)
@@ -288,11 +312,12 @@ class TrainingTask:
                 raise UsageError(f"--config_name: {error}") from error
         return self.config_class
 
-    def config_overrides(self, options: TrainingArguments) -> dict[str, Any]:
+    def config_overrides(self, options: TrainingArguments, saved: PretrainedConfig | None = None) -> dict[str, Any]:
         """--config_overrides parsed and checked against the fields of the config `build_config` makes.
 
         Args:
             options: the run's options.
+            saved: the saved config the run's config starts from, if any (`saved_config`).
 
         Returns:
             Field name -> value.
@@ -302,19 +327,23 @@ class TrainingTask:
         """
         overrides = parse_overrides(options.config_overrides)
         if overrides:
-            check_config_overrides(self.config_class_for(options), overrides)
+            check_config_overrides(self.config_class_for(options, saved), overrides)
         return overrides
 
-    def build_config(self, options: TrainingArguments, defaults: dict, fields: dict) -> PretrainedConfig:
+    def build_config(
+        self, options: TrainingArguments, defaults: dict, fields: dict, saved: PretrainedConfig | None = None
+    ) -> PretrainedConfig:
         """The model's config.
 
         That of --model_name_or_path, of a --config_name folder, Hub id or preset, or the family's `defaults`; then
-        `fields` (what the data and the run fix) and --config_overrides on top.
+        `fields` (what the data and the run fix) and --config_overrides on top (on a saved config as
+        `from_pretrained(location, **values)` sets them).
 
         Args:
             options: the run's options.
             defaults: the family's config values for a fresh model.
             fields: the values the data and the run fix (e.g. the number of labels).
+            saved: the saved config, if read already (`saved_config`); read here when not given.
 
         Returns:
             The config.
@@ -322,14 +351,30 @@ class TrainingTask:
         Raises:
             UsageError: the config refuses its values.
         """
-        values = {**fields, **self.config_overrides(options)}
-        source = options.model_name_or_path or options.config_name
+        if saved is None:
+            saved = self.saved_config(options)
+        values = {**fields, **self.config_overrides(options, saved)}
         with config_value_errors(options):
-            if source and (options.model_name_or_path or not self.is_preset(source)):
-                return AutoConfig.from_pretrained(source, **values)
-            if source:
-                return self.config_class.from_preset(source, **values)
+            if saved is not None:
+                return with_values(saved, values)
+            if options.config_name:
+                return self.config_class.from_preset(options.config_name, **values)
             return self.config_class(**{**defaults, **values})
+
+    def model_config(self, options: TrainingArguments, data: TrainingData) -> PretrainedConfig | None:
+        """The run's model config, built once by the plan (`plan.build_plan`, before the recipe's fields are set on
+        it: `recipe_config_fields`); `build` instantiates the model from it. None (the default) for a family whose
+        config is sized by the processor `build` makes with the model (a tokenizer trained on the data): its `build`
+        builds the config.
+
+        Args:
+            options: the run's options.
+            data: the run's data (e.g. its labels).
+
+        Returns:
+            The config, or None.
+        """
+        return None
 
     def load_or_create_model(self, options: TrainingArguments, config: PretrainedConfig) -> torch.nn.Module:
         """The saved model of --model_name_or_path with `config`, or a fresh one.
@@ -377,14 +422,15 @@ class TrainingTask:
         """
         raise NotImplementedError
 
-    def recipe_context(self, options: TrainingArguments, data: TrainingData, global_batch: int, total_steps: int,
-                       epochs: float):  # fmt: skip
+    def recipe_context(self, options: TrainingArguments, data: TrainingData, config: PretrainedConfig | None,
+                       global_batch: int, total_steps: int, epochs: float):  # fmt: skip
         """What the values of the family's --recipe depend on (`recipes.RecipeContext`); the families with a recipe
         implement it.
 
         Args:
             options: the run's options.
             data: the run's data.
+            config: the run's model config (`model_config`).
             global_batch: examples per update.
             total_steps: the updates of the run.
             epochs: the run's length in passes over the training data.
@@ -394,13 +440,13 @@ class TrainingTask:
         """
         raise NotImplementedError
 
-    def planned_config_fields(self, options: TrainingArguments, data: TrainingData, epochs: float) -> dict:
-        """Model config fields the run sets beyond what the data fixes (e.g. a recipe's stochastic depth); none by
-        default.
+    def recipe_config_fields(self, options: TrainingArguments, config: PretrainedConfig, epochs: float) -> dict:
+        """Model config fields the run sets on its config beyond what the data fixes (e.g. a recipe's stochastic
+        depth); none by default.
 
         Args:
             options: the run's options, resolved.
-            data: the run's data.
+            config: the run's model config (`model_config`), which the plan sets them on.
             epochs: the run's length in passes over the training data.
 
         Returns:
@@ -616,6 +662,24 @@ class TrainingTask:
 
 
 # ------------------------------------------------------------------------------------------------- data helpers
+def with_values(saved: PretrainedConfig, values: dict[str, Any]) -> PretrainedConfig:
+    """A copy of a saved config with `values` set as `from_pretrained(location, **values)` sets them (each field the
+    config has, in order), without reading the saved config again.
+
+    Args:
+        saved: the config read from its location.
+        values: field -> value.
+
+    Returns:
+        The new config (`saved` is left as it is).
+    """
+    config = copy.deepcopy(saved)
+    for key, value in values.items():
+        if hasattr(config, key):
+            setattr(config, key, value)
+    return config
+
+
 def builtin_data(options: TrainingArguments) -> bool:
     """Whether the run uses the family's built-in data (no data option given)."""
     return not (options.dataset_name or options.train_dir or options.train_file)

@@ -5,6 +5,7 @@ uniform and per-pixel-histogram floors."""
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -93,14 +94,16 @@ class ImageLMTask(TrainingTask):
             "augmentation."
         )
 
-    def build(self, plan, data):
-        options = plan.options
+    def model_config(self, options, data):
         height, width = data.raw["train"].features["pixel_values"].shape
         # A fresh model or a --config_name gets the fields the images fix; a saved model must already fit them.
         fields = {} if options.model_name_or_path else image_config_fields(height, width)
         config = self.build_config(options, SMALL_IMAGE_LM_CONFIG, fields)
         check_image_config(config, height, width, options.model_name_or_path or options.config_name)
-        return self.load_or_create_model(options, config), None
+        return config
+
+    def build(self, plan, data):
+        return self.load_or_create_model(plan.options, copy.deepcopy(plan.model_config)), None
 
     def transform(self, data, processor, model, plan):
         return data.raw.select_columns(["pixel_values"]).with_format("torch")

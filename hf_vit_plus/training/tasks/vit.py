@@ -11,6 +11,7 @@ The masked patch prediction of the ViT paper (sec. 4.6) is the "vit-mpp" family 
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import numpy as np
@@ -20,7 +21,7 @@ from transformers import AutoImageProcessor, PretrainedConfig
 
 from ...data.images import IMAGE_DATASETS, labelled_image_datasets
 from ...data.loading import check_labels, label_names
-from ...errors import UsageError, load_config
+from ...errors import UsageError
 from ...models.configuration_vit_plus import ViTPlusConfig
 from ...models.image_processing_vit_plus import ViTPlusImageProcessor
 from ..augment import (
@@ -162,12 +163,12 @@ class ViTTask(TrainingTask):
             label=(options.label_column_name, LABEL_COLUMNS, "--label_column_name"),
         )
 
-    def recipe_context(self, options, data, global_batch, total_steps, epochs):
+    def recipe_context(self, options, data, config, global_batch, total_steps, epochs):
         """What the recipe's values depend on (`training/recipes.py`): the model's input size, the batch, the run's
         length and whether a mirrored image keeps its class."""
         return RecipeContext(
             family=self.name,
-            image_size=self.input_size(options, data),
+            image_size=self.input_size(options, config),
             global_batch=global_batch,
             total_steps=total_steps,
             epochs=epochs,
@@ -181,10 +182,10 @@ class ViTTask(TrainingTask):
         dataset = labelled_image_datasets().get(options.dataset_name)
         return dataset.mirror_symmetric if dataset is not None else True
 
-    def input_size(self, options, data) -> tuple[int, int]:
-        """(height, width) of the model's input: its config's image size (the data's for a fresh built-in model)."""
+    def input_size(self, options, config) -> tuple[int, int]:
+        """(height, width) of the model's input: the run's config's image size (the data's for a fresh built-in
+        model)."""
         if options.model_name_or_path or options.config_name or options.model_type:
-            config = self.run_config(options, data)
             size = getattr(config, "image_size", None)
             if isinstance(size, int):
                 return size, size
@@ -215,10 +216,10 @@ class ViTTask(TrainingTask):
             return DIGITS_VIT_CONFIG
         return BUILTIN_VIT_CONFIGS.get(options.dataset_name, SMALL_VIT_CONFIG)
 
-    def config_class_for(self, options):
+    def config_class_for(self, options, saved=None):
         if getattr(options, "model_type", None) and not (options.model_name_or_path or options.config_name):
             return _transformers_config_class(options.model_type)
-        return super().config_class_for(options)
+        return super().config_class_for(options, saved)
 
     def label_fields(self, data) -> dict:
         names = data.raw["train"].features["label"].names
@@ -226,12 +227,27 @@ class ViTTask(TrainingTask):
             num_labels=len(names), id2label=dict(enumerate(names)), label2id={n: i for i, n in enumerate(names)}
         )
 
-    def run_config(self, options, data, extra: dict | None = None) -> PretrainedConfig:
-        """The config of the run's model (see `TrainingTask.build_config`), with the data's labels and `extra`."""
-        fields = {**self.label_fields(data), **(extra or {})}
+    def model_config(self, options, data) -> PretrainedConfig:
+        """The config of the run's model (see `TrainingTask.build_config`), with the data's labels: that of a saved
+        classifier must hold them (unless --ignore_mismatched_sizes gives it a new head), and so must the config
+        with --config_overrides (num_labels=3 on 10 classes is found now, not mid-training)."""
+        names = data.raw["train"].features["label"].names
+        config = self.config_from_saved(options, data)
+        check_labels(names, config.num_labels, model="the run's config", label_column=data.label_column)
+        return config
+
+    def config_from_saved(self, options, data) -> PretrainedConfig:
+        """The run's config with the data's fields: a fresh transformers config of --model_type, or `build_config`'s
+        (the saved config read once; a saved classifier checked against the data's labels first)."""
+        fields = self.label_fields(data)
         if options.model_type and not (options.model_name_or_path or options.config_name):
             return self.transformers_config(options, fields)
-        return self.build_config(options, self.default_config(options), fields)
+        saved = self.saved_config(options)
+        if options.model_name_or_path and not options.ignore_mismatched_sizes and _is_classifier(saved) and fields:
+            # a pre-trained encoder (masked patch prediction) gets a new head
+            check_labels(list(fields["id2label"].values()), saved.num_labels, model=options.model_name_or_path,
+                         label_column=data.label_column)  # fmt: skip
+        return self.build_config(options, self.default_config(options), fields, saved)
 
     def transformers_config(self, options, fields: dict) -> PretrainedConfig:
         """A fresh transformers config of --model_type, sized for the data (`TRANSFORMERS_CONFIGS`, else the ViT's
@@ -250,31 +266,21 @@ class ViTTask(TrainingTask):
 
     def build(self, plan, data):
         options = plan.options
-        names = data.raw["train"].features["label"].names
-        if options.model_name_or_path and not options.ignore_mismatched_sizes:
-            saved = load_config(options.model_name_or_path, "--model_name_or_path")
-            if _is_classifier(saved):  # a pre-trained encoder (masked patch prediction) gets a new head
-                check_labels(names, saved.num_labels, model=options.model_name_or_path, label_column=data.label_column)
-        config = self.run_config(options, data, dict(plan.config_fields))
-        model = self.load_or_create_model(options, config)
-        # --config_overrides may contradict the data (num_labels=3 on 10 classes): found now, not mid-training
-        check_labels(names, model.config.num_labels, model="the run's config", label_column=data.label_column)
+        # the plan's config stays the plan's record: the model gets a copy of it
+        model = self.load_or_create_model(options, copy.deepcopy(plan.model_config))
         return model, self.image_processor(options, model.config, data)
 
-    def planned_config_fields(self, options, data, epochs) -> dict:
+    def recipe_config_fields(self, options, config, epochs) -> dict:
         """Config fields the run sets on a fresh or fine-tuned ViTPlus, and who chose each: the recipe's stochastic
         depth (unless --config_overrides sets it) and DeiT's distillation token for a fresh student of --teacher."""
         from .overrides import parse_overrides
 
-        if options.model_type and not (options.model_name_or_path or options.config_name):
+        if not isinstance(config, ViTPlusConfig):
             return {}
         overrides = parse_overrides(options.config_overrides)
-        base = self.build_config(options, self.default_config(options), self.label_fields(data))
-        if not isinstance(base, ViTPlusConfig):
-            return {}
         fields = {}
         if "drop_path_rate" not in overrides and options.recipe != "none":
-            rate = recipe_drop_path_rate(options.recipe, base.num_hidden_layers, epochs)
+            rate = recipe_drop_path_rate(options.recipe, config.num_hidden_layers, epochs)
             fields["drop_path_rate"] = (rate, f"--recipe {options.recipe}")
         # a saved model keeps its token layout (its position embeddings fit it): without a token, the teacher trains
         # the class head too (DeiT's distillation without a distillation token)
@@ -479,15 +485,18 @@ class ViTMaskedPatchTask(ViTTask):
     def example_keys(self, data) -> tuple[str, ...]:
         return ("pixel_values",)
 
-    def build(self, plan, data):
-        options = plan.options
-        config = self.run_config(options, data, dict(plan.config_fields))
+    def model_config(self, options, data) -> PretrainedConfig:
+        config = self.config_from_saved(options, data)
         if not isinstance(config, ViTPlusConfig):
             raise UsageError(f"The vit-mpp family pre-trains a ViTPlus; {type(config).__name__} is another model.")
-        return self.load_or_create_model(options, config), self.image_processor(options, config, data)
+        return config
 
-    def planned_config_fields(self, options, data, epochs) -> dict:
-        fields = super().planned_config_fields(options, data, epochs)
+    def build(self, plan, data):
+        config = copy.deepcopy(plan.model_config)
+        return self.load_or_create_model(plan.options, config), self.image_processor(plan.options, config, data)
+
+    def recipe_config_fields(self, options, config, epochs) -> dict:
+        fields = super().recipe_config_fields(options, config, epochs)
         fields.pop("use_distillation_token", None)
         return fields
 
