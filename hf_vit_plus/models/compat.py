@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import os
 
 import torch
 from transformers import masking_utils
@@ -237,6 +238,8 @@ def _cpu_flags() -> frozenset[str] | None:
 
 # Of those, the ones each instruction-set level (`cpu_isa`) may use: a cap at AVX2 leaves AVX-VNNI only
 INT8_PRODUCT_FLAGS_AT = {"avx512": INT8_PRODUCT_FLAGS, "avx2": ("avx_vnni",), "generic": ()}
+# oneDNN's caps (ONEDNN_MAX_CPU_ISA) that leave out every int8 dot-product instruction
+ONEDNN_WITHOUT_VNNI = frozenset({"SSE41", "AVX", "AVX2"})
 
 
 def cpu_has_fast_int8_products() -> bool:
@@ -245,7 +248,10 @@ def cpu_has_fast_int8_products() -> bool:
     flags = _cpu_flags()
     if flags is None:
         return torch.backends.cpu.get_cpu_capability() not in ("DEFAULT", "NO AVX", "AVX2")
-    return any(flag in flags for flag in INT8_PRODUCT_FLAGS_AT[cpu_isa()])
+    usable = INT8_PRODUCT_FLAGS_AT[cpu_isa()]
+    if os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper() in ONEDNN_WITHOUT_VNNI:
+        usable = ()  # oneDNN, which runs torch._int_mm, is capped below its AVX2_VNNI (`capped_environment`)
+    return any(flag in flags for flag in usable)
 
 
 @functools.cache
