@@ -54,7 +54,7 @@ output, a decoder prompt, a filled cache) raises a ValueError naming it: use `ge
 The engine is in three files: fast_layers.py holds the converted layers, encoder and decoder and their one-token
 steps; fast_steps.py the compiled-step machinery (which compiled step serves a call, AOTInductor's packages, the
 step cache's key); this module `FastDecoding` with its greedy and beam-search loops, the checks of the settings
-(`_Settings`) and the conversions on the fly (`decodable_model`), and it re-exports the names it always offered.
+(`_Settings`) and the conversions on the fly (`decodable_model`), and it re-exports the others' public names.
 These modules ship with the checkpoints (remote code): they import only torch, transformers and their siblings.
 """
 
@@ -670,8 +670,8 @@ class _Settings:
             )
 
 
-# The names this module has always offered, the converted layers' (fast_layers.py) and the compiled steps'
-# (fast_steps.py) among them.
+# The engine's names, the converted layers' (fast_layers.py) and the compiled steps' (fast_steps.py) among them: users,
+# tests and scripts import them from here.
 __all__ = [
     "BACKENDS",
     "INT8_WEIGHT_ONLY_MAX_ROWS",

@@ -33,7 +33,7 @@ from .fast_kernels import SMALL_ROWS, cpp_kernels
 from .fast_layers import FastDecoder
 
 # The engine's logger (`fast_decoding`): the INFO lines that say which step is compiled or loaded from where are the
-# engine's, under the name they had before this machinery had a module of its own.
+# engine's, so that a logging setting for the engine covers them.
 logger = logging.getLogger(__name__.rpartition(".")[0] + ".fast_decoding")
 
 
