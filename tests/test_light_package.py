@@ -40,7 +40,8 @@ NOT_FOR_LOADING = (
     "hf_vit_plus.training", "hf_vit_plus.hub", "hf_vit_plus.export", "hf_vit_plus.interpret", "hf_vit_plus.conversion",
     "hf_vit_plus.metrics", "hf_vit_plus.quantization", "hf_vit_plus.image_generation", "hf_vit_plus.tokenization",
     "hf_vit_plus.cli", "hf_vit_plus.cli_utils", "hf_vit_plus.data.loading", "hf_vit_plus.data.text",
-    "hf_vit_plus.models.fast_decoding", "hf_vit_plus.models.fast_kernels",
+    "hf_vit_plus.models.fast_decoding", "hf_vit_plus.models.fast_layers", "hf_vit_plus.models.fast_steps",
+    "hf_vit_plus.models.fast_kernels",
     "hf_vit_plus.models.pipeline_text2text_generation",
 )  # fmt: skip
 

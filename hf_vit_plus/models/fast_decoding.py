@@ -51,25 +51,24 @@ Supported: greedy decoding and beam search (`do_sample=False`), `max_length` / `
 that changes the decoding (other logits processors or stopping criteria, sampling, scores or attentions in the
 output, a decoder prompt, a filled cache) raises a ValueError naming it: use `generate` without `custom_generate`.
 
-This module ships with the checkpoints (remote code): it imports only torch, transformers and its siblings.
+The engine is in three files: fast_layers.py holds the converted layers, encoder and decoder and their one-token
+steps; fast_steps.py the compiled-step machinery (which compiled step serves a call, AOTInductor's packages, the
+step cache's key); this module `FastDecoding` with its greedy and beam-search loops, the checks of the settings
+(`_Settings`) and the conversions on the fly (`decodable_model`), and it re-exports the others' public names.
+These modules ship with the checkpoints (remote code): they import only torch, transformers and their siblings.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import contextvars
-import functools
 import importlib
 import logging
 import os
-import time
 import warnings
 import weakref
-from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationConfig
 from transformers.generation import (
@@ -81,30 +80,29 @@ from transformers.generation import (
     MinNewTokensLengthLogitsProcessor,
     NoBadWordsLogitsProcessor,
 )
-from transformers.modeling_outputs import BaseModelOutput
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from .attention import eager_attention_forward, select_attention_kernel
-from .compat import aoti_flat_call, cache_from_kwargs, cpu_has_fast_int8_products, export_program
-from .compiled_decoding import row_matmul_pass
-from .decoding_rules import NEG_INF, DecodingRules, advance_greedy, beam_search_update, process_scores
+from .compat import cache_from_kwargs, cpu_has_fast_int8_products
+from .decoding_rules import NEG_INF, DecodingRules
 from .fast_kernels import (
     INT8_WEIGHT_ONLY_MAX_ROWS,
     PRECISIONS,
     SMALL_ROWS,
     FastLinear,
-    OutputScreen,
-    cache_attention,
-    cpp_kernels,
-    fbgemm_fp16_available,
     fbgemm_int8_available,
-    fused_attention_available,
     quantize_rows,
-    source_attention,
-    stacked_linear,
-    topk_rows,
 )
-from .layers import residual_sublayer, split_heads
+from .fast_layers import FastDecoder, FastDecoderLayer, FastEncoder, FastEncoderLayer
+from .fast_steps import (
+    _batch_range,  # noqa: F401 (imported from here by the tests)
+    _shape_key,  # noqa: F401 (imported from here by the tests)
+    _Steps,
+    aoti_compile,
+    aoti_load,
+    aoti_package,
+    compile_options,
+    copy_args,
+    step_counts,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -133,570 +131,8 @@ _UNSUPPORTED_OUTPUTS = (
 )
 
 
-class FastDecoderLayer(nn.Module):
-    """A decoder layer of `Seq2SeqTransformerLayer` on (rows, d_model) states: the layer's own norms, activation and
-    order of sub-layers (`layers.residual_sublayer`), its projections as `FastLinear`, and attention over the fused
-    step's fixed-size cache (what is particular to this engine)."""
-
-    def __init__(self, layer: nn.Module, precision: str):
-        super().__init__()
-        self.normalize_before = layer.normalize_before
-        self.num_heads = layer.self_attn.num_heads
-        self.scaling = layer.self_attn.scaling
-        attention = layer.self_attn
-        # converted weights (not float32's, which are the model's own tensors): the query, key and value projections
-        # as one product (the same per-row int8 / bf16 weights, one call instead of three)
-        self.qkv_proj = None
-        if precision != "float32":
-            self.qkv_proj = FastLinear(stacked_linear(attention.q_proj, attention.k_proj, attention.v_proj), precision)
-        else:
-            self.q_proj = FastLinear(attention.q_proj, precision)
-            self.k_proj = FastLinear(attention.k_proj, precision)
-            self.v_proj = FastLinear(attention.v_proj, precision)
-        self.o_proj = FastLinear(layer.self_attn.o_proj, precision)
-        self.cross_q_proj = FastLinear(layer.encoder_attn.q_proj, precision)
-        self.cross_o_proj = FastLinear(layer.encoder_attn.o_proj, precision)
-        cross = layer.encoder_attn  # its keys and values: once per input (`cross_keys_values`), not in the step
-        self.cross_kv_proj = None
-        if precision != "float32":
-            self.cross_kv_proj = FastLinear(stacked_linear(cross.k_proj, cross.v_proj), precision)
-        else:
-            self.cross_k_proj = FastLinear(cross.k_proj, precision)
-            self.cross_v_proj = FastLinear(cross.v_proj, precision)
-        self.fc1 = FastLinear(layer.fc1, precision)
-        self.fc2 = FastLinear(layer.fc2, precision)
-        self.activation_fn = layer.activation_fn
-        self.self_attn_layer_norm = layer.self_attn_layer_norm
-        self.encoder_attn_layer_norm = layer.encoder_attn_layer_norm
-        self.final_layer_norm = layer.final_layer_norm
-        # the new token's attention in one C++ kernel per layer where the CPU runs it (`fused_attention_available`)
-        self.fused_attention = fused_attention_available(attention.o_proj.weight, self.num_heads)
-
-    def self_attention(self, hidden, position, keys, values, history):
-        """Masked self-attention of one new token per row over the cached positions 0..position.
-
-        keys, values: (R, L, D) cache buffers, written at `position` in place. history: None (row r's positions are
-        in slot r) or (R, L) the slot that holds each position of row r (beam search)."""
-        rows, length, dim = keys.shape
-        heads = self.num_heads
-        if self.qkv_proj is not None:
-            query, key, value = self.qkv_proj(hidden).split(dim, dim=1)  # (R, D) each
-        else:
-            query, key, value = self.q_proj(hidden), self.k_proj(hidden), self.v_proj(hidden)
-        keys.index_copy_(1, position.view(1), key.unsqueeze(1))
-        values.index_copy_(1, position.view(1), value.unsqueeze(1))
-        if self.fused_attention:
-            return self.o_proj(cache_attention(query, keys, values, position, history, heads, self.scaling))
-        if history is not None:
-            slots = history * length + torch.arange(length, device=history.device)  # (R, L)
-            keys = keys.reshape(rows * length, dim)[slots]  # (R, L, D)
-            values = values.reshape(rows * length, dim)[slots]
-        query = query.reshape(rows, 1, heads, dim // heads)
-        scores = (query * keys.view(rows, length, heads, dim // heads)).sum(-1) * self.scaling  # (R, L, H)
-        future = torch.arange(length, device=keys.device) > position  # (L,)
-        scores = scores.masked_fill(future.view(1, length, 1), NEG_INF)
-        probs = scores.softmax(dim=1)
-        out = (probs.unsqueeze(-1) * values.view(rows, length, heads, dim // heads)).sum(1)  # (R, H, Dh)
-        return self.o_proj(out.reshape(rows, dim))
-
-    def cross_keys_values(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The cross-attention's keys and values of the encoder output `states` (B, S, D), each (B, S, D)."""
-        batch, length, dim = states.shape
-        flat = states.reshape(batch * length, dim)
-        if self.cross_kv_proj is not None:
-            keys, values = self.cross_kv_proj(flat).split(dim, dim=1)
-        else:
-            keys, values = self.cross_k_proj(flat), self.cross_v_proj(flat)
-        return keys.view(batch, length, dim), values.view(batch, length, dim)
-
-    def cross_attention(self, hidden, keys, values, source_bias):
-        """Attention of each row over its source: keys, values (B, S, D), computed once per input; the R rows are
-        B sources x R/B beams. source_bias: (B, S), 0 for real tokens, -inf for padding."""
-        rows, dim = hidden.shape
-        batch, length, _ = keys.shape
-        heads = self.num_heads
-        if self.fused_attention:
-            query = self.cross_q_proj(hidden)
-            return self.cross_o_proj(source_attention(query, keys, values, source_bias, heads, self.scaling))
-        query = self.cross_q_proj(hidden).view(batch, rows // batch, 1, heads, dim // heads)
-        keys = keys.view(batch, 1, length, heads, dim // heads)
-        scores = (query * keys).sum(-1) * self.scaling + source_bias.view(batch, 1, length, 1)  # (B, N, S, H)
-        probs = scores.softmax(dim=2)
-        out = (probs.unsqueeze(-1) * values.view(batch, 1, length, heads, dim // heads)).sum(2)  # (B, N, H, Dh)
-        return self.cross_o_proj(out.reshape(rows, dim))
-
-    def forward(self, hidden, position, keys, values, cross, source_bias, history):
-        """keys, values: (R, L, D) this layer's self-attention cache, written in place (separate graph inputs: a write
-        into a view of a larger input would make the compiled graph copy all of it); cross: (2, B, S, D). The
-        sub-layers are composed as the model's layer composes them (`layers.residual_sublayer`)."""
-        norm_first = self.normalize_before
-
-        def self_attention(states):
-            return self.self_attention(states, position, keys, values, history)
-
-        def cross_attention(states):
-            return self.cross_attention(states, cross[0], cross[1], source_bias)
-
-        def feed_forward(states):
-            return self.fc2(self.activation_fn(self.fc1(states)))
-
-        hidden = residual_sublayer(hidden, self_attention, self.self_attn_layer_norm, norm_first)
-        hidden = residual_sublayer(hidden, cross_attention, self.encoder_attn_layer_norm, norm_first)
-        return residual_sublayer(hidden, feed_forward, self.final_layer_norm, norm_first)
-
-
-class FastEncoderLayer(nn.Module):
-    """An encoder layer of `Seq2SeqTransformerLayer` on (B, T, D) states: the layer's own norms, activation, order of
-    sub-layers (`layers.residual_sublayer`) and attention kernel (the model's choice, `select_attention_kernel`), its
-    projections as `FastLinear` in the decoding precision."""
-
-    def __init__(self, layer: nn.Module, precision: str):
-        super().__init__()
-        attention = layer.self_attn
-        self.attention = attention  # the model's module: its kernel reads its attributes (is_causal, training, ...)
-        self.normalize_before = layer.normalize_before
-        self.num_heads = attention.num_heads
-        self.scaling = attention.scaling
-        self.qkv_proj = None
-        if precision != "float32":  # one product of the converted weights (float32: the model's own tensors)
-            self.qkv_proj = FastLinear(stacked_linear(attention.q_proj, attention.k_proj, attention.v_proj), precision)
-        else:
-            self.q_proj = FastLinear(attention.q_proj, precision)
-            self.k_proj = FastLinear(attention.k_proj, precision)
-            self.v_proj = FastLinear(attention.v_proj, precision)
-        self.o_proj = FastLinear(attention.o_proj, precision)
-        self.fc1 = FastLinear(layer.fc1, precision)
-        self.fc2 = FastLinear(layer.fc2, precision)
-        self.activation_fn = layer.activation_fn
-        self.self_attn_layer_norm = layer.self_attn_layer_norm
-        self.final_layer_norm = layer.final_layer_norm
-
-    def forward(self, hidden: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        """hidden: (B, T, D); mask: None or (B, 1, 1, T) boolean, True for real tokens."""
-        batch, length, dim = hidden.shape
-
-        def self_attention(states):
-            flat = states.reshape(batch * length, dim)
-            if self.qkv_proj is not None:
-                projected = self.qkv_proj(flat).split(dim, dim=1)
-            else:
-                projected = (self.q_proj(flat), self.k_proj(flat), self.v_proj(flat))
-            query, key, value = (split_heads(t.view(batch, length, dim), self.num_heads) for t in projected)
-            config = self.attention.config
-            kernel = select_attention_kernel(
-                config._attn_implementation, None, hidden.device.type, False, length, length, dim // self.num_heads
-            )
-            attention_fn = ALL_ATTENTION_FUNCTIONS.get_interface(kernel, eager_attention_forward)
-            out = attention_fn(self.attention, query, key, value, mask, dropout=0.0, scaling=self.scaling)[0]
-            return self.o_proj(out.reshape(batch * length, dim)).view(batch, length, dim)  # out: (B, T, H, Dh)
-
-        def feed_forward(states):
-            flat = states.reshape(batch * length, dim)
-            return self.fc2(self.activation_fn(self.fc1(flat))).view(batch, length, dim)
-
-        norm_first = self.normalize_before
-        hidden = residual_sublayer(hidden, self_attention, self.self_attn_layer_norm, norm_first)
-        return residual_sublayer(hidden, feed_forward, self.final_layer_norm, norm_first)
-
-
-class FastEncoder(nn.Module):
-    """The encoder of a `Seq2SeqTransformerForConditionalGeneration` with its linear layers in the decoding precision
-    (`FastDecoding.generate`): the stack's own embeddings, checks and final norm, `FastEncoderLayer`s. Dense encoders
-    only (`supports`)."""
-
-    def __init__(self, model: nn.Module, precision: str):
-        super().__init__()
-        self.stack = model.get_encoder()
-        self.layers = nn.ModuleList(FastEncoderLayer(layer, precision) for layer in self.stack.layers)
-
-    @staticmethod
-    def supports(model: nn.Module) -> bool:
-        """Whether this class runs `model`'s encoder: dense attention (a sparse encoder runs its own kernels)."""
-        return not getattr(model.get_encoder(), "sparse_encoder", False)
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> BaseModelOutput:
-        """input_ids, attention_mask: (B, T) -> the encoder output, as `generate` passes it on (`encoder_outputs`)."""
-        hidden = self.stack.embed(input_ids, None)  # (B, T, D): the model's embeddings, positions and checks
-        if attention_mask is not None:
-            self.stack._check_masks(attention_mask, None, None, ("input_ids", tuple(input_ids.shape)), 0)
-        mask = None if attention_mask is None or bool(attention_mask.all()) else attention_mask.bool()[:, None, None]
-        for layer in self.layers:
-            hidden = layer(hidden, mask)
-        if self.stack.layer_norm is not None:
-            hidden = self.stack.layer_norm(hidden)
-        return BaseModelOutput(last_hidden_state=hidden)
-
-
-class FastDecoder(nn.Module):
-    """The decoder of a `Seq2SeqTransformerForConditionalGeneration` as one-token steps: `logits`, and the greedy
-    and beam-search steps that `FastDecoding` compiles."""
-
-    def __init__(self, model: nn.Module, precision: str = "float32", screen: bool = False):
-        super().__init__()
-        if precision not in PRECISIONS:
-            raise ValueError(f"Unknown precision {precision!r}: expected one of {', '.join(map(repr, PRECISIONS))}.")
-        decoder = model.get_decoder()
-        self.precision = precision
-        self.embed_tokens = decoder.embed_tokens
-        self.embed_scale = decoder.embed_scale
-        self.register_buffer("embed_positions", decoder.embed_positions, persistent=False)
-        self.layers = nn.ModuleList(FastDecoderLayer(layer, precision) for layer in decoder.layers)
-        self.layer_norm = decoder.layer_norm
-        bias = getattr(model, "final_logits_bias", None)
-        self.lm_head = FastLinear(model.get_output_embeddings(), precision, bias=None if bias is None else bias[0])
-        # float32 greedy steps of few rows choose their tokens through `OutputScreen` where FBGEMM's float16 linear is
-        screened = screen and precision == "float32" and self.lm_head.weight.device.type == "cpu"
-        self.screen = OutputScreen(self.lm_head) if screened and fbgemm_fp16_available() else None
-        self.num_layers = len(self.layers)
-        self.d_model = self.embed_positions.shape[1]
-        # beam search's top-k of the candidates by the C++ kernel where the CPU runs it (`fast_kernels.topk_rows`)
-        self.fast_topk = self.lm_head.weight.device.type == "cpu" and cpp_kernels().level is not None
-        # whether products of 2 to SMALL_ROWS rows are loops over a fixed number of rows (`row_matmul_pass`), so that
-        # each such batch is compiled for its own size (`_batch_range`); float32 takes the packed product where its
-        # row range holds them (`packed_float32_rows`)
-        kernel, packed = self.lm_head.kernel(2), self.lm_head.packed_float32
-        packs_two = packed is not None and packed[0] <= 2 and (packed[1] is None or packed[1] >= 2)
-        row_loops = kernel in ("bfloat16-rows", "int8-weight-only") or (kernel == "float32" and not packs_two)
-        self.static_small_rows = self.lm_head.weight.device.type == "cpu" and row_loops
-
-    def new_cache(self, rows: int, length: int, device) -> list[torch.Tensor]:
-        """Zeroed self-attention keys and values: layer 0's keys, its values, layer 1's keys, ..., each
-        (rows, length, d_model)."""
-        return [torch.zeros(rows, length, self.d_model, device=device) for _ in range(2 * self.num_layers)]
-
-    def hidden(self, tokens, position, cache, cross, source_bias, history=None):
-        """tokens: (R,) the token at `position` (a 0-d tensor) of every row -> (R, D) the last hidden states."""
-        positions = self.embed_positions.index_select(0, position.view(1))  # (1, D)
-        hidden = self.embed_tokens(tokens) * self.embed_scale + positions  # (R, D)
-        for i, layer in enumerate(self.layers):
-            hidden = layer(hidden, position, cache[2 * i], cache[2 * i + 1], cross[i], source_bias, history)
-        if self.layer_norm is not None:
-            hidden = self.layer_norm(hidden)
-        return hidden
-
-    def logits(self, tokens, position, cache, cross, source_bias, history=None):
-        """tokens: (R,) the token at `position` (a 0-d tensor) of every row -> (R, V) float32 logits."""
-        return self.lm_head(self.hidden(tokens, position, cache, cross, source_bias, history))
-
-    # the logits processors (`decoding_rules.process_scores`), also called by the output screen
-    process = staticmethod(process_scores)
-
-    def greedy_step(self, tokens, position, cache, cross, source_bias, unfinished, pad, controls, screened=False):
-        """One greedy token per row (transformers' `_sample` without sampling): returns the next tokens (R,), the
-        rows still unfinished (R,) int64 and whether any is (0-d bool). screened: choose the tokens through
-        `self.screen`, and also return whether it proved them (0-d bool) and the hidden states (R, D), from which
-        `greedy_choice` takes the choice from all logits where it did not."""
-        hidden = self.hidden(tokens, position, cache, cross, source_bias)
-        if not screened:
-            return self.greedy_choice(hidden, position, unfinished, pad, controls)
-        next_tokens, certain = self.screen(hidden, position + 1, controls)
-        return (*advance_greedy(next_tokens, position + 1, unfinished, pad, controls), certain, hidden)
-
-    def greedy_choice(self, hidden, position, unfinished, pad, controls):
-        """`greedy_step`'s choice from the hidden states (R, D), through all float32 logits."""
-        cur_len = position + 1  # the decoder start token is position 0
-        scores = self.process(self.lm_head(hidden), cur_len, controls)  # (R, V)
-        # argmax as two plain reductions (the first of the largest, as argmax takes it), which inductor vectorises
-        # better than its fused argmax
-        vocab = scores.shape[1]
-        ids = torch.arange(vocab, device=scores.device)
-        best = scores.amax(dim=1, keepdim=True)
-        next_tokens = torch.where(scores == best, ids, vocab).amin(dim=1).clamp(max=vocab - 1)
-        return advance_greedy(next_tokens, cur_len, unfinished, pad, controls)
-
-    def beam_step(self, position, cache, cross, source_bias, state, denominators, controls, keep: int):
-        """One step of transformers' vectorised beam search (`_beam_search` without sampling) on `state`: the search's
-        tensors (`decoding_rules.beam_search_update`) and the cache history (B x K, L), in which each row keeps the
-        slot that holds each of its positions. Returns the new state and whether the search is over (0-d bool)."""
-        *search, history = state
-        running = search[0]
-        batch, beams, total = running.shape
-        rows = batch * beams
-        cur_len = position + 1  # the length of the sequences so far, decoder start token included
-        steps = torch.arange(total, device=running.device)
-        tokens = running.view(rows, total).gather(1, position.view(1, 1).expand(rows, 1)).view(rows)
-        own_slot = torch.arange(rows, device=history.device)[:, None]
-        history = torch.where(steps[: history.shape[1]] == position, own_slot, history)
-        logits = self.logits(tokens, position, cache, cross, source_bias, history)
-        log_probs = process_scores(F.log_softmax(logits, dim=-1), cur_len, controls)  # (R, V)
-        topk = topk_rows if self.fast_topk else torch.topk
-        search, beam_idx, done = beam_search_update(
-            log_probs, cur_len, tuple(search), denominators, controls, keep, steps, topk
-        )
-        # the cache follows the beams (transformers reorders it): row r continues row beam_idx[r]
-        history = history.index_select(0, beam_idx)
-        return (*search, history), done
-
-
-def compile_options(device: str | torch.device = "cpu") -> dict:
-    """inductor options of the fused step: on CPU the products of at most `SMALL_ROWS` rows become loops that read
-    each weight once at memory speed (`row_matmul_pass`, as in compiled_decoding.py)."""
-    if torch.device(device).type == "cpu":
-        return {"post_grad_custom_post_pass": row_matmul_pass(SMALL_ROWS)}
-    return {}
-
-
 def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
-
-
-class _Step(nn.Module):
-    """One step method of a `FastDecoder` as a module (what torch.export takes), its Python-number arguments fixed."""
-
-    def __init__(self, decoder: FastDecoder, method: str, **constants):
-        super().__init__()
-        self.decoder = decoder
-        self.method = method
-        self.constants = constants
-
-    def forward(self, *args):
-        return getattr(self.decoder, self.method)(*args, **self.constants)
-
-
-def _batch_range(batch: int, group: int, static_small_rows: bool = False) -> tuple[int, int | None]:
-    """The batch sizes (sources) that one compiled step serves, for `group` rows per source (beams): those whose rows
-    (batch x group) take the same products (`FastLinear.kernel`) and the same greedy choice (the output screen):
-    one row; at most `SMALL_ROWS` rows; more (no upper bound: None). A batch of one is a class of its own (torch.export
-    specializes a size of 1); so is each batch of at most `SMALL_ROWS` rows where those products are loops over a
-    fixed number of rows (`static_small_rows`: `row_matmul_pass`)."""
-    rows = batch * group
-    if batch == 1:
-        return 1, 1
-    if rows <= SMALL_ROWS:
-        return (batch, batch) if static_small_rows else (2, SMALL_ROWS // group)
-    return max(2, SMALL_ROWS // group + 1), None
-
-
-def _step_sizes(method: str, args) -> tuple[int, int, int]:
-    """(batch, rows per source, decoder layers) of a step's arguments."""
-    if method == "greedy_step":  # tokens, position, cache, cross, source_bias, unfinished, pad, controls
-        return args[0].shape[0], 1, len(args[2])
-    running = args[4][0]  # position, cache, cross, source_bias, state (running, ...), denominators, controls
-    return running.shape[0], running.shape[1], len(args[1])
-
-
-def _shape_key(method: str, args, constants: dict, dynamic: bool, static_small_rows: bool = False, batch=None):
-    """What selects a compiled step: the method, its fixed Python numbers and the shapes of its tensors, and torch's
-    threads (inductor writes its loops for the threads of the process that compiles them). Dynamic (AOTInductor):
-    the class of batch sizes (`_batch_range`) and the rows per source instead of the shapes (the cache and source
-    lengths and the batch vary in the compiled code); `batch` asks for another batch size than that of `args`."""
-    leaves = torch.utils._pytree.tree_leaves(args)
-    if dynamic:
-        size, group, layers = _step_sizes(method, args)
-        shapes = (_batch_range(size if batch is None else batch, group, static_small_rows), group, layers)
-    elif batch is None:
-        shapes = tuple(tuple(t.shape) for t in leaves)
-    else:
-        return None  # a batch that is not the arguments': a shape compiled only when it comes
-    dtypes = tuple(t.dtype for t in leaves)
-    return method, tuple(sorted(constants.items())), shapes, dtypes, torch.get_num_threads()
-
-
-def _axes(**axes) -> dict | None:
-    """A `dynamic_shapes` entry: {axis: Dim} of the axes that vary (None: a static tensor)."""
-    entry = {int(axis[1:]): dim for axis, dim in axes.items() if dim is not None}
-    return entry or None
-
-
-def _dynamic_shapes(method: str, args, batch_range: tuple[int, int | None] = (1, 1)) -> tuple:
-    """torch.export's `dynamic_shapes` of a step's arguments: the self-attention cache's length L and the source
-    length S vary (both at least 2: the caller pads), and the batch B over `batch_range` (rows: B x beams), so that
-    one compiled step serves every length and every batch of its class."""
-    from torch.export import Dim
-
-    length, source = Dim("cache_length", min=2), Dim("source_length", min=2)
-    low, high = batch_range
-    batch = None
-    if low != high:
-        batch = Dim("batch", min=low) if high is None else Dim("batch", min=low, max=high)
-    if method == "greedy_step":  # tokens, position, cache, cross, source_bias, unfinished, pad, controls
-        rows = _axes(a0=batch)
-        cache = [_axes(a0=batch, a1=length)] * len(args[2])
-        cross, bias = _axes(a2=batch, a3=source), _axes(a0=batch, a1=source)
-        return ((rows, None, cache, cross, bias, rows, None, (None,) * len(args[7])),)
-    # position, cache, cross, source_bias, state, denominators, controls
-    beams = args[4][0].shape[1]
-    rows = None if batch is None else beams * batch
-    cache = [_axes(a0=rows, a1=length)] * len(args[1])
-    cross, bias = _axes(a2=batch, a3=source), _axes(a0=batch, a1=source)
-    sequences, indices, per_source = _axes(a0=batch, a2=length + 1), _axes(a0=batch, a2=length), _axes(a0=batch)
-    history = _axes(a0=rows, a1=length)
-    state = (sequences, per_source, indices, sequences, per_source, indices, per_source, per_source, history)
-    return ((None, cache, cross, bias, state, {1: length + 2}, (None,) * len(args[6])),)
-
-
-# Steps this process compiled and loaded from disk ("compiled", "loaded"), over every FastDecoding
-step_counts: collections.Counter = collections.Counter()
-
-
-class _Steps:
-    """The compiled steps of one `FastDecoder`, one per method and shape class (`_shape_key`):
-
-    - "aoti" (the default): the step is exported (`torch.export`) and compiled by AOTInductor into a shared library,
-      called from C++: no Dynamo and no guard between tokens. The library holds no weights: they are the decoder's
-      own tensors, passed as user-managed constants (float32: the model's parameters themselves). The cache and
-      source lengths and the batch size (within its class, `_batch_range`) are dynamic. With `cache_dir`, the
-      compiled package is kept there (`step_cache.py`) and loaded by the next process instead of compiled.
-    - "compile": `torch.compile(fullgraph=True, dynamic=False)`; `skip_guards=True` runs the calls after the first of
-      each `generate` under `torch.compiler.set_stance(skip_guard_eval_unsafe=True)`.
-    - "eager": the same step without compilation (for checks)."""
-
-    def __init__(
-        self, decoder: FastDecoder, backend: str, options: dict, skip_guards: bool, cache_dir=None, identity=None
-    ):
-        self.decoder = decoder
-        self.backend = backend
-        self.options = options
-        self.skip_guards = skip_guards
-        self.cache_dir = cache_dir
-        self.identity = identity  # () -> the model's weights digest (`step_cache.weights_digest`), asked once
-        self._weights = None
-        self.runners: dict = {}
-
-    def _key(self, method: str, args: tuple, constants: dict, batch=None):
-        static = self.decoder.static_small_rows
-        return _shape_key(method, args, constants, self.backend == "aoti", static, batch)
-
-    def available(self, method: str, args: tuple, batch: int, **constants) -> bool:
-        """Whether the step of `method` for `batch` sources (otherwise like `args`) runs without compiling: built
-        already, kept on disk, or uncompiled (backend "eager")."""
-        if self.backend == "eager":
-            return True
-        key = self._key(method, args, constants, batch)
-        if key is None:
-            return False
-        if key in self.runners:
-            return True
-        return self.backend == "aoti" and self.cache_dir is not None and self._package_path(key).is_file()
-
-    def get(self, method: str, args: tuple, **constants):
-        """The runner of `method` for arguments shaped like `args`, built (compiled or loaded) at its first use."""
-        key = self._key(method, args, constants)
-        runner = self.runners.get(key)
-        if runner is None:
-            module = _Step(self.decoder, method, **constants)
-            if self.backend == "aoti":
-                runner = self._aoti_runner(key, module, args)
-                runner = aoti_flat_call(runner) or runner
-            elif self.backend == "compile":
-                runner = _compiled_runner(module, args, self.options, len(self.runners))
-            else:
-                runner = module
-            self.runners[key] = runner
-        return runner
-
-    def _package_path(self, key):
-        from .step_cache import step_key
-
-        if self._weights is None:
-            self._weights = self.identity() if self.identity is not None else ""
-        method, constants, shapes, dtypes, _ = key
-        parts = dict(method=method, constants=constants, shapes=shapes, dtypes=dtypes, weights=self._weights)
-        parts.update(precision=self.decoder.precision, options=_options_identity(self.options))
-        # the ops the step calls: the C++ kernels' (`hf_vit_plus_cpp::...`) where they are built, else the Python ones
-        # (asked of the module, as the decoder's products ask it when they choose their op)
-        kernels = importlib.import_module(cpp_kernels.__module__)
-        parts.update(cpp_kernels=(kernels.cpp_fbgemm_ops(), tuple(kernels.cpp_kernels())))
-        return Path(self.cache_dir) / step_key(**parts)
-
-    def _aoti_runner(self, key, module: nn.Module, args: tuple):
-        (low, high), group = key[2][0], key[2][1]
-        sizes = f"{low}" if low == high else f"{low}-{high}" if high is not None else f"{low}+"
-        what = f"the {key[0].replace('_step', '')} step ({self.decoder.precision}, batch {sizes}"
-        what += f" x {group} beams)" if group > 1 else ")"
-        dynamic_shapes = _dynamic_shapes(key[0], args, key[2][0])
-        if self.cache_dir is None:
-            started = time.perf_counter()
-            logger.info("FastDecoding: compiling %s (not kept: no step cache)", what)
-            runner = aoti_compile(module, args, dynamic_shapes, self.options)
-            step_counts["compiled"] += 1
-            logger.info("FastDecoding: compiled %s in %.1f s", what, time.perf_counter() - started)
-            return runner
-        from .step_cache import load_or_build
-
-        path = self._package_path(key)
-        started = time.perf_counter()
-
-        def build(target: str) -> None:
-            logger.info("FastDecoding: compiling %s, once per machine, into %s", what, path)
-            aoti_package(module, args, dynamic_shapes, self.options, target)
-            step_counts["compiled"] += 1
-
-        runner, built = load_or_build(path, build, functools.partial(aoti_load, module))
-        if built:
-            logger.info("FastDecoding: compiled %s in %.1f s", what, time.perf_counter() - started)
-        else:
-            step_counts["loaded"] += 1
-            logger.info("FastDecoding: loaded %s from %s in %.2f s", what, path, time.perf_counter() - started)
-        return runner
-
-    def loop_context(self):
-        """The context of the calls after the first of a `generate` call."""
-        if self.backend == "compile" and self.skip_guards:
-            return torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
-        return contextlib.nullcontext()
-
-
-def _options_identity(options: dict) -> dict:
-    """inductor options as text for a step's key (a custom pass by its own `uuid`)."""
-    out = {}
-    for name, value in sorted(options.items()):
-        uuid = getattr(value, "uuid", None)
-        out[name] = uuid().hex() if callable(uuid) else repr(value)
-    return out
-
-
-def aoti_package(module: nn.Module, args: tuple, dynamic_shapes, options: dict | None, path: str) -> str:
-    """`module` exported with `args` (`torch.export`, `dynamic_shapes` as it takes them) and compiled by AOTInductor
-    with the inductor `options` (default `compile_options()`) into the package `path`, without its parameters and
-    buffers (`aoti_load` passes the module's own tensors)."""
-    import torch._inductor
-
-    options = compile_options() if options is None else options
-    exported = export_program(module, args, dynamic_shapes=dynamic_shapes, strict=False)
-    configs = {**options, "aot_inductor.package_constants_in_so": False}
-    return torch._inductor.aoti_compile_and_package(exported, package_path=path, inductor_configs=configs)
-
-
-def aoti_load(module: nn.Module, path: str):
-    """The AOTInductor package at `path` (`aoti_package`) loaded, its constants the tensors of `module` (user-managed:
-    not copied)."""
-    import torch._inductor
-
-    runner = torch._inductor.aoti_load_package(path)
-    tensors = dict(module.named_parameters(remove_duplicate=False))
-    tensors.update(module.named_buffers(remove_duplicate=False))
-    constants = {name: tensors[name] for name in runner.get_constant_fqns()}
-    runner.load_constants(constants, check_full_update=True, user_managed=True)
-    return runner
-
-
-def aoti_compile(module: nn.Module, args: tuple, dynamic_shapes=None, options: dict | None = None):
-    """`module` exported with `args` (`torch.export`, `dynamic_shapes` as it takes them), compiled by AOTInductor
-    with the inductor `options` (default `compile_options()`) and loaded; its parameters and buffers are not copied
-    into the library but passed as user-managed constants (the module's own tensors). Returns the callable."""
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="hf_vit_plus_fast_decoding_") as folder:
-        path = aoti_package(module, args, dynamic_shapes, options, os.path.join(folder, "step.pt2"))
-        return aoti_load(module, path)
-
-
-def _compiled_runner(module: nn.Module, args: tuple, options: dict, compiled_so_far: int):
-    """`module` under torch.compile, compiled now on `args` (each shape is one more entry of the same code object:
-    torch's recompile limit is raised to hold them all)."""
-    import torch._dynamo
-
-    compiled = torch.compile(module, fullgraph=True, dynamic=False, options=options)
-    limit = max(torch._dynamo.config.recompile_limit, compiled_so_far + 2)
-    with torch._dynamo.config.patch(recompile_limit=limit):
-        compiled(*copy_args(args))
-    return compiled
-
-
-def copy_args(args):
-    """A copy of the tensors of `args` (a trial call must not write into the caller's cache)."""
-    return torch.utils._pytree.tree_map(lambda t: t.clone() if torch.is_tensor(t) else t, args)
 
 
 class _ModelDecoding:
@@ -1234,15 +670,24 @@ class _Settings:
             )
 
 
+# The engine's names, the converted layers' (fast_layers.py) and the compiled steps' (fast_steps.py) among them: users,
+# tests and scripts import them from here.
 __all__ = [
     "BACKENDS",
     "INT8_WEIGHT_ONLY_MAX_ROWS",
     "PRECISIONS",
     "SMALL_ROWS",
     "FastDecoder",
+    "FastDecoderLayer",
     "FastDecoding",
+    "FastEncoder",
+    "FastEncoderLayer",
     "FastLinear",
     "aoti_compile",
+    "aoti_load",
+    "aoti_package",
     "compile_options",
+    "copy_args",
     "quantize_rows",
+    "step_counts",
 ]

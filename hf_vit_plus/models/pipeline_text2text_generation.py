@@ -25,9 +25,9 @@ One switch picks the engine that decodes (`engine=...` when the pipeline is buil
 the tokens of eager `generate` in float32). "ctranslate2" runs the exported model with `ctranslate2.Translator`
 (`CTranslate2Generator`), the tokenizer staying this pipeline's.
 
-The file imports only torch, transformers and its siblings `decoding_rules`, `fast_decoding`, `fast_kernels`,
-`step_cache` and `cpu_isa` (shipped next to it), so it also runs as remote code where the hf_vit_plus package is not
-installed.
+The file imports only torch, transformers and its siblings `decoding_rules`, `fast_decoding` (with `fast_layers`
+and `fast_steps`), `fast_kernels`, `step_cache` and `cpu_isa` (shipped next to it), so it also runs as remote code
+where the hf_vit_plus package is not installed.
 """
 
 from __future__ import annotations
@@ -275,6 +275,7 @@ def save_text2text_pipeline(model, tokenizer, save_directory: str | Path, tasks:
     tokenizer.save_pretrained(save_directory)
     shutil.copyfile(__file__, save_directory / f"{module}.py")
     # The pipeline's own imports and engine="fast"'s (the model code already ships its own imports).
-    for name in ("decoding_rules.py", "fast_decoding.py", "fast_kernels.py", "step_cache.py", "cpu_isa.py"):
+    engine = ("fast_decoding.py", "fast_layers.py", "fast_steps.py", "fast_kernels.py", "step_cache.py", "cpu_isa.py")
+    for name in ("decoding_rules.py", *engine):
         shutil.copyfile(Path(__file__).with_name(name), save_directory / name)
     return save_directory

@@ -40,6 +40,8 @@ T = TypeVar("T")
 # The modules whose code a compiled step runs (a change to any of them is a new key).
 TRACED_SOURCES = (
     "fast_decoding.py",
+    "fast_layers.py",
+    "fast_steps.py",
     "fast_kernels.py",
     "fast_kernels.cpp",
     "decoding_rules.py",

@@ -194,7 +194,8 @@ def test_the_pipeline_engines(checkpoint, tmp_path):
 
 def test_the_fast_engine_runs_as_remote_code(checkpoint, tmp_path):
     """The saved pipeline folder carries fast_decoding.py: pipeline(..., engine="fast") works without the package."""
-    shipped = ("decoding_rules.py", "fast_decoding.py", "fast_kernels.py", "step_cache.py", "cpu_isa.py")
+    engine = ("fast_decoding.py", "fast_layers.py", "fast_steps.py", "fast_kernels.py", "step_cache.py", "cpu_isa.py")
+    shipped = ("decoding_rules.py", *engine)
     assert all((checkpoint / name).is_file() for name in shipped)
     result = run_without_package(
         f"""
