@@ -706,18 +706,22 @@ def user_data_record(options: TrainingArguments, files: str | None) -> dict:
     return dict(name=name, hub_id=None, description=f"local files (`{name}`), not on the Hub.")
 
 
+# The run's options that say where the user's data is, as `data.loading.user_data_source` takes them.
+USER_DATA_OPTIONS = (
+    "dataset_name", "dataset_config_name", "train_dir", "validation_dir", "train_file", "validation_file"
+)  # fmt: skip
+
+
+def user_data_options(options: TrainingArguments) -> dict[str, str | None]:
+    """--dataset_name, --dataset_config_name, --train_dir, --validation_dir, --train_file and --validation_file, as
+    the keyword arguments of `load_user_dataset` / `load_user_stream`."""
+    return {name: getattr(options, name) for name in USER_DATA_OPTIONS}
+
+
 def load_user_data(options: TrainingArguments) -> DatasetDict:
     """The user's data (--dataset_name, --train_dir or --train_file) with "train" and "validation" splits."""
-    return load_user_dataset(
-        dataset_name=options.dataset_name,
-        dataset_config_name=options.dataset_config_name,
-        train_dir=options.train_dir,
-        validation_dir=options.validation_dir,
-        train_file=options.train_file,
-        validation_file=options.validation_file,
-        validation_split_percentage=options.validation_split_percentage,
-        seed=options.seed,
-    )
+    split = dict(validation_split_percentage=options.validation_split_percentage, seed=options.seed)
+    return load_user_dataset(**user_data_options(options), **split)
 
 
 def stream_data(options: TrainingArguments, **roles: tuple[str | None, tuple[str, ...], str]):
@@ -743,14 +747,7 @@ def stream_data(options: TrainingArguments, **roles: tuple[str | None, tuple[str
     from ...data.image_files import image_feature_columns, undecoded
     from ...data.pipeline import example_fingerprint
 
-    user = load_user_stream(
-        dataset_name=options.dataset_name,
-        dataset_config_name=options.dataset_config_name,
-        train_dir=options.train_dir,
-        validation_dir=options.validation_dir,
-        train_file=options.train_file,
-        validation_file=options.validation_file,
-    )
+    user = load_user_stream(**user_data_options(options))
     stream = user.train
     names = list(stream.column_names or next(iter(stream.take(1)), {}))
     chosen = {role: pick_column(names, requested, candidates, flag) for role, (requested, candidates, flag)
