@@ -22,7 +22,7 @@ import logging
 import sys
 from pathlib import Path
 
-from .cli_utils import HelpFormatter, checked_number, positive_int
+from .cli_utils import HelpFormatter, non_negative_int, positive_int
 from .errors import UsageError, check_model_location, load_config
 from .families import FAMILIES, family_of_config
 from .utils.extras import require
@@ -41,7 +41,6 @@ TRANSLATE_DESCRIPTION = (
     "ctranslate2`, or the checkpoint converted on the fly; --compute_type). Beam size and length default to the "
     "model's generation config; the maximum length to the source length + 50."
 )
-non_negative_int = checked_number(int, lambda value: value >= 0, "a non-negative integer")
 
 
 def add_parser(subparsers) -> None:
