@@ -230,6 +230,7 @@ def checked_number(convert: type, accept, expected: str):
 
 
 positive_int = checked_number(int, lambda value: value >= 1, "a positive integer")  # a count or a length
+non_negative_int = checked_number(int, lambda value: value >= 0, "a non-negative integer")  # a seed, threads (0: auto)
 positive_float = checked_number(float, lambda value: 0 < value < math.inf, "a positive number")
 unit_interval = checked_number(float, lambda value: 0.0 <= value <= 1.0, "a number in [0, 1]")  # a weight
 
@@ -260,6 +261,7 @@ __all__ = [
     "RawDescriptionDefaultsFormatter",
     "checked_number",
     "existing_file",
+    "non_negative_int",
     "one_line",
     "one_of",
     "unrecognized_arguments",

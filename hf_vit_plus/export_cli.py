@@ -22,7 +22,7 @@ import logging
 import sys
 from pathlib import Path
 
-from .cli_utils import HelpFormatter, checked_number, positive_int
+from .cli_utils import HelpFormatter, non_negative_int, positive_int
 from .errors import UsageError, check_model_location, load_config
 from .families import FAMILIES, family_of_config
 from .utils.extras import require
@@ -41,7 +41,6 @@ TRANSLATE_DESCRIPTION = (
     "ctranslate2`, or the checkpoint converted on the fly; --compute_type). Beam size and length default to the "
     "model's generation config; the maximum length to the source length + 50."
 )
-non_negative_int = checked_number(int, lambda value: value >= 0, "a non-negative integer")
 
 
 def add_parser(subparsers) -> None:
@@ -52,31 +51,31 @@ def add_parser(subparsers) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     formats = parser.add_subparsers(dest="export_format", required=True, metavar="{onnx,ctranslate2}")
-    onnx = formats.add_parser(
-        "onnx",
-        help="ONNX graphs through torch's dynamo exporter (needs onnx and onnxscript)",
-        description=__doc__,
-        formatter_class=HelpFormatter,
-    )
-    onnx.add_argument("checkpoint", help="a saved hf_vit_plus model folder or Hub id")
-    onnx.add_argument("output_dir", type=Path, help="folder the .onnx files (and config, tokenizer) are written to")
-    onnx.set_defaults(func=run_onnx)
 
-    ct2 = formats.add_parser(
-        "ctranslate2",
-        help="a CTranslate2 model of a seq2seq checkpoint with a dense encoder (needs ctranslate2)",
-        description=__doc__,
-        formatter_class=HelpFormatter,
-    )
-    ct2.add_argument("checkpoint", help="a saved hf_vit_plus seq2seq model folder or Hub id")
-    ct2.add_argument("output_dir", type=Path, help="folder the CTranslate2 model (and tokenizer) is written to")
+    def export_format(name: str, run, help_text: str, checkpoint: str, output: str) -> argparse.ArgumentParser:
+        """`export NAME CHECKPOINT OUTPUT_DIR`: what every format takes, `checkpoint` and `output` their help."""
+        sub = formats.add_parser(name, help=help_text, description=__doc__, formatter_class=HelpFormatter)
+        sub.add_argument("checkpoint", help=checkpoint)
+        sub.add_argument("output_dir", type=Path, help=output)
+        sub.set_defaults(func=run)
+        return sub
+
+    export_format(
+        "onnx", run_onnx, "ONNX graphs through torch's dynamo exporter (needs onnx and onnxscript)",
+        "a saved hf_vit_plus model folder or Hub id", "folder the .onnx files (and config, tokenizer) are written to",
+    )  # fmt: skip
+    ct2 = export_format(
+        "ctranslate2", run_ctranslate2,
+        "a CTranslate2 model of a seq2seq checkpoint with a dense encoder (needs ctranslate2)",
+        "a saved hf_vit_plus seq2seq model folder or Hub id",
+        "folder the CTranslate2 model (and tokenizer) is written to",
+    )  # fmt: skip
     ct2.add_argument(
         "--quantization",
         choices=CTRANSLATE2_QUANTIZATIONS,
         default=None,
         help="weight type stored in the model (default: float32)",
     )
-    ct2.set_defaults(func=run_ctranslate2)
     add_translate_parser(subparsers)
 
 

@@ -19,14 +19,11 @@ import logging
 import time
 from pathlib import Path
 
-from .cli_utils import RawDescriptionDefaultsFormatter, checked_number, positive_float, positive_int
+from .cli_utils import RawDescriptionDefaultsFormatter, non_negative_int, positive_float, positive_int
 from .data.images import IMAGE_DATASETS
 from .errors import UsageError, load_config
 
 logger = logging.getLogger(__name__)
-
-
-non_negative_int = checked_number(int, lambda value: value >= 0, "a non-negative integer")
 
 
 def add_parser(subparsers) -> None:

@@ -37,6 +37,7 @@ class DataSource:
         name: the data set's configuration (--dataset_config_name).
         data_files: split -> files, for local files; None for --dataset_name.
         validation_option: the option that named the validation files, if any.
+        validation_value: its value.
         kwargs: further keywords of `load_dataset` (a .tsv file's delimiter).
     """
 
@@ -46,6 +47,7 @@ class DataSource:
     name: str | None = None
     data_files: dict[str, list[str]] | None = None
     validation_option: str | None = None
+    validation_value: str | None = None
     kwargs: dict[str, Any] = field(default_factory=dict)
 
 
@@ -99,7 +101,8 @@ def user_data_source(
                 )
             data_files["validation"] = builders["--validation_dir"][1]
         return DataSource("--train_dir", train_dir, builder, data_files=data_files,
-                          validation_option="--validation_dir" if validation_dir else None)  # fmt: skip
+                          validation_option="--validation_dir" if validation_dir else None,
+                          validation_value=validation_dir or None)  # fmt: skip
     if train_file:
         builder = file_builder(train_file)
         data_files = {}
@@ -125,29 +128,17 @@ def user_data_source(
         kwargs = {"delimiter": "\t"} if Path(train_file).suffix.lower() == ".tsv" else {}
         validation_option = "--validation_file" if validation_file else None
         return DataSource("--train_file", train_file, builder, data_files=data_files,
-                          validation_option=validation_option, kwargs=kwargs)  # fmt: skip
+                          validation_option=validation_option, validation_value=validation_file or None,
+                          kwargs=kwargs)  # fmt: skip
     raise ValueError("No data given: pass --dataset_name, --train_dir or --train_file.")
 
 
-def load_user_dataset(
-    *,
-    dataset_name: str | None = None,
-    dataset_config_name: str | None = None,
-    train_dir: str | None = None,
-    validation_dir: str | None = None,
-    train_file: str | None = None,
-    validation_file: str | None = None,
-    validation_split_percentage: float = 10.0,
-    seed: int = 42,
-) -> DatasetDict:
-    """Load user data as a `DatasetDict` with "train" and "validation" (see `user_data_source` for the arguments).
+def load_user_dataset(source: DataSource, validation_split_percentage: float = 10.0, seed: int = 42) -> DatasetDict:
+    """Load the user's data (`source`: `user_data_source`) as a `DatasetDict` with "train" and "validation".
 
     A missing validation split is carved out of "train" (`validation_split_percentage`, stratified when the
     data has a `ClassLabel` column).
     """
-    source = user_data_source(dataset_name=dataset_name, dataset_config_name=dataset_config_name, train_dir=train_dir,
-                              validation_dir=validation_dir, train_file=train_file,
-                              validation_file=validation_file)  # fmt: skip
     with _data_errors(source.option, source.value):
         raw = load_dataset(source.path, source.name, data_files=source.data_files, **source.kwargs)
     return ensure_validation_split(raw, validation_split_percentage, seed)
@@ -169,27 +160,14 @@ class UserStream:
     validation_from: str = ""
 
 
-def load_user_stream(
-    *,
-    dataset_name: str | None = None,
-    dataset_config_name: str | None = None,
-    train_dir: str | None = None,
-    validation_dir: str | None = None,
-    train_file: str | None = None,
-    validation_file: str | None = None,
-) -> UserStream:
+def load_user_stream(source: DataSource) -> UserStream:
     """The user's training data as a stream (`load_dataset(..., streaming=True)`): Hub data sets, local folders and
     files of any format `user_data_source` reads. The evaluation data, from a validation split of the source or from
     --validation_file / --validation_dir, is read whole (`load_dataset(..., split=...)`: Arrow, memory-mapped), since
     every evaluation reads all of it.
 
     Args:
-        dataset_name: a Hub id or a local folder that `load_dataset` reads.
-        dataset_config_name: its configuration.
-        train_dir: an image folder or a folder of shards.
-        validation_dir: the same for the evaluation data.
-        train_file: a data file, or a pattern of shards.
-        validation_file: the same for the evaluation data.
+        source: the user's data, as `user_data_source` describes it.
 
     Returns:
         The stream and the evaluation split (None when the source has none).
@@ -197,9 +175,6 @@ def load_user_stream(
     Raises:
         ValueError: data that cannot be read, naming the option.
     """
-    source = user_data_source(dataset_name=dataset_name, dataset_config_name=dataset_config_name, train_dir=train_dir,
-                              validation_dir=validation_dir, train_file=train_file,
-                              validation_file=validation_file)  # fmt: skip
     with _data_errors(source.option, source.value):
         streams = load_dataset(source.path, source.name, data_files=source.data_files, streaming=True, **source.kwargs)
     if "train" not in streams:
@@ -213,7 +188,7 @@ def load_user_stream(
                                   **source.kwargs)  # fmt: skip
     where = f"the {split!r} split"
     if source.validation_option:
-        where = f"{source.validation_option} {validation_dir or validation_file}"
+        where = f"{source.validation_option} {source.validation_value}"
     return UserStream(streams["train"], validation, where)
 
 

@@ -141,6 +141,36 @@ def check_fields(values: dict, checks: dict[str, Callable[[str, object], None]])
             check(name, values[name])
 
 
+class FromDictChecksMixin:
+    """Inherited before `PretrainedConfig` by the configs whose `__init__` ends with `validate_fields()`: transformers
+    sets the keyword arguments of `from_pretrained` after the config is built (`from_pretrained(folder,
+    image_size=32)`), so `from_dict` runs the same checks again, and a combination they make that cannot work is
+    refused by name."""
+
+    def validate_fields(self) -> None:
+        """Raise a `ValueError` (`TypeError`) naming the offending values if the fields do not describe a valid
+        model."""
+        raise NotImplementedError
+
+    @classmethod
+    def from_dict(cls, config_dict: dict, **kwargs) -> PretrainedConfig | tuple[PretrainedConfig, dict]:
+        """transformers' `from_dict`, then the checks of `__init__` again (`validate_fields`).
+
+        Args:
+            config_dict: the saved fields.
+            **kwargs: fields set on top, and transformers' own options of `from_dict` (`return_unused_kwargs`).
+
+        Returns:
+            The config (with the unused keyword arguments, where `return_unused_kwargs=True`).
+
+        Raises:
+            ValueError: fields that cannot work together, named.
+        """
+        result = super().from_dict(config_dict, **kwargs)
+        (result[0] if isinstance(result, tuple) else result).validate_fields()
+        return result
+
+
 # Names that parts of transformers other than the config classes write into or read from a config dict (the Auto
 # classes' remote code, tokenizers, pipelines, the config.json of older versions; `Trainer` sets `use_cache` on every
 # model's config, and its base config's own check of generation settings exempts it; a quantized model's

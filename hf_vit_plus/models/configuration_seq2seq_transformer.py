@@ -289,17 +289,9 @@ class Seq2SeqTransformerConfig(HubConfigMixin, PretrainedConfig):
                 f"Unknown Transformer preset {name!r}: expected one of {list(SEQ2SEQ_TRANSFORMER_PRESETS)}."
             )
         layers, d_model, d_ff, heads, dropout = SEQ2SEQ_TRANSFORMER_PRESETS[name]
-        fields = dict(
-            encoder_layers=layers,
-            decoder_layers=layers,
-            d_model=d_model,
-            encoder_ffn_dim=d_ff,
-            decoder_ffn_dim=d_ff,
-            encoder_attention_heads=heads,
-            decoder_attention_heads=heads,
-            dropout=dropout,
-            label_smoothing=0.1,
-        )
+        fields = dict(d_model=d_model, dropout=dropout, label_smoothing=0.1)
+        for both_stacks, value in (("num_layers", layers), ("ffn_dim", d_ff), ("num_heads", heads)):
+            fields.update(dict.fromkeys(cls.ambiguous_names[both_stacks], value))  # the encoder's and the decoder's
         fields.update(kwargs)
         return cls(**fields)
 

@@ -14,6 +14,7 @@ from transformers import PretrainedConfig
 from .compat import CACHE_NAMES
 from .config_checks import (
     HIDDEN_SIZE_STYLE_ALIASES,
+    FromDictChecksMixin,
     check_activation,
     check_bool,
     check_divisible,
@@ -66,7 +67,7 @@ FIELD_CHECKS = {
 }
 
 
-class SparseTransformerConfig(HubConfigMixin, PretrainedConfig):
+class SparseTransformerConfig(HubConfigMixin, FromDictChecksMixin, PretrainedConfig):
     r"""Configuration of a [`SparseTransformerModel`][hf_vit_plus.SparseTransformerModel] /
     [`SparseTransformerForCausalLM`][hf_vit_plus.SparseTransformerForCausalLM].
 
@@ -198,7 +199,7 @@ class SparseTransformerConfig(HubConfigMixin, PretrainedConfig):
             # Two heads share this config under AutoModelForCausalLM (the text and the image model): transformers
             # builds the one `architectures` names, and a fresh config named none (`from_config` raised TypeError).
             self.architectures = [self.causal_lm_class_name]
-        self.validate_sparse_transformer()
+        self.validate_fields()
 
     def __setattr__(self, name: str, value) -> None:
         # An image model's fields that `for_images` derives from its size (the positions, the factorized shape, the
@@ -216,27 +217,7 @@ class SparseTransformerConfig(HubConfigMixin, PretrainedConfig):
             if key in after and (key != "factorized_shape" or self.position_embedding_type == "factorized"):
                 super().__setattr__(key, after[key])
 
-    @classmethod
-    def from_dict(cls, config_dict: dict, **kwargs) -> PretrainedConfig | tuple[PretrainedConfig, dict]:
-        """transformers' `from_dict`, then the checks of `__init__` again: transformers sets the keyword arguments
-        of `from_pretrained` after the config is built, so a combination they make that cannot work is refused
-        here, by name.
-
-        Args:
-            config_dict: the saved fields.
-            **kwargs: fields set on top, and transformers' own options of `from_dict` (`return_unused_kwargs`).
-
-        Returns:
-            The config (with the unused keyword arguments, where `return_unused_kwargs=True`).
-
-        Raises:
-            ValueError: fields that cannot work together, named.
-        """
-        result = super().from_dict(config_dict, **kwargs)
-        (result[0] if isinstance(result, tuple) else result).validate_sparse_transformer()
-        return result
-
-    def validate_sparse_transformer(self) -> None:
+    def validate_fields(self) -> None:
         """Raise a `ValueError` naming the offending values if the fields do not describe a valid model."""
         check_fields(vars(self), FIELD_CHECKS)
         check_divisible("hidden_size", self.hidden_size, "num_attention_heads", self.num_attention_heads)

@@ -14,6 +14,7 @@ from transformers import PretrainedConfig
 from .config_checks import (
     HIDDEN_SIZE_STYLE_ALIASES,
     FieldTypeError,
+    FromDictChecksMixin,
     check_activation,
     check_bool,
     check_divisible,
@@ -124,7 +125,7 @@ def conv_stem_grid(size: int, layers: int) -> int:
     return size
 
 
-class ViTPlusConfig(HubConfigMixin, PretrainedConfig):
+class ViTPlusConfig(HubConfigMixin, FromDictChecksMixin, PretrainedConfig):
     r"""Configuration of a [`ViTPlusModel`][hf_vit_plus.ViTPlusModel].
 
     Args:
@@ -273,7 +274,7 @@ class ViTPlusConfig(HubConfigMixin, PretrainedConfig):
         self.conv_stem_layers = conv_stem_layers
         self.conv_stem_channels = conv_stem_channels
         super().__init__(**kwargs)
-        self.validate_vit_plus()
+        self.validate_fields()
 
     def __setattr__(self, name: str, value: Any) -> None:
         # `encoder_stride` follows `patch_size` when that is set after the config is made (`config.update`, as
@@ -297,27 +298,7 @@ class ViTPlusConfig(HubConfigMixin, PretrainedConfig):
         if summary_derived:
             super().__setattr__("sparse_summary_size", _derived_summary_size(self.attention_type, self.sparse_stride))
 
-    @classmethod
-    def from_dict(cls, config_dict: dict, **kwargs) -> PretrainedConfig | tuple[PretrainedConfig, dict]:
-        """transformers' `from_dict`, then the checks of `__init__` again: transformers sets the keyword arguments
-        of `from_pretrained` after the config is built (`from_pretrained(folder, image_size=32)`), so a combination
-        they make that cannot work is refused here, by name.
-
-        Args:
-            config_dict: the saved fields.
-            **kwargs: fields set on top, and transformers' own options of `from_dict` (`return_unused_kwargs`).
-
-        Returns:
-            The config (with the unused keyword arguments, where `return_unused_kwargs=True`).
-
-        Raises:
-            ValueError: fields that cannot work together, named.
-        """
-        result = super().from_dict(config_dict, **kwargs)
-        (result[0] if isinstance(result, tuple) else result).validate_vit_plus()
-        return result
-
-    def validate_vit_plus(self) -> None:
+    def validate_fields(self) -> None:
         """Raise a `ValueError` (`TypeError`) naming the offending values if the fields do not describe a valid
         ViT: each field's kind, then the relations between them."""
         check_fields(vars(self), FIELD_CHECKS)

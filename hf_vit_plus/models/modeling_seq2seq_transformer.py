@@ -400,31 +400,24 @@ class Seq2SeqTransformerStack(nn.Module):
         skip = not output_attentions
         kernel = select_attention_kernel(self.config._attn_implementation, None, hidden_states.device.type, not skip)
         mask_config = self.config if kernel == self.config._attn_implementation else _MaskConfig(self.config, kernel)
+        # What every dense mask is built from: the kernel's config and the queries' hidden states.
+        queries = dict(config=mask_config, inputs_embeds=hidden_states)
         if self.is_decoder:
             # No target padding mask (the usual case): the causal mask alone, which sdpa applies without a tensor.
+            self_cache = mask_cache_argument(cache.self_attention_cache if cache is not None else None)
             self_mask = create_causal_mask(
-                config=mask_config,
-                inputs_embeds=hidden_states,
-                attention_mask=attention_mask,
-                **mask_cache_argument(cache.self_attention_cache if cache is not None else None),
-                allow_is_causal_skip=skip,
+                **queries, attention_mask=attention_mask, **self_cache, allow_is_causal_skip=skip
             )
             cross_mask = create_bidirectional_mask(
-                config=mask_config,
-                inputs_embeds=hidden_states,
-                attention_mask=encoder_attention_mask,
-                encoder_hidden_states=encoder_hidden_states,
+                **queries, attention_mask=encoder_attention_mask, encoder_hidden_states=encoder_hidden_states,
                 allow_is_bidirectional_skip=skip,
-            )
+            )  # fmt: skip
         elif self.sparse_encoder:
             self_mask = _sparse_key_mask(attention_mask, batch_size, seq_len)  # (B, T) bool or None
             cross_mask = None
         else:
             self_mask = create_bidirectional_mask(
-                config=mask_config,
-                inputs_embeds=hidden_states,
-                attention_mask=attention_mask,
-                allow_is_bidirectional_skip=skip,
+                **queries, attention_mask=attention_mask, allow_is_bidirectional_skip=skip
             )
             cross_mask = None
 

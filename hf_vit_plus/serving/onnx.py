@@ -10,6 +10,7 @@ greedy tokens of `model.generate(num_beams=1, do_sample=False)`.
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import torch
@@ -32,6 +33,14 @@ def _session(path: Path, threads: int | None):
 
 def _numpy(x):
     return x.detach().cpu().numpy() if torch.is_tensor(x) else x
+
+
+def _inputs(input_ids, attention_mask):
+    """`generate`'s token ids and mask (all ones where None) as the int64 arrays the graphs take."""
+    import numpy as np
+
+    input_ids = _numpy(input_ids).astype(np.int64)
+    return input_ids, np.ones_like(input_ids) if attention_mask is None else _numpy(attention_mask).astype(np.int64)
 
 
 # What generate's greedy decoding may be asked that these loops do not implement (beyond `DecodingRules`)
@@ -104,7 +113,24 @@ def _greedy_loop(step, first_tokens, num_layers, empty_cache, rules, start_lengt
     return np.concatenate(generated, axis=1) if generated else np.zeros((first_tokens.shape[0], 0), dtype=np.int64)
 
 
-class OnnxSeq2SeqGenerator:
+class _OnnxGenerator:
+    """What both generators do with an `export_onnx` folder: read its config and generation settings, and open
+    onnxruntime sessions of its graphs (`graph_files`, in that order: `sessions`)."""
+
+    # The exported model's config class, "module.Class" of hf_vit_plus.models: imported when a folder is opened
+    config_class_name = ""
+    graph_files: tuple[str, ...] = ()
+
+    def __init__(self, folder: str | Path, threads: int | None = None):
+        module, name = self.config_class_name.split(".")
+        config_class = getattr(importlib.import_module(f"..models.{module}", __package__), name)
+        folder = Path(folder)
+        self.config = config_class.from_pretrained(folder)
+        self.generation_config = _default_settings(folder, self.config)
+        self.sessions = tuple(_session(folder / name, threads) for name in self.graph_files)
+
+
+class OnnxSeq2SeqGenerator(_OnnxGenerator):
     """Greedy decoding with `encoder_model.onnx` and `decoder_model.onnx` of an `export_onnx` folder.
 
     It gives the tokens of `model.generate(num_beams=1, do_sample=False, ...)`, with generate's settings of lengths,
@@ -119,14 +145,8 @@ class OnnxSeq2SeqGenerator:
         FileNotFoundError: a graph is missing from `folder`.
     """
 
-    def __init__(self, folder: str | Path, threads: int | None = None):
-        from ..models.configuration_seq2seq_transformer import Seq2SeqTransformerConfig
-
-        folder = Path(folder)
-        self.config = Seq2SeqTransformerConfig.from_pretrained(folder)
-        self.generation_config = _default_settings(folder, self.config)
-        self.encoder = _session(folder / ENCODER_FILE, threads)
-        self.decoder = _session(folder / DECODER_FILE, threads)
+    config_class_name = "configuration_seq2seq_transformer.Seq2SeqTransformerConfig"
+    graph_files = (ENCODER_FILE, DECODER_FILE)
 
     def generate(self, input_ids, attention_mask=None, generation_config=None, **kwargs):
         """Greedy decoding of a batch of source sequences.
@@ -142,22 +162,21 @@ class OnnxSeq2SeqGenerator:
         """
         import numpy as np
 
-        config = self.config
+        config, (encoder, decoder) = self.config, self.sessions
         rules = _greedy_rules(generation_config or self.generation_config, kwargs, start_length=1)  # start token
-        input_ids = _numpy(input_ids).astype(np.int64)
-        mask = np.ones_like(input_ids) if attention_mask is None else _numpy(attention_mask).astype(np.int64)
-        hidden, *cross = self.encoder.run(None, {"input_ids": input_ids, "attention_mask": mask})
+        input_ids, mask = _inputs(input_ids, attention_mask)
+        hidden, *cross = encoder.run(None, {"input_ids": input_ids, "attention_mask": mask})
         num_layers = config.decoder_layers
         heads = config.decoder_attention_heads
         empty = np.zeros((input_ids.shape[0], heads, 0, config.d_model // heads), dtype=hidden.dtype)
-        names = {value.name for value in self.decoder.get_inputs()}
+        names = {value.name for value in decoder.get_inputs()}
 
         def step(tokens, past):
             feed = {"decoder_input_ids": tokens, "encoder_hidden_states": hidden, "encoder_attention_mask": mask}
             for i in range(num_layers):
                 feed[f"past_key.{i}"], feed[f"past_value.{i}"] = past[2 * i], past[2 * i + 1]
                 feed[f"cross_key.{i}"], feed[f"cross_value.{i}"] = cross[2 * i], cross[2 * i + 1]
-            logits, *present = self.decoder.run(None, {k: v for k, v in feed.items() if k in names})
+            logits, *present = decoder.run(None, {k: v for k, v in feed.items() if k in names})
             return logits, present
 
         start = np.full((input_ids.shape[0], 1), config.decoder_start_token_id, dtype=np.int64)
@@ -165,7 +184,7 @@ class OnnxSeq2SeqGenerator:
         return np.concatenate([start, new], axis=1)
 
 
-class OnnxCausalLMGenerator:
+class OnnxCausalLMGenerator(_OnnxGenerator):
     """Greedy decoding with the `model.onnx` of an exported Sparse Transformer LM.
 
     It follows generate's rules as `OnnxSeq2SeqGenerator` does (lengths count the prompt).
@@ -178,13 +197,8 @@ class OnnxCausalLMGenerator:
         FileNotFoundError: the graph is missing from `folder`.
     """
 
-    def __init__(self, folder: str | Path, threads: int | None = None):
-        from ..models.configuration_sparse_transformer import SparseTransformerConfig
-
-        folder = Path(folder)
-        self.config = SparseTransformerConfig.from_pretrained(folder)
-        self.generation_config = _default_settings(folder, self.config)
-        self.session = _session(folder / LM_FILE, threads)
+    config_class_name = "configuration_sparse_transformer.SparseTransformerConfig"
+    graph_files = (LM_FILE,)
 
     def generate(self, input_ids, attention_mask=None, generation_config=None, **kwargs):
         """Greedy continuation of a batch of prompts; left-padded prompts (with their mask) are supported.
@@ -200,10 +214,9 @@ class OnnxCausalLMGenerator:
         """
         import numpy as np
 
-        config = self.config
-        input_ids = _numpy(input_ids).astype(np.int64)
+        config, (session,) = self.config, self.sessions
+        input_ids, mask = _inputs(input_ids, attention_mask)
         rules = _greedy_rules(generation_config or self.generation_config, kwargs, start_length=input_ids.shape[1])
-        mask = np.ones_like(input_ids) if attention_mask is None else _numpy(attention_mask).astype(np.int64)
         heads = config.num_attention_heads
         empty = np.zeros((input_ids.shape[0], heads, 0, config.hidden_size // heads), dtype=np.float32)
         state = {"mask": mask}
@@ -212,7 +225,7 @@ class OnnxCausalLMGenerator:
             feed = {"input_ids": tokens, "attention_mask": state["mask"]}
             for i in range(config.num_hidden_layers):
                 feed[f"past_key.{i}"], feed[f"past_value.{i}"] = past[2 * i], past[2 * i + 1]
-            logits, *present = self.session.run(None, feed)
+            logits, *present = session.run(None, feed)
             state["mask"] = np.concatenate([state["mask"], np.ones_like(state["mask"][:, :1])], axis=1)
             return logits, present
 

@@ -36,28 +36,14 @@ def mixes_batches(args) -> bool:
 
 def image_augmentation(args, image_size: tuple[int, int]) -> ImageAugmentation | None:
     """The augmentation of uint8 batches (B, C, H, W) at the model's `image_size`; None when there is none."""
-    augmentation = ImageAugmentation(
-        image_size,
-        crop_scale=args.random_resized_crop_scale or 1.0,
-        horizontal_flip=bool(args.horizontal_flip),
-        auto_augment=args.auto_augment or "none",
-        auto_augment_magnitude=args.auto_augment_magnitude,
-        auto_augment_prob=1.0 if args.auto_augment_prob is None else args.auto_augment_prob,
-    )
+    augmentation = ImageAugmentation.from_args(args, image_size)
     return augmentation if augmentation.active else None
 
 
 def example_augmentation(args, image_size: tuple[int, int]) -> ExampleAugmentation:
     """The augmentation of one decoded image (C, H, W) uint8 of any size, to the model's `image_size` (a plain resize
     when the recipe crops nothing)."""
-    return ExampleAugmentation(
-        image_size,
-        crop_scale=args.random_resized_crop_scale or 1.0,
-        horizontal_flip=bool(args.horizontal_flip),
-        auto_augment=args.auto_augment or "none",
-        auto_augment_magnitude=args.auto_augment_magnitude,
-        auto_augment_prob=1.0 if args.auto_augment_prob is None else args.auto_augment_prob,
-    )
+    return ExampleAugmentation.from_args(args, image_size)
 
 
 def erasing(args) -> BatchErasing | None:
@@ -90,7 +76,44 @@ def _auto_augment_policy(crop_scale: float, auto_augment: str | None, magnitude:
     return policy if prob > 0.0 else None
 
 
-class ImageAugmentation:
+class _RecipeAugmentation:
+    """The settings both augmentations take from a recipe, checked (`_auto_augment_policy`), and how they are read
+    from the run's arguments (`from_args`); each augmentation builds its transforms from them (`_build`)."""
+
+    def __init__(
+        self,
+        image_size: tuple[int, int],
+        crop_scale: float = 1.0,
+        horizontal_flip: bool = False,
+        auto_augment: str = "none",
+        auto_augment_magnitude: int = 9,
+        auto_augment_prob: float = 1.0,
+    ):
+        policy = _auto_augment_policy(crop_scale, auto_augment, auto_augment_magnitude, auto_augment_prob)
+        self.image_size = (int(image_size[0]), int(image_size[1]))
+        self.crop_scale, self.horizontal_flip = float(crop_scale), bool(horizontal_flip)
+        self.auto_augment_prob = float(auto_augment_prob)
+        self._build(policy)
+
+    @classmethod
+    def from_args(cls, args, image_size: tuple[int, int]):
+        """The augmentation that the run's arguments (--random_resized_crop_scale, --horizontal_flip, --auto_augment,
+        --auto_augment_magnitude, --auto_augment_prob) describe at the model's `image_size`."""
+        return cls(
+            image_size,
+            crop_scale=args.random_resized_crop_scale or 1.0,
+            horizontal_flip=bool(args.horizontal_flip),
+            auto_augment=args.auto_augment or "none",
+            auto_augment_magnitude=args.auto_augment_magnitude,
+            auto_augment_prob=1.0 if args.auto_augment_prob is None else args.auto_augment_prob,
+        )
+
+    def _build(self, policy) -> None:
+        """Build the transforms; `policy`: the torchvision auto-augment policy, or None."""
+        raise NotImplementedError
+
+
+class ImageAugmentation(_RecipeAugmentation):
     """Random resized crop (area share in (`crop_scale`, 1), aspect ratio in (3/4, 4/3), torchvision's sampling and
     its fallback to the whole image) and horizontal flip (probability 0.5) of a batch of uint8 images (B, C, H, W),
     back to `image_size`, then RandAugment (2 operations, `auto_augment_magnitude`) or TrivialAugment
@@ -103,19 +126,7 @@ class ImageAugmentation:
     batch two batched products, instead of one torchvision call per image. Random numbers come from torch's global
     generator, as torchvision's."""
 
-    def __init__(
-        self,
-        image_size: tuple[int, int],
-        crop_scale: float = 1.0,
-        horizontal_flip: bool = False,
-        auto_augment: str = "none",
-        auto_augment_magnitude: int = 9,
-        auto_augment_prob: float = 1.0,
-    ):
-        policy = _auto_augment_policy(crop_scale, auto_augment, auto_augment_magnitude, auto_augment_prob)
-        self.auto_augment_prob = float(auto_augment_prob)
-        self.image_size = (int(image_size[0]), int(image_size[1]))
-        self.crop_scale, self.horizontal_flip = float(crop_scale), bool(horizontal_flip)
+    def _build(self, policy) -> None:
         self.auto = None if policy is None else BatchAutoAugment(policy)
 
     @property
@@ -166,7 +177,7 @@ class ImageAugmentation:
         return torch.stack([top, left, h, w], 1).long()
 
 
-class ExampleAugmentation:
+class ExampleAugmentation(_RecipeAugmentation):
     """One image of any size (a PIL image, or a uint8 tensor (C, H, W)) to the model's `image_size`, as uint8 (C, H,
     W): a random resized crop (area share in (`crop_scale`, 1), aspect ratio in (3/4, 4/3): `v2.RandomResizedCrop`)
     or, with `crop_scale` 1, a resize of the whole image; a horizontal flip (probability 0.5); then, with probability
@@ -175,24 +186,15 @@ class ExampleAugmentation:
     Random numbers come from torch's global generator (the loader seeds it per unit of work:
     `hf_vit_plus.data.pipeline`)."""
 
-    def __init__(
-        self,
-        image_size: tuple[int, int],
-        crop_scale: float = 1.0,
-        horizontal_flip: bool = False,
-        auto_augment: str = "none",
-        auto_augment_magnitude: int = 9,
-        auto_augment_prob: float = 1.0,
-    ):
-        policy = _auto_augment_policy(crop_scale, auto_augment, auto_augment_magnitude, auto_augment_prob)
-        self.image_size = (int(image_size[0]), int(image_size[1]))
-        if crop_scale < 1.0:
-            self.resize = v2.RandomResizedCrop(self.image_size, scale=(crop_scale, 1.0), antialias=True)
+    def _build(self, policy) -> None:
+        if self.crop_scale < 1.0:
+            self.resize = v2.RandomResizedCrop(self.image_size, scale=(self.crop_scale, 1.0), antialias=True)
         else:
             self.resize = v2.Resize(self.image_size, antialias=True)
-        self.flip = v2.RandomHorizontalFlip() if horizontal_flip else None
+        self.flip = v2.RandomHorizontalFlip() if self.horizontal_flip else None
         self.auto = policy
-        self.auto_augment_prob = float(auto_augment_prob) if self.auto is not None else 0.0
+        if self.auto is None:
+            self.auto_augment_prob = 0.0
 
     def __call__(self, image) -> torch.Tensor:
         from ..data.image_files import pil_to_tensor

@@ -60,7 +60,7 @@ import torch
 from datasets import DatasetDict
 from transformers import AutoTokenizer, PretrainedConfig
 
-from ...data.loading import load_user_dataset, load_user_stream, pick_column
+from ...data.loading import DataSource, load_user_dataset, load_user_stream, pick_column, user_data_source
 from ...errors import UsageError, load_config
 from ...families import Family, get_family
 from ..args import TrainingArguments
@@ -706,18 +706,21 @@ def user_data_record(options: TrainingArguments, files: str | None) -> dict:
     return dict(name=name, hub_id=None, description=f"local files (`{name}`), not on the Hub.")
 
 
+# The run's options that say where the user's data is, as `data.loading.user_data_source` takes them.
+USER_DATA_OPTIONS = (
+    "dataset_name", "dataset_config_name", "train_dir", "validation_dir", "train_file", "validation_file"
+)  # fmt: skip
+
+
+def user_data(options: TrainingArguments) -> DataSource:
+    """The user's data that --dataset_name, --dataset_config_name, --train_dir, --validation_dir, --train_file and
+    --validation_file name (`data.loading.user_data_source`: checked, not read)."""
+    return user_data_source(**{name: getattr(options, name) for name in USER_DATA_OPTIONS})
+
+
 def load_user_data(options: TrainingArguments) -> DatasetDict:
     """The user's data (--dataset_name, --train_dir or --train_file) with "train" and "validation" splits."""
-    return load_user_dataset(
-        dataset_name=options.dataset_name,
-        dataset_config_name=options.dataset_config_name,
-        train_dir=options.train_dir,
-        validation_dir=options.validation_dir,
-        train_file=options.train_file,
-        validation_file=options.validation_file,
-        validation_split_percentage=options.validation_split_percentage,
-        seed=options.seed,
-    )
+    return load_user_dataset(user_data(options), options.validation_split_percentage, options.seed)
 
 
 def stream_data(options: TrainingArguments, **roles: tuple[str | None, tuple[str, ...], str]):
@@ -743,14 +746,7 @@ def stream_data(options: TrainingArguments, **roles: tuple[str | None, tuple[str
     from ...data.image_files import image_feature_columns, undecoded
     from ...data.pipeline import example_fingerprint
 
-    user = load_user_stream(
-        dataset_name=options.dataset_name,
-        dataset_config_name=options.dataset_config_name,
-        train_dir=options.train_dir,
-        validation_dir=options.validation_dir,
-        train_file=options.train_file,
-        validation_file=options.validation_file,
-    )
+    user = load_user_stream(user_data(options))
     stream = user.train
     names = list(stream.column_names or next(iter(stream.take(1)), {}))
     chosen = {role: pick_column(names, requested, candidates, flag) for role, (requested, candidates, flag)
