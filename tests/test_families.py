@@ -11,7 +11,8 @@ import pytest
 import transformers
 
 from hf_vit_plus.families import FAMILIES, family_of_config, family_of_model, get_family
-from hf_vit_plus.training.args import OWN, TrainingArguments, applies, flag_fields
+from hf_vit_plus.training.args import OWN, TrainingArguments, flag_fields
+from hf_vit_plus.training.options import applies
 
 IDS = list(FAMILIES)
 

@@ -19,12 +19,14 @@ import difflib
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..cli_utils import one_of, parse_bool
 from ..errors import UsageError
 from .options import OPTION_GROUPS, RENAMED, applies, base_type, flag_fields, group_fields
-from .plan import THE_DEFAULT, RunPlan
+
+if TYPE_CHECKING:  # the plan's module imports torch: the command line reads run files without it
+    from .plan import RunPlan
 
 RUN_FILE_SUFFIXES = (".yaml", ".yml", ".json")
 RUN_CONFIG_NAME = "run_config.yaml"
@@ -44,6 +46,7 @@ def run_config_text(plan: RunPlan) -> str:
     import yaml
 
     from ..families import get_family
+    from .plan import THE_DEFAULT
 
     options, record = plan.options, get_family(plan.options.family)
     lines = [
