@@ -19,6 +19,7 @@ import collections
 import contextlib
 import functools
 import importlib
+import itertools
 import logging
 import os
 import time
@@ -156,6 +157,7 @@ class _Steps:
         self.cache_dir = cache_dir
         self.identity = identity  # () -> the model's weights digest (`step_cache.weights_digest`), asked once
         self._weights = None
+        self._tensors = None  # (name, shape, dtype) of the decoder's parameters and buffers, for the package's key
         self.runners: dict = {}
 
     def _key(self, method: str, args: tuple, constants: dict, batch=None):
@@ -198,6 +200,12 @@ class _Steps:
         method, constants, shapes, dtypes, _ = key
         parts = dict(method=method, constants=constants, shapes=shapes, dtypes=dtypes, weights=self._weights)
         parts.update(precision=self.decoder.precision, options=_options_identity(self.options))
+        # the tensors the package takes as its constants (e.g. the output screen's, which screened_greedy=False leaves
+        # out): a package is loaded only by a decoder that holds each of them
+        if self._tensors is None:
+            named = itertools.chain(self.decoder.named_parameters(), self.decoder.named_buffers())
+            self._tensors = sorted((name, tuple(t.shape), str(t.dtype)) for name, t in named)
+        parts.update(tensors=self._tensors)
         # the ops the step calls: the C++ kernels' (`hf_vit_plus_cpp::...`) where they are built, else the Python ones
         # (asked of the module, as the decoder's products ask it when they choose their op)
         kernels = importlib.import_module(cpp_kernels.__module__)

@@ -387,6 +387,28 @@ FILES = (
         ),
     ),
     ResultFile(
+        "fast_decoding_avx2.csv",
+        "`scripts/benchmarks/bench_seq2seq.py --isa avx2 --engines marian,ours-fast,ours-fast-full,ours-fast-int8,"
+        "ct2-fp32,ct2-int8 --repeats 5 --train_batch 0 --output results/fast_decoding_avx2.csv`",
+        "the small preset's cells of [fast decoding](#fast-decoding) with every library (ours, torch, MKL, oneDNN, "
+        "FBGEMM, CTranslate2) capped at AVX2 (`isa_capped`) on the AVX-512 machine: the AVX2 paths' figures, not a "
+        "real AVX2 CPU's (its caches and clocks differ) ([fast inference](guides/fast-inference.md#measuring))",
+        None,
+        (
+            "preset",
+            "isa",
+            "threads",
+            "case",
+            "engine",
+            "tokens_per_s",
+            "vs_marian",
+            "vs_ctranslate2",
+            "vs_ctranslate2_min",
+            "vs_ctranslate2_max",
+            "load_average",
+        ),
+    ),
+    ResultFile(
         "fast_decoding_history.csv",
         "`scripts/benchmarks/bench_seq2seq.py`, with the engines as they were at each run (`run` says what changed)",
         "earlier runs of the same comparison: compiled static-cache `generate` and torchao int8, then `FastDecoding` "

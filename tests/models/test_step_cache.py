@@ -230,3 +230,20 @@ def test_the_step_cache_follows_its_variable_else_the_kernel_cache():
     assert step_cache.step_cache_dir({"HF_HOME": "/hf"}) == kernel_cache_dir({"HF_HOME": "/hf"}) / "steps"
     with pytest.raises(TypeError, match="step_cache"):
         FastDecoding(step_cache=3)
+
+
+def test_a_decoder_without_the_output_screen_does_not_share_the_screened_decoders_packages(model, tmp_path):
+    """The screen's tensors are constants of the greedy step: a package built with them is not one that a decoder
+    without them (screened_greedy=False) can load, so the two are kept apart."""
+    from hf_vit_plus.models.fast_kernels import fbgemm_fp16_available
+
+    if not fbgemm_fp16_available():
+        pytest.skip("no output screen here: torch has no FBGEMM float16 linear")
+    key = ("greedy_step", (), ((2, 4), 1, 2), (torch.float32,), torch.get_num_threads())
+    paths = [
+        FastDecoding(step_cache=tmp_path, screened_greedy=screened).decoding_state(model).steps._package_path(key)
+        for screened in (True, False)
+    ]
+    assert paths[0].parent == paths[1].parent == tmp_path and paths[0] != paths[1]
+    again = FastDecoding(step_cache=tmp_path).decoding_state(model).steps._package_path(key)
+    assert again == paths[0]
