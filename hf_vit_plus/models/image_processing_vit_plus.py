@@ -28,6 +28,21 @@ _LUMA = LUMA_WEIGHTS
 _LUMA_FIXED_POINT = (19595, 38470, 7471)
 
 
+def _channel_axis(image, channels: int | None) -> ChannelDimension | None:
+    """Where the channels of a (C, H, W) or (H, W, C) array are: the end holding `channels` (else 1, 3 or 4) where only
+    one end can be it; None (transformers' own guess, or a 2-D image) otherwise. transformers guesses among 1 and 3
+    channels only in some releases (4 too in later ones), so a 4- or C-channel array is placed here."""
+    if getattr(image, "ndim", 0) != 3:
+        return None
+    for counts in ((channels,) if channels is not None else (), (1, 3, 4)):
+        first, last = image.shape[0] in counts, image.shape[-1] in counts
+        if first != last:
+            return ChannelDimension.FIRST if first else ChannelDimension.LAST
+        if first:
+            return None
+    return None
+
+
 class ViTPlusImageProcessorKwargs(ImagesKwargs, total=False):
     r"""
     do_convert_grayscale (`bool`, *optional*, defaults to `self.do_convert_grayscale`):
@@ -266,6 +281,8 @@ class ViTPlusImageProcessor(ViTImageProcessor):
         if do_convert_grayscale:
             if isinstance(image, PIL.Image.Image):
                 image = pil_to_rgb(image)
+            elif input_data_format is None:
+                input_data_format = _channel_axis(image, None)
             rgb = super().process_image(
                 image, do_convert_rgb=True, input_data_format=input_data_format, device=device, **kwargs
             )
@@ -275,12 +292,10 @@ class ViTPlusImageProcessor(ViTImageProcessor):
         to_rgb = bool(do_convert_rgb) and channels == 3
         if isinstance(image, PIL.Image.Image) and to_rgb:
             image = pil_to_rgb(image)
-        if input_data_format is None and channels not in (None, 1, 3, 4) and not isinstance(image, PIL.Image.Image):
-            # transformers guesses the channel axis among 1, 3 and 4 channels only
-            if image.ndim == 3 and image.shape[0] == channels:
-                input_data_format = ChannelDimension.FIRST
-            elif image.ndim == 3 and image.shape[-1] == channels:
-                input_data_format = ChannelDimension.LAST
+        if isinstance(image, PIL.Image.Image) and not to_rgb:
+            image = np.array(image)  # (H, W) or (H, W, C): its channels kept as they are (a writable copy)
+        if input_data_format is None:
+            input_data_format = _channel_axis(image, channels)
         image = super().process_image(
             image, do_convert_rgb=to_rgb, input_data_format=input_data_format, device=device, **kwargs
         )
