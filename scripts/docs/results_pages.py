@@ -24,6 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "results"
 PAGE = ROOT / "docs" / "results.md"
 IMAGES = ROOT / "docs" / "images" / "results"
+sys.path.insert(0, str(ROOT / "scripts" / "benchmarks"))
+from result_rows import CONTEXT_FIELDS  # noqa: E402  (the benchmarks' folder is not a package)
 
 
 @dataclass(frozen=True)
@@ -692,19 +694,8 @@ FILES = (
         "torch's default (per-tensor) AdamW against the fused kernel ([training](guides/training.md))",
     ),
 )
-CONTEXT = {
-    "command",
-    "date",
-    "hf_vit_plus",
-    "python",
-    "torch",
-    "transformers",
-    "device",
-    "isa",
-    "isa_capped",
-    "threads",
-    "machine",
-}
+# the run's context that every benchmark row ends with (result_rows.CONTEXT_FIELDS), and older files' "machine"
+CONTEXT = {*CONTEXT_FIELDS, "machine"}
 FILE_BY_NAME = {entry.name: entry for entry in FILES}
 
 

@@ -6,14 +6,14 @@ BPE tokenizer: its translations run to `max_new_tokens`, which every call here g
 from __future__ import annotations
 
 import pytest
-import torch
 
-from hf_vit_plus import Seq2SeqTransformerForConditionalGeneration
 from hf_vit_plus.cli import main
 from hf_vit_plus.models.fast_decoding import FastDecoding
-from hf_vit_plus.models.pipeline_text2text_generation import save_text2text_pipeline
 from hf_vit_plus.serving import BUFFER_BATCHES, Translator
-from tests.models.test_fast_decoding import _config
+from tests.models import test_ctranslate2_export
+
+# the module fixture: a random model with a small BPE tokenizer, saved as a text2text pipeline folder
+checkpoint = test_ctranslate2_export.checkpoint
 
 # mixed lengths, in no order: 1 to 12 words
 TEXTS = [
@@ -28,27 +28,6 @@ TEXTS = [
     "god",
 ]
 SETTINGS = dict(num_beams=1, max_new_tokens=6)
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    from hf_vit_plus.tokenization import train_bpe_tokenizer
-
-    texts = ["in the beginning was the word", "and the word was with god", "blessed are the meek"] * 10
-    tokenizer = train_bpe_tokenizer(texts, vocab_size=300)
-    config = _config(
-        vocab_size=len(tokenizer),
-        max_position_embeddings=96,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        decoder_start_token_id=tokenizer.bos_token_id,
-    )
-    torch.manual_seed(5)
-    model = Seq2SeqTransformerForConditionalGeneration(config).eval()
-    folder = tmp_path_factory.mktemp("text") / "checkpoint"
-    save_text2text_pipeline(model, tokenizer, folder)
-    return folder
 
 
 def _translators(checkpoint) -> dict[str, Translator]:
