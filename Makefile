@@ -84,8 +84,8 @@ test-learning: $(VENV)/.stamp-test
 	$(PY) -m pytest -m learning -p no:xdist -q --durations=10 tests/training/test_default_recipes.py
 
 # The fast decoding engine's token-for-token checks with the C++ kernels on their portable paths
-# (HF_VIT_PLUS_CPU_ISA=generic: what ARM64 and x86 without AVX2 run), on this CPU; the kernels' own tests run every
-# level in `make test` (tests/models/test_fast_kernels.py).
+# (HF_VIT_PLUS_CPU_ISA=generic: what ARM64 and x86 without AVX2 run), on the CPU at hand; the kernels' own tests run
+# every level in `make test` (tests/models/test_fast_kernels.py).
 GENERIC_TESTS := tests/models/test_decoding_engines.py::test_every_engine_gives_the_tokens_of_eager_generate \
 	tests/models/test_fast_decoding.py::test_marian_options_and_pre_norm \
 	tests/models/test_fast_decoding.py::test_fast_decoding_generate_runs_the_encoder_and_gives_the_tokens_of_generate \

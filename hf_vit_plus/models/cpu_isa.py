@@ -108,7 +108,9 @@ def isa_label(level: str | None = None) -> str:
     """The widest instruction set in use at `level` (default: `cpu_isa()`), as result rows record it."""
     level = cpu_isa() if level is None else check_isa(level)
     if level == "avx512":
-        return "avx512_vnni" if "avx512_vnni" in cpu_flags() else "avx512"
+        # AMX tiles are run by oneDNN and torch's own kernels at this level (ours stop at AVX512-VNNI)
+        flags = cpu_flags()
+        return "amx_tile" if "amx_tile" in flags else "avx512_vnni" if "avx512_vnni" in flags else "avx512"
     if level == "generic" and platform.machine().lower() in ("aarch64", "arm64"):
         return "neon"
     return level

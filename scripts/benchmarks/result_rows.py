@@ -48,13 +48,15 @@ def context(threads: int | None = None) -> dict[str, str]:
     (`cpu_isa.isa_label`) and whether it is capped below the CPU's widest, and the threads."""
     import torch
 
-    from hf_vit_plus.models.cpu_isa import isa_capped, isa_label
+    from hf_vit_plus.models.cpu_isa import isa_capped, isa_label, supported_isa
     from hf_vit_plus.utils.environment import cpu_description, device_description, framework_versions
 
     versions = framework_versions()
     device = device_description()
     if not torch.cuda.is_available():
         device = f"CPU: {cpu_description()[0]}, {os.cpu_count()} logical cores"
+        if isa_capped():  # the row's isa is the cap's: the CPU's own widest goes with the CPU
+            device += f", widest instruction set {isa_label(supported_isa())}"
     return {
         "command": shlex.join(["python", *sys.argv]),
         "date": datetime.datetime.now(datetime.timezone.utc).date().isoformat(),

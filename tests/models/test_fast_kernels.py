@@ -1,5 +1,5 @@
 """The C++ kernels of `hf_vit_plus.models.fast_kernels` against what they replace, at every instruction-set level
-this machine has (`HF_VIT_PLUS_CPU_ISA`'s levels up to `cpu_isa.supported_isa()`, switched inside the process by
+the running CPU has (`HF_VIT_PLUS_CPU_ISA`'s levels up to `cpu_isa.supported_isa()`, switched inside the process by
 `fast_kernels.use_cpu_isa`: on an AVX-512 machine the AVX2 and portable paths run too): beam search's top-k of the
 candidates (`topk_rows`) against `torch.topk`; the products (`int8_vnni_linear`, `fp32_packed_linear`) against their
 Python definitions, int8 bit for bit; the fused attention kernels (`cache_attention`, `source_attention`) against the
