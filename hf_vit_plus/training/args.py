@@ -9,9 +9,11 @@ override it, as the example scripts of transformers take their options from one 
 `family_arguments("vit", ...)`.
 
 An option that is not given takes the family's default (its record, `hf_vit_plus.families`), else its own
-(`options.py`); `TrainingArguments.given` says where each given one came from. What is left None (the learning rate
-of a family with a recipe, the epochs of a built-in data set, ...) is decided once, with the rest of the run, by the
-plan (`plan.py`). The arguments are frozen: nothing writes to them after they are made.
+(`options.default_choice`), here and nowhere else; `TrainingArguments.given` says where each given one came from, and
+`TrainingArguments.chosen_by` who chose every value. What is left None (the learning rate of a family with a recipe,
+the epochs of a built-in data set, ...) is decided once, with the rest of the run, by the plan (`plan.py`), which the
+loop, the tasks and the outputs read instead of the arguments. The arguments are frozen: nothing writes to them after
+they are made.
 
 The pre-0.3 names (`RENAMED`) are still accepted: as hidden flags, as keys of a run file and as keywords of
 `family_arguments`.
@@ -53,9 +55,9 @@ from .options import (
     ParallelismArguments,
     RecipeArguments,
     base_type,
+    default_choice,
     flag_fields,
     group_fields,
-    option_default,
     option_fields,
 )
 
@@ -86,23 +88,39 @@ class TrainingArguments(
         given: option -> where it was given: "--max_steps" (on the command line or from Python), a run file's name;
             by default, every option passed to the constructor, as "--name".
         run_file: the run file the options were read from, if any (`run_file.read_run_file`).
+
+    Attributes:
+        defaults: option -> (its default for the family, who chose it: "the vit family", "the default";
+            `options.default_choice`), given or not: what the plan compares a run file's value with.
+        chosen_by: option -> who chose its value: where it was given, else its default's chooser.
     """
 
     family: str = "vit"
     given: Mapping[str, str] = field(default=UNSET, compare=False, repr=False)
     run_file: str | None = field(default=None, compare=False, repr=False)
+    defaults: Mapping[str, tuple[Any, str]] = field(init=False, compare=False, repr=False)
+    chosen_by: Mapping[str, str] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        # the defaults of the options left out, and where the others came from: while the arguments are made
+        # the one place the defaults are given to the options left out, and where each value's chooser is recorded
         if self.family not in FAMILIES:
             raise UsageError(f"Unknown family {self.family!r}; expected one of {FAMILIES}.")
         record = FAMILY_RECORDS[self.family]
-        passed = [f.name for f in option_fields() if getattr(self, f.name) is not UNSET]
-        for flag in option_fields():
-            if getattr(self, flag.name) is UNSET:
-                object.__setattr__(self, flag.name, option_default(flag, record))
+        defaults = {flag.name: default_choice(flag, record) for flag in option_fields()}
+        passed = [name for name in defaults if getattr(self, name) is not UNSET]
         given = {name: f"--{name}" for name in passed} if self.given is UNSET else dict(self.given)
+        chosen_by = {}
+        for name, (value, source) in defaults.items():
+            if getattr(self, name) is UNSET:
+                object.__setattr__(self, name, value)
+                chosen_by[name] = source
+            elif name in given:
+                chosen_by[name] = given[name]
+            else:  # a value set from Python without saying where it came from (`dataclasses.replace`)
+                chosen_by[name] = source if getattr(self, name) == value else f"--{name}"
         object.__setattr__(self, "given", given)
+        object.__setattr__(self, "defaults", defaults)
+        object.__setattr__(self, "chosen_by", chosen_by)
         self.validate()
 
     def _check_license(self) -> None:
@@ -262,16 +280,6 @@ class TrainingArguments(
         for name in ("model_name_or_path", "tokenizer_name"):
             if getattr(self, name):
                 check_model_location(getattr(self, name), f"--{name}")
-
-    @property
-    def fsdp_options(self) -> dict:
-        """--fsdp_config as a dict (`read_fsdp_config`); empty without it."""
-        return read_fsdp_config(self.fsdp_config) if self.fsdp_config else {}
-
-    @property
-    def save_every(self) -> int | None:
-        """Updates between two saved training states; None when they are saved per epoch or not at all."""
-        return int(self.save_steps) if str(self.save_steps).isdigit() else None
 
     def group(self, group: type):
         """The options of one group (e.g. `OptimizationArguments`), as an instance of it.

@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 from ..cli_utils import one_of
 from ..families import FAMILIES as FAMILY_RECORDS
 from ..families import Family
-from .fsdp_config import fsdp_config_help
+from .fsdp_config import fsdp_config_help, read_fsdp_config
 from .recipes import recipe_flag_help
 
 
@@ -40,6 +40,10 @@ class _Unset:
 
 
 UNSET: Any = _Unset()
+
+# Who chose a value the user did not give, when it is the option's own default: never listed in a run's first lines
+# (the help and --print_config say it).
+THE_DEFAULT = "the default"
 
 # what --lr_scheduler_type names (each a schedule of transformers: `SCHEDULE_FUNCTIONS`); 'auto': the family's own
 SCHEDULERS = ("auto", "cosine", "noam", "linear", "constant")
@@ -373,6 +377,11 @@ class ParallelismArguments:
         "that stops answering ends the run after this long, naming it",
     )
 
+    @property
+    def fsdp_options(self) -> dict:
+        """--fsdp_config as a dict (`read_fsdp_config`); empty without it."""
+        return read_fsdp_config(self.fsdp_config) if self.fsdp_config else {}
+
 
 @dataclass(frozen=True)
 class CheckpointArguments:
@@ -391,6 +400,11 @@ class CheckpointArguments:
     stop_after_steps: int | None = option(
         None, "stop after this many updates and save the state, to resume later (time-limited jobs)"
     )
+
+    @property
+    def save_every(self) -> int | None:
+        """Updates between two saved training states; None when they are saved per epoch or not at all."""
+        return int(self.save_steps) if str(self.save_steps).isdigit() else None
 
 
 @dataclass(frozen=True)
@@ -485,11 +499,26 @@ def applies(flag: dataclasses.Field, family: Family) -> bool:
     return flag.name in family.flags if families == OWN else families(family)
 
 
+def default_choice(flag: dataclasses.Field, family: Family) -> tuple[Any, str]:
+    """The default of an option for `family` and who chose it: the family's record's (`Family.training_defaults`;
+    "the vit family"), else the option's own (`THE_DEFAULT`). `TrainingArguments` gives it to the options left out,
+    and records it for the plan.
+
+    Args:
+        flag: the option's field.
+        family: the family's record.
+
+    Returns:
+        (the value, who chose it).
+    """
+    if flag.name in family.training_defaults:
+        return family.training_defaults[flag.name], f"the {family.id} family"
+    return flag.metadata["default"], THE_DEFAULT
+
+
 def option_default(flag: dataclasses.Field, family: Family | None = None) -> Any:
-    """The default of an option for `family`: the family's record's (`Family.training_defaults`), else its own."""
-    if family is not None and flag.name in family.training_defaults:
-        return family.training_defaults[flag.name]
-    return flag.metadata["default"]
+    """The default of an option for `family` (`default_choice`), or its own without a family."""
+    return flag.metadata["default"] if family is None else default_choice(flag, family)[0]
 
 
 def help_text(flag: dataclasses.Field, family: Family) -> str:
@@ -513,6 +542,7 @@ __all__ = [
     "RENAMED",
     "SCHEDULERS",
     "SCHEDULE_FUNCTIONS",
+    "THE_DEFAULT",
     "UNSET",
     "CheckpointArguments",
     "DataArguments",
@@ -526,6 +556,7 @@ __all__ = [
     "RecipeArguments",
     "applies",
     "base_type",
+    "default_choice",
     "flag_fields",
     "group_fields",
     "help_text",
