@@ -13,9 +13,10 @@ resume, the data, then `build_plan`: every value of the run decided once, into a
 written to OUTPUT_DIR/run_config.yaml), `prepare_run` (`setup.py`: model, loaders, optimiser, schedule: a `Run`),
 `restore_progress`,
 `run_epochs` (`train_epoch` -> `training_step` and `after_update`; `end_epoch`), then `finish` (final evaluation and
-`outputs.save_final`) or `stop_early`. From the plan on, the loop reads the plan only (`Run.options` are its
-resolved options), never the arguments it was given. What differs between the families is in `tasks/`; the
-checkpoints on disk are `checkpoints.py`'s, the model folder, card and push at the end `outputs.py`'s.
+`outputs.save_final`) or `stop_early`. From the plan on, the loop reads the plan only (its resolved options in their
+groups: `plan.optimization`, `plan.checkpointing`, `plan.logging`, ...), never the arguments it was given. What
+differs between the families is in `tasks/`; the checkpoints on disk are `checkpoints.py`'s, the model folder, card
+and push at the end `outputs.py`'s.
 
 Data order depends only on (seed, epoch), so a run resumed from a checkpoint sees the same batches as an
 uninterrupted one. A data set read whole goes through a DataLoader that Accelerate prepares (its seedable sampler,
@@ -62,6 +63,7 @@ from .checkpoints import (
 )
 from .disk import UNLIMITED_CHECKPOINTS_CHECKED, checkpoint_bytes, tensor_bytes, warn_if_short_of_space
 from .learning import DivergenceGuard, LearningCheck, check_learning
+from .options import OptimizationArguments
 from .outputs import check_push_target, prefixed_metrics, save_final
 from .peers import peers_answer
 from .plan import Launch, ResumePoint, RunPlan, build_plan, decide_launch, describe, resume_point
@@ -270,12 +272,13 @@ def restore_progress(run: Run, resume: ResumePoint | None) -> Progress:
     """A fresh start, or the position, log and optimiser/scheduler/RNG states of the training state resumed."""
     accelerator = run.accelerator
     # under fp16 loss scaling a non-finite loss is the scaler's to skip; the growth of the loss is still watched
-    guard = DivergenceGuard(accelerator.device, run.options.divergence_factor, check_finite=accelerator.scaler is None)
+    factor = run.plan.optimization.divergence_factor
+    guard = DivergenceGuard(accelerator.device, factor, check_finite=accelerator.scaler is None)
     progress = Progress(loss=RunningLoss(accelerator.device), guard=guard, tokens=RunningTokens(accelerator.device))
     if resume is None:
         return progress
     check_same_layout(resume.state, checkpoint_layout(run.accelerator), resume.path, CHECKPOINT_LAYOUTS)
-    _warn_if_layout_changed(resume.state, run.options, run.accelerator.num_processes)
+    _warn_if_layout_changed(resume.state, run.plan.optimization, run.accelerator.num_processes)
     # Accelerate loads optimizer/scheduler/RNG with torch.load(weights_only=True) and the model from safetensors;
     # the only other object registered for checkpointing is the weights' average (--ema_decay), a dict of tensors.
     run.accelerator.load_state(str(resume.path), load_kwargs={"weights_only": True})
@@ -314,9 +317,10 @@ def restore_progress(run: Run, resume: ResumePoint | None) -> Progress:
 
 def announce(run: Run) -> None:
     """Start the trackers and print what is trained on what."""
-    accelerator, options = run.accelerator, run.options
-    if tracker_names(options.report_to):
-        accelerator.init_trackers(options.project_name or f"hf_vit_plus-{run.family.name}", config=_hparams(options))
+    accelerator, plan = run.accelerator, run.plan
+    if tracker_names(plan.logging.report_to):
+        project = plan.logging.project_name or f"hf_vit_plus-{run.family.name}"
+        accelerator.init_trackers(project, config=_hparams(plan.options_dict()))
     world = accelerator.num_processes
     sharded = ""
     if accelerator.is_fsdp2:
@@ -333,14 +337,14 @@ def announce(run: Run) -> None:
         f"Training {run.family.name}: {_count(run.model)} parameters{sharded}, {examples} / "
         f"{len(run.eval_dataloader.dataset)} eval examples, {world} process(es), {batch}, {run.total_steps} updates."
     )
-    if options.torch_compile:
+    if plan.parallelism.torch_compile:
         logger.info("torch.compile: the first update compiles the model (tens of seconds on a CPU).")
     if run.clock.budget is not None:
         left = (run.clock.budget - run.clock.elapsed) / 60
         logger.info(
-            f"Time budget: {options.max_train_minutes:g} min of training ({left:.1f} left): the run ends at its last "
-            "update or when they are spent, the learning-rate schedule following the clock where the updates fall "
-            "behind it."
+            f"Time budget: {plan.optimization.max_train_minutes:g} min of training ({left:.1f} left): the run ends at "
+            "its last update or when they are spent, the learning-rate schedule following the clock where the updates "
+            "fall behind it."
         )
     if accelerator.is_main_process:
         check_space(run)
@@ -349,12 +353,12 @@ def announce(run: Run) -> None:
 def check_space(run: Run) -> bool:
     """Warn (once, at the start) when the output disk will not hold the checkpoints kept at once and the final
     model; returns whether it warned."""
-    options = run.options
+    checkpointing = run.plan.checkpointing
     model = run.accelerator.unwrap_model(run.model)
-    kept = 0 if options.save_steps == "none" else options.save_total_limit or UNLIMITED_CHECKPOINTS_CHECKED
+    kept = 0 if checkpointing.save_steps == "none" else checkpointing.save_total_limit or UNLIMITED_CHECKPOINTS_CHECKED
     trained = [p for p in model.parameters() if p.requires_grad]
-    final = tensor_bytes(trained if options.lora_r is not None else model.parameters())  # an adapter: its own weights
-    return warn_if_short_of_space(options.output_dir, checkpoint_bytes(model, run.optimizer), kept, final)
+    final = tensor_bytes(trained if run.plan.lora.lora_r is not None else model.parameters())  # an adapter: its own
+    return warn_if_short_of_space(checkpointing.output_dir, checkpoint_bytes(model, run.optimizer), kept, final)
 
 
 def run_epochs(run: Run, progress: Progress) -> None:
@@ -441,13 +445,13 @@ def _while_every_process_has_a_batch(batches, accelerator: Accelerator) -> Itera
 def training_step(run: Run, batch: dict) -> torch.Tensor:
     """Forward and backward of one micro-batch; on the last one of an accumulation, clipping, the optimiser step
     and the schedule step. Returns the loss."""
-    accelerator, options = run.accelerator, run.options
+    accelerator, max_grad_norm = run.accelerator, run.plan.optimization.max_grad_norm
     batch = run.family.on_device(batch, run.extras)
     with accelerator.accumulate(run.model):
         loss = run.family.training_loss(run.model, batch, run.extras)
         accelerator.backward(loss)
-        if accelerator.sync_gradients and options.max_grad_norm and options.max_grad_norm > 0:
-            accelerator.clip_grad_norm_(run.model.parameters(), options.max_grad_norm)
+        if accelerator.sync_gradients and max_grad_norm and max_grad_norm > 0:
+            accelerator.clip_grad_norm_(run.model.parameters(), max_grad_norm)
         run.optimizer.step()  # a no-op until the last micro-batch of the accumulation
         if accelerator.sync_gradients and not accelerator.optimizer_step_was_skipped:
             run.scheduler.step()
@@ -460,12 +464,13 @@ def training_step(run: Run, batch: dict) -> torch.Tensor:
 def after_update(run: Run, progress: Progress, epoch: int, batches_in_epoch: int, bar) -> None:
     """What follows an optimiser update, as the arguments ask: log the loss, evaluate, decide whether to stop, save
     the training state."""
-    accelerator, options, step = run.accelerator, run.options, progress.global_step
+    accelerator, step = run.accelerator, progress.global_step
+    logging_, checkpointing = run.plan.logging, run.plan.checkpointing
     run.clock.tick(accelerator)
     last = step >= run.total_steps or run.clock.spent
-    logs = step % options.logging_steps == 0 or last
-    evaluates = bool(options.eval_steps) and step % options.eval_steps == 0
-    saves = bool(options.save_every) and step % options.save_every == 0
+    logs = step % logging_.logging_steps == 0 or last
+    evaluates = bool(logging_.eval_steps) and step % logging_.eval_steps == 0
+    saves = bool(checkpointing.save_every) and step % checkpointing.save_every == 0
     mean_loss = None
     per_epoch = run.batches_per_epoch
     if logs:
@@ -490,7 +495,7 @@ def after_update(run: Run, progress: Progress, epoch: int, batches_in_epoch: int
         run.model.train()
     if last:
         progress.stop_reason = "finished"
-    elif options.stop_after_steps and step >= options.stop_after_steps:
+    elif checkpointing.stop_after_steps and step >= checkpointing.stop_after_steps:
         progress.stop_reason = "stop_after_steps"
     elif accelerator.check_trigger():  # SIGTERM on any process; a collective, so every process calls it
         progress.stop_reason = "SIGTERM"
@@ -500,11 +505,11 @@ def after_update(run: Run, progress: Progress, epoch: int, batches_in_epoch: int
 
 def end_epoch(run: Run, progress: Progress, epoch: int) -> None:
     """At the end of an epoch: evaluate (unless --eval_steps sets its own rhythm) and save with --save_steps epoch."""
-    if not run.options.eval_steps:
+    if not run.plan.logging.eval_steps:
         progress.eval_metrics = evaluate_run(run)
         entry = {"step": progress.global_step, "epoch": epoch + 1, **prefixed_metrics(progress.eval_metrics)}
         _log(run.accelerator, progress.log_history, entry, "eval")
-    if run.options.save_steps == "epoch" and progress.global_step != progress.last_saved_step:
+    if run.plan.checkpointing.save_steps == "epoch" and progress.global_step != progress.last_saved_step:
         save_training_state(run, progress, epoch + 1, 0)
 
 
@@ -534,18 +539,18 @@ def save_training_state(run: Run, progress: Progress, epoch: int, batches_in_epo
         "batches_in_epoch": batches_in_epoch,
         "num_processes": run.accelerator.num_processes,
         "checkpoint_layout": checkpoint_layout(run.accelerator),
-        "per_device_train_batch_size": run.options.per_device_train_batch_size,
-        "gradient_accumulation_steps": run.options.gradient_accumulation_steps,
-        "seed": run.options.seed,
+        "per_device_train_batch_size": run.plan.optimization.per_device_train_batch_size,
+        "gradient_accumulation_steps": run.plan.optimization.gradient_accumulation_steps,
+        "seed": run.plan.optimization.seed,
         "log_history": progress.log_history,
         "train_seconds": run.clock.elapsed,
-        "args": run.options.to_dict(),
+        "args": run.plan.options_dict(),
         "schedule": dataclasses.asdict(run.plan.schedule),
     }
     if positions is not None:
         state["data_positions"] = positions
     progress.last_checkpoint = save_checkpoint(
-        run.accelerator, run.output_dir, state, run.options.save_total_limit, run.processor
+        run.accelerator, run.output_dir, state, run.plan.checkpointing.save_total_limit, run.processor
     )
     progress.last_saved_step = progress.global_step
 
@@ -568,7 +573,7 @@ def stop_early(run: Run, progress: Progress, train_seconds: float) -> TrainResul
 
 def finish(run: Run, progress: Progress, train_seconds: float) -> TrainResult:
     """The last training state, the final evaluation, then the model folder (and the Hub push)."""
-    if run.options.save_steps != "none" and progress.global_step != progress.last_saved_step:
+    if run.plan.checkpointing.save_steps != "none" and progress.global_step != progress.last_saved_step:
         save_training_state(run, progress, run.num_epochs if run.num_epochs is not None else progress.epoch + 1, 0)
     progress.eval_metrics = evaluate_run(run)
     history = progress.log_history
@@ -587,7 +592,7 @@ def finish(run: Run, progress: Progress, train_seconds: float) -> TrainResult:
     run.accelerator.end_training()
     if run.clock.spent and progress.global_step < run.total_steps:  # the time budget ended it
         logger.info(
-            f"The time budget ({run.options.max_train_minutes:g} min) ended the run after update "
+            f"The time budget ({run.plan.optimization.max_train_minutes:g} min) ended the run after update "
             f"{progress.global_step} of the {run.total_steps} foreseen."
         )
     logger.info(f"Final evaluation: {json.dumps(progress.eval_metrics)}; model saved in {run.output_dir}.")
@@ -666,9 +671,9 @@ def stop_on_sigterm(accelerator: Accelerator) -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
-def _hparams(options: TrainingArguments) -> dict:
+def _hparams(options: dict) -> dict:
     values = {}
-    for key, value in options.to_dict().items():
+    for key, value in options.items():
         if isinstance(value, (int, float, str, bool)):
             values[key] = value
         elif value is None:
@@ -689,12 +694,12 @@ def _count(model) -> str:
     return f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n / 1e3:.1f}k"
 
 
-def _warn_if_layout_changed(state: dict, args: TrainingArguments, world: int) -> None:
+def _warn_if_layout_changed(state: dict, optimization: OptimizationArguments, world: int) -> None:
     now = {
         "num_processes": world,
-        "per_device_train_batch_size": args.per_device_train_batch_size,
-        "gradient_accumulation_steps": args.gradient_accumulation_steps,
-        "seed": args.seed,
+        "per_device_train_batch_size": optimization.per_device_train_batch_size,
+        "gradient_accumulation_steps": optimization.gradient_accumulation_steps,
+        "seed": optimization.seed,
     }
     changed = {k: (state.get(k), v) for k, v in now.items() if state.get(k) != v}
     if changed:

@@ -16,9 +16,9 @@ from accelerate import Accelerator
 from ..errors import StepFailedError, UsageError
 from ..families.vit import RECIPE_FLAGS
 from ..models.compat import disable_activation_checkpointing
-from .args import TrainingArguments
 from .checkpoints import checkpoint_dirs
 from .disk import SAVE_ERRORS, OutOfSpaceError, is_out_of_space, out_of_space_message, tensor_bytes
+from .options import HubArguments
 from .plan import RunPlan
 from .sharding import trained_model
 from .tasks import TrainingData, TrainingTask
@@ -64,12 +64,11 @@ def save_final(
     when asked. `model` is the one `accelerator.prepare` returned; `trained` what `sharding.trained_model` gave for
     it, if it was called already; `train_seconds` the training time the card reports. Returns the files written
     besides the model's own."""
-    options = plan.options
-    output_dir = Path(options.output_dir)
+    output_dir, hub = Path(plan.checkpointing.output_dir), plan.hub
     accelerator.wait_for_everyone()
     # an ordinary module with the trained weights: collective under FSDP/DeepSpeed, every process calls it
     unwrapped, state_dict = trained if trained is not None else trained_model(accelerator, model)
-    if options.activation_checkpointing and unwrapped is not None:
+    if plan.parallelism.activation_checkpointing and unwrapped is not None:
         disable_activation_checkpointing(unwrapped)
     files: list[Path] = []
     failure = None  # raised once the other processes are released from the barrier below
@@ -80,15 +79,15 @@ def save_final(
         (output_dir / "eval_results.json").write_text(json.dumps(results, indent=2))
         (output_dir / "log_history.json").write_text(json.dumps(log_history, indent=1))
         files += [output_dir / "eval_results.json", output_dir / "log_history.json"]
-        if options.write_card:
+        if hub.write_card:
             record = run_record(accelerator, plan, family, data, processor, train_seconds)
             files += write_card_and_figures(
                 plan, family, data, unwrapped, processor, eval_metrics, log_history, learning=learning, record=record
             )
-        if options.push_to_hub:
+        if hub.push_to_hub:
             for tracker in accelerator.trackers:  # the TensorBoard events so far go up with the model (under runs/)
                 getattr(getattr(tracker, "writer", None), "flush", lambda: None)()
-            message = push(output_dir, options)
+            message = push(output_dir, hub)
             failure = StepFailedError(message) if message is not None else None  # the model is saved: run done
     accelerator.wait_for_everyone()
     if failure is not None:
@@ -137,16 +136,15 @@ def write_card_and_figures(
     them (`record`: the card's `hub.card.RunRecord`, the data and compute sections)."""
     from ..hub import plot_training_curves, write_model_card
 
-    options = plan.options
-    output_dir = Path(options.output_dir)
+    output_dir, hub, base_model = Path(plan.checkpointing.output_dir), plan.hub, plan.model_options.model_name_or_path
     figures = [Path(plot_training_curves(log_history, output_dir / "training_curves.png"))]
-    if options.lora_r is not None:  # an adapter folder: its card names the base model and how to load the adapter
+    if plan.lora.lora_r is not None:  # an adapter folder: its card names the base model and how to load the adapter
         from ..hub.adapter import write_adapter_card
 
         card = write_adapter_card(
-            output_dir, family=family.name, base_model=options.model_name_or_path, repo_id=options.hub_model_id,
+            output_dir, family=family.name, base_model=base_model, repo_id=hub.hub_model_id,
             eval_results=prefixed_metrics(eval_metrics), dataset_name=data.hub_id, figures=figures,
-            license=options.license, learning_warning=learning.card_text if learning is not None else None,
+            license=hub.license, learning_warning=learning.card_text if learning is not None else None,
         )  # fmt: skip
         return figures + [card]
     was_training = model.training
@@ -160,11 +158,11 @@ def write_card_and_figures(
         training_args=card_hyperparameters(plan, log_history),
         eval_results=prefixed_metrics(eval_metrics) | baseline_results(data),
         dataset_name=data.name,
-        dataset_config=options.dataset_config_name,
+        dataset_config=plan.data_options.dataset_config_name,
         figures=figures,
-        base_model=options.model_name_or_path,
-        repo_id=options.hub_model_id,
-        license=options.license,
+        base_model=base_model,
+        repo_id=hub.hub_model_id,
+        license=hub.license,
         eval_split=data.eval_split,
         learning_warning=learning.card_text if learning is not None else None,
         dataset_id=data.hub_id,
@@ -220,8 +218,7 @@ def card_hyperparameters(plan: RunPlan, log_history: list[dict] | None = None) -
     Returns:
         Name -> value.
     """
-    options = plan.options
-    values = {k: getattr(options, k) for k in CARD_FIELDS if getattr(options, k, None) is not None}
+    values = {k: plan.option(k) for k in CARD_FIELDS if plan.option(k) is not None}
     values["scheduler"] = values.pop("lr_scheduler_type")
     values["warmup_updates"] = plan.schedule.warmup_steps
     if values.get("max_steps"):
@@ -233,12 +230,12 @@ def card_hyperparameters(plan: RunPlan, log_history: list[dict] | None = None) -
             values["updates_made"] = max(steps)
         if epochs:
             values["epochs_made"] = round(max(epochs), 2)
-    if options.auto_augment is not None:  # the run resolved its recipe (image families)
-        values.update({k: getattr(options, k) for k in RECIPE_FLAGS if getattr(options, k, None) is not None})
+    if plan.recipe.auto_augment is not None:  # the run resolved its recipe (image families)
+        values.update({k: plan.option(k) for k in RECIPE_FLAGS if plan.option(k) is not None})
     return values
 
 
-def check_push_target(args: TrainingArguments) -> None:
+def check_push_target(args: HubArguments) -> None:
     """With --push_to_hub, before any training: the endpoint answers, the token may write, --hub_model_id exists or
     is created now, --hub_revision exists or is created now (`hub.push.check_push_target`); else a `UsageError` in
     one line."""
@@ -253,7 +250,7 @@ def check_push_target(args: TrainingArguments) -> None:
         raise UsageError(f"--push_to_hub: {err} Nothing was trained.") from err
 
 
-def push(output_dir: Path, args: TrainingArguments) -> str | None:
+def push(output_dir: Path, args: HubArguments) -> str | None:
     """Push the model folder (not the training checkpoints: `hub.push.RUN_IGNORE_PATTERNS`; the TensorBoard logs
     under runs/) to --hub_model_id. Returns None, or, when the push fails, one line saying where the model is saved
     and the `hf-vit-plus push` command that retries it."""

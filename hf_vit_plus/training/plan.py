@@ -1,9 +1,11 @@
 """The decisions of a training run, made once: `RunPlan`, a frozen record of every resolved value that the loop, the
-outputs and the card read (they read nothing else of the options).
+tasks, the outputs and the card read: the options in their groups (`plan.optimization`, `plan.data_options`,
+`plan.checkpointing`, ...: `PLAN_GROUPS`), and what was decided from them. Once the plan is built nothing reads the
+arguments.
 
 The arguments (`args.TrainingArguments`) hold what was given, on the command line, in a run file or from Python, and
-the defaults of the family's record and of the options themselves. The plan decides the rest, and says who chose each
-value (`RunPlan.chosen_by`, the first lines of the run):
+the defaults of the family's record and of the options themselves, with who chose each (`TrainingArguments.chosen_by`).
+The plan decides the rest, and says who chose each value (`RunPlan.chosen_by`, the first lines of the run):
 
 - the launch (`decide_launch`, from the options and the machine alone, before the Accelerator, which is built from
   it): sharding (`sharding.ParallelismRequest`: --fsdp, --fsdp_config, the launcher's environment), the device,
@@ -38,12 +40,42 @@ import torch
 from ..families import get_family
 from .args import REQUIRED_VALUES, TrainingArguments, check_values, flag_fields
 from .checkpoints import PROCESSOR_DIR, check_same_model, read_training_state, resolve_checkpoint
-from .options import SCHEDULE_FUNCTIONS, option_default
+from .options import (
+    OPTION_GROUPS,
+    SCHEDULE_FUNCTIONS,
+    THE_DEFAULT,
+    CheckpointArguments,
+    DataArguments,
+    HubArguments,
+    LoaderArguments,
+    LoggingArguments,
+    LoraArguments,
+    ModelArguments,
+    OptimizationArguments,
+    ParallelismArguments,
+    RecipeArguments,
+    group_fields,
+    option_default,
+)
 from .recipes import DEIT_EPOCHS, recipe_mixed_precision, run_recipe_values, updates_per_epoch
 from .sharding import ParallelismRequest, parallelism_request
 
-# Who chose a value the user did not give: never listed in a run's first lines (the help and --print_config say it).
-THE_DEFAULT = "the default"
+# The plan's field of each option group (`options.OPTION_GROUPS`, in their order): the resolved options, by group.
+PLAN_GROUPS: dict[str, type] = {
+    "model_options": ModelArguments,
+    "data_options": DataArguments,
+    "loading": LoaderArguments,
+    "optimization": OptimizationArguments,
+    "recipe": RecipeArguments,
+    "parallelism": ParallelismArguments,
+    "checkpointing": CheckpointArguments,
+    "logging": LoggingArguments,
+    "lora": LoraArguments,
+    "hub": HubArguments,
+}
+assert tuple(PLAN_GROUPS.values()) == OPTION_GROUPS
+# option -> the plan's field of its group
+_GROUP_OF = {flag.name: name for name, group in PLAN_GROUPS.items() for flag in group_fields(group)}
 
 
 @dataclass(frozen=True)
@@ -71,6 +103,9 @@ class Launch:
         precision_from: who chose it: "--mixed_precision", "the launcher", "--recipe deit", "the default", ...
         activation_checkpointing: whether the model recomputes its activations in the backward pass.
         checkpointing_from: who asked for activation checkpointing (None: off).
+        precision_given: whether the precision is the user's (--mixed_precision, a run file's other than the plan's
+            choice).
+        checkpointing_given: whether the user asked for activation checkpointing.
     """
 
     request: ParallelismRequest
@@ -79,6 +114,8 @@ class Launch:
     precision_from: str
     activation_checkpointing: bool = False
     checkpointing_from: str | None = None
+    precision_given: bool = False
+    checkpointing_given: bool = False
 
     @property
     def sharded(self) -> bool:
@@ -218,12 +255,26 @@ def decide_data(options: TrainingArguments, data, world_size: int, on_cpu: bool)
 
 @dataclass(frozen=True)
 class RunPlan:
-    """What a run does, decided once (`build_plan`).
+    """What a run does, decided once (`build_plan`). Every option resolved (the given ones, the defaults, and what the
+    plan chose for the rest) is in the field of its group (`PLAN_GROUPS`): the loop, the tasks and the outputs read
+    `plan.optimization.seed`, `plan.checkpointing.output_dir`, ..., never the arguments.
 
     Attributes:
-        options: every option resolved: the given ones, the defaults, and what the plan chose for the rest.
+        family: the family the run trains.
+        model_options: the model trained (`options.ModelArguments`).
+        data_options: the data (`options.DataArguments`).
+        loading: how the data is read and batched (`options.LoaderArguments`; `data` holds what the plan made of it).
+        optimization: the optimiser, the schedule, the batches and the run's length (`options.OptimizationArguments`).
+        recipe: the image recipe's settings (`options.RecipeArguments`).
+        parallelism: precision, devices and sharding (`options.ParallelismArguments`; `launch` holds the decisions).
+        checkpointing: the output folder, the training states and resuming (`options.CheckpointArguments`).
+        logging: the training log, the evaluations and the trackers (`options.LoggingArguments`).
+        lora: the LoRA adapter (`options.LoraArguments`).
+        hub: the model card and the push (`options.HubArguments`).
         chosen_by: option -> who chose its value ("--max_steps", a run file's name, "the vit family", "--recipe
             none", "the default", ...).
+        given: the options whose value is the user's (as the plan chose `chosen_by`): the others are listed with
+            who chose them.
         launch: the decisions the Accelerator is built from.
         world_size: the processes of the run.
         train_examples: the training examples of an epoch (before the loaders drop an incomplete batch); for a stream,
@@ -242,8 +293,19 @@ class RunPlan:
         data: how the training data is read.
     """
 
-    options: TrainingArguments
+    family: str
+    model_options: ModelArguments
+    data_options: DataArguments
+    loading: LoaderArguments
+    optimization: OptimizationArguments
+    recipe: RecipeArguments
+    parallelism: ParallelismArguments
+    checkpointing: CheckpointArguments
+    logging: LoggingArguments
+    lora: LoraArguments
+    hub: HubArguments
     chosen_by: Mapping[str, str]
+    given: frozenset[str]
     launch: Launch
     world_size: int
     train_examples: int
@@ -256,6 +318,29 @@ class RunPlan:
     resume: ResumePoint | None = None
     processor_from: str | None = None
     data: DataPlan = field(default_factory=DataPlan)
+
+    def option(self, name: str) -> Any:
+        """The resolved value of option `name`, from its group.
+
+        Args:
+            name: an option (a field of one of `options.OPTION_GROUPS`).
+
+        Returns:
+            Its value.
+        """
+        return getattr(getattr(self, _GROUP_OF[name]), name)
+
+    def options_dict(self) -> dict[str, Any]:
+        """The resolved options as one plain dict, as `TrainingArguments.to_dict` gives them (the family, then every
+        option group by group): a training state's `args`, a tracker's config.
+
+        Returns:
+            Option name -> value, and the family.
+        """
+        values: dict[str, Any] = {"family": self.family}
+        for name, group in PLAN_GROUPS.items():
+            values.update({flag.name: getattr(getattr(self, name), flag.name) for flag in group_fields(group)})
+        return values
 
     @property
     def config_fields(self) -> dict[str, Any]:
@@ -280,7 +365,7 @@ class RunPlan:
     @property
     def weights_from_main_process(self) -> bool:
         """fsdp_cpu_ram_efficient_loading with pretrained weights: only the main process reads them (under FSDP2)."""
-        return bool(self.request.fsdp and self.request.ram_efficient_loading and self.options.model_name_or_path)
+        return bool(self.request.fsdp and self.request.ram_efficient_loading and self.model_options.model_name_or_path)
 
     @property
     def num_epochs(self) -> int | None:
@@ -296,13 +381,13 @@ class RunPlan:
     @property
     def global_batch(self) -> int:
         """Examples per update, all processes and micro-batches."""
-        options = self.options
-        return options.per_device_train_batch_size * self.world_size * options.gradient_accumulation_steps
+        optimization = self.optimization
+        return optimization.per_device_train_batch_size * self.world_size * optimization.gradient_accumulation_steps
 
     @property
     def processor_location(self) -> str | None:
         """Where the processor is read from: --tokenizer_name, else the resumed checkpoint's (the plan's choice)."""
-        return self.options.tokenizer_name or self.processor_from
+        return self.model_options.tokenizer_name or self.processor_from
 
     def given_by_user(self, name: str) -> bool:
         """Whether the user gave option `name`'s value (on the command line, from Python, or in a run file whose value
@@ -314,14 +399,7 @@ class RunPlan:
         Returns:
             True when the value is the user's.
         """
-        return self.chosen_by.get(name) in _user_labels(self.options, name)
-
-
-def _user_labels(options: TrainingArguments, name: str) -> set[str]:
-    labels = {f"--{name}"}
-    if options.run_file:
-        labels.add(Path(options.run_file).name)
-    return labels
+        return name in self.given
 
 
 def _sharded(request: ParallelismRequest) -> bool:
@@ -357,32 +435,32 @@ def decide_launch(options: TrainingArguments, task) -> Launch:
     """
     request = parallelism_request(options.fsdp, options.fsdp_options)
     on_cpu = trains_on_cpu(options)
-    precision, precision_from = _decide_precision(options, task, request, on_cpu)
-    checkpointing_from = None
+    precision, precision_from, precision_given = _decide_precision(options, task, request, on_cpu)
+    checkpointing_from, checkpointing_given = None, False
     asked_by = None
     if request.activation_checkpointing:
         # the model's own checkpointing (one recomputation per layer, the RNG state kept), not the plugin's wrapper
         asked_by = "--fsdp_config" if "activation_checkpointing" in request.fsdp_options else "the accelerate config"
-    if options.activation_checkpointing:
-        checkpointing_from = options.given.get("activation_checkpointing", "--activation_checkpointing")
-        if asked_by and _from_run_file(options, "activation_checkpointing"):
-            checkpointing_from = asked_by
+    if options.activation_checkpointing and not (asked_by and _from_run_file(options, "activation_checkpointing")):
+        checkpointing_from, checkpointing_given = options.chosen_by["activation_checkpointing"], True
     elif asked_by:
         checkpointing_from = asked_by
-    return Launch(request, on_cpu, precision, precision_from, checkpointing_from is not None, checkpointing_from)
+    return Launch(request, on_cpu, precision, precision_from, checkpointing_from is not None, checkpointing_from,
+                  precision_given, checkpointing_given)  # fmt: skip
 
 
 def _decide_precision(options: TrainingArguments, task, request: ParallelismRequest, on_cpu: bool):
-    """(the precision trained in, who chose it): --mixed_precision, else the launcher's, else an earlier run of this
-    process's (Accelerate's state is process-wide and refuses another precision once set), else --recipe's, else
-    Accelerate's default. A run file's value that is the one the plan would choose anyway is that choice's."""
+    """(the precision trained in, who chose it, whether it is the user's): --mixed_precision, else the launcher's,
+    else an earlier run of this process's (Accelerate's state is process-wide and refuses another precision once set),
+    else --recipe's, else Accelerate's default. A run file's value that is the one the plan would choose anyway is that
+    choice's."""
     given = options.mixed_precision
     if given is not None and not _from_run_file(options, "mixed_precision"):
-        return given, options.given.get("mixed_precision", "--mixed_precision")
+        return given, options.chosen_by["mixed_precision"], True
     precision, source = _precision_choice(options, task, request, on_cpu)
     if given is None or given == precision:
-        return precision, source
-    return given, options.given["mixed_precision"]
+        return precision, source, False
+    return given, options.given["mixed_precision"], True
 
 
 # who chose a precision that Accelerate holds without being told (`Launch.mixed_precision`)
@@ -483,22 +561,26 @@ def build_plan(
     values: dict[str, Any] = {name: getattr(options, name) for name in flags}
     natural = default_choices(options)  # what each option would be if it were not given
     chosen: dict[str, str] = {}
+    users: dict[str, bool] = {}  # option -> whether its value is the user's
 
     own_defaults = {flag.name: option_default(flag) for flag in flag_fields(options.family)}
 
     def settle(name: str, value: Any, source: str) -> None:
         """Option `name` with the plan's choice (`value`, chosen by `source`) where it has none (None given for an
         option whose own default is a value means that value: e.g. no limit); where it has one, who chose it: the
-        user (a run file's value equal to the plan's choice is the plan's), or the choice itself for a default the
-        arguments were made with."""
+        user (a run file's value equal to the plan's choice is the plan's), or for a value the arguments hold without
+        its being given, who the arguments recorded (`TrainingArguments.chosen_by`: its default's chooser)."""
         current = values[name]
         label = options.given.get(name)
         if current is None and (label is None or own_defaults[name] is None):
-            values[name], chosen[name] = value, source
-        elif label is None:
-            chosen[name] = source if current == value else f"--{name}"
+            values[name], chosen[name], users[name] = value, source, False
+        elif label is None:  # "--name" for a value set from Python without a label (`dataclasses.replace`)
+            chosen[name] = options.chosen_by[name]
+            users[name] = chosen[name] == f"--{name}"
+        elif _from_run_file(options, name) and current == value:
+            chosen[name], users[name] = source, False
         else:
-            chosen[name] = source if _from_run_file(options, name) and current == value else label
+            chosen[name], users[name] = label, True
 
     for name in flags:
         settle(name, *natural[name])
@@ -510,7 +592,7 @@ def build_plan(
             raise ValueError(f"--max_tokens_per_batch {budget} holds no block of --block_size {values['block_size']} "
                              "tokens.")  # fmt: skip
         values["per_device_train_batch_size"] = budget // values["block_size"]
-        chosen["per_device_train_batch_size"] = "--max_tokens_per_batch"
+        chosen["per_device_train_batch_size"], users["per_device_train_batch_size"] = "--max_tokens_per_batch", False
     elif budget is not None:
         longest = max(values.get("max_source_length", 0), values.get("max_target_length", 0))
         if budget < longest:
@@ -548,10 +630,13 @@ def build_plan(
                 settle(name, value, f"--recipe {values['recipe']}")
     # the launch's
     values["mixed_precision"], chosen["mixed_precision"] = launch.precision, launch.precision_from
+    users["mixed_precision"] = launch.precision_given
     if launch.checkpointing_from is not None:
         values["activation_checkpointing"], chosen["activation_checkpointing"] = True, launch.checkpointing_from
+        users["activation_checkpointing"] = launch.checkpointing_given
     if values["lr_scheduler_type"] == "auto":  # given as 'auto': the family's
         values["lr_scheduler_type"], chosen["lr_scheduler_type"] = natural["lr_scheduler_type"]
+        users["lr_scheduler_type"] = False
 
     resolved = dataclasses.replace(options, **values)  # checks the values
     required = {name for name in REQUIRED_VALUES if name in values}
@@ -575,8 +660,10 @@ def build_plan(
     for key, (value, _) in fields.items():  # as `from_pretrained(location, key=value)` sets them
         setattr(config, key, value)
     return RunPlan(
-        options=resolved,
+        family=resolved.family,
+        **{name: resolved.group(group) for name, group in PLAN_GROUPS.items()},
         chosen_by=chosen,
+        given=frozenset(name for name, yours in users.items() if yours),
         launch=launch,
         world_size=world_size,
         train_examples=examples,
@@ -595,8 +682,9 @@ def build_plan(
 def default_choices(options: TrainingArguments) -> dict[str, tuple[Any, str]]:
     """What the plan chooses for each option that is not given, before the data is read.
 
-    The family's default, else the option's own; the epochs of a built-in data set; the schedule --lr_scheduler_type
-    auto names. The recipe's settings are left None here: `build_plan` decides them once the run's length is known.
+    The default the arguments were made with (`TrainingArguments.defaults`: the family's, else the option's own); the
+    epochs of a built-in data set; the schedule --lr_scheduler_type auto names. The recipe's settings are left None
+    here: `build_plan` decides them once the run's length is known.
 
     Args:
         options: the run's options (their family and data set).
@@ -605,12 +693,7 @@ def default_choices(options: TrainingArguments) -> dict[str, tuple[Any, str]]:
         Option -> (value, who chose it).
     """
     record = get_family(options.family)
-    choices = {}
-    for flag in flag_fields(options.family):
-        if flag.name in record.training_defaults:
-            choices[flag.name] = (record.training_defaults[flag.name], f"the {record.id} family")
-        else:
-            choices[flag.name] = (option_default(flag), THE_DEFAULT)
+    choices = {flag.name: options.defaults[flag.name] for flag in flag_fields(options.family)}  # given when made
     if choices.get("num_train_epochs", (0,))[0] is None and record.datasets:  # the data set's own
         epochs = record.datasets[options.dataset].default_epochs
         choices["num_train_epochs"] = (epochs, f"--dataset {options.dataset}")
@@ -653,7 +736,7 @@ def describe(plan: RunPlan, accelerator, weights_from_main: bool = False) -> lis
     """
     from .sharding import describe_parallelism
 
-    options, launch = plan.options, plan.launch
+    optimization, launch = plan.optimization, plan.launch
     lines = describe_parallelism(accelerator, weights_from_main)
     world = accelerator.num_processes
     if launch.precision_from not in ("--mixed_precision", "the launcher", THE_DEFAULT) and not plan.given_by_user(
@@ -664,19 +747,19 @@ def describe(plan: RunPlan, accelerator, weights_from_main: bool = False) -> lis
     if launch.checkpointing_from is not None and not plan.given_by_user("activation_checkpointing"):
         checkpointing += f" (asked for by {launch.checkpointing_from})"
     processes = f"{world} process{'es' if world > 1 else ''}"
-    accumulation = options.gradient_accumulation_steps
+    accumulation = optimization.gradient_accumulation_steps
     steps = f"{accumulation} accumulation step{'s' if accumulation > 1 else ''}"
     if plan.data.batch_by_tokens:  # batches of any number of examples
         lines.append(
-            f"Global batch: up to {plan.data.max_tokens_per_batch * world * options.gradient_accumulation_steps} "
+            f"Global batch: up to {plan.data.max_tokens_per_batch * world * accumulation} "
             f"tokens = {plan.data.max_tokens_per_batch} per process (source and target, padded: fairseq's "
             f"--max-tokens) x {processes} x {steps}; activation checkpointing: {checkpointing}"
         )
     else:
         lines.append(
-            f"Global batch: {options.per_device_train_batch_size * world * options.gradient_accumulation_steps} = "
-            f"{options.per_device_train_batch_size} per process x {processes} x {steps}; activation checkpointing: "
-            f"{checkpointing}"
+            f"Global batch: {optimization.per_device_train_batch_size * world * accumulation} = "
+            f"{optimization.per_device_train_batch_size} per process x {processes} x {steps}; activation "
+            f"checkpointing: {checkpointing}"
         )
     schedule = plan.schedule
     length = (
@@ -729,7 +812,8 @@ def data_lines(plan: RunPlan) -> list[str]:
         by = "whole shards" if data.split == "shards" else f"every {world}-th example"
         split = "one process" if world == 1 else f"split between {world} processes by {by}"
         shuffle = (
-            f"shuffled in a buffer of {data.shuffle_buffer_size} examples (seed {plan.options.seed}, again each epoch)"
+            f"shuffled in a buffer of {data.shuffle_buffer_size} examples (seed {plan.optimization.seed}, again each "
+            "epoch)"
             if data.shuffle_buffer_size
             else "in its own order"
         )
@@ -760,7 +844,7 @@ def chosen_lines(plan: RunPlan) -> list[str]:
     for name, chooser in plan.chosen_by.items():
         if chooser == THE_DEFAULT or name in shown_elsewhere or plan.given_by_user(name):
             continue
-        by_chooser.setdefault(chooser, []).append(f"{name} {_shown(getattr(plan.options, name))}")
+        by_chooser.setdefault(chooser, []).append(f"{name} {_shown(plan.option(name))}")
     for name, chooser in plan.config_fields_from.items():
         by_chooser.setdefault(chooser, []).append(f"config {name} {_shown(plan.config_fields[name])}")
     return [f"Chosen by {chooser}: {', '.join(items)}" for chooser, items in by_chooser.items()]
@@ -774,6 +858,7 @@ __all__ = [
     "DataPlan",
     "Launch",
     "OptimizerSpec",
+    "PLAN_GROUPS",
     "ResumePoint",
     "RunPlan",
     "ScheduleSpec",

@@ -46,14 +46,14 @@ def run_config_text(plan: RunPlan) -> str:
     import yaml
 
     from ..families import get_family
-    from .plan import THE_DEFAULT
+    from .options import THE_DEFAULT
 
-    options, record = plan.options, get_family(plan.options.family)
+    family, record = plan.family, get_family(plan.family)
     lines = [
-        f"# The resolved options of a `hf-vit-plus train {options.family}` run. Repeat it with",
-        f"#   hf-vit-plus train {options.family} {RUN_CONFIG_NAME}",
+        f"# The resolved options of a `hf-vit-plus train {family}` run. Repeat it with",
+        f"#   hf-vit-plus train {family} {RUN_CONFIG_NAME}",
         "# (flags given after the file override it). A comment names who chose a value that was not given.",
-        f"family: {options.family}",
+        f"family: {family}",
     ]
     for group in OPTION_GROUPS:
         flags = [flag for flag in group_fields(group) if applies(flag, record)]
@@ -61,7 +61,7 @@ def run_config_text(plan: RunPlan) -> str:
             continue
         lines.append(f"# --- {group._argument_group_name}")
         for flag in flags:
-            text = yaml.safe_dump({flag.name: getattr(options, flag.name)}, default_flow_style=True, width=10**6)
+            text = yaml.safe_dump({flag.name: plan.option(flag.name)}, default_flow_style=True, width=10**6)
             line = text.strip().removeprefix("{").removesuffix("}")
             chooser = plan.chosen_by.get(flag.name)
             if chooser and chooser != THE_DEFAULT and not plan.given_by_user(flag.name):
@@ -80,7 +80,7 @@ def write_run_config(plan: RunPlan) -> Path:
     Returns:
         The file written.
     """
-    output_dir = Path(plan.options.output_dir)
+    output_dir = Path(plan.checkpointing.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     path = output_dir / RUN_CONFIG_NAME
     staging = output_dir / f".{RUN_CONFIG_NAME}.tmp"

@@ -51,7 +51,7 @@ class Run:
     """What the epochs need, built once by `prepare_run` (model, optimiser, scheduler and loaders prepared)."""
 
     accelerator: Accelerator
-    plan: RunPlan  # the run's decisions (`plan.py`): all the loop reads of the run's options
+    plan: RunPlan  # the run's decisions (`plan.py`): all the loop reads of the run's options, group by group
     family: TrainingTask
     data: TrainingData
     model: Any
@@ -65,11 +65,6 @@ class Run:
     ema: ModelEma | None = None  # the average of the weights (--ema_decay): evaluated and saved as the model
     clock: TrainingClock = field(default_factory=TrainingClock)  # training seconds; --max_train_minutes's budget
     weights_from_main: bool = False  # cpu_ram_efficient_loading: the main process read the weights, sent them on
-
-    @property
-    def options(self) -> TrainingArguments:
-        """The run's options, as the plan resolved them."""
-        return self.plan.options
 
     @property
     def total_steps(self) -> int:
@@ -89,7 +84,7 @@ class Run:
 
     @property
     def output_dir(self) -> Path:
-        return Path(self.plan.options.output_dir)
+        return Path(self.plan.checkpointing.output_dir)
 
 
 def create_accelerator(args: TrainingArguments, launch: Launch) -> Accelerator:
@@ -156,7 +151,7 @@ def prepare_run(
     Returns:
         The run, ready for its first update.
     """
-    options, resume = plan.options, plan.resume
+    resume = plan.resume
     # fsdp_cpu_ram_efficient_loading: only the main process reads the pretrained weights; the others build the model
     # on the meta device and receive their shards (`WeightsFromMainProcess`). A fresh model is built everywhere.
     from_main = accelerator.is_fsdp2 and plan.weights_from_main_process
@@ -165,11 +160,12 @@ def prepare_run(
             model, processor = family.build(plan, data)
         datasets = family.transform(data, processor, model, plan)
         data = dataclasses.replace(data, baselines={**family.measure_baselines(data, datasets), **data.baselines})
-    if options.lora_r is not None:  # the base frozen, an adapter (and a new head) trained: saved as an adapter folder
+    lora = plan.lora
+    if lora.lora_r is not None:  # the base frozen, an adapter (and a new head) trained: saved as an adapter folder
         from .lora import add_lora
 
-        model = add_lora(model, options.family, options.lora_r, options.lora_alpha, options.lora_target_modules,
-                         options.lora_dropout)  # fmt: skip
+        model = add_lora(model, plan.family, lora.lora_r, lora.lora_alpha, lora.lora_target_modules,
+                         lora.lora_dropout)  # fmt: skip
     fingerprint = model_fingerprint(model.config)
     if resume is not None:
         check_same_model(resume.state, family.name, fingerprint, resume.path)
@@ -192,27 +188,27 @@ def prepare_run(
         eval_dataloader = accelerator.prepare(make_eval_dataloader(plan, datasets, family.collate_fn(processor)))
     # the plan counted the updates from the examples: the loader's batches give the same
     batches = len(train_dataloader) if unit_recipe is None else train_dataloader.batches_per_epoch
-    per_epoch = None if batches is None else math.ceil(batches / options.gradient_accumulation_steps)
+    per_epoch = None if batches is None else math.ceil(batches / plan.optimization.gradient_accumulation_steps)
     assert per_epoch == plan.updates_per_epoch, (batches, plan.updates_per_epoch)
     scheduler = family.create_scheduler(optimizer, plan)
-    clock = TrainingClock(options.max_train_minutes)
-    if options.max_train_minutes:
+    clock = TrainingClock(plan.optimization.max_train_minutes)
+    if plan.optimization.max_train_minutes:
         scheduler = follow_the_clock(scheduler, plan.total_steps, clock)
     if weights is not None:  # sharded, then the main process's weights sent to the others
         model, optimizer, scheduler = weights.prepare(model, optimizer, scheduler)
     else:
         model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    if options.torch_compile:
+    if plan.parallelism.torch_compile:
         # In place (`nn.Module.compile`: the module's call is compiled, the module stays itself), after Accelerate's
         # wrapping (its autocast is traced in): the saved model, the training states and the EMA keep the model's
         # own parameter names. (`torch.compile(model)` returns a wrapper whose names start with `_orig_mod.`, and
         # Accelerate's `unwrap_model` keeps it: a model saved that way loads as untrained weights.)
         model.compile()
     ema = None
-    if options.ema_decay:
+    if plan.recipe.ema_decay:
         if accelerator.is_fsdp2 or is_zero3(accelerator):
             raise UsageError("--ema_decay averages whole weights: it cannot be combined with FSDP or ZeRO-3 sharding.")
-        ema = ModelEma(accelerator.unwrap_model(model), options.ema_decay)
+        ema = ModelEma(accelerator.unwrap_model(model), plan.recipe.ema_decay)
         accelerator.register_for_checkpointing(ema)  # saved with each training state, restored on resume
     return Run(
         accelerator=accelerator,
@@ -236,14 +232,14 @@ def prepare_run(
 def make_dataloaders(plan: RunPlan, datasets, collate) -> tuple[DataLoader, DataLoader]:
     """The training loader (shuffled with the run's seed, full batches only: `plan.build_plan` checked that there is
     one global batch) and the evaluation loader, both with the plan's loader settings."""
-    options = plan.options
+    optimization = plan.optimization
     train_dataloader = DataLoader(
         datasets["train"],
-        batch_size=options.per_device_train_batch_size,
+        batch_size=optimization.per_device_train_batch_size,
         shuffle=True,
         drop_last=True,  # every process and every update sees full batches: N processes == one with N x the batch
         collate_fn=collate,
-        generator=torch.Generator().manual_seed(options.seed),
+        generator=torch.Generator().manual_seed(optimization.seed),
         **plan.data.loader_settings,
     )
     return train_dataloader, make_eval_dataloader(plan, datasets, collate)
@@ -256,9 +252,9 @@ def make_eval_dataloader(plan: RunPlan, datasets, collate) -> DataLoader:
     what a loader without one draws each pass)."""
     settings = plan.data.loader_settings
     if settings["num_workers"]:
-        settings["generator"] = torch.Generator().manual_seed(plan.options.seed)
+        settings["generator"] = torch.Generator().manual_seed(plan.optimization.seed)
     return DataLoader(
-        datasets["validation"], batch_size=plan.options.per_device_eval_batch_size, collate_fn=collate, **settings
+        datasets["validation"], batch_size=plan.optimization.per_device_eval_batch_size, collate_fn=collate, **settings
     )
 
 
@@ -280,18 +276,18 @@ def resumable_loader(
     """
     from ..data.image_files import undecoded
 
-    options, settings = plan.options, plan.data
+    seed, settings = plan.optimization.seed, plan.data
     rank, world = accelerator.process_index, accelerator.num_processes
     if data.stream is not None:
-        source = StreamSource(data.stream.dataset, seed=options.seed, buffer_size=settings.shuffle_buffer_size,
+        source = StreamSource(data.stream.dataset, seed=seed, buffer_size=settings.shuffle_buffer_size,
                               rank=rank, world_size=world, unit_size=recipe.unit_size, drop_last=recipe.whole_batches,
                               held_out=data.stream.held_out)  # fmt: skip
         batches = None
     else:
-        source = IndexSource(undecoded(data.raw["train"]), seed=options.seed, rank=rank, world_size=world,
+        source = IndexSource(undecoded(data.raw["train"]), seed=seed, rank=rank, world_size=world,
                              unit_size=recipe.unit_size, whole_batches=recipe.whole_batches)  # fmt: skip
         batches = source.units_per_epoch if recipe.whole_batches else None
-    return ResumableLoader(source, recipe.make, seed=options.seed, batches_per_epoch=batches,
+    return ResumableLoader(source, recipe.make, seed=seed, batches_per_epoch=batches,
                            **settings.loader_settings)  # fmt: skip
 
 

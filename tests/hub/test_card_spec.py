@@ -30,7 +30,7 @@ def test_card_shows_the_scheduler_the_run_used_not_auto():
         args = family_arguments(name, output_dir="unused", max_steps=3)
         assert args.lr_scheduler_type == "auto"
         plan = preview_plan(args, get_task(name))  # the card reads the plan, which resolved 'auto'
-        assert card_hyperparameters(plan)["scheduler"] == expected == plan.options.lr_scheduler_type
+        assert card_hyperparameters(plan)["scheduler"] == expected == plan.optimization.lr_scheduler_type
     args = family_arguments("vit", output_dir="unused", max_steps=3, lr_scheduler_type="linear")
     assert card_hyperparameters(preview_plan(args, get_task("vit")))["scheduler"] == "linear"
 

@@ -173,7 +173,7 @@ def test_print_config_round_trips(tmp_path, capsys, family):
     options = yaml.safe_load(printed)
     plan = preview_plan(family_arguments(family, output_dir=str(tmp_path / "out"), max_steps=7), get_task(family))
     assert set(options) == {"family"} | {flag.name for flag in flag_fields(family)}
-    assert options == {key: value for key, value in plan.options.to_dict().items() if key in options}
+    assert options == {key: value for key, value in plan.options_dict().items() if key in options}
     if family == "seq2seq":
         assert "learning_rate: 0.00125  # the seq2seq family" in printed
         assert "lr_scheduler_type: noam  # the seq2seq family" in printed
@@ -258,7 +258,7 @@ def test_every_default_is_defined_once_and_the_plan_says_where(family):
         if name in record.training_defaults:
             assert record.training_defaults[name] != flag.metadata["default"], f"{family}: {name} twice"
         assert not {"record", "recipe"} <= set(places), f"{family}: {name} in the record and the recipe"
-        value = getattr(plan.options, name)
+        value = plan.option(name)
         if chooser == "the default":
             assert value == flag.metadata["default"] or name == "mixed_precision", (name, value)  # Accelerate's "no"
             assert "record" not in places and "recipe" not in places, (family, name)
@@ -314,14 +314,28 @@ def test_no_help_text_or_comment_restates_a_default():
 
 
 # ------------------------------------------------------------------------------------------- the arguments, once
-def test_nothing_writes_to_or_reads_the_arguments_after_the_plan(tmp_path, monkeypatch):
-    """The arguments are frozen, no arguments object is made once the plan is built, and the loop, the outputs and
-    the card read the plan's resolved options, never the arguments the run was given."""
-    from hf_vit_plus.training import loop
+# a tiny run of each kind of task: images (with the recipe's augmentation, mixing and EMA: the hooks that read it) and
+# text (a tokenizer trained on the data, the model sized for it)
+AFTER_THE_PLAN_RUNS = {
+    "vit": dict(config_overrides=TINY_VIT_OVERRIDES, recipe="deit", max_train_samples=64, max_eval_samples=32,
+                per_device_train_batch_size=16),
+    "seq2seq": dict(config_overrides="d_model=16,encoder_layers=1,decoder_layers=1,encoder_attention_heads=2,"
+                    "decoder_attention_heads=2,encoder_ffn_dim=32,decoder_ffn_dim=32", max_train_samples=32,
+                    max_eval_samples=8, per_device_train_batch_size=8, vocab_size=300),
+}  # fmt: skip
 
-    args = family_arguments("vit", output_dir=str(tmp_path / "run"), config_overrides=TINY_VIT_OVERRIDES, max_steps=3,
-                            max_train_samples=64, max_eval_samples=32, per_device_train_batch_size=16,
-                            report_to="none", save_steps=2)  # fmt: skip
+
+@pytest.mark.parametrize("family", list(AFTER_THE_PLAN_RUNS))
+def test_nothing_writes_to_or_reads_the_arguments_after_the_plan(family, tmp_path, monkeypatch):
+    """The arguments are frozen, no arguments object is made once the plan is built, and the loop, the tasks, their
+    hooks, the outputs and the card read the plan's groups of resolved options, never an arguments object: neither
+    the one the run was given nor another (the plan keeps none)."""
+    from hf_vit_plus.training import loop
+    from hf_vit_plus.training.options import OPTION_GROUPS
+    from hf_vit_plus.training.plan import PLAN_GROUPS
+
+    args = family_arguments(family, output_dir=str(tmp_path / "run"), max_steps=3, report_to="none", save_steps=2,
+                            **AFTER_THE_PLAN_RUNS[family])  # fmt: skip
     plans, made_after, read_after = [], [], []
     real_build_plan = loop.build_plan
 
@@ -337,7 +351,7 @@ def test_nothing_writes_to_or_reads_the_arguments_after_the_plan(tmp_path, monke
         real_post_init(self)
 
     def getattribute(self, name):
-        if plans and self is args and not name.startswith("__"):
+        if plans and not name.startswith("__"):  # any arguments object, read once the plan is built
             read_after.append(name)
         return object.__getattribute__(self, name)
 
@@ -345,12 +359,40 @@ def test_nothing_writes_to_or_reads_the_arguments_after_the_plan(tmp_path, monke
     monkeypatch.setattr(TrainingArguments, "__post_init__", post_init)
     monkeypatch.setattr(TrainingArguments, "__getattribute__", getattribute)
     result = train(args)
+    monkeypatch.undo()
     assert result.global_step == 3 and len(plans) == 1
     assert not made_after and not read_after, (made_after, read_after)
-    for frozen in (args, plans[0], plans[0].options, plans[0].launch, plans[0].schedule):
+    plan = plans[0]
+    fields = {field.name: getattr(plan, field.name) for field in dataclasses.fields(plan)}
+    assert not [name for name, value in fields.items() if isinstance(value, TrainingArguments)]
+    assert [type(fields[name]) for name in PLAN_GROUPS] == list(OPTION_GROUPS)
+    for frozen in (args, plan, plan.launch, plan.schedule, *(fields[name] for name in PLAN_GROUPS)):
         with pytest.raises(dataclasses.FrozenInstanceError):
             frozen.seed = 1  # any attribute: frozen dataclasses refuse them all
     assert (tmp_path / "run" / "README.md").is_file()  # the card was written, from the plan
+    # a training state holds the resolved options as one dict, as the arguments would give it (same keys, same order)
+    state = json.loads((tmp_path / "run" / "checkpoints" / "checkpoint-3" / "training_state.json").read_text())
+    assert state["args"] == plan.options_dict() and list(state["args"]) == list(args.to_dict())
+
+
+def test_the_loop_the_tasks_and_the_outputs_read_groups_not_the_arguments():
+    """The plan holds the resolved options in their groups and no arguments object; the modules that run the plan
+    read no `.options` of a plan or a run (the flat dict a training state saves is `RunPlan.options_dict`)."""
+    import ast
+
+    from hf_vit_plus.training.plan import PLAN_GROUPS, RunPlan
+
+    annotations = {field.name: str(field.type) for field in dataclasses.fields(RunPlan)}
+    assert not [name for name, kind in annotations.items() if "TrainingArguments" in kind], annotations
+    assert {annotations[name] for name in PLAN_GROUPS} == {group.__name__ for group in PLAN_GROUPS.values()}
+    found = []
+    training = REPO_ROOT / "hf_vit_plus" / "training"
+    paths = [training / name for name in ("loop.py", "setup.py", "outputs.py", "run_file.py", "plan.py")]
+    for path in paths + sorted((training / "tasks").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and node.attr == "options":
+                found.append(f"{path.relative_to(REPO_ROOT).as_posix()}:{node.lineno}: {ast.unparse(node)}")
+    assert not found, "\n".join(found)
 
 
 def test_only_the_arguments_and_the_plan_make_options():

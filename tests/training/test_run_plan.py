@@ -84,7 +84,7 @@ def test_the_plan_is_frozen(tmp_path):
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.total_steps = 2
     with pytest.raises(dataclasses.FrozenInstanceError):
-        plan.options.learning_rate = 1.0
+        plan.optimization.learning_rate = 1.0
     with pytest.raises(dataclasses.FrozenInstanceError):
         args.max_steps = 2
 
@@ -136,7 +136,7 @@ def test_resuming_reads_the_checkpoint_and_its_processor_into_the_plan(tmp_path)
     plan = preview_plan(resumed, get_task("seq2seq"))
     assert plan.resume is not None and plan.resume.path.name == "checkpoint-2"
     assert plan.processor_from == str(plan.resume.path / "processor") == plan.processor_location
-    assert plan.options.tokenizer_name is None  # the options stay what was given; the plan says where it reads
+    assert plan.model_options.tokenizer_name is None  # the options stay what was given; the plan says where it reads
     with run_report() as report:
         result = train(resumed)
     assert result.global_step == 3

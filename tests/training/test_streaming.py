@@ -499,7 +499,7 @@ def test_the_loader_settings_are_decided_where_not_given(tmp_path):
     assert (plan.data.persistent_workers, plan.data.prefetch_factor) == (False, 4)
     plan = preview_plan(family_arguments("sparse-lm", max_tokens_per_batch=200, block_size=64, max_steps=2,
                                          output_dir=str(tmp_path / "lm")), get_task("sparse-lm"))  # fmt: skip
-    assert plan.options.per_device_train_batch_size == 3 and plan.chosen_by["per_device_train_batch_size"] == (
+    assert plan.optimization.per_device_train_batch_size == 3 and plan.chosen_by["per_device_train_batch_size"] == (
         "--max_tokens_per_batch"
     )
     assert plan.updates_per_epoch is not None  # blocks of one length: an epoch's batches are known

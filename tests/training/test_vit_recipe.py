@@ -61,12 +61,14 @@ def test_recipe_none_keeps_the_plain_training_of_release_0_1():
     args = family_arguments("vit", output_dir="unused")
     assert args.recipe == "none" and args.learning_rate is None  # the recipe decides, when the run is planned
     plan = plan_of(args)
-    options = plan.options
-    assert (options.learning_rate, options.warmup_ratio, options.label_smoothing_factor) == (2e-3, 0.1, 0.0)
-    assert options.auto_augment == "none" and options.mixup_alpha == 0.0 and options.ema_decay == 0.0
-    assert not options.horizontal_flip and options.random_resized_crop_scale == 1.0
+    optimization, recipe = plan.optimization, plan.recipe
+    assert (optimization.learning_rate, optimization.warmup_ratio, optimization.label_smoothing_factor) == (
+        2e-3, 0.1, 0.0
+    )  # fmt: skip
+    assert recipe.auto_augment == "none" and recipe.mixup_alpha == 0.0 and recipe.ema_decay == 0.0
+    assert not recipe.horizontal_flip and recipe.random_resized_crop_scale == 1.0
     assert plan.chosen_by["learning_rate"] == plan.chosen_by["ema_decay"] == "--recipe none"
-    assert image_augmentation(options, (8, 8)) is None
+    assert image_augmentation(recipe, (8, 8)) is None
     assert recipe_drop_path_rate("none", 12, 300) == 0.0
 
 
@@ -115,10 +117,10 @@ def test_explicit_flags_win_over_the_recipe(tmp_path):
     args = family_arguments("vit", output_dir="unused", recipe="deit", mixup_alpha=0.0, ema_decay=0.0,
                             learning_rate=1e-3, num_train_epochs=5)  # fmt: skip
     plan = plan_of(args)
-    resolved = plan.options
-    assert resolved.learning_rate == 1e-3 and resolved.ema_decay == 0.0 and resolved.mixup_alpha == 0.0
-    assert resolved.cutmix_alpha == 1.0 and resolved.label_smoothing_factor == 0.1  # the recipe's
-    assert resolved.warmup_ratio == pytest.approx(0.05) and resolved.random_erasing_prob > 0
+    optimization, recipe = plan.optimization, plan.recipe
+    assert optimization.learning_rate == 1e-3 and recipe.ema_decay == 0.0 and recipe.mixup_alpha == 0.0
+    assert recipe.cutmix_alpha == 1.0 and optimization.label_smoothing_factor == 0.1  # the recipe's
+    assert optimization.warmup_ratio == pytest.approx(0.05) and recipe.random_erasing_prob > 0
     assert plan.chosen_by["learning_rate"] == "--learning_rate" and plan.chosen_by["cutmix_alpha"] == "--recipe deit"
     assert plan.config_fields["drop_path_rate"] > 0 and plan.config_fields_from["drop_path_rate"] == "--recipe deit"
     result = train(tiny(tmp_path, "explicit", recipe="deit", ema_decay=0.0, max_steps=2))

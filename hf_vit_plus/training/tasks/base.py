@@ -10,7 +10,8 @@ loop and the plan call, with the options (`TrainingArguments`):
     recipe_context(options, data, config, ...) -> what the recipe's values depend on (the families with a --recipe)
     recipe_config_fields(options, config, epochs) -> the model config fields the run sets, and who chose each
 
-and then, with the plan (`RunPlan`, the resolved options in `plan.options`), which is all they read:
+and then, with the plan (`RunPlan`: the resolved options in their groups, `plan.model_options`, `plan.data_options`,
+`plan.optimization`, `plan.recipe`, ...), which is all they read of the run's options:
 
     build(plan, data)                      -> (model, processor): image processor or tokenizer
     transform(data, processor, model, plan)-> the datasets the loaders read, processed on the fly
@@ -65,6 +66,7 @@ from ...errors import UsageError, load_config
 from ...families import Family, get_family
 from ..args import TrainingArguments
 from ..learning import LearningMetric
+from ..options import DataArguments, ModelArguments
 from ..plan import RunPlan
 from .overrides import check_config_overrides, config_value_errors, parse_overrides
 
@@ -265,13 +267,13 @@ class TrainingTask:
         """
         return hasattr(self.config_class, "from_preset") and not Path(config_name).is_dir()
 
-    def saved_config(self, options: TrainingArguments) -> PretrainedConfig | None:
+    def saved_config(self, options: ModelArguments) -> PretrainedConfig | None:
         """The config saved at --model_name_or_path, or at a --config_name folder or Hub id, read; None for a fresh
         model (the family's config, or a --config_name preset). A run reads it once, when the plan builds the run's
         config (`model_config`).
 
         Args:
-            options: the run's options.
+            options: the run's model options (the plan's `model_options`, or the arguments before the plan).
 
         Returns:
             The saved config, or None.
@@ -285,14 +287,14 @@ class TrainingTask:
             return load_config(options.config_name, "--config_name")
         return None
 
-    def config_class_for(self, options: TrainingArguments, saved: PretrainedConfig | None = None) -> type:
+    def config_class_for(self, options: ModelArguments, saved: PretrainedConfig | None = None) -> type:
         """The class of the config `build_config` makes.
 
         That of the saved config (`saved`, else read from --model_name_or_path or a --config_name folder), else the
         family's own (after checking that a --config_name preset exists).
 
         Args:
-            options: the run's options.
+            options: the run's model options (the plan's `model_options`, or the arguments before the plan).
             saved: the saved config, if read already (`saved_config`).
 
         Returns:
@@ -312,11 +314,11 @@ class TrainingTask:
                 raise UsageError(f"--config_name: {error}") from error
         return self.config_class
 
-    def config_overrides(self, options: TrainingArguments, saved: PretrainedConfig | None = None) -> dict[str, Any]:
+    def config_overrides(self, options: ModelArguments, saved: PretrainedConfig | None = None) -> dict[str, Any]:
         """--config_overrides parsed and checked against the fields of the config `build_config` makes.
 
         Args:
-            options: the run's options.
+            options: the run's model options (the plan's `model_options`, or the arguments before the plan).
             saved: the saved config the run's config starts from, if any (`saved_config`).
 
         Returns:
@@ -331,7 +333,7 @@ class TrainingTask:
         return overrides
 
     def build_config(
-        self, options: TrainingArguments, defaults: dict, fields: dict, saved: PretrainedConfig | None = None
+        self, options: ModelArguments, defaults: dict, fields: dict, saved: PretrainedConfig | None = None
     ) -> PretrainedConfig:
         """The model's config.
 
@@ -340,7 +342,7 @@ class TrainingTask:
         `from_pretrained(location, **values)` sets them).
 
         Args:
-            options: the run's options.
+            options: the run's model options (the plan's `model_options`, or the arguments before the plan).
             defaults: the family's config values for a fresh model.
             fields: the values the data and the run fix (e.g. the number of labels).
             saved: the saved config, if read already (`saved_config`); read here when not given.
@@ -376,14 +378,14 @@ class TrainingTask:
         """
         return None
 
-    def load_or_create_model(self, options: TrainingArguments, config: PretrainedConfig) -> torch.nn.Module:
+    def load_or_create_model(self, options: ModelArguments, config: PretrainedConfig) -> torch.nn.Module:
         """The saved model of --model_name_or_path with `config`, or a fresh one.
 
         Within `weights_from_main_process` the saved model is only its layout on the meta device (the class
         from_pretrained would choose).
 
         Args:
-            options: the run's options.
+            options: the run's model options (the plan's `model_options`, or the arguments before the plan).
             config: the model's config (from `build_config`).
 
         Returns:
@@ -680,7 +682,7 @@ def with_values(saved: PretrainedConfig, values: dict[str, Any]) -> PretrainedCo
     return config
 
 
-def builtin_data(options: TrainingArguments) -> bool:
+def builtin_data(options: DataArguments) -> bool:
     """Whether the run uses the family's built-in data (no data option given)."""
     return not (options.dataset_name or options.train_dir or options.train_file)
 

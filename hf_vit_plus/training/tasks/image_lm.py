@@ -85,7 +85,8 @@ class ImageLMTask(TrainingTask):
         if data.stream is None:
             return None
         height, width = data.raw["train"].features["pixel_values"].shape
-        return UnitBatches(PixelBatches((height, width)), plan.options.per_device_train_batch_size, whole_batches=True)
+        batch = plan.optimization.per_device_train_batch_size
+        return UnitBatches(PixelBatches((height, width)), batch, whole_batches=True)
 
     def preprocessing(self, plan, processor) -> str:
         return (
@@ -103,7 +104,7 @@ class ImageLMTask(TrainingTask):
         return config
 
     def build(self, plan, data):
-        return self.load_or_create_model(plan.options, copy.deepcopy(plan.model_config)), None
+        return self.load_or_create_model(plan.model_options, copy.deepcopy(plan.model_config)), None
 
     def transform(self, data, processor, model, plan):
         return data.raw.select_columns(["pixel_values"]).with_format("torch")

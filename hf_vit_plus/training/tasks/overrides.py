@@ -14,7 +14,7 @@ from typing import Any
 from transformers import PretrainedConfig
 
 from ...errors import UsageError
-from ..args import TrainingArguments
+from ..options import ModelArguments
 
 
 def parse_overrides(text: str | None) -> dict[str, Any]:
@@ -113,13 +113,13 @@ def check_config_overrides(config_class: type, overrides: dict[str, Any]) -> Non
 
 
 @contextmanager
-def config_value_errors(args: TrainingArguments) -> Iterator[None]:
+def config_value_errors(args: ModelArguments) -> Iterator[None]:
     """Report a config that refuses its values (from --config_name / --config_overrides) as a `UsageError`.
 
     Config constructors only validate, so their `ValueError`s and `TypeError`s are about the user's values.
 
     Args:
-        args: the run's options (the message quotes --config_overrides).
+        args: the run's model options (the message quotes --config_overrides).
 
     Raises:
         UsageError: the config raised `ValueError` or `TypeError` within the context.

@@ -88,25 +88,25 @@ class Seq2SeqTask(TrainingTask):
         )
 
     def preprocessing(self, plan, processor) -> str:
-        options = plan.options
-        fresh = options.model_name_or_path is None and options.tokenizer_name is None
+        model_options, data_options = plan.model_options, plan.data_options
+        fresh = model_options.model_name_or_path is None and model_options.tokenizer_name is None
         origin = "trained on the training split" if fresh else "that of the base model"
         return (
             f"Sources and targets are tokenized by the tokenizer saved with the model ({type(processor).__name__}, "
-            f"{len(processor):,} tokens, {origin}), then cut to {options.max_source_length} source and "
-            f"{options.max_target_length} target tokens."
+            f"{len(processor):,} tokens, {origin}), then cut to {data_options.max_source_length} source and "
+            f"{data_options.max_target_length} target tokens."
         )
 
     def build(self, plan, data):
-        options = plan.options
-        tokenizer = saved_tokenizer(plan.processor_location or options.model_name_or_path)
+        model_options = plan.model_options
+        tokenizer = saved_tokenizer(plan.processor_location or model_options.model_name_or_path)
         if tokenizer is None:
             from ...tokenization import train_bpe_tokenizer
 
             texts = list(data.raw["train"]["source"]) + list(data.raw["train"]["target"])
-            tokenizer = train_bpe_tokenizer(texts, vocab_size=options.vocab_size, split_digits=True)
-        fields = dict(label_smoothing=options.label_smoothing_factor)
-        if not options.model_name_or_path:  # a fresh model is sized for the tokenizer
+            tokenizer = train_bpe_tokenizer(texts, vocab_size=plan.data_options.vocab_size, split_digits=True)
+        fields = dict(label_smoothing=plan.optimization.label_smoothing_factor)
+        if not model_options.model_name_or_path:  # a fresh model is sized for the tokenizer
             fields.update(
                 vocab_size=len(tokenizer),
                 pad_token_id=tokenizer.pad_token_id,
@@ -114,7 +114,9 @@ class Seq2SeqTask(TrainingTask):
                 eos_token_id=tokenizer.eos_token_id,
                 decoder_start_token_id=tokenizer.bos_token_id,
             )
-        model = self.load_or_create_model(options, self.build_config(options, SMALL_SEQ2SEQ_CONFIG, fields))
+        model = self.load_or_create_model(
+            model_options, self.build_config(model_options, SMALL_SEQ2SEQ_CONFIG, fields)
+        )
         if model.config.vocab_size < len(tokenizer):
             raise ValueError(
                 f"The tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {model.config.vocab_size}."
@@ -122,7 +124,7 @@ class Seq2SeqTask(TrainingTask):
         return model, tokenizer
 
     def transform(self, data, tokenizer, model, plan):
-        options = plan.options
+        options = plan.data_options
         # the evaluation decodes its outputs to score them with sacreBLEU (`metrics`): the tokenizer, and one width
         # for the outputs of every batch and process (targets are cut to max_target_length, outputs may run 5 on)
         self._tokenizer, self._output_width = tokenizer, options.max_target_length + 6
@@ -141,13 +143,12 @@ class Seq2SeqTask(TrainingTask):
         """A stream, or a token budget: the pairs tokenized in the loader's workers, in pools of
         `TOKEN_POOL_EXAMPLES` cut into batches by the budget (`pipeline.token_budget_batches`), or in units of one
         batch of the per-device batch's pairs."""
-        options = plan.options
-        budget = options.max_tokens_per_batch
+        budget = plan.loading.max_tokens_per_batch
         if data.stream is None and budget is None:
             return None
-        make = PairBatches(tokenizer, options.max_source_length, options.max_target_length, budget)
+        make = PairBatches(tokenizer, plan.data_options.max_source_length, plan.data_options.max_target_length, budget)
         if budget is None:
-            return UnitBatches(make, options.per_device_train_batch_size, whole_batches=True)
+            return UnitBatches(make, plan.optimization.per_device_train_batch_size, whole_batches=True)
         return UnitBatches(make, TOKEN_POOL_EXAMPLES, whole_batches=False)
 
     def token_counts(self, batch):

@@ -83,29 +83,28 @@ class SparseLMTask(TrainingTask):
         return saved_tokenizer(location) or byte_tokenizer()
 
     def preprocessing(self, plan, processor) -> str:
-        options = plan.options
         name = type(processor).__name__ if processor is not None else "bytes"
         size = f", {len(processor):,} tokens" if processor is not None and hasattr(processor, "__len__") else ""
         return (
             f"The text is tokenized by the tokenizer saved with the model ({name}{size}) and cut into blocks of "
-            f"{options.block_size} tokens, one training sequence each."
+            f"{plan.data_options.block_size} tokens, one training sequence each."
         )
 
     def build(self, plan, data):
-        options = plan.options
-        tokenizer = self.tokenizer(options.tokenizer_name or options.model_name_or_path)
+        model_options, block_size = plan.model_options, plan.data_options.block_size
+        tokenizer = self.tokenizer(model_options.tokenizer_name or model_options.model_name_or_path)
         # The small default is sized for the tokenizer and --block_size; a saved model or config is taken as it is.
         defaults = dict(
             SMALL_SPARSE_LM_CONFIG,
             vocab_size=len(tokenizer),
-            max_position_embeddings=options.block_size,
+            max_position_embeddings=block_size,
             pad_token_id=tokenizer.pad_token_id,
             eos_token_id=tokenizer.eos_token_id,
         )
-        model = self.load_or_create_model(options, self.build_config(options, defaults, {}))
-        if options.block_size > model.config.max_position_embeddings:
+        model = self.load_or_create_model(model_options, self.build_config(model_options, defaults, {}))
+        if block_size > model.config.max_position_embeddings:
             raise ValueError(
-                f"--block_size {options.block_size} exceeds the model's max_position_embeddings "
+                f"--block_size {block_size} exceeds the model's max_position_embeddings "
                 f"({model.config.max_position_embeddings})."
             )
         return model, tokenizer
@@ -122,8 +121,7 @@ class SparseLMTask(TrainingTask):
         a number of blocks)."""
         if data.stream is None:
             return None
-        options = plan.options
-        make = BlockBatches(tokenizer, options.block_size, options.per_device_train_batch_size)
+        make = BlockBatches(tokenizer, plan.data_options.block_size, plan.optimization.per_device_train_batch_size)
         return UnitBatches(make, STREAM_TEXTS_PER_UNIT, whole_batches=False)
 
     def token_counts(self, batch):

@@ -139,7 +139,7 @@ class ViTTask(TrainingTask):
         return TrainingData(limit_samples(raw, options), name, label_column=chosen.get("label"), **extra)
 
     def preprocessing(self, plan, processor) -> str:
-        options = plan.options
+        recipe = plan.recipe
         size = getattr(processor, "size", None) or {}
         side = f"{size['height']}x{size['width']} pixels" if "height" in size else f"{dict(size)}"
         mode = "grey" if getattr(processor, "do_convert_grayscale", False) else "RGB"
@@ -149,9 +149,7 @@ class ViTTask(TrainingTask):
             f"{_cell_list(getattr(processor, 'image_mean', None))} and standard deviation "
             f"{_cell_list(getattr(processor, 'image_std', None))}."
         )
-        flags = [
-            f"{flag} {getattr(options, flag)}" for flag in AUGMENTATION_FLAGS if _on(getattr(options, flag, None))
-        ]
+        flags = [f"{flag} {getattr(recipe, flag)}" for flag in AUGMENTATION_FLAGS if _on(getattr(recipe, flag, None))]
         if flags:
             text += f" Training images are augmented ({', '.join(flags)}); evaluation images are not."
         return text
@@ -265,10 +263,9 @@ class ViTTask(TrainingTask):
             return config_class(**{**values, **self.config_overrides(options)})
 
     def build(self, plan, data):
-        options = plan.options
         # the plan's config stays the plan's record: the model gets a copy of it
-        model = self.load_or_create_model(options, copy.deepcopy(plan.model_config))
-        return model, self.image_processor(options, model.config, data)
+        model = self.load_or_create_model(plan.model_options, copy.deepcopy(plan.model_config))
+        return model, self.image_processor(plan, model.config, data)
 
     def recipe_config_fields(self, options, config, epochs) -> dict:
         """Config fields the run sets on a fresh or fine-tuned ViTPlus, and who chose each: the recipe's stochastic
@@ -295,17 +292,18 @@ class ViTTask(TrainingTask):
             return AutoModelForImageClassification.from_config(config)  # --model_type: a transformers model
         return super().load_or_create_model(options, config)
 
-    def image_processor(self, options, config, data=None) -> ViTPlusImageProcessor:
+    def image_processor(self, plan, config, data=None) -> ViTPlusImageProcessor:
         """The saved model's processor, else one made from the model's config (for another model type: from the
         data's image size and channels)."""
-        if options.model_name_or_path:
+        location = plan.model_options.model_name_or_path
+        if location:
             try:
-                return AutoImageProcessor.from_pretrained(options.model_name_or_path)
+                return AutoImageProcessor.from_pretrained(location)
             except OSError:
                 pass
         if isinstance(config, ViTPlusConfig):
             return ViTPlusImageProcessor.from_model_config(config)
-        defaults = self.default_config(options)
+        defaults = self.default_config(plan.data_options)
         shape = ViTPlusConfig(
             image_size=getattr(config, "image_size", None) or defaults["image_size"],
             patch_size=1,
@@ -315,12 +313,11 @@ class ViTTask(TrainingTask):
 
     # ------------------------------------------------------------------------------------------------ pixels
     def transform(self, data, processor, model, plan):
-        options = plan.options
         channels = model_channels(model.config, processor)
         size = processor_size(processor)
         mean, std = _processor_stats(processor, channels)
-        augment = image_augmentation(options, size)
-        erase = erasing(options)
+        augment = image_augmentation(plan.recipe, size)
+        erase = erasing(plan.recipe)
         keys = self.example_keys(data)
         if isinstance(data.raw["train"].features["image"], Array2D):  # built-in arrays at the model's size
             return {
@@ -362,12 +359,11 @@ class ViTTask(TrainingTask):
         uint8 (`on_device` normalises and erases them)."""
         if data.stream is None and isinstance(data.raw["train"].features["image"], Array2D):
             return None  # the built-in arrays: `ArrayImages`
-        options = plan.options
         labels = "labels" in self.example_keys(data)
         names = data.raw["train"].features["label"].names if labels else None
-        augmentation = example_augmentation(options, processor_size(processor))
+        augmentation = example_augmentation(plan.recipe, processor_size(processor))
         make = ImageBatches(augmentation, model_channels(model.config, processor), names if labels else None)
-        return UnitBatches(make, options.per_device_train_batch_size, whole_batches=True)
+        return UnitBatches(make, plan.optimization.per_device_train_batch_size, whole_batches=True)
 
     def on_device(self, batch, extras):
         """uint8 images (read from files) normalised and randomly erased on the device, the whole batch at once."""
@@ -381,30 +377,25 @@ class ViTTask(TrainingTask):
         """The batch mixer, the label smoothing and the teacher of the run."""
         from accelerate.utils import extract_model_from_parallel
 
-        options = plan.options
+        recipe = plan.recipe
         config = extract_model_from_parallel(model).config
-        extras: dict[str, Any] = {"label_smoothing": options.label_smoothing_factor or 0.0,
-                                  "pixels": self.pixel_normalizer(options, config)}  # fmt: skip
-        if mixes_batches(options):
-            extras["mixer"] = BatchMixer(
-                config.num_labels, options.mixup_alpha, options.cutmix_alpha, options.mixup_prob
-            )
-        if options.teacher:
+        extras: dict[str, Any] = {"label_smoothing": plan.optimization.label_smoothing_factor or 0.0,
+                                  "pixels": self.pixel_normalizer(plan, config)}  # fmt: skip
+        if mixes_batches(recipe):
+            extras["mixer"] = BatchMixer(config.num_labels, recipe.mixup_alpha, recipe.cutmix_alpha, recipe.mixup_prob)
+        if recipe.teacher:
             from ..distillation import load_teacher
 
             names = [config.id2label[i] for i in range(config.num_labels)]
-            processor = self._processor_of(options, config)
-            extras["teacher"] = load_teacher(options.teacher, processor, config, names, accelerator.device)
+            processor = self.image_processor(plan, config)
+            extras["teacher"] = load_teacher(recipe.teacher, processor, config, names, accelerator.device)
         return extras
 
-    def _processor_of(self, options, config):
-        return self.image_processor(options, config)
-
-    def pixel_normalizer(self, options, config) -> PixelNormalizer:
+    def pixel_normalizer(self, plan, config) -> PixelNormalizer:
         """What `on_device` does to uint8 images: the processor's normalisation, then the run's random erasing."""
-        processor = self._processor_of(options, config)
+        processor = self.image_processor(plan, config)
         mean, std = _processor_stats(processor, model_channels(config, processor))
-        return PixelNormalizer(mean, std, erasing(options))
+        return PixelNormalizer(mean, std, erasing(plan.recipe))
 
     def training_loss(self, model, batch, extras):
         """The model's own loss for plain training; with mixing, smoothing or a teacher: soft-target cross-entropy
@@ -493,7 +484,7 @@ class ViTMaskedPatchTask(ViTTask):
 
     def build(self, plan, data):
         config = copy.deepcopy(plan.model_config)
-        return self.load_or_create_model(plan.options, config), self.image_processor(plan.options, config, data)
+        return self.load_or_create_model(plan.model_options, config), self.image_processor(plan, config, data)
 
     def recipe_config_fields(self, options, config, epochs) -> dict:
         fields = super().recipe_config_fields(options, config, epochs)
@@ -503,7 +494,7 @@ class ViTMaskedPatchTask(ViTTask):
     def extras(self, plan, model, accelerator) -> dict[str, Any]:
         from accelerate.utils import extract_model_from_parallel
 
-        return {"pixels": self.pixel_normalizer(plan.options, extract_model_from_parallel(model).config)}
+        return {"pixels": self.pixel_normalizer(plan, extract_model_from_parallel(model).config)}
 
     def training_loss(self, model, batch, extras):
         from accelerate.utils import extract_model_from_parallel
