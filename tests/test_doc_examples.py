@@ -31,7 +31,7 @@ import pytest
 from tests.utils import REPO_ROOT
 
 PAGES = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").rglob("*.md"))]
-TIMEOUT_S = 120
+TIMEOUT_S = 300  # room for the guides' compiling blocks on a loaded machine
 _FENCE = re.compile(r"^```(python|bash)\s*$")
 _MARKER = re.compile(r"^<!-- example: (skip \((?P<reason>.+)\)|continue|run) -->$")
 _RUNNABLE_COMMANDS = ("hf-vit-plus", "python", "make")
