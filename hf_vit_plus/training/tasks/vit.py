@@ -149,7 +149,7 @@ class ViTTask(TrainingTask):
             f"{_cell_list(getattr(processor, 'image_mean', None))} and standard deviation "
             f"{_cell_list(getattr(processor, 'image_std', None))}."
         )
-        flags = [f"{flag} {getattr(recipe, flag)}" for flag in AUGMENTATION_FLAGS if _on(getattr(recipe, flag, None))]
+        flags = [f"{flag} {getattr(recipe, flag)}" for flag in AUGMENTATION_FLAGS if _on(getattr(recipe, flag))]
         if flags:
             text += f" Training images are augmented ({', '.join(flags)}); evaluation images are not."
         return text
