@@ -333,6 +333,9 @@ def save_checkpoint(
         full = _out_of_space(lambda: accelerator.save_state(str(tmp), safe_serialization=True), root)
     finally:
         hook.remove()
+    # every process's files (its random states, its shards) are written before the main process's manifest vouches for
+    # them: without this, a process still writing gives a manifest that misses its file or records it half-written
+    accelerator.wait_for_everyone()
 
     def finish_main_files():
         (tmp / STATE_FILE).write_text(json.dumps(state, indent=1, default=str))

@@ -283,6 +283,36 @@ def test_a_folder_another_run_holds_is_refused_on_every_process(tmp_path):
     assert not (output_dir / "model.safetensors").exists()
 
 
+def _rank_1_saves_late(output_dir: str) -> None:
+    """Process 1 starts writing its part of each checkpoint (its random states) a second after the main process."""
+    from accelerate import Accelerator
+
+    original = Accelerator.save_state
+
+    def late(self, *args, **kwargs):
+        if torch.distributed.get_rank() == 1:
+            time.sleep(1.0)
+        return original(self, *args, **kwargs)
+
+    Accelerator.save_state = late
+    train(vit_args(Path(output_dir), batch=8, max_steps=2, save_steps="2"))
+
+
+def test_the_manifest_is_written_after_every_process_has_written_its_files(tmp_path):
+    """A CI run (oldest releases) found a checkpoint whose manifest recorded process 1's random states as 0 bytes: the
+    main process wrote the manifest while the other was still writing. Each checkpoint's manifest lists every process's
+    files, and the checkpoint matches it."""
+    from hf_vit_plus.training.checkpoints import MANIFEST_FILE, checkpoint_problem
+
+    launch_processes(_rank_1_saves_late, (str(tmp_path / "run"),), tmp_path / "run")
+    checkpoint = tmp_path / "run" / "checkpoints" / "checkpoint-2"
+    listed = json.loads((checkpoint / MANIFEST_FILE).read_text())["files"]
+    for rank in (0, 1):
+        name = f"random_states_{rank}.pkl"
+        assert listed.get(name, {}).get("size") == (checkpoint / name).stat().st_size > 0, (name, listed.get(name))
+    assert checkpoint_problem(checkpoint) is None
+
+
 def _diverge_on_rank_1(output_dir: str) -> None:
     import math
 
