@@ -62,6 +62,8 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import copy
+import dataclasses
 import importlib
 import logging
 import os
@@ -161,13 +163,44 @@ class _ModelDecoding:
             return weights_digest(reference())
 
         self.steps = _Steps(self.decoder, backend, options, skip_guards, cache_dir, identity)
+        # tensors of every call that depend on the settings only (positions, pad token, logits processors' controls),
+        # made once: a batch of short translations pays for each small tensor it makes
+        self._constants: dict = {}
+
+    def positions(self, count: int, device) -> list[torch.Tensor]:
+        """The positions 0 .. count - 1, each a 0-d int64 tensor (the steps' `position`), made once per device."""
+        made = self._constants.get(("positions", device), [])
+        if len(made) < count:
+            made = made + [torch.tensor(p, device=device) for p in range(len(made), count)]
+            self._constants[("positions", device)] = made
+        return made[:count]
+
+    def token(self, token_id: int, device) -> torch.Tensor:
+        """`token_id` as a 0-d int64 tensor, made once per device."""
+        key = ("token", token_id, device)
+        if key not in self._constants:
+            self._constants[key] = torch.tensor(token_id, device=device)
+        return self._constants[key]
+
+    def controls(self, settings, device) -> tuple:
+        """`settings.controls(device)`, made once per rules and device (the last few kept)."""
+        key = ("controls", settings.rules, settings.vocab_size, device)
+        controls = self._constants.get(key)
+        if controls is None:
+            for old in [k for k in self._constants if k[0] == "controls"][:-7]:  # a bound: each max_length is a key
+                del self._constants[old]
+            controls = self._constants[key] = settings.controls(device)
+        return controls
 
     def _versions(self, model: nn.Module) -> tuple:
         # float32 steps read the model's tensors themselves: only replaced tensors make them stale; the converted
-        # (bfloat16, int8) copies also go stale when a tensor is changed in place.
-        tensors = [*model.parameters(), *model.buffers()]
+        # (bfloat16, int8) copies also go stale when a tensor is changed in place. Each module's own tensors, in one
+        # walk of the modules (`parameters()` and `buffers()` walk them twice, deduplicating: this check runs at
+        # every call, where a batch of short translations takes a millisecond or two)
+        tensors = [t for m in model.modules() for owned in (m._parameters, m._buffers) for t in owned.values()]
+        tensors = [t for t in tensors if t is not None]
         if self.precision == "float32":
-            return tuple(id(t) for t in tensors)
+            return tuple(map(id, tensors))
         return tuple((id(t), t._version) for t in tensors)
 
     def current(self, model: nn.Module) -> bool:
@@ -399,21 +432,39 @@ class FastDecoding:
             state = checked[2]  # checked by `generate` for this call
         else:
             state = self.decoding_state(model)
-        cross, source_bias = self._encoder_inputs(state.decoder, settings, model_kwargs)
+        encoder_outputs, mask = model_kwargs["encoder_outputs"], model_kwargs.get("attention_mask")
+        return self.decode(state, settings, input_ids, encoder_outputs, mask)
+
+    @staticmethod
+    def checked_settings(model, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs):
+        """The settings of a call as the loop reads them (`__call__`'s arguments), checked: a ValueError names what the
+        fused step does not implement. A caller that hands the same preparation over again (`Translator`) checks it
+        once and calls `decode` with `settings.with_max_length(...)`."""
+        return _Settings(model, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs)
+
+    @torch.no_grad()
+    def decode(self, state, settings, input_ids, encoder_outputs, attention_mask=None) -> torch.LongTensor:
+        """The decoding loop after the checks: `state` from `decoding_state(model)`, `settings` from
+        `checked_settings`, `input_ids` the decoder start tokens (batch x beams rows), the encoder output and the
+        source mask as `generate` expands them. Returns the sequences, as `generate` does."""
+        cross, source_bias = self._encoder_inputs(state.decoder, settings, encoder_outputs, attention_mask)
         if settings.num_beams == 1:
             return self._greedy(state, settings, input_ids, cross, source_bias)
         return self._beam_search(state, settings, input_ids, cross, source_bias)
 
-    def _encoder_inputs(self, decoder, settings, model_kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    def _encoder_inputs(self, decoder, settings, encoder_outputs, mask) -> tuple[torch.Tensor, torch.Tensor]:
         """Every decoder layer's cross-attention keys and values, once per source (not per beam), in the decoding
         precision, padded to a multiple of `shape_multiple` positions and at least 2: (layers, 2, B, S, D), and the
         source bias (B, S): 0 or -inf."""
         group = settings.expand
-        encoder_states = model_kwargs["encoder_outputs"].last_hidden_state[::group]  # (B, S, D)
-        mask = model_kwargs.get("attention_mask")
+        encoder_states = encoder_outputs.last_hidden_state[::group]  # (B, S, D)
         batch, length, dim = encoder_states.shape
         padded = max(2, _round_up(length, self.shape_multiple))
         layers = decoder.layers
+        if padded == length and mask is not None:  # no padding to add: one concatenation, the bias from the mask
+            cross = torch.cat([t for layer in layers for t in layer.cross_keys_values(encoder_states)])
+            source_bias = torch.where(mask[::group].bool(), 0.0, NEG_INF)  # (B, S) float32
+            return cross.view(len(layers), 2, batch, length, dim), source_bias
         cross = encoder_states.new_zeros(len(layers), 2, batch, padded, dim)
         for i, layer in enumerate(layers):
             cross[i, 0, :, :length], cross[i, 1, :, :length] = layer.cross_keys_values(encoder_states)
@@ -428,9 +479,9 @@ class FastDecoding:
         rows, device = input_ids.shape[0], input_ids.device
         length = self._cache_length(settings)
         cache = state.decoder.new_cache(rows, length, device)
-        controls, pad = settings.controls(device), torch.tensor(settings.pad_token_id, device=device)
+        controls, pad = state.controls(settings, device), state.token(settings.pad_token_id, device)
         unfinished = torch.ones(rows, dtype=torch.long, device=device)
-        positions = [torch.tensor(p, device=device) for p in range(min(settings.max_length - 1, length))]
+        positions = state.positions(min(settings.max_length - 1, length), device)
         tokens = input_ids[:, 0]
 
         def runner(tokens, cache, cross, source_bias, unfinished):
@@ -496,7 +547,7 @@ class FastDecoding:
         length = self._cache_length(settings)
         total = length + 1  # sequence slots: the start token and `length` new tokens (>= max_length)
         cache = state.decoder.new_cache(rows, length, device)
-        controls = settings.controls(device)
+        controls = state.controls(settings, device)
         denominators = settings.denominators(total, device)
         running = torch.full((batch, beams, total), settings.fill_value, dtype=torch.long, device=device)
         running[:, :, 0] = input_ids[:, 0].view(batch, beams)
@@ -516,7 +567,7 @@ class FastDecoding:
         )
         keep = max(2, 1 + len(settings.eos_token_ids)) * beams
         early_stopping = settings.rules.early_stopping is True
-        positions = [torch.tensor(p, device=device) for p in range(min(settings.max_length - 1, length))]
+        positions = state.positions(min(settings.max_length - 1, length), device)
         returned = settings.num_return_sequences
         sequences = running.new_empty(batch, returned, total)  # each source's hypotheses, once final
         indices = running_indices.new_empty(batch, returned, total - 1)
@@ -651,6 +702,15 @@ class _Settings:
         self.eos_token_ids = self.rules.eos_token_ids
         self.pad_token_id = self.rules.pad_token_id
         self.fill_value = self.rules.beam_fill_value
+
+    def with_max_length(self, max_length: int) -> _Settings:
+        """These settings with another `max_length` (a call of the same settings with another length limit)."""
+        if max_length == self.max_length:
+            return self
+        changed = copy.copy(self)
+        changed.rules = dataclasses.replace(self.rules, max_length=int(max_length))
+        changed.max_length = changed.rules.max_length
+        return changed
 
     def controls(self, device) -> tuple:
         """The logits processors' tensors for `decoding_rules.process_scores`."""

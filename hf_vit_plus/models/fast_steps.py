@@ -86,7 +86,7 @@ def _shape_key(method: str, args, constants: dict, dynamic: bool, static_small_r
     threads (inductor writes its loops for the threads of the process that compiles them). Dynamic (AOTInductor):
     the class of batch sizes (`_batch_range`) and the rows per source instead of the shapes (the cache and source
     lengths and the batch vary in the compiled code); `batch` asks for another batch size than that of `args`."""
-    leaves = torch.utils._pytree.tree_leaves(args)
+    leaves = _leaves(args)
     if dynamic:
         size, group, layers = _step_sizes(method, args)
         shapes = (_batch_range(size if batch is None else batch, group, static_small_rows), group, layers)
@@ -96,6 +96,25 @@ def _shape_key(method: str, args, constants: dict, dynamic: bool, static_small_r
         return None  # a batch that is not the arguments': a shape compiled only when it comes
     dtypes = tuple(t.dtype for t in leaves)
     return method, tuple(sorted(constants.items())), shapes, dtypes, torch.get_num_threads()
+
+
+def _leaves(tree) -> list:
+    """pytree's leaves of `tree` (`tree_leaves`), walked directly where it is tuples and lists of tensors (a step's
+    arguments: the walk runs at every call, and pytree's costs tens of microseconds)."""
+    out = []
+    stack = [iter(tree)]
+    while stack:
+        for item in stack[-1]:
+            if isinstance(item, torch.Tensor):
+                out.append(item)
+            elif type(item) in (tuple, list):
+                stack.append(iter(item))
+                break
+            else:
+                return torch.utils._pytree.tree_leaves(tree)
+        else:
+            stack.pop()
+    return out
 
 
 def _axes(**axes) -> dict | None:
@@ -158,6 +177,7 @@ class _Steps:
         self.identity = identity  # () -> the model's weights digest (`step_cache.weights_digest`), asked once
         self._weights = None
         self._tensors = None  # (name, shape, dtype) of the decoder's parameters and buffers, for the package's key
+        self._paths: dict = {}  # shape key -> its package's path (asked at many steps: is a smaller batch's kept?)
         self.runners: dict = {}
 
     def _key(self, method: str, args: tuple, constants: dict, batch=None):
@@ -193,6 +213,12 @@ class _Steps:
         return runner
 
     def _package_path(self, key):
+        path = self._paths.get(key)
+        if path is None:
+            path = self._paths[key] = self._new_package_path(key)
+        return path
+
+    def _new_package_path(self, key):
         from .step_cache import step_key
 
         if self._weights is None:

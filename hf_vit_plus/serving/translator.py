@@ -4,7 +4,6 @@ one switch: transformers' `generate`, `FastDecoding` (the fused step, `models/fa
 
 from __future__ import annotations
 
-import copy
 import itertools
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -122,8 +121,10 @@ class Translator:
         """FastDecoding as `FastDecoding.generate` runs it (its encoder, then its loop through
         `generate(custom_generate=...)`), without `generate`'s preparation after the first call of each setting:
         what `generate` hands the loop (logits processors, stopping criteria, the resolved generation config)
-        depends on the settings and the model's generation config only, not on the batch, so it is kept and handed
-        over again, with the call's length limit. CTranslate2 pays no such set-up per call."""
+        depends on the settings and the model's generation config only, not on the batch, so the loop's settings
+        checked from it (`FastDecoding.checked_settings`) are kept, and the next calls run the loop itself
+        (`FastDecoding.decode`) with the call's length limit, on the state checked here once per call. CTranslate2
+        pays no such set-up per call."""
         decoder = self.decoder
         state = decoder.decoding_state(self.model)
         lengths = {
@@ -144,9 +145,9 @@ class Translator:
             def capture(model, decoder_ids, logits_processor=None, stopping_criteria=None, generation_config=None,
                         synced_gpus=False, **model_kwargs):  # fmt: skip
                 handed.update(
-                    logits_processor=logits_processor,
-                    stopping_criteria=stopping_criteria,
-                    generation_config=generation_config,
+                    settings=decoder.checked_settings(
+                        model, decoder_ids, logits_processor, stopping_criteria, generation_config, model_kwargs
+                    ),
                     rows=decoder_ids.shape[0] // input_ids.shape[0],
                     start=decoder_ids[:1],
                     synced_gpus=synced_gpus,
@@ -166,12 +167,11 @@ class Translator:
                 self._prepared = {k: v for k, v in self._prepared.items() if k[0] is decoder}
                 self._prepared[key] = handed
             return output
-        config = copy.copy(prepared["generation_config"])
-        if "max_new_tokens" in lengths:  # as generate resolves it: the decoder start token + the new tokens
-            config.max_new_tokens = lengths["max_new_tokens"]
-            config.max_length = prepared["start"].shape[1] + lengths["max_new_tokens"]
+        # as generate resolves the length: the decoder start token + the new tokens, or max_length
+        if "max_new_tokens" in lengths:
+            max_length = prepared["start"].shape[1] + lengths["max_new_tokens"]
         else:
-            config.max_new_tokens, config.max_length = None, lengths["max_length"]
+            max_length = lengths["max_length"]
         rows = prepared["rows"]
         states = encoder_outputs.last_hidden_state
         if rows > 1:  # generate's expansion of the inputs for the beams / returned sequences
@@ -179,16 +179,9 @@ class Translator:
             attention_mask = attention_mask.repeat_interleave(rows, dim=0)
         encoder_outputs.last_hidden_state = states
         start = prepared["start"].expand(input_ids.shape[0] * rows, -1)
-        return decoder(
-            self.model,
-            start,
-            prepared["logits_processor"],
-            prepared["stopping_criteria"],
-            config,
-            encoder_outputs=encoder_outputs,
-            attention_mask=attention_mask,
-            use_cache=False,
-        )
+        # the settings checked at the first call, with this call's length: the loop itself, as generate calls it
+        settings = prepared["settings"].with_max_length(max_length)
+        return decoder.decode(state, settings, start, encoder_outputs, attention_mask)
 
     def __call__(
         self, texts: str | list[str], batch_size: int = 16, buffer_size: int | None = None, **generate_kwargs
@@ -262,7 +255,7 @@ class Translator:
     def _translate_buffer(self, texts: list[str], batch_size: int, generate_kwargs: dict, progress) -> list[str]:
         """One buffer: tokenized once, sorted by length (stable: equal lengths keep their order), decoded in batches,
         put back in input order."""
-        encoded = self.tokenizer(texts)["input_ids"]
+        encoded = self._encode(texts)
         order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
         returned = generate_kwargs.get("num_return_sequences") or 1
         outputs: list[list[str]] = [[] for _ in texts]
@@ -270,26 +263,59 @@ class Translator:
             rows = order[start : start + batch_size]
             input_ids, attention_mask = self._pad([encoded[i] for i in rows])
             ids = self.generate(input_ids, attention_mask, **dict(generate_kwargs))
-            decoded = self.tokenizer.batch_decode(ids, skip_special_tokens=True)
+            decoded = self._decode(ids)
             for k, i in enumerate(rows):
                 outputs[i] = [text.strip() for text in decoded[k * returned : (k + 1) * returned]]
             if progress is not None:
                 progress.update(len(rows))
         return [text for per_text in outputs for text in per_text]
 
+    def _backend(self):
+        """The tokenizer's Rust tokenizer where `tokenizer(texts)` and `batch_decode` are its `encode_batch` and
+        `decode_batch` and nothing more (transformers' generic fast tokenizer, with no truncation or padding set and
+        no clean-up of spaces), else None. CTranslate2 is handed tokens; a call here pays transformers' Python
+        around the Rust calls per batch (several times the Rust calls' own time for a batch of short sentences)."""
+        from transformers import PreTrainedTokenizerFast
+
+        tokenizer = self.tokenizer
+        if type(tokenizer) is not PreTrainedTokenizerFast:  # a subclass may change either way (source modes, ...)
+            return None
+        backend = tokenizer.backend_tokenizer
+        if backend.truncation is not None or backend.padding is not None:
+            return None
+        if backend.encode_special_tokens != tokenizer.split_special_tokens:
+            return None
+        return backend
+
+    def _encode(self, texts: list[str]) -> list[list[int]]:
+        """`tokenizer(texts)["input_ids"]`, by the Rust tokenizer alone where that is the same (`_backend`)."""
+        backend = self._backend()
+        if backend is None or not all(type(text) is str for text in texts):  # transformers' own checks and errors
+            return self.tokenizer(texts)["input_ids"]
+        encode = getattr(backend, "encode_batch_fast", backend.encode_batch)  # the same ids, without the offsets
+        return [encoding.ids for encoding in encode(texts, add_special_tokens=True)]
+
+    def _decode(self, ids: torch.Tensor) -> list[str]:
+        """`tokenizer.batch_decode(ids, skip_special_tokens=True)`, by the Rust tokenizer alone where that is the
+        same (`_backend`)."""
+        backend = self._backend()
+        if backend is None or self.tokenizer.clean_up_tokenization_spaces:
+            return self.tokenizer.batch_decode(ids, skip_special_tokens=True)
+        return backend.decode_batch(ids.tolist(), skip_special_tokens=True)
+
     def _pad(self, sequences: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """(batch, longest) ids and attention mask, padded on the tokenizer's side with its pad id, as
-        `tokenizer(..., padding=True)` pads them."""
-        longest = max(len(ids) for ids in sequences)
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        input_ids = torch.full((len(sequences), longest), pad, dtype=torch.long)
-        attention_mask = torch.zeros((len(sequences), longest), dtype=torch.long)
+        `tokenizer(..., padding=True)` pads them: built as lists, then one tensor each."""
+        longest = max(map(len, sequences))
+        pad = self.tokenizer.pad_token_id
+        pad = 0 if pad is None else pad
         left = self.tokenizer.padding_side == "left"
-        for row, ids in enumerate(sequences):
-            span = slice(longest - len(ids), longest) if left else slice(0, len(ids))
-            input_ids[row, span] = torch.tensor(ids, dtype=torch.long)
-            attention_mask[row, span] = 1
-        return input_ids, attention_mask
+        rows, masks = [], []
+        for ids in sequences:
+            fill, real = longest - len(ids), len(ids)
+            rows.append([pad] * fill + ids if left else ids + [pad] * fill)
+            masks.append([0] * fill + [1] * real if left else [1] * real + [0] * fill)
+        return torch.tensor(rows, dtype=torch.long), torch.tensor(masks, dtype=torch.long)
 
 
 __all__ = ["BUFFER_BATCHES", "EXTRA_TARGET_TOKENS", "TRANSLATION_ENGINES", "Translator"]

@@ -428,6 +428,30 @@ FILES = (
         ("run", "preset", "threads", "precision", "case", "part", "ms_per_token", "mb_per_token", "gb_per_s"),
     ),
     ResultFile(
+        "translate_call.csv",
+        "`scripts/benchmarks/bench_translate_call.py --model numbers --output results/translate_call.csv` (before and "
+        "after the change named in `run`)",
+        'one warm call of 16 short translations (number words): `Translator(engine="fast")` text in, text out, '
+        "against CTranslate2's `translate_batch` on the same tokens: wall-clock and process CPU milliseconds, medians "
+        "of calls taking turns, and their ratios "
+        "([fast inference](guides/fast-inference.md#measuring))",
+        None,
+        (
+            "run",
+            "precision",
+            "threads",
+            "output_tokens",
+            "ours_ms",
+            "ct2_ms",
+            "ct2_text_ms",
+            "ours_vs_ct2",
+            "ours_cpu_ms",
+            "ct2_cpu_ms",
+            "cpu_ours_vs_ct2",
+            "agrees",
+        ),  # fmt: skip
+    ),
+    ResultFile(
         "fast_decoding_details.csv",
         "one-off timings beside `scripts/benchmarks/bench_seq2seq.py` runs (copied from the guide's notes)",
         "compilation times, single-kernel timings, the plain read rate, the output screen's counts and the greedy "
@@ -1170,6 +1194,7 @@ TOPICS = (
             "fast_decoding_history.csv",
             "fast_decoding_profile.csv",
             "fast_decoding_details.csv",
+            "translate_call.csv",
             "seq2seq_vs_marian.csv",
         ),
         (
