@@ -1,8 +1,11 @@
 """Every ```python and ```bash block in README.md and docs/ is a test case (id: file:line), so that the examples
 the pages show keep running.
 
-A python block runs as written in a fresh interpreter (cwd a temporary folder, no Hub traffic, the repository on
-PYTHONPATH) and fails when it raises. An HTML comment on the line before a block changes that:
+A python block runs as written (cwd a temporary folder, no Hub traffic, the repository on PYTHONPATH) and fails when
+it raises: in a child forked from an interpreter that has imported torch, transformers and hf_vit_plus
+(tests/preloaded_python.py: seconds of imports per block saved), or, for a block that pushes, a fresh interpreter.
+The `python` and `hf-vit-plus` lines of a bash block run the same way. An HTML comment on the line before a block
+changes that:
   <!-- example: skip (REASON) -->   the block is reported skipped with REASON (needs a GPU, downloads, trains long)
   <!-- example: continue -->        the block runs after the page's previous block of its language, in the same
                                     interpreter (a sign-in bash block may stand between two python steps)
@@ -103,20 +106,38 @@ def _hub_env(code: str, request: pytest.FixtureRequest) -> dict[str, str]:
     return {**server.env(), "HF_TOKEN": "hf_docs_example"}
 
 
-def _run(args: list[str], tmp_path: Path, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    env = dict(
+def _env() -> dict[str, str]:
+    return dict(
         os.environ,
         HF_HUB_OFFLINE="1",
         OMP_NUM_THREADS="1",
         TOKENIZERS_PARALLELISM="false",
         PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
     )
-    env.update(extra_env or {})
+
+
+@pytest.fixture(scope="module")
+def preloaded():
+    """The interpreter the blocks fork from (tests/preloaded_python.py): torch, transformers and hf_vit_plus imported
+    once per worker, not once per block and command."""
+    from tests.preloaded_python import PreloadedPython
+
+    server = PreloadedPython(_env())
+    yield server
+    server.close()
+
+
+def _run(args: list[str], tmp_path: Path, extra_env: dict[str, str] | None, preloaded) -> subprocess.CompletedProcess:
+    """`args` run in `tmp_path`: a Python program forked from the preloaded interpreter, or, where it needs an
+    environment of its own (the loopback Hub's, read at import) or is not Python (`make`), a fresh process."""
+    if not extra_env and args[0] == sys.executable:
+        return preloaded.run(args[1:], tmp_path, TIMEOUT_S)
+    env = {**_env(), **(extra_env or {})}
     return subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
 
 
 @pytest.mark.parametrize("block", BLOCKS, ids=[block.id for block in BLOCKS])
-def test_example_runs(block: Block, tmp_path: Path, request: pytest.FixtureRequest):
+def test_example_runs(block: Block, tmp_path: Path, request: pytest.FixtureRequest, preloaded):
     if block.marker == "skip":
         pytest.skip(f"{block.id}: {block.reason}")
     later = _CONTINUED_BY.get(id(block))
@@ -126,7 +147,7 @@ def test_example_runs(block: Block, tmp_path: Path, request: pytest.FixtureReque
         pytest.skip(f"{block.id}: runs as part of {later.id}, which continues it")
     if block.language == "python":
         source = _python_source(block)
-        result = _run([sys.executable, "-c", source], tmp_path, _hub_env(source, request))
+        result = _run([sys.executable, "-c", source], tmp_path, _hub_env(source, request), preloaded)
         assert result.returncode == 0, f"{block.id} raised:\n{result.stderr[-4000:]}"
         return
     assert block.marker == "run", f"{block.id}: a bash block needs <!-- example: run --> or a skip with a reason"
@@ -140,7 +161,7 @@ def test_example_runs(block: Block, tmp_path: Path, request: pytest.FixtureReque
             args[0] = sys.executable
         elif args[0] == "hf-vit-plus":
             args[:1] = [sys.executable, "-m", "hf_vit_plus.cli"]
-        result = _run(args, tmp_path, _hub_env(block.code, request))
+        result = _run(args, tmp_path, _hub_env(block.code, request), preloaded)
         assert result.returncode == 0, f"{block.id}: `{command}` failed:\n{result.stderr[-4000:]}"
 
 
