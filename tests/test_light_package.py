@@ -20,7 +20,7 @@ import textwrap
 
 import pytest
 
-from tests.utils import COMMAND_CODE, REPO_ROOT, run_without_package
+from tests.utils import REPO_ROOT, run_without_package
 
 # Libraries a user who only loads and runs a model must not pay for. transformers' own model classes may import some
 # of them themselves (transformers 5 imports accelerate in `modeling_utils` where it is installed): a module is only
@@ -302,17 +302,30 @@ def test_progress_bars_follow_transformers_switch(capsys):
     assert "shown" in capsys.readouterr().err
 
 
-def test_cli_log_flags_are_read_before_or_after_the_command():
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
-    command = [sys.executable, "-c", COMMAND_CODE]
-    both = subprocess.run([*command, "env", "-q", "--log_level", "info"], capture_output=True, text=True, env=env)
-    assert both.returncode == 2
-    assert both.stderr.strip().splitlines() == ["hf-vit-plus env: error: Give one of --log_level, -q and -v."]
-    bad = subprocess.run([*command, "--log_level", "loud", "env"], capture_output=True, text=True, env=env)
-    assert bad.returncode == 2 and "invalid choice: 'loud'" in bad.stderr
+def test_cli_log_flags_are_read_before_or_after_the_command(monkeypatch, capsys):
+    """In this process (the flags are the parser's, not the imports'): `hf-vit-plus env` with each placement."""
+    from hf_vit_plus.cli import main
+    from hf_vit_plus.utils import logging as package_logging
+
+    monkeypatch.setattr(sys, "argv", ["hf-vit-plus"])  # the installed script's program name
+
+    def status(*argv: str) -> int:
+        try:
+            return main(list(argv))
+        except SystemExit as exited:  # argparse's own errors
+            return exited.code
+        finally:
+            package_logging.reset_verbosity()  # the command set the package's level
+
+    assert status("env", "-q", "--log_level", "info") == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "hf-vit-plus env: error: Give one of --log_level, -q and -v."
+    ]
+    assert status("--log_level", "loud", "env") == 2 and "invalid choice: 'loud'" in capsys.readouterr().err
     for flags in (["--log_level", "debug", "env"], ["env", "-v"], ["-q", "env"]):
-        proc = subprocess.run([*command, *flags], capture_output=True, text=True, env=env)
-        assert proc.returncode == 0 and "- hf_vit_plus: " in proc.stdout, (flags, proc.stderr[-2000:])
+        code = status(*flags)
+        output = capsys.readouterr()
+        assert code == 0 and "- hf_vit_plus: " in output.out, (flags, output.err[-2000:])
 
 
 def test_a_missing_extra_stops_the_command_with_one_line(monkeypatch, tmp_path, capsys):
