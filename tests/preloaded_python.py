@@ -5,10 +5,10 @@ program. Run as `python tests/preloaded_python.py`; `PreloadedPython` below star
 Each request is one JSON line on the server's stdin: `{"argv": [...], "cwd": ..., "stdout": ..., "stderr": ...}`,
 with `argv` what would follow `python` on a command line (`["-c", code]`, `["-m", module, ...]` or
 `[script, ...]`). The server forks; the child changes to `cwd`, sends its output to the two files and runs the
-program as `python` would (`__main__`, `sys.argv`, `sys.path[0]`); an exception ends it with Python's own traceback
-and status 1, and it leaves through the interpreter's normal exit (threads joined, `atexit` run). The server answers
-with two JSON lines: the child's pid when it starts, its exit status when it ends (negative: the signal that ended
-it).
+program as `python` would (`__main__`, `sys.argv`, `sys.orig_argv`, `sys.path[0]`); an exception ends it with
+Python's own traceback and status 1, and it leaves through the interpreter's normal exit (threads joined, `atexit`
+run). The server answers with two JSON lines: the child's pid when it starts, its exit status when it ends
+(negative: the signal that ended it).
 
 What differs from a fresh interpreter: the preloaded modules are already imported, so environment variables that
 they read at import (HF_ENDPOINT, HF_HUB_OFFLINE, OMP_NUM_THREADS, ...) are the server's. A program that needs
@@ -41,6 +41,7 @@ def _child(request: dict) -> None:
         os.dup2(opened, fd)
         os.close(opened)
     argv = request["argv"]
+    sys.orig_argv = [sys.executable, *argv]  # the command line as a fresh interpreter would have got it
     if argv[0] == "-c":
         sys.argv = ["-c", *argv[2:]]
         sys.path[0] = ""

@@ -7,7 +7,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,10 +19,19 @@ CONTEXT = {"command", "date", "hf_vit_plus", "python", "torch", "transformers", 
            "threads", "machine"}  # fmt: skip
 
 
-def _run(script: str, *argv: str, cwd) -> None:
-    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
-    proc = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "benchmarks" / script), *argv], cwd=cwd,
-                          env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+@pytest.fixture(scope="module")
+def preloaded():
+    """The interpreter the scripts fork from (tests/preloaded_python.py): torch, transformers and hf_vit_plus imported
+    once, not once per script (a script capped with --isa starts a fresh interpreter itself, as it does alone)."""
+    from tests.preloaded_python import PreloadedPython
+
+    server = PreloadedPython(dict(os.environ, PYTHONPATH=str(REPO_ROOT), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1"))
+    yield server
+    server.close()
+
+
+def _run(preloaded, script: str, *argv: str, cwd) -> None:
+    proc = preloaded.run([str(REPO_ROOT / "scripts" / "benchmarks" / script), *argv], cwd, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
 
 
@@ -42,12 +50,13 @@ def _context_is_this_run(row: dict, script: str, isa: str | None = None) -> None
     assert row["command"].startswith("python ") and script in row["command"] and len(row["date"]) == 10
 
 
-def test_bench_vit_writes_its_throughput_rows(tmp_path):
+def test_bench_vit_writes_its_throughput_rows(preloaded, tmp_path):
     """At `--isa avx2` where the CPU has AVX2: the script starts again capped, and its rows say so."""
     from hf_vit_plus.models.cpu_isa import supported_isa
 
     isa = None if supported_isa() == "generic" else "avx2"
     _run(
+        preloaded,
         "bench_vit.py",
         *(["--isa", isa] if isa else []),
         "--preset",
@@ -77,9 +86,10 @@ def test_bench_vit_writes_its_throughput_rows(tmp_path):
         _context_is_this_run(row, "bench_vit.py", isa)
 
 
-def test_bench_vit_times_a_training_step_of_each_model(tmp_path):
+def test_bench_vit_times_a_training_step_of_each_model(preloaded, tmp_path):
     """--training_step: one fp32 update (forward, backward, AdamW) of each model on its own copy of the weights."""
-    _run("bench_vit.py", "--training_step", "--preset", "tiny-patch16-224", "--batch_sizes", "2", "--repeats", "1",
+    _run(preloaded,
+         "bench_vit.py", "--training_step", "--preset", "tiny-patch16-224", "--batch_sizes", "2", "--repeats", "1",
          "--warmup", "1", "--threads", "1", "--output", str(tmp_path / "step.csv"), cwd=tmp_path)  # fmt: skip
     (row,) = _rows(tmp_path / "step.csv")
     assert (row["precision"], row["batch"], row["fp32_matmul_opt_in"]) == ("fp32-training-step", "2", "False")
@@ -88,8 +98,8 @@ def test_bench_vit_times_a_training_step_of_each_model(tmp_path):
     _context_is_this_run(row, "bench_vit.py")
 
 
-def test_bench_sparse_attention_writes_its_rows(tmp_path):
-    _run("bench_sparse_attention.py", "--max_n", "1024", "--repeats", "1", "--no_memory", "--no_flex",
+def test_bench_sparse_attention_writes_its_rows(preloaded, tmp_path):
+    _run(preloaded, "bench_sparse_attention.py", "--max_n", "1024", "--repeats", "1", "--no_memory", "--no_flex",
          "--output", str(tmp_path / "sparse.csv"), cwd=tmp_path)  # fmt: skip
     rows = _rows(tmp_path / "sparse.csv")
     kernels = {row["kernel"] for row in rows}
@@ -99,8 +109,9 @@ def test_bench_sparse_attention_writes_its_rows(tmp_path):
     _context_is_this_run(rows[0], "bench_sparse_attention.py")
 
 
-def test_bench_sparse_lm_writes_its_rows(tmp_path):
-    _run("bench_sparse_lm.py", "--patterns", "strided,dense", "--steps", "4", "--layers", "1", "--hidden_size", "16",
+def test_bench_sparse_lm_writes_its_rows(preloaded, tmp_path):
+    _run(preloaded,
+         "bench_sparse_lm.py", "--patterns", "strided,dense", "--steps", "4", "--layers", "1", "--hidden_size", "16",
          "--heads", "2", "--train_bytes", "60000", "--heldout_bytes", "10000", "--eval_windows", "1", "--threads", "1",
          "--output", str(tmp_path / "lm.csv"), cwd=tmp_path)  # fmt: skip
     rows = _rows(tmp_path / "lm.csv")
@@ -114,9 +125,10 @@ def test_bench_sparse_lm_writes_its_rows(tmp_path):
     assert [key for key in committed if key not in CONTEXT] == [key for key in rows[0] if key not in CONTEXT]
 
 
-def test_bench_sharding_writes_its_rows(tmp_path):
+def test_bench_sharding_writes_its_rows(preloaded, tmp_path):
     overrides = "num_hidden_layers=1,hidden_size=32,num_attention_heads=2,intermediate_size=64,patch_size=8"
-    _run("bench_sharding.py", "--processes", "2", "--steps", "1", "--image_size", "32", "--config_overrides",
+    _run(preloaded,
+         "bench_sharding.py", "--processes", "2", "--steps", "1", "--image_size", "32", "--config_overrides",
          overrides, "--output", str(tmp_path / "sharding.csv"), cwd=tmp_path)  # fmt: skip
     rows = _rows(tmp_path / "sharding.csv")
     assert [(row["processes"], row["run"]) for row in rows] == [("2", "DDP"), ("2", "FSDP2")]
@@ -132,7 +144,7 @@ def test_bench_sharding_writes_its_rows(tmp_path):
     _context_is_this_run(ddp, "bench_sharding.py")
 
 
-def test_bench_small_data_writes_the_rows_of_a_finished_run(tmp_path):
+def test_bench_small_data_writes_the_rows_of_a_finished_run(preloaded, tmp_path):
     """`--plot_only --output` trains nothing: the rows of results.json become rows with the columns of
     results/small_data.csv (accuracies in percent, a two-run row's updates joined), each with the run's context."""
     for folder in ("cnn", "hybrid", "pre", "tuned"):
@@ -153,7 +165,7 @@ def test_bench_small_data_writes_the_rows_of_a_finished_run(tmp_path):
              metrics={}, outputs=[str(tmp_path / "pre"), str(tmp_path / "tuned")], seconds=[40.0, 50.0]),
     ]  # fmt: skip
     (tmp_path / "results.json").write_text(json.dumps(results))
-    _run("bench_small_data.py", "--plot_only", "--output_dir", str(tmp_path), "--minutes_per_row", "2",
+    _run(preloaded, "bench_small_data.py", "--plot_only", "--output_dir", str(tmp_path), "--minutes_per_row", "2",
          "--vit_config_overrides", "patch_size=4", "--output", str(tmp_path / "small.csv"), cwd=tmp_path)  # fmt: skip
     rows = _rows(tmp_path / "small.csv")
     with open(REPO_ROOT / "results" / "small_data.csv", newline="") as file:
@@ -171,11 +183,12 @@ def test_bench_small_data_writes_the_rows_of_a_finished_run(tmp_path):
         _context_is_this_run(row, "bench_small_data.py")
 
 
-def test_bench_small_data_timings_write_their_rows(tmp_path):
+def test_bench_small_data_timings_write_their_rows(preloaded, tmp_path):
     """`--time_augmentation` and `--time_precision` write rows with the columns of the committed timing files."""
     for flag, name in (("--time_augmentation", "small_data_augmentation.csv"),
                        ("--time_precision", "small_data_update_time.csv")):  # fmt: skip
-        _run("bench_small_data.py", flag, "--batch_size", "4", "--threads", "1", "--output", str(tmp_path / name),
+        _run(preloaded,
+             "bench_small_data.py", flag, "--batch_size", "4", "--threads", "1", "--output", str(tmp_path / name),
              cwd=tmp_path)  # fmt: skip
         rows = _rows(tmp_path / name)
         with open(REPO_ROOT / "results" / name, newline="") as file:
@@ -219,7 +232,7 @@ def test_bench_int8_quality_writes_the_columns_of_its_result_file(tmp_path, monk
     assert not (tmp_path / "none.csv").exists()
 
 
-def test_bench_input_pipeline_writes_its_rows(tmp_path):
+def test_bench_input_pipeline_writes_its_rows(preloaded, tmp_path):
     """A tiny run of the image loaders (ours read whole and streamed, timm's) and the text loaders (token budget,
     fixed batches): one row each, with what they measured."""
     from hf_vit_plus.data.fashion_mnist import FASHION_MNIST_DIR
@@ -228,7 +241,8 @@ def test_bench_input_pipeline_writes_its_rows(tmp_path):
     if not (FASHION_MNIST_DIR / "train-images-idx3-ubyte.gz").is_file():
         pytest.skip("Fashion-MNIST (Debian's dataset-fashion-mnist) is not installed")
     parts = "images,text" if any(Path(root, "mods.d").is_dir() for root in DEFAULT_SWORD_ROOTS) else "images"
-    _run("bench_input_pipeline.py", "--parts", parts, "--images", "200", "--workers", "1", "--batch_size", "8",
+    _run(preloaded,
+         "bench_input_pipeline.py", "--parts", parts, "--images", "200", "--workers", "1", "--batch_size", "8",
          "--batches", "2", "--warmup", "0", "--rounds", "1", "--pairs", "300", "--max_tokens", "512",
          "--work_dir", str(tmp_path / "work"), "--output", str(tmp_path / "pipeline.csv"), cwd=tmp_path)  # fmt: skip
     rows = _rows(tmp_path / "pipeline.csv")
