@@ -66,7 +66,7 @@ test: $(VENV)/.stamp-test
 test-oldest: $(OLDEST_VENV)/.stamp-test
 	$(OLDEST_VENV)/bin/hf-vit-plus env
 	OMP_NUM_THREADS=1 $(OLDEST_VENV)/bin/python -m pytest -p no:xdist -q $(DISTRIBUTED_TESTS)
-	OMP_NUM_THREADS=1 HF_VIT_PLUS_OTHER_PYTHON=$(if $(wildcard $(PY)),$(CURDIR)/$(PY),) \
+	OMP_NUM_THREADS=1 HF_VIT_PLUS_OTHER_PYTHON=$(if $(wildcard $(PY)),$(abspath $(PY)),) \
 		$(OLDEST_VENV)/bin/python -m pytest $(PYTEST_ARGS) $(addprefix --ignore=,$(DISTRIBUTED_TESTS)) tests
 
 env: $(VENV)/.stamp-base
