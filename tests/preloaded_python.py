@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 PRELOADED = ("torch", "transformers", "hf_vit_plus")
@@ -36,8 +37,10 @@ def _child(request: dict) -> None:
     import types
 
     os.chdir(request["cwd"])
-    for fd, name, flags in ((0, os.devnull, os.O_RDONLY), (1, request["stdout"], None), (2, request["stderr"], None)):
-        opened = os.open(name, flags if flags is not None else os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    written = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    targets = ((0, os.devnull, os.O_RDONLY), (1, request["stdout"], written), (2, request["stderr"], written))
+    for fd, name, flags in targets:
+        opened = os.open(name, flags, 0o644)
         os.dup2(opened, fd)
         os.close(opened)
     argv = request["argv"]
@@ -88,16 +91,24 @@ class PreloadedPython:
         self.process = subprocess.Popen(
             [sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=self.env, text=True
         )
+        self._pending = b""  # answers read from the pipe but not yet taken (both lines can come in one read)
         assert json.loads(self._answer(300)) == {"ready": True}
 
     def _answer(self, timeout: float) -> str:
-        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
-        if not ready:
-            raise TimeoutError
-        line = self.process.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the preloaded interpreter ended (status {self.process.wait()})")
-        return line
+        """The server's next line, read from the pipe's descriptor itself: a buffered reader could hold the second
+        answer while `select` waits for more."""
+        deadline = time.monotonic() + timeout
+        fd = self.process.stdout.fileno()
+        while b"\n" not in self._pending:
+            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                raise TimeoutError
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise RuntimeError(f"the preloaded interpreter ended (status {self.process.wait()})")
+            self._pending += chunk
+        line, self._pending = self._pending.split(b"\n", 1)
+        return line.decode()
 
     def run(self, argv: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
         out, err = self.folder / "stdout", self.folder / "stderr"
