@@ -376,3 +376,29 @@ def model_case(request) -> ModelCase:
 )
 def generative_case(request) -> ModelCase:
     return request.param
+
+
+# The files that take longest, longest first (`--durations` of a full run): `make test` hands whole files to its two
+# pytest-xdist workers (`--dist loadfile`) in collection order, and a long file handed out last kept one worker busy
+# while the other had finished. Started first, they run beside the short files, which then fill both workers.
+LONGEST_FILES = (
+    "tests/test_doc_examples.py",
+    "tests/test_common.py",
+    "tests/models/test_fast_decoding.py",
+    "tests/scripts/test_bench_result_files.py",
+    "tests/models/test_compiled_decoding.py",
+    "tests/training/test_training_loop.py",
+    "tests/hub/test_space.py",
+    "tests/test_light_package.py",
+    "tests/training/test_seq2seq_training.py",
+    "tests/models/test_export.py",
+    "tests/training/test_vit_learning.py",
+    "tests/training/test_image_lm.py",
+    "tests/scripts/test_gpu_check.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {path: index for index, path in enumerate(LONGEST_FILES)}
+    # a stable sort: the other files, and the tests within each file, keep their order
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
