@@ -64,6 +64,7 @@ import contextlib
 import contextvars
 import copy
 import dataclasses
+import functools
 import importlib
 import logging
 import os
@@ -166,6 +167,12 @@ class _ModelDecoding:
         # tensors of every call that depend on the settings only (positions, pad token, logits processors' controls),
         # made once: a batch of short translations pays for each small tensor it makes
         self._constants: dict = {}
+
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None):
+        """The encoder output of a source batch: the `FastEncoder`, compiled with the steps ("aoti": one call of a
+        graph whose batch and source length are dynamic, kept in the step cache) after its eager checks."""
+        compiled = functools.partial(self.steps.encoder_runner, self.encoder)
+        return self.encoder(input_ids, attention_mask, compiled=compiled)
 
     def positions(self, count: int, device) -> list[torch.Tensor]:
         """The positions 0 .. count - 1, each a 0-d int64 tensor (the steps' `position`), made once per device."""
@@ -384,7 +391,7 @@ class FastDecoding:
         try:
             if state.encoder is None:
                 return model.generate(input_ids, attention_mask=attention_mask, custom_generate=self, **kwargs)
-            encoder_outputs = state.encoder(input_ids, attention_mask)
+            encoder_outputs = state.encode(input_ids, attention_mask)
             kwargs.setdefault("use_cache", False)  # this loop keeps its own cache: generate need not build one
             return model.generate(
                 encoder_outputs=encoder_outputs, attention_mask=attention_mask, custom_generate=self, **kwargs

@@ -36,6 +36,7 @@ from .fast_kernels import (
     stacked_linear,
     topk_rows,
 )
+from .input_checks import check_token_ids
 from .layers import residual_sublayer, split_heads
 
 
@@ -177,8 +178,10 @@ class FastEncoderLayer(nn.Module):
         self.self_attn_layer_norm = layer.self_attn_layer_norm
         self.final_layer_norm = layer.final_layer_norm
 
-    def forward(self, hidden: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        """hidden: (B, T, D); mask: None or (B, 1, 1, T) boolean, True for real tokens."""
+    def forward(self, hidden: torch.Tensor, mask: torch.Tensor | None, kernel: str | None = None) -> torch.Tensor:
+        """hidden: (B, T, D); mask: None or (B, 1, 1, T) boolean, True for real tokens; kernel: the attention kernel
+        (None: the model's choice for this length, `select_attention_kernel`; a compiled encoder names it, since its
+        length is a symbol)."""
         batch, length, dim = hidden.shape
 
         def self_attention(states):
@@ -188,11 +191,9 @@ class FastEncoderLayer(nn.Module):
             else:
                 projected = (self.q_proj(flat), self.k_proj(flat), self.v_proj(flat))
             query, key, value = (split_heads(t.view(batch, length, dim), self.num_heads) for t in projected)
-            config = self.attention.config
-            kernel = select_attention_kernel(
-                config._attn_implementation, None, hidden.device.type, False, length, length, dim // self.num_heads
+            attention_fn = ALL_ATTENTION_FUNCTIONS.get_interface(
+                kernel or self.kernel(length, hidden.device.type), eager_attention_forward
             )
-            attention_fn = ALL_ATTENTION_FUNCTIONS.get_interface(kernel, eager_attention_forward)
             out = attention_fn(self.attention, query, key, value, mask, dropout=0.0, scaling=self.scaling)[0]
             return self.o_proj(out.reshape(batch * length, dim)).view(batch, length, dim)  # out: (B, T, H, Dh)
 
@@ -203,6 +204,12 @@ class FastEncoderLayer(nn.Module):
         norm_first = self.normalize_before
         hidden = residual_sublayer(hidden, self_attention, self.self_attn_layer_norm, norm_first)
         return residual_sublayer(hidden, feed_forward, self.final_layer_norm, norm_first)
+
+    def kernel(self, length: int, device_type: str) -> str:
+        """The attention kernel the model's own layer runs over `length` tokens."""
+        requested = self.attention.config._attn_implementation
+        head_dim = self.o_proj.weight.shape[1] // self.num_heads
+        return select_attention_kernel(requested, None, device_type, False, length, length, head_dim)
 
 
 class FastEncoder(nn.Module):
@@ -220,17 +227,48 @@ class FastEncoder(nn.Module):
         """Whether this class runs `model`'s encoder: dense attention (a sparse encoder runs its own kernels)."""
         return not getattr(model.get_encoder(), "sparse_encoder", False)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> BaseModelOutput:
-        """input_ids, attention_mask: (B, T) -> the encoder output, as `generate` passes it on (`encoder_outputs`)."""
-        hidden = self.stack.embed(input_ids, None)  # (B, T, D): the model's embeddings, positions and checks
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, compiled=None
+    ) -> BaseModelOutput:
+        """input_ids, attention_mask: (B, T) -> the encoder output, as `generate` passes it on (`encoder_outputs`).
+
+        `compiled`: None, or `(kernel, length) -> runner or None`, the compiled `hidden_states` for the attention
+        kernel and the source length (`fast_steps._Steps.encoder_runner`): after the checks, the encoder is one call
+        of it (None: this module's own layers run)."""
+        runner = None
+        shaped = torch.is_tensor(input_ids) and input_ids.dim() == 2 and input_ids.shape[0] > 0
+        if compiled is not None and shaped and 2 <= input_ids.shape[1] <= self.stack.max_positions:
+            length = input_ids.shape[1]
+            kernel = self.layers[0].kernel(length, input_ids.device.type) if len(self.layers) else "eager"
+            runner = compiled(kernel, length)
+        if runner is None:
+            hidden = self.stack.embed(input_ids, None)  # (B, T, D): the model's embeddings, positions and checks
+        else:  # the check of `embed` that reads the ids (its others hold: the shape and length are checked above)
+            check_token_ids("input_ids", input_ids, self.stack.embed_tokens.num_embeddings)
         if attention_mask is not None:
             self.stack._check_masks(attention_mask, None, None, ("input_ids", tuple(input_ids.shape)), 0)
+        if runner is not None:
+            real = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+            # contiguous: the compiled code reads its inputs with the strides of a contiguous tensor of their shape
+            hidden = runner(input_ids.contiguous(), real.contiguous()[:, None, None])
+            return BaseModelOutput(last_hidden_state=hidden)
         mask = None if attention_mask is None or bool(attention_mask.all()) else attention_mask.bool()[:, None, None]
         for layer in self.layers:
             hidden = layer(hidden, mask)
         if self.stack.layer_norm is not None:
             hidden = self.stack.layer_norm(hidden)
         return BaseModelOutput(last_hidden_state=hidden)
+
+    def hidden_states(self, input_ids: torch.Tensor, mask: torch.Tensor, kernel: str) -> torch.Tensor:
+        """What a compiled encoder computes (`fast_steps._Steps.encoder_runner`): input_ids (B, T), mask (B, 1, 1, T)
+        boolean (True: a real token), the attention kernel named -> (B, T, D) the last hidden states. The checks are
+        `forward`'s, made before the call."""
+        hidden = self.stack.embed(input_ids, None)
+        for layer in self.layers:
+            hidden = layer(hidden, mask, kernel)
+        if self.stack.layer_norm is not None:
+            hidden = self.stack.layer_norm(hidden)
+        return hidden
 
 
 class FastDecoder(nn.Module):

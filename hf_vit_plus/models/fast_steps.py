@@ -59,6 +59,28 @@ class _Step(nn.Module):
         return getattr(self.decoder, self.method)(*args, **self.constants)
 
 
+class _EncoderGraph(nn.Module):
+    """`FastEncoder.hidden_states` as a module (what torch.export takes), its attention kernel fixed."""
+
+    def __init__(self, encoder: nn.Module, kernel: str):
+        super().__init__()
+        self.encoder = encoder
+        self.kernel = kernel
+
+    def forward(self, input_ids, mask):
+        return self.encoder.hidden_states(input_ids, mask, self.kernel)
+
+
+def _source_range(length: int, max_positions: int) -> tuple[int, int]:
+    """The source lengths one compiled encoder serves: at most `SHORT_CPU_SEQUENCE` tokens, or more (up to the
+    model's positions): the attention kernel the model chooses may differ between them, and a compiled graph's is
+    fixed."""
+    from .attention import SHORT_CPU_SEQUENCE
+
+    short = min(SHORT_CPU_SEQUENCE, max_positions)
+    return (2, short) if length <= short else (short + 1, max_positions)
+
+
 def _batch_range(batch: int, group: int, static_small_rows: bool = False) -> tuple[int, int | None]:
     """The batch sizes (sources) that one compiled step serves, for `group` rows per source (beams): those whose rows
     (batch x group) take the same products (`FastLinear.kernel`) and the same greedy choice (the output screen):
@@ -212,13 +234,43 @@ class _Steps:
             self.runners[key] = runner
         return runner
 
-    def _package_path(self, key):
+    def encoder_runner(self, encoder: nn.Module, kernel: str, length: int):
+        """The compiled `encoder.hidden_states` (a `FastEncoder`) for sources of `length` tokens with the attention
+        `kernel`, called as `runner(input_ids, mask)`: one per class of batch sizes (one source; more) and of lengths
+        (`_source_range`), the batch and length dynamic within it, built (compiled, or loaded from the step cache) at
+        its first use; None with a backend other than "aoti" (the encoder's own layers run). `FastEncoder.forward`
+        asks for it."""
+        if self.backend != "aoti":
+            return None
+        return lambda input_ids, mask: self._encoder_call(encoder, kernel, length, input_ids, mask)
+
+    def _encoder_call(self, encoder, kernel, length, input_ids, mask):
+        batch = (1, 1) if input_ids.shape[0] == 1 else (2, None)
+        sources = _source_range(length, encoder.stack.max_positions)
+        key = ("encoder", (("kernel", kernel),), (batch, sources), (input_ids.dtype,), torch.get_num_threads())
+        runner = self.runners.get(key)
+        if runner is None:
+            from torch.export import Dim
+
+            module = _EncoderGraph(encoder, kernel)
+            length_dim = Dim("source_length", min=sources[0], max=sources[1])
+            batch_dim = None if batch == (1, 1) else Dim("batch", min=2)
+            ids = {1: length_dim} if batch_dim is None else {0: batch_dim, 1: length_dim}
+            dynamic_shapes = (ids, {3: length_dim} if batch_dim is None else {0: batch_dim, 3: length_dim})
+            sizes = "1" if batch == (1, 1) else "2+"
+            what = f"the encoder ({self.decoder.precision}, batch {sizes}, sources of {sources[0]}-{sources[1]})"
+            runner = self._aoti_module(key, module, (input_ids, mask), dynamic_shapes, what)
+            runner = aoti_flat_call(runner) or runner
+            self.runners[key] = runner
+        return runner(input_ids, mask)
+
+    def _package_path(self, key, module: nn.Module | None = None):
         path = self._paths.get(key)
         if path is None:
-            path = self._paths[key] = self._new_package_path(key)
+            path = self._paths[key] = self._new_package_path(key, module)
         return path
 
-    def _new_package_path(self, key):
+    def _new_package_path(self, key, module: nn.Module | None = None):
         from .step_cache import step_key
 
         if self._weights is None:
@@ -227,11 +279,15 @@ class _Steps:
         parts = dict(method=method, constants=constants, shapes=shapes, dtypes=dtypes, weights=self._weights)
         parts.update(precision=self.decoder.precision, options=_options_identity(self.options))
         # the tensors the package takes as its constants (e.g. the output screen's, which screened_greedy=False leaves
-        # out): a package is loaded only by a decoder that holds each of them
-        if self._tensors is None:
-            named = itertools.chain(self.decoder.named_parameters(), self.decoder.named_buffers())
-            self._tensors = sorted((name, tuple(t.shape), str(t.dtype)) for name, t in named)
-        parts.update(tensors=self._tensors)
+        # out): a package is loaded only by a decoder (or encoder) that holds each of them
+        if module is not None:
+            named = itertools.chain(module.named_parameters(), module.named_buffers())
+            parts.update(tensors=sorted((name, tuple(t.shape), str(t.dtype)) for name, t in named))
+        else:
+            if self._tensors is None:
+                named = itertools.chain(self.decoder.named_parameters(), self.decoder.named_buffers())
+                self._tensors = sorted((name, tuple(t.shape), str(t.dtype)) for name, t in named)
+            parts.update(tensors=self._tensors)
         # the ops the step calls: the C++ kernels' (`hf_vit_plus_cpp::...`) where they are built, else the Python ones
         # (asked of the module, as the decoder's products ask it when they choose their op)
         kernels = importlib.import_module(cpp_kernels.__module__)
@@ -243,7 +299,11 @@ class _Steps:
         sizes = f"{low}" if low == high else f"{low}-{high}" if high is not None else f"{low}+"
         what = f"the {key[0].replace('_step', '')} step ({self.decoder.precision}, batch {sizes}"
         what += f" x {group} beams)" if group > 1 else ")"
-        dynamic_shapes = _dynamic_shapes(key[0], args, key[2][0])
+        return self._aoti_module(key, module, args, _dynamic_shapes(key[0], args, key[2][0]), what)
+
+    def _aoti_module(self, key, module: nn.Module, args: tuple, dynamic_shapes, what: str):
+        """`module` compiled by AOTInductor for `args` (`dynamic_shapes`), or loaded from the step cache; logged as
+        `what`."""
         if self.cache_dir is None:
             started = time.perf_counter()
             logger.info("FastDecoding: compiling %s (not kept: no step cache)", what)
@@ -253,7 +313,7 @@ class _Steps:
             return runner
         from .step_cache import load_or_build
 
-        path = self._package_path(key)
+        path = self._package_path(key, None if isinstance(module, _Step) else module)
         started = time.perf_counter()
 
         def build(target: str) -> None:

@@ -137,7 +137,7 @@ class Translator:
         )
         if state.encoder is None:  # a sparse encoder: FastDecoding.generate runs the model's own
             return decoder.generate(self.model, input_ids, attention_mask=attention_mask, **generate_kwargs, **lengths)
-        encoder_outputs = state.encoder(input_ids, attention_mask)
+        encoder_outputs = state.encode(input_ids, attention_mask)
         prepared = self._prepared.get(key)
         if prepared is None:
             handed = {}

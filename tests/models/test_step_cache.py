@@ -1,9 +1,10 @@
 """FastDecoding's compiled steps serve every batch size of their class, are kept on disk and loaded by the next
 process instead of compiled (`hf_vit_plus.models.step_cache`), and run without the rows that are finished.
 
-One module fixture compiles (AOTInductor) two steps into a folder of this module: greedy for batches of 5 rows or
-more, beam 4 for 2 sources or more. Every other check reuses them (batch sizes not seen before), loads them in a
-fresh process, or runs the same loop uncompiled (`backend="eager"`), or checks the cache's mechanics on plain files.
+One module fixture compiles (AOTInductor) two steps and the engine's encoder into a folder of this module: greedy for
+batches of 5 rows or more, beam 4 for 2 sources or more, the encoder for 2 sources or more. Every other check reuses
+them (batch sizes not seen before), loads them in a fresh process, or runs the same loop uncompiled
+(`backend="eager"`), or checks the cache's mechanics on plain files.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ def _generate(model, src, mask, **settings):
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory, model, sources):
     """The model saved (for a second process), then its greedy step of 8 rows and beam step of 3 sources compiled
-    into a fresh step cache; the tokens of both, and the counts of compilations."""
+    into a fresh step cache, and the engine's encoder (`FastDecoding.generate`) for the 8 sources; the tokens of
+    each, and the counts of compilations."""
     folder = tmp_path_factory.mktemp("steps")
     saved = tmp_path_factory.mktemp("model")
     model.save_pretrained(saved)
@@ -58,29 +60,52 @@ def compiled(tmp_path_factory, model, sources):
     before = dict(fast_decoding.step_counts)
     greedy = _generate(model, src[:8], mask[:8], custom_generate=fast, **GREEDY)
     beam = _generate(model, src[:3], mask[:3], custom_generate=fast, **BEAM)
+    engine = fast.generate(model, src[:8], attention_mask=mask[:8], **GREEDY)
     compiled = fast_decoding.step_counts["compiled"] - before.get("compiled", 0)
-    return dict(fast=fast, folder=folder, saved=saved, greedy=greedy, beam=beam, compiled=compiled)
+    return dict(fast=fast, folder=folder, saved=saved, greedy=greedy, beam=beam, engine=engine, compiled=compiled)
 
 
 def test_one_compiled_step_serves_every_batch_size_and_source_length_of_its_class(model, sources, compiled):
-    """Two compilations in all (greedy, beam); batches of other sizes and other source lengths compile nothing and
-    give generate's tokens, rows ending at different steps leaving the batch."""
-    assert compiled["compiled"] == 2
-    assert sorted(path.name.startswith(step_cache.PACKAGE_PREFIX) for path in compiled["folder"].iterdir()) == [1, 1]
+    """Three compilations in all (greedy, beam, the encoder); batches of other sizes and other source lengths
+    compile nothing and give generate's tokens, rows ending at different steps leaving the batch, with generate's
+    encoder and with the engine's compiled one."""
+    assert compiled["compiled"] == 3
+    packages = sorted(path.name.startswith(step_cache.PACKAGE_PREFIX) for path in compiled["folder"].iterdir())
+    assert packages == [1, 1, 1]
     fast, (src, mask) = compiled["fast"], sources
     counted = fast_decoding.step_counts["compiled"]
     assert torch.equal(compiled["greedy"], _generate(model, src[:8], mask[:8], **GREEDY))
     assert torch.equal(compiled["beam"], _generate(model, src[:3], mask[:3], **BEAM))
+    assert torch.equal(compiled["engine"], compiled["greedy"])
     for size, cut in ((5, 8), (7, 6), (13, 8)):
         batch = (src[:size, :cut], mask[:size, :cut])
-        assert torch.equal(
-            _generate(*((model,) + batch), custom_generate=fast, **GREEDY), _generate(model, *batch, **GREEDY)
-        )
+        expected = _generate(model, *batch, **GREEDY)
+        assert torch.equal(_generate(*((model,) + batch), custom_generate=fast, **GREEDY), expected)
+        assert torch.equal(fast.generate(model, batch[0], attention_mask=batch[1], **GREEDY), expected)
     for size, cut in ((2, 8), (5, 7)):
         batch = (src[:size, :cut], mask[:size, :cut])
         assert torch.equal(_generate(model, *batch, custom_generate=fast, **BEAM), _generate(model, *batch, **BEAM))
     assert fast_decoding.step_counts["compiled"] == counted
     assert fast.dropped_rows > 0
+
+
+def test_the_compiled_encoder_computes_the_eager_encoders_states_after_the_same_checks(model, sources, compiled):
+    """The engine's compiled encoder (batch and source length dynamic) gives the states of its eager layers, also
+    for a batch of one source (its own class, compiled here) and a source of one token (the eager layers); a token
+    id out of range is refused before the compiled call, with the model's own error."""
+    fast, (src, mask) = compiled["fast"], sources
+    state = fast.decoding_state(model)
+    for size, cut in ((8, 8), (3, 5), (1, 6), (4, 1)):
+        ids, real = src[:size, :cut], mask[:size, :cut]
+        with torch.no_grad():
+            eager = state.encoder(ids, real).last_hidden_state
+            engine = state.encode(ids, real).last_hidden_state
+        assert engine.shape == eager.shape
+        torch.testing.assert_close(engine, eager, rtol=1e-5, atol=1e-5)
+    bad = src[:8].clone()
+    bad[0, 0] = model.config.vocab_size
+    with pytest.raises(ValueError, match="input_ids"):
+        state.encode(bad, mask[:8])
 
 
 SECOND_PROCESS = """
@@ -102,14 +127,15 @@ fast = FastDecoding(step_cache=folder)
 with torch.no_grad():
     greedy = model.generate(src[:8], attention_mask=mask[:8], custom_generate=fast, num_beams=1, max_new_tokens=12)
     beam = model.generate(src[:3], attention_mask=mask[:3], custom_generate=fast, num_beams=4, max_new_tokens=12)
+    engine = fast.generate(model, src[:8], attention_mask=mask[:8], num_beams=1, max_new_tokens=12)
 print(json.dumps(dict(calls=len(calls), counts=dict(fast_decoding.step_counts), greedy=greedy.tolist(),
-                      beam=beam.tolist())))
+                      beam=beam.tolist(), engine=engine.tolist())))
 """
 
 
 def test_a_second_process_loads_the_compiled_steps_and_compiles_nothing(compiled, sources, tmp_path):
-    """A fresh process with the same weights loads both steps from the cache (no call into AOTInductor's compiler),
-    says so in its first lines, and decodes the same tokens."""
+    """A fresh process with the same weights loads both steps and the encoder from the cache (no call into
+    AOTInductor's compiler), says so in its first lines, and decodes the same tokens."""
     tensors = tmp_path / "sources.pt"
     torch.save(sources, tensors)
     script = tmp_path / "second.py"
@@ -122,11 +148,12 @@ def test_a_second_process_loads_the_compiled_steps_and_compiles_nothing(compiled
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(run.stdout.strip().splitlines()[-1])
-    assert result["calls"] == 0 and result["counts"] == {"loaded": 2}, result
+    assert result["calls"] == 0 and result["counts"] == {"loaded": 3}, result
     said = [line for line in run.stderr.splitlines() if "FastDecoding: " in line]
-    assert len(said) == 2 and all("loaded the" in line and str(compiled["folder"]) in line for line in said), said
+    assert len(said) == 3 and all("loaded the" in line and str(compiled["folder"]) in line for line in said), said
     assert result["greedy"] == compiled["greedy"].tolist()
     assert result["beam"] == compiled["beam"].tolist()
+    assert result["engine"] == compiled["engine"].tolist()
 
 
 @pytest.mark.parametrize("settings", [GREEDY, BEAM, dict(num_beams=3, num_return_sequences=2, length_penalty=0.6)])
