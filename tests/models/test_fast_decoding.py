@@ -821,3 +821,29 @@ def test_a_compiled_step_is_chosen_by_torch_threads_too():
     finally:
         torch.set_num_threads(threads)
     assert one != two and one[:-1] == two[:-1]
+
+
+def test_the_cache_slabs_are_reused_zeroed_and_never_handed_out_twice():
+    """The loops' caches live in reused slabs (`_CacheSlabs`): a slab handed back serves the next cache that fits,
+    zeroed; a slab in use is not handed out again; the selected rows are the rows asked for, in a slab of their own;
+    at most `keep` idle slabs are kept."""
+    from hf_vit_plus.models.fast_decoding import _CacheSlabs
+
+    decoder = type("Decoder", (), {"num_layers": 2, "d_model": 8})()
+    slabs = _CacheSlabs(keep=2)
+    first = slabs.cache(decoder, 6, 5, torch.device("cpu"))
+    assert len(first) == 4 and all(t.shape == (6, 5, 8) and t.is_contiguous() for t in first)
+    for t in first:
+        t.fill_(3.0)
+    second = slabs.cache(decoder, 6, 5, torch.device("cpu"))  # the first is in use: another slab
+    assert second[0]._base is not first[0]._base
+    rows = torch.tensor([0, 2, 5])
+    expected = [t.index_select(0, rows) for t in first]
+    selected = slabs.selected(first, rows)  # the first slab handed back
+    assert all(torch.equal(a, b) for a, b in zip(selected, expected))
+    third = slabs.cache(decoder, 4, 5, torch.device("cpu"))  # fits in the first slab: reused, zeroed
+    assert third[0]._base is first[0]._base
+    assert all(not t.any() for t in third)
+    for cache in (second, selected, third):
+        slabs.give(cache)
+    assert len(slabs._idle) == 2
