@@ -540,7 +540,7 @@ class FastDecoding:
         controls, pad = state.controls(settings, device), state.token(settings.pad_token_id, device)
         unfinished = torch.ones(rows, dtype=torch.long, device=device)
         positions = state.positions(min(settings.max_length - 1, length), device)
-        tokens = input_ids[:, 0]
+        tokens = input_ids[:, 0].contiguous()  # the compiled step reads its inputs as contiguous (not expanded)
 
         def runner(tokens, cache, cross, source_bias, unfinished):
             args = (tokens, positions[0], cache, cross, source_bias, unfinished, pad, controls)

@@ -452,6 +452,31 @@ FILES = (
         ),  # fmt: skip
     ),
     ResultFile(
+        "translate_file.csv",
+        "`scripts/benchmarks/bench_translate_file.py --model numbers --datasets number-words --output "
+        "results/translate_file.csv`",
+        "a translation job as users run it: the number-words test split (500 sources of 1-4 digits) translated from "
+        "a fresh process by `Translator(texts, batch_size=16)` and by CTranslate2's `translate_batch(max_batch_size="
+        "16)`, cold (import, load, build, translate; our steps built once on the machine beforehand: "
+        "`steps_compiled_cold`) and warm (median of 3 passes), each engine at its best of 1 and 2 threads, with the "
+        "ratios at the same precision (above 1: ours faster) and the share of sentences translated as alone "
+        "([fast inference](guides/fast-inference.md#measuring))",
+        None,
+        (
+            "case",
+            "engine",
+            "precision",
+            "threads",
+            "cold_s",
+            "warm_s",
+            "vs_ctranslate2_cold",
+            "vs_ctranslate2_warm",
+            "alone_equal",
+            "agrees_with_ours",
+            "steps_compiled_cold",
+        ),  # fmt: skip
+    ),
+    ResultFile(
         "fast_decoding_details.csv",
         "one-off timings beside `scripts/benchmarks/bench_seq2seq.py` runs (copied from the guide's notes)",
         "compilation times, single-kernel timings, the plain read rate, the output screen's counts and the greedy "
@@ -1195,6 +1220,7 @@ TOPICS = (
             "fast_decoding_profile.csv",
             "fast_decoding_details.csv",
             "translate_call.csv",
+            "translate_file.csv",
             "seq2seq_vs_marian.csv",
         ),
         (

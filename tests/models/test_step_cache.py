@@ -89,6 +89,22 @@ def test_one_compiled_step_serves_every_batch_size_and_source_length_of_its_clas
     assert fast.dropped_rows > 0
 
 
+def test_expanded_start_tokens_decode_as_contiguous_ones(model, sources, compiled):
+    """The loop's first tokens may come expanded from one start token (stride 0: `Translator` hands them so); the
+    compiled step reads its inputs as contiguous ones, so the loop makes them so: the tokens are generate's (without
+    it, rows past the first read memory beyond the one start token)."""
+    fast, (src, mask) = compiled["fast"], sources
+
+    def expanded(model, input_ids, *args, **kwargs):
+        start = input_ids[:1, :1].clone().expand(input_ids.shape[0], 1)
+        assert start.stride(0) == 0
+        return fast(model, start, *args, **kwargs)
+
+    batch = (src[:13], mask[:13])
+    expected = _generate(model, *batch, **GREEDY)
+    assert torch.equal(_generate(model, *batch, custom_generate=expanded, **GREEDY), expected)
+
+
 def test_the_compiled_encoder_computes_the_eager_encoders_states_after_the_same_checks(model, sources, compiled):
     """The engine's compiled encoder (batch and source length dynamic) gives the states of its eager layers, also
     for a batch of one source (its own class, compiled here) and a source of one token (the eager layers); a token
