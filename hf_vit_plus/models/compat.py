@@ -167,9 +167,11 @@ def _plain_template(template) -> bool:
 def aoti_flat_call(runner):
     """A callable `f(*args)` that runs an AOTInductor package loaded by `torch._inductor.aoti_load_package` as its
     `__call__` does, for arguments that are tensors in nested tuples and lists, without its pytree flattening and
-    unflattening and its parsing of the call spec (Python work at every call, which a decoding step pays per token);
-    None where the loaded model lacks its loader's `boxed_run` and `get_call_spec` (torch 2.14's and 2.15's have
-    them) or its outputs are more than tuples and lists of leaves (a dict, a named tuple): call `runner`.
+    unflattening and its parsing of the call spec (Python work at every call, which a decoding step pays per token).
+    The inputs must be contiguous (the compiled code reads every input with a contiguous tensor's strides, whatever
+    its own: an expanded tensor's rows past the first would be read from memory beyond it): a ValueError names one
+    that is not. None where the loaded model lacks its loader's `boxed_run` and `get_call_spec` (torch 2.14's and
+    2.15's have them) or its outputs are more than tuples and lists of leaves (a dict, a named tuple): call `runner`.
     """
     loader = getattr(runner, "loader", None)
     if not (callable(getattr(loader, "boxed_run", None)) and callable(getattr(loader, "get_call_spec", None))):
@@ -186,7 +188,14 @@ def aoti_flat_call(runner):
     boxed_run = loader.boxed_run
 
     def call(*args):
-        return _filled(template, boxed_run(_tensor_leaves(args, [])))
+        leaves = _tensor_leaves(args, [])
+        for index, tensor in enumerate(leaves):
+            if not tensor.is_contiguous():  # the compiled code would read it with a contiguous tensor's strides
+                raise ValueError(
+                    f"A compiled graph's input {index} (shape {tuple(tensor.shape)}) has strides {tensor.stride()}: "
+                    "it reads contiguous tensors only; pass tensor.contiguous()."
+                )
+        return _filled(template, boxed_run(leaves))
 
     return call
 

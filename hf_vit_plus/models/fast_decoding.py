@@ -153,7 +153,7 @@ class _CacheSlabs:
         self._lock = threading.Lock()
 
     def take(self, shape: tuple, device, zero: bool) -> torch.Tensor:
-        """A (2 x layers, rows, length, d_model) float32 tensor on `device`, zeroed if `zero`."""
+        """A float32 tensor of `shape` (a stacked cache: `FastDecoder.cache_shape`) on `device`, zeroed if `zero`."""
         numel = math.prod(shape)
         with self._lock:
             fits = [i for i, slab in enumerate(self._idle) if slab.device == device and slab.numel() >= numel]
@@ -175,8 +175,9 @@ class _CacheSlabs:
                 del self._idle[self.keep :]
 
     def cache(self, decoder: FastDecoder, rows: int, length: int, device) -> list[torch.Tensor]:
-        """`decoder.new_cache(rows, length, device)` in a reused slab."""
-        return list(self.take((2 * decoder.num_layers, rows, length, decoder.d_model), device, zero=True).unbind(0))
+        """A zeroed self-attention cache of `decoder` (`FastDecoder.cache_shape`) in a reused slab, one tensor per
+        layer's keys and values."""
+        return list(self.take(decoder.cache_shape(rows, length), device, zero=True).unbind(0))
 
     def selected(self, cache: list[torch.Tensor], rows: torch.Tensor) -> list[torch.Tensor]:
         """The cache's `rows` (indices) in a slab of their own; the old slab handed back."""

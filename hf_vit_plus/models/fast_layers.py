@@ -303,10 +303,11 @@ class FastDecoder(nn.Module):
         row_loops = kernel in ("bfloat16-rows", "int8-weight-only") or (kernel == "float32" and not packs_two)
         self.static_small_rows = self.lm_head.weight.device.type == "cpu" and row_loops
 
-    def new_cache(self, rows: int, length: int, device) -> list[torch.Tensor]:
-        """Zeroed self-attention keys and values: layer 0's keys, its values, layer 1's keys, ..., each
-        (rows, length, d_model)."""
-        return [torch.zeros(rows, length, self.d_model, device=device) for _ in range(2 * self.num_layers)]
+    def cache_shape(self, rows: int, length: int) -> tuple[int, int, int, int]:
+        """The self-attention cache's keys and values stacked: (2 x layers, rows, length, d_model), in the order layer
+        0's keys, its values, layer 1's keys, ...; the steps take it unbound, one (rows, length, d_model) tensor each
+        (`fast_decoding._CacheSlabs.cache` makes it, zeroed)."""
+        return (2 * self.num_layers, rows, length, self.d_model)
 
     def hidden(self, tokens, position, cache, cross, source_bias, history=None):
         """tokens: (R,) the token at `position` (a 0-d tensor) of every row -> (R, D) the last hidden states."""

@@ -829,7 +829,7 @@ def test_the_cache_slabs_are_reused_zeroed_and_never_handed_out_twice():
     at most `keep` idle slabs are kept."""
     from hf_vit_plus.models.fast_decoding import _CacheSlabs
 
-    decoder = type("Decoder", (), {"num_layers": 2, "d_model": 8})()
+    decoder = type("Decoder", (), {"cache_shape": lambda self, rows, length: (4, rows, length, 8)})()
     slabs = _CacheSlabs(keep=2)
     first = slabs.cache(decoder, 6, 5, torch.device("cpu"))
     assert len(first) == 4 and all(t.shape == (6, 5, 8) and t.is_contiguous() for t in first)

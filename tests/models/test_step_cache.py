@@ -103,6 +103,12 @@ def test_expanded_start_tokens_decode_as_contiguous_ones(model, sources, compile
     batch = (src[:13], mask[:13])
     expected = _generate(model, *batch, **GREEDY)
     assert torch.equal(_generate(model, *batch, custom_generate=expanded, **GREEDY), expected)
+    # a compiled graph handed an expanded input refuses it, in one line, instead of reading past its memory
+    state, length = fast.decoding_state(model), src.shape[1]
+    encoder = state.steps.encoder_runner(state.encoder, state.encoder.layers[0].kernel(length, "cpu"), length)
+    ids = src[:1].expand(13, length)
+    with pytest.raises(ValueError, match=r"strides \(0, 1\).*contiguous"):
+        encoder(ids, torch.ones(13, 1, 1, length, dtype=torch.bool))
 
 
 def test_the_compiled_encoder_computes_the_eager_encoders_states_after_the_same_checks(model, sources, compiled):
