@@ -7,14 +7,14 @@ The levels, narrowest first:
 - `avx512`: AVX-512 F, BW, VL, DQ (Intel Xeon since Skylake, AMD Zen 4), with VNNI where the CPU has it.
 
 `HF_VIT_PLUS_CPU_ISA=avx2` runs the AVX2 paths on a wider CPU; asking for more than the CPU has is a `ValueError`.
-`isa_label()` is what a result row records as `isa`: the widest set in use (`avx512_vnni`, `avx512`, `avx2`,
-`generic`, or `neon` for the generic path on ARM64). `capped_environment` gives the variables that cap torch's own
-kernels, MKL, oneDNN, FBGEMM and CTranslate2 at the same level, for a process started with them (they are read
-when each library loads, so a running process cannot change them). FBGEMM (torch's quantized int8 linear) has no
-path below AVX2: at `generic` it is capped at AVX2, the narrowest it can run. `describe_isa()` is the line
-`hf-vit-plus env` and a run's first lines print: the level, the label and where it comes from (the CPU's widest, or
-the cap); `isa_capped()` says whether a cap holds the level below the CPU's widest (a capped run on a wider CPU
-executes a narrower CPU's instructions, not with that CPU's caches and clocks).
+`isa_label()` is what a result row records as `isa`: the widest set in use (`amx_tile`, `avx512_bf16`, `avx512_vnni`,
+`avx512`, `avx2`, `generic`, or `neon` for the generic path on ARM64). `capped_environment` gives the variables that
+cap torch's own kernels, MKL, oneDNN, FBGEMM and CTranslate2 at the same level, for a process started with them (they
+are read when each library loads, so a running process cannot change them). FBGEMM (torch's quantized int8 linear) has
+no path below AVX2: at `generic` it is capped at AVX2, the narrowest it can run. `describe_isa()` is the line
+`hf-vit-plus env` and a run's first lines print: the level, the label and where it comes from (the CPU's widest, or the
+cap); `isa_capped()` says whether a cap holds the level below the CPU's widest (a capped run on a wider CPU executes a
+narrower CPU's instructions, not with that CPU's caches and clocks).
 """
 
 from __future__ import annotations
@@ -108,9 +108,12 @@ def isa_label(level: str | None = None) -> str:
     """The widest instruction set in use at `level` (default: `cpu_isa()`), as result rows record it."""
     level = cpu_isa() if level is None else check_isa(level)
     if level == "avx512":
-        # AMX tiles are run by oneDNN and torch's own kernels at this level (ours stop at AVX512-VNNI)
+        # AMX tiles and AVX512-BF16 are run by oneDNN and torch's own kernels at this level (ours stop at VNNI)
         flags = cpu_flags()
-        return "amx_tile" if "amx_tile" in flags else "avx512_vnni" if "avx512_vnni" in flags else "avx512"
+        for label in ("amx_tile", "avx512_bf16", "avx512_vnni"):
+            if label in flags:
+                return label
+        return "avx512"
     if level == "generic" and platform.machine().lower() in ("aarch64", "arm64"):
         return "neon"
     return level

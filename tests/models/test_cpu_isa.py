@@ -45,6 +45,9 @@ def test_label_names_vnni(monkeypatch):
     assert cpu_isa.isa_label("avx512") == "avx512_vnni" and cpu_isa.isa_label("avx2") == "avx2"
     monkeypatch.setattr(cpu_isa, "cpu_flags", lambda: frozenset(wide))
     assert cpu_isa.isa_label("avx512") == "avx512"
+    # AVX512-BF16 (torch's and oneDNN's bfloat16 kernels) is wider than VNNI
+    monkeypatch.setattr(cpu_isa, "cpu_flags", lambda: frozenset(wide | {"avx512_vnni", "avx512_bf16"}))
+    assert cpu_isa.isa_label("avx512") == "avx512_bf16" and cpu_isa.isa_label("avx2") == "avx2"
     # AMX tiles (oneDNN's, at the AVX-512 level) are the widest where the CPU has them; a cap at AVX2 leaves them
     monkeypatch.setattr(cpu_isa, "cpu_flags", lambda: frozenset(wide | {"avx512_vnni", "amx_tile", "amx_int8"}))
     assert cpu_isa.isa_label("avx512") == "amx_tile" and cpu_isa.isa_label("avx2") == "avx2"
