@@ -23,7 +23,7 @@ threads, CTranslate2's `intra_threads`) and is reported at its fastest warm, wit
 longest source + 50 (ours: each batch's longest source + 50) unless `--max_new_tokens` fixes both.
 
 Unless `--first_process`, each of our engines first translates the file once in a process of its own (not
-measured), so that the measured processes find the steps (and encoders) built on this machine and kept in the step
+measured), so that the measured processes find the steps (and encoders) built on the machine and kept in the step
 cache, as a user's every run after the first does; `steps_compiled_cold` says how many the measured cold pass
 compiled (0 then). With `--first_process` the cold pass of the first thread count compiles them.
 
@@ -84,7 +84,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fast_backend", default="aoti", help="FastDecoding's backend (aoti; eager: no compilation)")
     p.add_argument(
         "--first_process", action="store_true",
-        help="measure the first process on this machine (default: a priming process builds the steps first)",
+        help="measure the first process on the machine (default: a priming process builds the steps first)",
     )  # fmt: skip
     p.add_argument("--quick", action="store_true", help="a short check on a tiny random model (well under a minute)")
     p.add_argument("--output", type=Path, help="CSV file of the rows (result_rows.write_rows)")
@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                                warm_repeats=args.warm_repeats, max_new_tokens=args.max_new_tokens,
                                fast_backend=args.fast_backend)  # fmt: skip
                     if engine.startswith("ours") and not args.first_process and args.fast_backend == "aoti":
-                        spawn(dict(job, prime=True), workdir)  # the steps built on this machine, as a user's first run
+                        spawn(dict(job, prime=True), workdir)  # the steps built here, as by a user's first run
                     by_threads[threads] = spawn(job, workdir)
                 best = min(by_threads, key=lambda t: by_threads[t]["warm_s"])
                 results[engine] = dict(by_threads[best], threads=best)
