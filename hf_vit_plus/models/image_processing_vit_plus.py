@@ -359,6 +359,11 @@ class ViTPlusVideoProcessor:
         cls._refuse()
 
     @classmethod
+    def from_dict(cls, *args, **kwargs):
+        """What `AutoVideoProcessor.from_pretrained` calls from transformers 5.25 on (before: `from_pretrained`)."""
+        cls._refuse()
+
+    @classmethod
     def register_for_auto_class(cls, auto_class: str = "AutoVideoProcessor") -> None:
         """Nothing to save with a checkpoint (transformers calls this on a class it loads as remote code)."""
 
