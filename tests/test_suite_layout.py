@@ -24,6 +24,7 @@ def test_every_file_that_the_makefile_and_the_conftest_name_exists():
         "LONGEST_FILES": list(LONGEST_FILES),
         "DISTRIBUTED_TESTS": _makefile_list("DISTRIBUTED_TESTS"),
         "GENERIC_TESTS": [entry.split("::")[0] for entry in _makefile_list("GENERIC_TESTS")],
+        "NEWEST_ONLY_TESTS": _makefile_list("NEWEST_ONLY_TESTS"),
     }
     missing = {list_: [path for path in paths if not (REPO / path).is_file()] for list_, paths in named.items()}
     assert all(len(paths) >= 4 for paths in named.values()), named
