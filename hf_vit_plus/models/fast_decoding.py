@@ -175,9 +175,12 @@ class _CacheSlabs:
                 del self._idle[self.keep :]
 
     def cache(self, decoder: FastDecoder, rows: int, length: int, device) -> list[torch.Tensor]:
-        """A zeroed self-attention cache of `decoder` (`FastDecoder.cache_shape`) in a reused slab, one tensor per
-        layer's keys and values."""
-        return list(self.take(decoder.cache_shape(rows, length), device, zero=True).unbind(0))
+        """A self-attention cache of `decoder` (`FastDecoder.cache_shape`) in a reused slab, one tensor per layer's
+        keys and values: zeroed where the decoder's attention reads positions not yet written
+        (`FastDecoder.cache_needs_zeros`; a slab of a few megabytes takes longer to zero than a batch of short
+        translations to decode), else as the last call left it."""
+        zero = getattr(decoder, "cache_needs_zeros", True)
+        return list(self.take(decoder.cache_shape(rows, length), device, zero=zero).unbind(0))
 
     def selected(self, cache: list[torch.Tensor], rows: torch.Tensor) -> list[torch.Tensor]:
         """The cache's `rows` (indices) in a slab of their own; the old slab handed back."""

@@ -219,9 +219,10 @@ c10::IValue pack_float(const at::Tensor& weight, int64_t group) {
 
 // ------------------------------------------------------------------------------------------------------- top-k
 // The k largest values of each row (and their indices), largest first, equal values by smaller index first, NaN
-// above every number (as torch.topk ranks it). A heap of the k best so far; with vector comparisons 16 (AVX-512) or 8
-// (AVX2) values at a time are compared with its worst and only those above it are looked at one by one, which after
-// the first few hundred is rarely any.
+// above every number (as torch.topk ranks it). Vectorized (at every level): a threshold from the maxima of blocks of
+// 16 values (`topk_row_by_threshold`), then only the values at or above it ranked. The plain loop, and a row with a
+// NaN: a heap of the k best so far (with vector comparisons of 16 (AVX-512) or 8 (AVX2) values at a time against its
+// worst on those levels).
 struct Candidate {
   float value;
   int64_t index;
@@ -248,6 +249,65 @@ inline void offer(std::vector<Candidate>& heap, Candidate c) {
 
 void topk_row_generic(const float* row, int64_t n, int64_t k, std::vector<Candidate>& heap) {
   for (int64_t i = k; i < n; ++i) offer(heap, Candidate{row[i], i});
+}
+
+// The threshold pass of the vectorized top-k: the largest value of each block of kTopkBlock values. The k-th largest
+// of these k or more maxima is at most the row's k-th largest value (they are k values of the row), so no value below
+// it is among the k largest, and the few values at or above it are all that is ranked. A row with a NaN goes through
+// the heap instead (NaN ranks above every number, which comparisons do not say).
+constexpr int64_t kTopkBlock = 16;
+
+struct TopkScratch {
+  std::vector<float> maxima;
+  std::vector<Candidate> picked;
+};
+
+// the maxima of the row's whole blocks into `maxima`; whether the row holds a NaN
+bool block_maxima_generic(const float* row, int64_t n, float* maxima) {
+  bool nan = false;
+  for (int64_t b = 0; b < n / kTopkBlock; ++b) {
+    float top = row[b * kTopkBlock];
+    for (int64_t i = 0; i < kTopkBlock; ++i) {
+      const float v = row[b * kTopkBlock + i];
+      nan |= v != v;
+      top = v > top ? v : top;
+    }
+    maxima[b] = top;
+  }
+  for (int64_t i = n / kTopkBlock * kTopkBlock; i < n; ++i) nan |= row[i] != row[i];
+  return nan;
+}
+
+// the values >= threshold, with their indices, in index order
+void at_least_generic(const float* row, int64_t n, float threshold, std::vector<Candidate>& picked) {
+  for (int64_t i = 0; i < n; ++i)
+    if (row[i] >= threshold) picked.push_back(Candidate{row[i], i});
+}
+
+using BlockMaximaFn = bool (*)(const float*, int64_t, float*);
+using AtLeastFn = void (*)(const float*, int64_t, float, std::vector<Candidate>&);
+
+// The k best of a row without NaN from its block maxima: false (nothing written) where the row has a NaN or fewer
+// than k whole blocks; else the k largest values, largest first, equal values by smaller index
+bool topk_row_by_threshold(const float* row, int64_t n, int64_t k, BlockMaximaFn maxima_of, AtLeastFn at_least,
+                           TopkScratch& scratch, float* out_values, int64_t* out_indices) {
+  const int64_t blocks = n / kTopkBlock;
+  if (blocks < k) return false;
+  scratch.maxima.resize(blocks);
+  if (maxima_of(row, n, scratch.maxima.data())) return false;
+  std::nth_element(scratch.maxima.begin(), scratch.maxima.begin() + (k - 1), scratch.maxima.end(),
+                   [](float a, float b) { return a > b; });
+  scratch.picked.clear();
+  at_least(row, n, scratch.maxima[k - 1], scratch.picked);
+  std::partial_sort(scratch.picked.begin(), scratch.picked.begin() + k, scratch.picked.end(),
+                    [](const Candidate& a, const Candidate& b) {
+                      return a.value > b.value || (a.value == b.value && a.index < b.index);
+                    });
+  for (int64_t i = 0; i < k; ++i) {
+    out_values[i] = scratch.picked[i].value;
+    out_indices[i] = scratch.picked[i].index;
+  }
+  return true;
 }
 
 // ------------------------------------------------------------------------------------ portable (generic) paths
@@ -531,6 +591,34 @@ HF_AVX512 void attend_avx512(const float* q, const float* keys, const float* val
   }
 }
 
+HF_AVX512 bool block_maxima_avx512(const float* row, int64_t n, float* maxima) {
+  __mmask16 nan = 0;
+  int64_t b = 0;
+  for (; b < n / kTopkBlock; ++b) {
+    const __m512 v = _mm512_loadu_ps(row + b * kTopkBlock);
+    nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    maxima[b] = _mm512_reduce_max_ps(v);
+  }
+  bool tail_nan = false;
+  for (int64_t i = b * kTopkBlock; i < n; ++i) tail_nan |= row[i] != row[i];
+  return nan != 0 || tail_nan;
+}
+
+HF_AVX512 void at_least_avx512(const float* row, int64_t n, float threshold, std::vector<Candidate>& picked) {
+  const __m512 bound = _mm512_set1_ps(threshold);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __mmask16 hits = _mm512_cmp_ps_mask(_mm512_loadu_ps(row + i), bound, _CMP_GE_OQ);
+    while (hits) {
+      const int lane = __builtin_ctz(hits);
+      hits &= hits - 1;
+      picked.push_back(Candidate{row[i + lane], i + lane});
+    }
+  }
+  for (; i < n; ++i)
+    if (row[i] >= threshold) picked.push_back(Candidate{row[i], i});
+}
+
 HF_AVX512 void topk_row_avx512(const float* row, int64_t n, int64_t k, std::vector<Candidate>& heap) {
   int64_t i = k;
   for (; i + 16 <= n; i += 16) {
@@ -740,6 +828,38 @@ HF_AVX2 void attend_avx2(const float* q, const float* keys, const float* values,
     for (int64_t i = 0; i < d; i += 8)
       _mm256_storeu_ps(out + i, _mm256_fmadd_ps(p, _mm256_loadu_ps(v + i), _mm256_loadu_ps(out + i)));
   }
+}
+
+HF_AVX2 bool block_maxima_avx2(const float* row, int64_t n, float* maxima) {
+  __m256 nan = _mm256_setzero_ps();
+  int64_t b = 0;
+  for (; b < n / kTopkBlock; ++b) {
+    const __m256 lo = _mm256_loadu_ps(row + b * kTopkBlock), hi = _mm256_loadu_ps(row + b * kTopkBlock + 8);
+    nan = _mm256_or_ps(nan, _mm256_or_ps(_mm256_cmp_ps(lo, lo, _CMP_UNORD_Q), _mm256_cmp_ps(hi, hi, _CMP_UNORD_Q)));
+    __m256 top = _mm256_max_ps(lo, hi);
+    __m128 half = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
+    half = _mm_max_ps(half, _mm_movehl_ps(half, half));
+    half = _mm_max_ss(half, _mm_shuffle_ps(half, half, 1));
+    maxima[b] = _mm_cvtss_f32(half);
+  }
+  bool tail_nan = false;
+  for (int64_t i = b * kTopkBlock; i < n; ++i) tail_nan |= row[i] != row[i];
+  return _mm256_movemask_ps(nan) != 0 || tail_nan;
+}
+
+HF_AVX2 void at_least_avx2(const float* row, int64_t n, float threshold, std::vector<Candidate>& picked) {
+  const __m256 bound = _mm256_set1_ps(threshold);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    unsigned hits = unsigned(_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(row + i), bound, _CMP_GE_OQ)));
+    while (hits) {
+      const int lane = __builtin_ctz(hits);
+      hits &= hits - 1;
+      picked.push_back(Candidate{row[i + lane], i + lane});
+    }
+  }
+  for (; i < n; ++i)
+    if (row[i] >= threshold) picked.push_back(Candidate{row[i], i});
 }
 
 HF_AVX2 void topk_row_avx2(const float* row, int64_t n, int64_t k, std::vector<Candidate>& heap) {
@@ -959,14 +1079,21 @@ std::tuple<at::Tensor, at::Tensor> topk_rows(const at::Tensor& x, int64_t k, boo
   float* out_values = values.data_ptr<float>();
   int64_t* out_indices = indices.data_ptr<int64_t>();
   auto scan = topk_row_generic;
+  BlockMaximaFn maxima_of = block_maxima_generic;
+  AtLeastFn at_least = at_least_generic;
 #ifdef HF_VIT_PLUS_X86
-  if (vectorized && level() == kAvx512) scan = topk_row_avx512;
-  if (vectorized && level() == kAvx2) scan = topk_row_avx2;
+  if (vectorized && level() == kAvx512) scan = topk_row_avx512, maxima_of = block_maxima_avx512,
+                                         at_least = at_least_avx512;
+  if (vectorized && level() == kAvx2) scan = topk_row_avx2, maxima_of = block_maxima_avx2, at_least = at_least_avx2;
 #endif
   at::parallel_for(0, rows, std::max<int64_t>(1, 65536 / n), [&](int64_t first, int64_t last) {
     std::vector<Candidate> heap(k);
+    TopkScratch scratch;
     for (int64_t r = first; r < last; ++r) {
       const float* row = data + r * n;
+      if (vectorized && topk_row_by_threshold(row, n, k, maxima_of, at_least, scratch, out_values + r * k,
+                                              out_indices + r * k))
+        continue;
       for (int64_t i = 0; i < k; ++i) heap[i] = Candidate{row[i], i};
       std::make_heap(heap.begin(), heap.end(), WorstFirst());
       scan(row, n, k, heap);

@@ -548,10 +548,10 @@ def source_attention(query, keys, values, bias, heads: int, scaling: float) -> t
 def topk_rows(x: torch.Tensor, k: int, vectorized: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """`torch.topk(x, k, dim=1)` of a 2-D float32 CPU tensor by the C++ kernel `hf_vit_plus_cpp::topk_rows`: the k
     largest values of each row, largest first, NaN above every number, equal values by smaller index (torch.topk
-    leaves their order unspecified). With `vectorized`, at AVX-512 16 values at a time (8 at AVX2) are compared with
-    the k-th best so far, so that most of a row is only read; without, or at the generic level, a plain loop over a
-    heap of the k best. Needs the C++ kernels (`cpp_fbgemm_ops`); the decoder calls it where they are built
-    (`cpp_kernels`)."""
+    leaves their order unspecified). With `vectorized` (at every level), the k-th largest of the maxima of blocks of
+    16 values is a threshold that no value of the k largest is below, and only the values at or above it are ranked
+    (a row with a NaN takes the heap); without, a plain loop over a heap of the k best. Needs the C++ kernels
+    (`cpp_fbgemm_ops`); the decoder calls it where they are built (`cpp_kernels`)."""
     return torch.ops.hf_vit_plus_cpp.topk_rows.default(x, k, vectorized)
 
 

@@ -293,6 +293,9 @@ class FastDecoder(nn.Module):
         self.screen = OutputScreen(self.lm_head) if screened and fbgemm_fp16_available() else None
         self.num_layers = len(self.layers)
         self.d_model = self.embed_positions.shape[1]
+        # whether a new cache must be zeroed: the tensor attention weighs every cached position (a later one by 0,
+        # which leaves NaN from stale memory NaN); the C++ kernels read the positions written so far only
+        self.cache_needs_zeros = not all(layer.fused_attention for layer in self.layers)
         # beam search's top-k of the candidates by the C++ kernel where the CPU runs it (`fast_kernels.topk_rows`)
         self.fast_topk = self.lm_head.weight.device.type == "cpu" and cpp_kernels().level is not None
         # whether products of 2 to SMALL_ROWS rows are loops over a fixed number of rows (`row_matmul_pass`), so that

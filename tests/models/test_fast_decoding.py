@@ -847,3 +847,28 @@ def test_the_cache_slabs_are_reused_zeroed_and_never_handed_out_twice():
     for cache in (second, selected, third):
         slabs.give(cache)
     assert len(slabs._idle) == 2
+
+
+def test_a_cache_in_reused_memory_is_not_zeroed_where_the_attention_reads_written_positions_only(model, batch):
+    """Where every layer attends through the C++ kernels (which read the positions 0..position only), a cache slab
+    is handed out as the last call left it: decoding in a slab full of NaN gives the tokens of generate. The tensor
+    attention weighs every cached position, so there it is zeroed."""
+    from hf_vit_plus.models import fast_kernels
+
+    fast = FastDecoding(backend="eager")
+    state = fast.decoding_state(model)
+    fused = all(layer.fused_attention for layer in state.decoder.layers)
+    assert state.decoder.cache_needs_zeros is not fused
+    for settings in (SETTINGS["greedy"], SETTINGS["beam"]):
+        state.slabs._idle = [torch.full((1 << 20,), float("nan"))]
+        _assert_same(model, batch, fast, **settings)
+    state.slabs._idle = [torch.full((1 << 20,), float("nan"))]
+    taken = state.slabs.cache(state.decoder, 2, 3, torch.device("cpu"))
+    assert bool(taken[0].isnan().all()) is fused  # the NaN slab, left as it was where fused, else zeroed
+    if fast_kernels.cpp_kernels().level is None:
+        return
+    narrow = Seq2SeqTransformerForConditionalGeneration(_config(d_model=24, decoder_attention_heads=2)).eval()
+    with fast_kernels.use_cpu_isa("generic"):  # heads of any size attend through the portable kernels
+        assert FastDecoding(backend="eager").decoding_state(narrow).decoder.cache_needs_zeros is False
+    if fast_kernels.cpp_kernels().level == "avx512":  # 12 dimensions per head: not a multiple of 16
+        assert FastDecoding(backend="eager").decoding_state(narrow).decoder.cache_needs_zeros is True

@@ -84,6 +84,9 @@ def test_topk_rows_takes_beam_search_candidates_and_strided_rows(level):
     log_probs = torch.randn(16, 4 * 8000, generator=gen).log_softmax(dim=1)
     _assert_topk(log_probs, 8)
     _assert_topk(torch.randn(300, 9, generator=gen).t(), 4)
+    # ascending rows: every value beats the heap's worst (the heap path's worst case); the threshold keeps the last k
+    _assert_topk(torch.arange(1000.0).repeat(3, 1), 8)
+    _assert_topk(torch.arange(1000.0).repeat(3, 1), 8, vectorized=False)
 
 
 def test_topk_rows_refuses_what_it_does_not_compute(kernels):
