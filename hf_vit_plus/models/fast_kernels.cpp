@@ -278,14 +278,23 @@ bool block_maxima_generic(const float* row, int64_t n, float* maxima) {
   return nan;
 }
 
-// the values >= threshold, with their indices, in index order
-void at_least_generic(const float* row, int64_t n, float threshold, std::vector<Candidate>& picked) {
-  for (int64_t i = 0; i < n; ++i)
+// the values >= threshold from index `from` on, with their indices, in index order
+void at_least_generic(const float* row, int64_t n, float threshold, std::vector<Candidate>& picked, int64_t from = 0) {
+  for (int64_t i = from; i < n; ++i)
     if (row[i] >= threshold) picked.push_back(Candidate{row[i], i});
 }
 
+// the lanes set in `hits` of the vector at row + i, in index order (the vector paths' comparisons)
+inline void picked_lanes(const float* row, int64_t i, uint32_t hits, std::vector<Candidate>& picked) {
+  while (hits) {
+    const int lane = __builtin_ctz(hits);
+    hits &= hits - 1;
+    picked.push_back(Candidate{row[i + lane], i + lane});
+  }
+}
+
 using BlockMaximaFn = bool (*)(const float*, int64_t, float*);
-using AtLeastFn = void (*)(const float*, int64_t, float, std::vector<Candidate>&);
+using AtLeastFn = void (*)(const float*, int64_t, float, std::vector<Candidate>&, int64_t);
 
 // The k best of a row without NaN from its block maxima: false (nothing written) where the row has a NaN or fewer
 // than k whole blocks; else the k largest values, largest first, equal values by smaller index
@@ -298,7 +307,7 @@ bool topk_row_by_threshold(const float* row, int64_t n, int64_t k, BlockMaximaFn
   std::nth_element(scratch.maxima.begin(), scratch.maxima.begin() + (k - 1), scratch.maxima.end(),
                    [](float a, float b) { return a > b; });
   scratch.picked.clear();
-  at_least(row, n, scratch.maxima[k - 1], scratch.picked);
+  at_least(row, n, scratch.maxima[k - 1], scratch.picked, 0);
   std::partial_sort(scratch.picked.begin(), scratch.picked.begin() + k, scratch.picked.end(),
                     [](const Candidate& a, const Candidate& b) {
                       return a.value > b.value || (a.value == b.value && a.index < b.index);
@@ -604,19 +613,13 @@ HF_AVX512 bool block_maxima_avx512(const float* row, int64_t n, float* maxima) {
   return nan != 0 || tail_nan;
 }
 
-HF_AVX512 void at_least_avx512(const float* row, int64_t n, float threshold, std::vector<Candidate>& picked) {
+HF_AVX512 void at_least_avx512(const float* row, int64_t n, float threshold, std::vector<Candidate>& picked,
+                               int64_t from) {
   const __m512 bound = _mm512_set1_ps(threshold);
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    __mmask16 hits = _mm512_cmp_ps_mask(_mm512_loadu_ps(row + i), bound, _CMP_GE_OQ);
-    while (hits) {
-      const int lane = __builtin_ctz(hits);
-      hits &= hits - 1;
-      picked.push_back(Candidate{row[i + lane], i + lane});
-    }
-  }
-  for (; i < n; ++i)
-    if (row[i] >= threshold) picked.push_back(Candidate{row[i], i});
+  int64_t i = from;
+  for (; i + 16 <= n; i += 16)
+    picked_lanes(row, i, _mm512_cmp_ps_mask(_mm512_loadu_ps(row + i), bound, _CMP_GE_OQ), picked);
+  at_least_generic(row, n, threshold, picked, i);
 }
 
 HF_AVX512 void topk_row_avx512(const float* row, int64_t n, int64_t k, std::vector<Candidate>& heap) {
@@ -847,19 +850,15 @@ HF_AVX2 bool block_maxima_avx2(const float* row, int64_t n, float* maxima) {
   return _mm256_movemask_ps(nan) != 0 || tail_nan;
 }
 
-HF_AVX2 void at_least_avx2(const float* row, int64_t n, float threshold, std::vector<Candidate>& picked) {
+HF_AVX2 void at_least_avx2(const float* row, int64_t n, float threshold, std::vector<Candidate>& picked,
+                           int64_t from) {
   const __m256 bound = _mm256_set1_ps(threshold);
-  int64_t i = 0;
+  int64_t i = from;
   for (; i + 8 <= n; i += 8) {
-    unsigned hits = unsigned(_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(row + i), bound, _CMP_GE_OQ)));
-    while (hits) {
-      const int lane = __builtin_ctz(hits);
-      hits &= hits - 1;
-      picked.push_back(Candidate{row[i + lane], i + lane});
-    }
+    const int hits = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(row + i), bound, _CMP_GE_OQ));
+    picked_lanes(row, i, uint32_t(hits), picked);
   }
-  for (; i < n; ++i)
-    if (row[i] >= threshold) picked.push_back(Candidate{row[i], i});
+  at_least_generic(row, n, threshold, picked, i);
 }
 
 HF_AVX2 void topk_row_avx2(const float* row, int64_t n, int64_t k, std::vector<Candidate>& heap) {
