@@ -414,6 +414,15 @@ void attend_generic(const float* q, const float* keys, const float* values, cons
 #define HF_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
 #define HF_AVX2 __attribute__((target("avx2,fma")))
 
+// exp's argument reduction and polynomial (Cephes' expf): x = n ln2 + r, |r| <= ln2 / 2, exp(r) = 1 + r + r^2 P(r);
+// below kExpFloor (the smallest normal float's log) the attention kernels' exp is 0
+constexpr float kExpFloor = -87.33654f;
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kLn2Hi = 0.693359375f;
+constexpr float kLn2Lo = -2.12194440e-4f;
+constexpr float kExpPoly[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                               4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+
 // ------------------------------------------------------------------------------------------------ AVX-512 paths
 // Each row of x: its int8 values shifted to uint8 (q + 128, q = round(x / s) in [-127, 127]) and s = max|x| / 127,
 // as `FastLinear`'s Python definition of dynamic int8 computes them (division, round half to even).
@@ -573,30 +582,113 @@ HF_AVX512 void fp32_groups(int64_t first, int64_t last, const float* x, int64_t 
   }
 }
 
-// Attention of one new token (see `attend_generic`), 16 dimensions at a time: heads of a multiple of 16
-HF_AVX512 void attend_avx512(const float* q, const float* keys, const float* values, const int64_t* offsets,
-                             int64_t count, const float* bias, int64_t d, float scaling, float* scores, float* out) {
-  float top = -std::numeric_limits<float>::infinity();
-  for (int64_t j = 0; j < count; ++j) {
+// The four sums of the lanes of a0..a3, as the lanes 0..3 of one vector
+HF_AVX512 inline __m128 sums4_avx512(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+  // per 128-bit lane: [a0 0+2, a1 0+2, a0 1+3, a1 1+3], then [a0, a1, a2, a3] (that lane's part of each sum)
+  const __m512 t01 = _mm512_add_ps(_mm512_unpacklo_ps(a0, a1), _mm512_unpackhi_ps(a0, a1));
+  const __m512 t23 = _mm512_add_ps(_mm512_unpacklo_ps(a2, a3), _mm512_unpackhi_ps(a2, a3));
+  const __m512 s = _mm512_add_ps(_mm512_shuffle_ps(t01, t23, _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm512_shuffle_ps(t01, t23, _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(s),
+                                 _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1)));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+// exp(x) for x <= 0 (scores less their maximum): 0 below kExpFloor, NaN kept (Cephes' expf polynomial, 2^n by scalef)
+HF_AVX512 inline __m512 exp_avx512(__m512 x) {
+  const __mmask16 tiny = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kExpFloor), _CMP_LT_OQ);
+  x = _mm512_max_ps(_mm512_set1_ps(kExpFloor), x);  // (a NaN x is the operand returned)
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), r);
+  __m512 p = _mm512_set1_ps(kExpPoly[0]);
+  for (int i = 1; i < 6; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpPoly[i]));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_maskz_mov_ps(static_cast<__mmask16>(~tiny), _mm512_scalef_ps(p, n));
+}
+
+// Attention of one new token (see `attend_generic`), 16 dimensions at a time: heads of a multiple of 16. The scores
+// four keys at a time (one reduction for four), their exponentials 16 at a time, and the output in registers for
+// heads of up to 16 * kRegisterBlocks dimensions (M: d / 16; 0: any multiple of 16, the output in memory).
+template <int M>
+HF_AVX512 void attend_avx512_blocks(const float* q, const float* keys, const float* values, const int64_t* offsets,
+                                    int64_t count, const float* bias, int64_t d, float scaling, float* scores,
+                                    float* out) {
+  const int64_t blocks = M > 0 ? M : d / 16;
+  int64_t j = 0;
+  for (; j + 4 <= count; j += 4) {
+    const float *k0 = keys + offsets[j], *k1 = keys + offsets[j + 1], *k2 = keys + offsets[j + 2],
+                *k3 = keys + offsets[j + 3];
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t i = 0; i < blocks * 16; i += 16) {
+      const __m512 qi = _mm512_loadu_ps(q + i);
+      a0 = _mm512_fmadd_ps(qi, _mm512_loadu_ps(k0 + i), a0);
+      a1 = _mm512_fmadd_ps(qi, _mm512_loadu_ps(k1 + i), a1);
+      a2 = _mm512_fmadd_ps(qi, _mm512_loadu_ps(k2 + i), a2);
+      a3 = _mm512_fmadd_ps(qi, _mm512_loadu_ps(k3 + i), a3);
+    }
+    __m128 s = _mm_mul_ps(sums4_avx512(a0, a1, a2, a3), _mm_set1_ps(scaling));
+    if (bias != nullptr) s = _mm_add_ps(s, _mm_loadu_ps(bias + j));
+    _mm_storeu_ps(scores + j, s);
+  }
+  for (; j < count; ++j) {
     const float* k = keys + offsets[j];
     __m512 acc = _mm512_setzero_ps();
-    for (int64_t i = 0; i < d; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), _mm512_loadu_ps(k + i), acc);
+    for (int64_t i = 0; i < blocks * 16; i += 16)
+      acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), _mm512_loadu_ps(k + i), acc);
     float score = _mm512_reduce_add_ps(acc) * scaling;
     if (bias != nullptr) score += bias[j];
     scores[j] = score;
-    top = std::max(top, score);
   }
-  float total = 0.0f;
-  for (int64_t j = 0; j < count; ++j) {
-    scores[j] = top == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp(scores[j] - top);
-    total += scores[j];
+  const __m512 minus_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512 most = minus_inf;
+  for (j = 0; j < count; j += 16) {
+    const __mmask16 lanes = count - j >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (count - j)) - 1);
+    most = _mm512_max_ps(_mm512_mask_loadu_ps(minus_inf, lanes, scores + j), most);  // a NaN score left out
   }
-  for (int64_t i = 0; i < d; i += 16) _mm512_storeu_ps(out + i, _mm512_setzero_ps());
-  for (int64_t j = 0; j < count; ++j) {
-    const __m512 p = _mm512_set1_ps(scores[j] / total);
-    const float* v = values + offsets[j];
-    for (int64_t i = 0; i < d; i += 16)
-      _mm512_storeu_ps(out + i, _mm512_fmadd_ps(p, _mm512_loadu_ps(v + i), _mm512_loadu_ps(out + i)));
+  const float top = _mm512_reduce_max_ps(most);
+  __m512 sums = _mm512_setzero_ps();
+  for (j = 0; j < count; j += 16) {
+    const __mmask16 lanes = count - j >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (count - j)) - 1);
+    const __m512 x = _mm512_maskz_loadu_ps(lanes, scores + j);
+    const __m512 e = top == -std::numeric_limits<float>::infinity()
+                         ? _mm512_setzero_ps()
+                         : exp_avx512(_mm512_sub_ps(x, _mm512_set1_ps(top)));
+    _mm512_mask_storeu_ps(scores + j, lanes, e);
+    sums = _mm512_mask_add_ps(sums, lanes, sums, e);
+  }
+  const __m512 scale = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sums));
+  if constexpr (M > 0) {
+    __m512 acc[M];
+    for (int i = 0; i < M; ++i) acc[i] = _mm512_setzero_ps();
+    for (j = 0; j < count; ++j) {
+      const __m512 p = _mm512_set1_ps(scores[j]);
+      const float* v = values + offsets[j];
+      for (int i = 0; i < M; ++i) acc[i] = _mm512_fmadd_ps(p, _mm512_loadu_ps(v + 16 * i), acc[i]);
+    }
+    for (int i = 0; i < M; ++i) _mm512_storeu_ps(out + 16 * i, _mm512_mul_ps(acc[i], scale));
+  } else {
+    for (int64_t i = 0; i < d; i += 16) _mm512_storeu_ps(out + i, _mm512_setzero_ps());
+    for (j = 0; j < count; ++j) {
+      const __m512 p = _mm512_set1_ps(scores[j]);
+      const float* v = values + offsets[j];
+      for (int64_t i = 0; i < d; i += 16)
+        _mm512_storeu_ps(out + i, _mm512_fmadd_ps(p, _mm512_loadu_ps(v + i), _mm512_loadu_ps(out + i)));
+    }
+    for (int64_t i = 0; i < d; i += 16) _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_loadu_ps(out + i), scale));
+  }
+}
+
+HF_AVX512 void attend_avx512(const float* q, const float* keys, const float* values, const int64_t* offsets,
+                             int64_t count, const float* bias, int64_t d, float scaling, float* scores, float* out) {
+  switch (d / 16) {
+    case 1: return attend_avx512_blocks<1>(q, keys, values, offsets, count, bias, d, scaling, scores, out);
+    case 2: return attend_avx512_blocks<2>(q, keys, values, offsets, count, bias, d, scaling, scores, out);
+    case 3: return attend_avx512_blocks<3>(q, keys, values, offsets, count, bias, d, scaling, scores, out);
+    case 4: return attend_avx512_blocks<4>(q, keys, values, offsets, count, bias, d, scaling, scores, out);
+    case 6: return attend_avx512_blocks<6>(q, keys, values, offsets, count, bias, d, scaling, scores, out);
+    case 8: return attend_avx512_blocks<8>(q, keys, values, offsets, count, bias, d, scaling, scores, out);
+    default: return attend_avx512_blocks<0>(q, keys, values, offsets, count, bias, d, scaling, scores, out);
   }
 }
 
@@ -806,30 +898,109 @@ HF_AVX2 inline float sum_avx2(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// Attention of one new token (see `attend_generic`), 8 dimensions at a time: heads of a multiple of 8
-HF_AVX2 void attend_avx2(const float* q, const float* keys, const float* values, const int64_t* offsets,
-                         int64_t count, const float* bias, int64_t d, float scaling, float* scores, float* out) {
-  float top = -std::numeric_limits<float>::infinity();
-  for (int64_t j = 0; j < count; ++j) {
+// The four sums of the lanes of a0..a3, as the lanes 0..3 of one vector
+HF_AVX2 inline __m128 sums4_avx2(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+  const __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));  // per 128-bit lane: a0..a3
+  return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+}
+
+// exp(x) for x <= 0 (see `exp_avx512`): 2^n built in the exponent bits
+HF_AVX2 inline __m256 exp_avx2(__m256 x) {
+  const __m256 tiny = _mm256_cmp_ps(x, _mm256_set1_ps(kExpFloor), _CMP_LT_OQ);
+  x = _mm256_max_ps(_mm256_set1_ps(kExpFloor), x);  // (a NaN x is the operand returned)
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), r);
+  __m256 p = _mm256_set1_ps(kExpPoly[0]);
+  for (int i = 1; i < 6; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpPoly[i]));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256 two_n = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+  return _mm256_andnot_ps(tiny, _mm256_mul_ps(p, two_n));
+}
+
+// Attention of one new token (see `attend_generic`), 8 dimensions at a time: heads of a multiple of 8, as
+// `attend_avx512_blocks` (M: d / 8, the output in registers; 0: in memory)
+template <int M>
+HF_AVX2 void attend_avx2_blocks(const float* q, const float* keys, const float* values, const int64_t* offsets,
+                                int64_t count, const float* bias, int64_t d, float scaling, float* scores, float* out) {
+  const int64_t blocks = M > 0 ? M : d / 8;
+  int64_t j = 0;
+  for (; j + 4 <= count; j += 4) {
+    const float *k0 = keys + offsets[j], *k1 = keys + offsets[j + 1], *k2 = keys + offsets[j + 2],
+                *k3 = keys + offsets[j + 3];
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t i = 0; i < blocks * 8; i += 8) {
+      const __m256 qi = _mm256_loadu_ps(q + i);
+      a0 = _mm256_fmadd_ps(qi, _mm256_loadu_ps(k0 + i), a0);
+      a1 = _mm256_fmadd_ps(qi, _mm256_loadu_ps(k1 + i), a1);
+      a2 = _mm256_fmadd_ps(qi, _mm256_loadu_ps(k2 + i), a2);
+      a3 = _mm256_fmadd_ps(qi, _mm256_loadu_ps(k3 + i), a3);
+    }
+    __m128 s = _mm_mul_ps(sums4_avx2(a0, a1, a2, a3), _mm_set1_ps(scaling));
+    if (bias != nullptr) s = _mm_add_ps(s, _mm_loadu_ps(bias + j));
+    _mm_storeu_ps(scores + j, s);
+  }
+  for (; j < count; ++j) {
     const float* k = keys + offsets[j];
     __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < d; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(k + i), acc);
+    for (int64_t i = 0; i < blocks * 8; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(k + i), acc);
     float score = sum_avx2(acc) * scaling;
     if (bias != nullptr) score += bias[j];
     scores[j] = score;
-    top = std::max(top, score);
   }
+  float top = -std::numeric_limits<float>::infinity();
+  for (j = 0; j < count; ++j) top = std::max(top, scores[j]);
   float total = 0.0f;
-  for (int64_t j = 0; j < count; ++j) {
-    scores[j] = top == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp(scores[j] - top);
-    total += scores[j];
+  if (top == -std::numeric_limits<float>::infinity()) {
+    for (j = 0; j < count; ++j) scores[j] = 0.0f;
+  } else {
+    const __m256 most = _mm256_set1_ps(top);
+    __m256 sums = _mm256_setzero_ps();
+    for (j = 0; j + 8 <= count; j += 8) {
+      const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(scores + j), most));
+      _mm256_storeu_ps(scores + j, e);
+      sums = _mm256_add_ps(sums, e);
+    }
+    if (j < count) {  // the tail through a full vector, its unused lanes -inf (exp: 0)
+      alignas(32) float tail[8];
+      for (int i = 0; i < 8; ++i) tail[i] = j + i < count ? scores[j + i] : -std::numeric_limits<float>::infinity();
+      const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_load_ps(tail), most));
+      _mm256_store_ps(tail, e);
+      for (int64_t i = 0; j + i < count; ++i) scores[j + i] = tail[i];
+      sums = _mm256_add_ps(sums, e);
+    }
+    total = sum_avx2(sums);
   }
-  for (int64_t i = 0; i < d; i += 8) _mm256_storeu_ps(out + i, _mm256_setzero_ps());
-  for (int64_t j = 0; j < count; ++j) {
-    const __m256 p = _mm256_set1_ps(scores[j] / total);
-    const float* v = values + offsets[j];
-    for (int64_t i = 0; i < d; i += 8)
-      _mm256_storeu_ps(out + i, _mm256_fmadd_ps(p, _mm256_loadu_ps(v + i), _mm256_loadu_ps(out + i)));
+  const __m256 scale = _mm256_set1_ps(1.0f / total);
+  if constexpr (M > 0) {
+    __m256 acc[M];
+    for (int i = 0; i < M; ++i) acc[i] = _mm256_setzero_ps();
+    for (j = 0; j < count; ++j) {
+      const __m256 p = _mm256_set1_ps(scores[j]);
+      const float* v = values + offsets[j];
+      for (int i = 0; i < M; ++i) acc[i] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * i), acc[i]);
+    }
+    for (int i = 0; i < M; ++i) _mm256_storeu_ps(out + 8 * i, _mm256_mul_ps(acc[i], scale));
+  } else {
+    for (int64_t i = 0; i < d; i += 8) _mm256_storeu_ps(out + i, _mm256_setzero_ps());
+    for (j = 0; j < count; ++j) {
+      const __m256 p = _mm256_set1_ps(scores[j]);
+      const float* v = values + offsets[j];
+      for (int64_t i = 0; i < d; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_fmadd_ps(p, _mm256_loadu_ps(v + i), _mm256_loadu_ps(out + i)));
+    }
+    for (int64_t i = 0; i < d; i += 8) _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_loadu_ps(out + i), scale));
+  }
+}
+
+HF_AVX2 void attend_avx2(const float* q, const float* keys, const float* values, const int64_t* offsets,
+                         int64_t count, const float* bias, int64_t d, float scaling, float* scores, float* out) {
+  switch (d / 8) {
+    case 1: return attend_avx2_blocks<1>(q, keys, values, offsets, count, bias, d, scaling, scores, out);
+    case 2: return attend_avx2_blocks<2>(q, keys, values, offsets, count, bias, d, scaling, scores, out);
+    case 4: return attend_avx2_blocks<4>(q, keys, values, offsets, count, bias, d, scaling, scores, out);
+    case 8: return attend_avx2_blocks<8>(q, keys, values, offsets, count, bias, d, scaling, scores, out);
+    default: return attend_avx2_blocks<0>(q, keys, values, offsets, count, bias, d, scaling, scores, out);
   }
 }
 
@@ -1023,10 +1194,15 @@ at::Tensor cache_attention(const at::Tensor& query, const at::Tensor& keys, cons
               " dimensions at ", level_name(level()));
   TORCH_CHECK(keys.is_contiguous() && values.is_contiguous() && keys.sizes() == values.sizes(), "contiguous caches");
   TORCH_CHECK(query.scalar_type() == at::kFloat && keys.scalar_type() == at::kFloat, "float tensors");
-  const int64_t count = std::min<int64_t>(position.item<int64_t>() + 1, length);
+  // (read in place where it is a CPU int64 scalar: `item()` is a dispatched op, paid at every step)
+  const int64_t newest = position.numel() == 1 && position.scalar_type() == at::kLong && position.device().is_cpu()
+                         ? *position.data_ptr<int64_t>()
+                         : position.item<int64_t>();
+  const int64_t count = std::min<int64_t>(newest + 1, length);
   auto q = query.contiguous();
   const bool follow = history.has_value() && history->defined();
-  at::Tensor slots = follow ? history->to(at::kLong).contiguous() : at::Tensor();
+  at::Tensor slots;  // (no dispatched conversion where the history is an int64 tensor already)
+  if (follow) slots = history->scalar_type() == at::kLong ? history->contiguous() : history->to(at::kLong).contiguous();
   auto out = at::empty({rows, dim}, query.options());
   const int64_t* h = follow ? slots.data_ptr<int64_t>() : nullptr;
   const float *qp = q.data_ptr<float>(), *kp = keys.data_ptr<float>(), *vp = values.data_ptr<float>();
@@ -1053,7 +1229,7 @@ at::Tensor source_attention(const at::Tensor& query, const at::Tensor& keys, con
   auto q = query.contiguous();
   auto k = keys.contiguous();
   auto v = values.contiguous();
-  auto b = bias.to(at::kFloat).contiguous();
+  auto b = bias.scalar_type() == at::kFloat ? bias.contiguous() : bias.to(at::kFloat).contiguous();
   auto out = at::empty({rows, dim}, query.options());
   const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>(), *bp = b.data_ptr<float>();
   float* op = out.data_ptr<float>();

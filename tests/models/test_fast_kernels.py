@@ -210,6 +210,48 @@ def test_the_fused_attention_kernels_compute_the_python_attention(level, beams):
             assert torch.equal(fused_cache[0], cache[0]) and torch.equal(fused_cache[1], cache[1])
 
 
+def _dense_attention(query, keys, values, bias, heads, scaling):
+    """softmax(q . k * scaling + bias) v per head, in float64: query (R, D), keys and values (R, L, D), bias (R, L)."""
+    rows, length, dim = keys.shape
+    q = query.double().view(rows, heads, 1, dim // heads)
+    k = keys.double().view(rows, length, heads, dim // heads).transpose(1, 2)
+    v = values.double().view(rows, length, heads, dim // heads).transpose(1, 2)
+    scores = (q @ k.transpose(-1, -2)).squeeze(2) * scaling + bias.double().unsqueeze(1)  # (R, H, L)
+    return (scores.softmax(-1).unsqueeze(-1) * v).sum(2).reshape(rows, dim).float()
+
+
+@pytest.mark.parametrize("head_dim", [16, 32, 48, 64, 96, 128, 160])
+def test_the_attention_kernels_at_every_head_size_and_length(level, head_dim):
+    """`cache_attention` and `source_attention` against a dense float64 softmax attention, for heads of 1 to 10
+    vectors (in registers or in memory), lengths around the kernels' blocks of 4 keys and 16 scores (the tails),
+    scores from far below the exponential's range to large (float32 scores of tens: a tolerance of 1e-4), padded
+    sources and a NaN query row (NaN out, as softmax gives)."""
+    gen = torch.Generator().manual_seed(head_dim)
+    heads = 2
+    dim = heads * head_dim
+    for length in (1, 3, 4, 5, 15, 16, 17, 33):
+        rows = 3
+        query = torch.randn(rows, dim, generator=gen) * 3
+        keys = torch.randn(rows, length + 2, dim, generator=gen)
+        values = torch.randn(rows, length + 2, dim, generator=gen)
+        query[2] *= 10  # scores far apart: most exponentials below float32's normal range
+        position = torch.tensor(length - 1)
+        out = fast_kernels.cache_attention(query, keys, values, position, None, heads, 0.125)
+        zeros = torch.zeros(rows, length)
+        expected = _dense_attention(query, keys[:, :length], values[:, :length], zeros, heads, 0.125)
+        torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+        bias = torch.zeros(rows, length)
+        bias[0, length // 2 + 1 :] = float("-inf")
+        out = fast_kernels.source_attention(
+            query, keys[:, :length].contiguous(), values[:, :length].contiguous(), bias, heads, 0.125
+        )
+        expected = _dense_attention(query, keys[:, :length], values[:, :length], bias, heads, 0.125)
+        torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+        query[1, :head_dim] = float("nan")
+        out = fast_kernels.cache_attention(query, keys, values, position, None, heads, 0.125)
+        assert out[1, :head_dim].isnan().all() and not out[1, head_dim:].isnan().any()
+
+
 def _aarch64_headers() -> Path | None:
     """The include/ folder of torch's aarch64 wheel of this torch's version, as `make aarch64-check` unpacks it
     (HF_VIT_PLUS_AARCH64_TORCH_INCLUDE, else .cache/aarch64/torch-<version>/include); None where it is not there."""
