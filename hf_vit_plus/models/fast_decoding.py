@@ -182,12 +182,19 @@ class _CacheSlabs:
         zero = getattr(decoder, "cache_needs_zeros", True)
         return list(self.take(decoder.cache_shape(rows, length), device, zero=zero).unbind(0))
 
-    def selected(self, cache: list[torch.Tensor], rows: torch.Tensor) -> list[torch.Tensor]:
-        """The cache's `rows` (indices) in a slab of their own; the old slab handed back."""
+    def selected(
+        self, cache: list[torch.Tensor], rows: torch.Tensor, written: int | None = None, zero: bool = True
+    ) -> list[torch.Tensor]:
+        """The cache's `rows` (indices) in a slab of their own; the old slab handed back. `written`: the positions
+        written so far (None: all), the only ones copied (a loop drops rows a few steps into a cache of the longest
+        length); the positions after them zeroed if `zero` (see `cache`), else left as the slab was."""
         shape = (len(cache), rows.shape[0]) + tuple(cache[0].shape[1:])
         out = self.take(shape, cache[0].device, zero=False)
+        written = cache[0].shape[1] if written is None else min(written, cache[0].shape[1])
         for source, target in zip(cache, out.unbind(0)):
-            torch.index_select(source, 0, rows, out=target)
+            torch.index_select(source[:, :written], 0, rows, out=target[:, :written])
+            if zero and written < target.shape[1]:
+                target[:, written:].zero_()
         self.give(cache)
         return list(out.unbind(0))
 
@@ -573,7 +580,8 @@ class FastDecoding:
                 if keep is not None:
                     self.dropped_rows += tokens.shape[0] - keep.shape[0]
                     tokens, unfinished = tokens[keep], unfinished[keep]
-                    cache = state.slabs.selected(cache, keep)
+                    zero = getattr(state.decoder, "cache_needs_zeros", True)
+                    cache = state.slabs.selected(cache, keep, written=index + 1, zero=zero)
                     cross, source_bias = cross.index_select(2, keep), source_bias.index_select(0, keep)
                     alive = keep if alive is None else alive[keep]
                     compiled, screened = runner(tokens, cache, cross, source_bias, unfinished)
@@ -664,7 +672,8 @@ class FastDecoding:
                     *(t.index_select(0, kept) for t in search),
                     renumbered[history.index_select(0, kept_rows)],
                 )
-                cache = state.slabs.selected(cache, kept_rows)
+                zero = getattr(state.decoder, "cache_needs_zeros", True)
+                cache = state.slabs.selected(cache, kept_rows, written=steps, zero=zero)
                 cross, source_bias = cross.index_select(2, kept), source_bias.index_select(0, kept)
                 alive = alive[kept]
                 args = (positions[0], cache, cross, source_bias, beam_state, denominators, controls)
