@@ -263,14 +263,19 @@ class _ModelDecoding:
 
     def _versions(self, model: nn.Module) -> tuple:
         # float32 steps read the model's tensors themselves: only replaced tensors make them stale; the converted
-        # (bfloat16, int8) copies also go stale when a tensor is changed in place. Each module's own tensors, in one
-        # walk of the modules (`parameters()` and `buffers()` walk them twice, deduplicating: this check runs at
-        # every call, where a batch of short translations takes a millisecond or two)
-        tensors = [t for m in model.modules() for owned in (m._parameters, m._buffers) for t in owned.values()]
+        # (bfloat16, int8) copies also go stale when a tensor is changed in place. Read from the dictionaries of
+        # tensors and submodules of every module the model had when this state was built (`_owners`), not from a
+        # walk of the modules at every call (a batch of short translations takes a millisecond or two): a tensor or
+        # submodule replaced anywhere changes one of those dictionaries, so the check is as exact as a walk.
+        owners = getattr(self, "_owners", None)
+        if owners is None:
+            owners = self._owners = [(m._parameters, m._buffers, m._modules) for m in model.modules()]
+        tensors = [t for parameters, buffers, _ in owners for owned in (parameters, buffers) for t in owned.values()]
         tensors = [t for t in tensors if t is not None]
+        children = tuple(id(child) for _, _, modules in owners for child in modules.values())
         if self.precision == "float32":
-            return tuple(map(id, tensors))
-        return tuple((id(t), t._version) for t in tensors)
+            return (*map(id, tensors), children)
+        return (*((id(t), t._version) for t in tensors), children)
 
     def current(self, model: nn.Module) -> bool:
         if self.versions != self._versions(model):

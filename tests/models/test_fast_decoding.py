@@ -542,6 +542,16 @@ def test_changed_weights_rebuild_the_converted_decoder(batch):
     assert fast8.decoding_state(model) is not state8 and not torch.equal(before, after)
     assert fast32.decoding_state(model) is state32
     _assert_same(model, batch, fast32, **settings)
+    # a tensor, then a submodule, replaced deep in the model: float32 rebuilds too (the steps read the old ones)
+    layer = model.model.decoder.layers[0]
+    layer.fc1.weight = torch.nn.Parameter(layer.fc1.weight.detach() * 3)
+    assert fast32.decoding_state(model) is not state32
+    _assert_same(model, batch, fast32, **settings)
+    state32 = fast32.decoding_state(model)
+    fc2 = torch.nn.Linear(layer.fc2.in_features, layer.fc2.out_features)
+    layer.fc2 = fc2
+    assert fast32.decoding_state(model) is not state32
+    _assert_same(model, batch, fast32, **settings)
 
 
 def test_one_generate_call_checks_the_weights_once_and_still_sees_a_change(batch, monkeypatch):
