@@ -179,15 +179,22 @@ class _CacheSlabs:
         keys and values: zeroed where the decoder's attention reads positions not yet written
         (`FastDecoder.cache_needs_zeros`; a slab of a few megabytes takes longer to zero than a batch of short
         translations to decode), else as the last call left it."""
-        zero = getattr(decoder, "cache_needs_zeros", True)
-        return list(self.take(decoder.cache_shape(rows, length), device, zero=zero).unbind(0))
+        return list(self.take(decoder.cache_shape(rows, length), device, zero=self.needs_zeros(decoder)).unbind(0))
+
+    @staticmethod
+    def needs_zeros(decoder) -> bool:
+        """Whether `decoder`'s attention reads cache positions not yet written (`FastDecoder.cache_needs_zeros`;
+        True for a decoder that does not say)."""
+        return getattr(decoder, "cache_needs_zeros", True)
 
     def selected(
-        self, cache: list[torch.Tensor], rows: torch.Tensor, written: int | None = None, zero: bool = True
+        self, decoder, cache: list[torch.Tensor], rows: torch.Tensor, written: int | None = None
     ) -> list[torch.Tensor]:
-        """The cache's `rows` (indices) in a slab of their own; the old slab handed back. `written`: the positions
-        written so far (None: all), the only ones copied (a loop drops rows a few steps into a cache of the longest
-        length); the positions after them zeroed if `zero` (see `cache`), else left as the slab was."""
+        """`decoder`'s cache's `rows` (indices) in a slab of their own; the old slab handed back. `written`: the
+        positions written so far (None: all), the only ones copied (a loop drops rows a few steps into a cache of the
+        longest length); the positions after them zeroed where the decoder needs zeros (`needs_zeros`, as `cache`
+        zeroes), else left as the slab was."""
+        zero = self.needs_zeros(decoder)
         shape = (len(cache), rows.shape[0]) + tuple(cache[0].shape[1:])
         out = self.take(shape, cache[0].device, zero=False)
         written = cache[0].shape[1] if written is None else min(written, cache[0].shape[1])
@@ -216,6 +223,7 @@ class _ModelDecoding:
         from .step_cache import weights_digest
 
         self.precision = precision
+        self._owners = [(m._parameters, m._buffers, m._modules) for m in model.modules()]  # see `_versions`
         self.versions = self._versions(model)
         self.decoder = FastDecoder(model, precision, screen=screen).eval()
         self.encoder = FastEncoder(model, precision).eval() if FastEncoder.supports(model) else None
@@ -267,9 +275,7 @@ class _ModelDecoding:
         # tensors and submodules of every module the model had when this state was built (`_owners`), not from a
         # walk of the modules at every call (a batch of short translations takes a millisecond or two): a tensor or
         # submodule replaced anywhere changes one of those dictionaries, so the check is as exact as a walk.
-        owners = getattr(self, "_owners", None)
-        if owners is None:
-            owners = self._owners = [(m._parameters, m._buffers, m._modules) for m in model.modules()]
+        owners = self._owners
         tensors = [t for parameters, buffers, _ in owners for owned in (parameters, buffers) for t in owned.values()]
         tensors = [t for t in tensors if t is not None]
         children = tuple(id(child) for _, _, modules in owners for child in modules.values())
@@ -585,8 +591,7 @@ class FastDecoding:
                 if keep is not None:
                     self.dropped_rows += tokens.shape[0] - keep.shape[0]
                     tokens, unfinished = tokens[keep], unfinished[keep]
-                    zero = getattr(state.decoder, "cache_needs_zeros", True)
-                    cache = state.slabs.selected(cache, keep, written=index + 1, zero=zero)
+                    cache = state.slabs.selected(state.decoder, cache, keep, written=index + 1)
                     cross, source_bias = cross.index_select(2, keep), source_bias.index_select(0, keep)
                     alive = keep if alive is None else alive[keep]
                     compiled, screened = runner(tokens, cache, cross, source_bias, unfinished)
@@ -677,8 +682,7 @@ class FastDecoding:
                     *(t.index_select(0, kept) for t in search),
                     renumbered[history.index_select(0, kept_rows)],
                 )
-                zero = getattr(state.decoder, "cache_needs_zeros", True)
-                cache = state.slabs.selected(cache, kept_rows, written=steps, zero=zero)
+                cache = state.slabs.selected(state.decoder, cache, kept_rows, written=steps)
                 cross, source_bias = cross.index_select(2, kept), source_bias.index_select(0, kept)
                 alive = alive[kept]
                 args = (positions[0], cache, cross, source_bias, beam_state, denominators, controls)

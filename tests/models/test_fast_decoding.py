@@ -849,7 +849,7 @@ def test_the_cache_slabs_are_reused_zeroed_and_never_handed_out_twice():
     assert second[0]._base is not first[0]._base
     rows = torch.tensor([0, 2, 5])
     expected = [t.index_select(0, rows) for t in first]
-    selected = slabs.selected(first, rows)  # the first slab handed back
+    selected = slabs.selected(decoder, first, rows)  # the first slab handed back
     assert all(torch.equal(a, b) for a, b in zip(selected, expected))
     third = slabs.cache(decoder, 4, 5, torch.device("cpu"))  # fits in the first slab: reused, zeroed
     assert third[0]._base is first[0]._base
@@ -862,19 +862,20 @@ def test_the_cache_slabs_are_reused_zeroed_and_never_handed_out_twice():
 def test_dropping_rows_copies_the_written_positions_of_the_cache_only():
     """A loop that drops finished rows a few steps into a cache of the longest length copies the positions written so
     far (`_CacheSlabs.selected(..., written=)`), and zeroes the rest where the decoder's attention needs zeros
-    (`zero=True`), else leaves it as the slab was."""
+    (`_CacheSlabs.needs_zeros`), else leaves it as the slab was."""
     from hf_vit_plus.models.fast_decoding import _CacheSlabs
 
+    zeros, fused = (type("Decoder", (), {"cache_needs_zeros": needs})() for needs in (True, False))
     cache = [torch.randn(6, 5, 8) for _ in range(4)]
     rows = torch.tensor([0, 2, 5])
     expected = [t.index_select(0, rows) for t in cache]
-    zeroed = _CacheSlabs().selected(cache, rows, written=2)
+    zeroed = _CacheSlabs().selected(zeros, cache, rows, written=2)
     assert all(torch.equal(a[:, :2], b[:, :2]) and not a[:, 2:].any() for a, b in zip(zeroed, expected))
     slabs = _CacheSlabs(keep=1)
     slabs.give(list(torch.full((4 * 3 * 5 * 8,), 7.0).view(4, 3, 5, 8).unbind(0)))
-    left = slabs.selected(cache, rows, written=2, zero=False)  # in the slab of 7s, its later positions untouched
+    left = slabs.selected(fused, cache, rows, written=2)  # in the slab of 7s, its later positions untouched
     assert all(torch.equal(a[:, :2], b[:, :2]) and (a[:, 2:] == 7.0).all() for a, b in zip(left, expected))
-    assert all(torch.equal(a, b) for a, b in zip(_CacheSlabs().selected(cache, rows), expected))
+    assert all(torch.equal(a, b) for a, b in zip(_CacheSlabs().selected(fused, cache, rows), expected))
 
 
 def test_a_cache_in_reused_memory_is_not_zeroed_where_the_attention_reads_written_positions_only(model, batch):
